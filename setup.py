@@ -1,0 +1,41 @@
+"""Packaging for sparkdist: distributed training on Apache Spark."""
+
+from setuptools import find_packages, setup
+
+EXTRAS = {
+    "torch": ["torch>=2.1"],
+    "tensorflow": ["tensorflow-cpu>=2.16"],
+    "horovod": ["horovod==0.28.1"],
+    "ensemble": ["scikit-learn>=1.4", "xgboost-cpu>=2.0"],
+    "mlflow": ["mlflow>=3,<4"],
+    "mpi": ["mpi4py>=3.1"],
+    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8"],
+}
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})
+
+setup(
+    name="sparkdist",
+    version="0.1.0",
+    description="Distributed training on Apache Spark: a HorovodRunner for today's frameworks, "
+    "and partition ensembles.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["sparkdist", "sparkdist.*"]),
+    package_data={"sparkdist": ["py.typed"]},
+    install_requires=[
+        "pyspark>=3.5",
+        "cloudpickle>=2.2",
+        "numpy>=1.24",
+        "pandas>=2.2",
+        "pyarrow>=18",
+        "psutil>=5.9",
+    ],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["sparkdist=sparkdist.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,81 @@
+"""The errors a job raises on the driver, each saying what happened and what to do."""
+
+from __future__ import annotations
+
+import signal
+
+
+class SparkdistError(RuntimeError):
+    """Base class of sparkdist's errors."""
+
+
+class PayloadError(SparkdistError, TypeError):
+    """The training function or its arguments cannot be sent to the ranks."""
+
+
+class NotEnoughSlotsError(SparkdistError, ValueError):
+    """More ranks were asked for than the cluster has task slots."""
+
+
+class JobTimeoutError(SparkdistError, TimeoutError):
+    """The job (or its start-up) did not finish within its time limit."""
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """'exit code 3' or 'signal SIGKILL (9)', as a person would say it."""
+    if exit_code is None:
+        return "an unknown exit status"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = "signal"
+        return f"signal {name} ({-exit_code})"
+    return f"exit code {exit_code}"
+
+
+class RankFailedError(SparkdistError):
+    """A rank raised or died. Reports the first failure, as torch elastic does."""
+
+    def __init__(
+        self,
+        rank: int | None,
+        host: str,
+        exit_code: int | None,
+        traceback: str | None,
+        output_tail: list[str],
+        reason: str | None = None,
+    ):
+        self.rank = rank
+        self.host = host
+        self.exit_code = exit_code
+        self.traceback = traceback
+        self.output_tail = output_tail
+        self.reason = reason
+        super().__init__(self._message())
+
+    @property
+    def signal(self) -> str | None:
+        """The name of the signal that killed the rank, if one did."""
+        if self.exit_code is not None and self.exit_code < 0:
+            return describe_exit(self.exit_code).split()[1]
+        return None
+
+    def _message(self) -> str:
+        if self.rank is None:
+            lines = [f"the job failed before any rank reported a failure: {self.reason}"]
+            if self.output_tail:
+                lines += ["", "Last lines of the launcher's output:"]
+                lines += [f"  {line}" for line in self.output_tail]
+            return "\n".join(lines)
+        if self.reason and self.exit_code is not None:
+            what = f"{self.reason} ({describe_exit(self.exit_code)})"
+        else:
+            what = self.reason or f"ended with {describe_exit(self.exit_code)}"
+        lines = [f"rank {self.rank} on host {self.host} failed first: {what}"]
+        if self.traceback:
+            lines += ["", f"Traceback from rank {self.rank}:", self.traceback.rstrip()]
+        if self.output_tail:
+            lines += ["", f"Last {len(self.output_tail)} lines of rank {self.rank}'s output:"]
+            lines += [f"  {line}" for line in self.output_tail]
+        return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""`HorovodRunner`: the public entry point of the runner path.
+
+    HorovodRunner(np=2).run(main, lr=0.1)
+
+pickles `main` and its arguments here, on the driver, runs `main(**kwargs)` on every
+rank, and returns rank 0's value. See DESIGN.md for the data flow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from sparkdist.runner import payload, wire
+from sparkdist.runner.driver import DriverService, JobSpec, JobState
+from sparkdist.runner.errors import SparkdistError
+from sparkdist.runner.launch import LaunchSpec, mpirun_available
+from sparkdist.runner.local_launch import LOCAL_HOST, LocalLaunch
+from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.spark_cluster import SparkLaunch
+
+logger = logging.getLogger(__name__)
+
+LOG_MODES = ("all", "log_callback_only")
+LAUNCHERS = ("auto", "mpi", "direct")
+
+
+@dataclass
+class JobReport:
+    """What the last job did: kept on the runner as `runner.last_job`."""
+
+    job_id: str
+    np: int
+    launcher: str
+    outcome: str = "running"
+    wall_time_s: float = 0.0
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+class HorovodRunner:
+    """Run a training function on `np` ranks placed by a Spark barrier stage.
+
+    Args:
+        np: number of ranks. `np > 0`: one Spark barrier task per rank on the cluster.
+            `np < 0`: `-np` ranks as subprocesses of the driver (for debugging).
+        driver_log_verbosity: "all" streams every rank's stdout/stderr to the driver,
+            each line prefixed with its rank; "log_callback_only" shows only
+            `sparkdist.log_to_driver` messages (and errors).
+        launcher: "mpi" (mpirun started inside the barrier stage), "direct" (each
+            task starts its ranks itself, no MPI), or "auto": mpi when `mpirun` is
+            installed.
+        start_timeout: seconds for the barrier stage to get its slots and every
+            rank to start.
+        timeout: seconds for the whole job; None for no limit.
+        env: extra environment variables for the ranks.
+        mpi_args: extra arguments for mpirun (e.g. ["--mca", "btl_tcp_links", "2"]).
+        network_interface: the interface (e.g. "eth0") the ranks and sparkdist's
+            channels use; by default the one carrying each executor's address.
+    """
+
+    def __init__(
+        self,
+        *,
+        np: int,
+        driver_log_verbosity: str = "all",
+        launcher: str = "auto",
+        start_timeout: float = 600.0,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        mpi_args: Sequence[str] = (),
+        network_interface: str | None = None,
+    ):
+        if isinstance(np, bool) or not isinstance(np, int):
+            raise ValueError(f"np must be an int, got {np!r}")
+        if np == 0:
+            raise ValueError(
+                "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
+                "for -np ranks on the driver"
+            )
+        if driver_log_verbosity not in LOG_MODES:
+            raise ValueError(f"driver_log_verbosity must be one of {LOG_MODES}, got {driver_log_verbosity!r}")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+        if launcher == "mpi" and not mpirun_available():
+            raise ValueError(
+                "launcher='mpi' needs Open MPI's mpirun on PATH: install it (e.g. "
+                "`bash init_scripts/install_system.sh`) or use launcher='direct'"
+            )
+        for name, value in (("start_timeout", start_timeout), ("timeout", timeout)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        env = dict(env or {})
+        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"env must map str to str; bad entries: {bad}")
+        if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
+            raise ValueError("mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']")
+        self.np = np
+        self.driver_log_verbosity = driver_log_verbosity
+        self.launcher = launcher
+        self.start_timeout = float(start_timeout)
+        self.timeout = timeout
+        self.env = env
+        self.mpi_args = list(mpi_args)
+        self.network_interface = network_interface
+        self.last_job: JobReport | None = None
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run `main(**kwargs)` on every rank; return rank 0's return value."""
+        return self._run(main, kwargs, all_results=False)[0]
+
+    def run_all(self, main: Callable[..., Any], **kwargs: Any) -> list[Any]:
+        """Run `main(**kwargs)` on every rank; return every rank's value, in rank order."""
+        return self._run(main, kwargs, all_results=True)
+
+    # -----------------------------------------------------------------------------------
+
+    def _resolved_launcher(self) -> str:
+        if self.launcher != "auto":
+            return self.launcher
+        return "mpi" if mpirun_available() else "direct"
+
+    def _run(self, main: Callable, kwargs: dict[str, Any], all_results: bool) -> list[Any]:
+        blob = payload.pack(main, kwargs)
+        np = abs(self.np)
+        launcher = self._resolved_launcher()
+        job_id = uuid.uuid4().hex[:12]
+        report = JobReport(job_id=job_id, np=self.np, launcher=launcher)
+        self.last_job = report
+        state = JobState(JobSpec(job_id, np, blob, all_results, self.driver_log_verbosity))
+        secret = wire.new_secret()
+
+        cluster = None if self.np < 0 else SparkLaunch.for_active_session()
+        if cluster is not None:
+            cluster.check_slots(np, self.start_timeout)
+            bind_host, advertise_host = cluster.driver_addresses()
+        else:
+            bind_host = advertise_host = LOCAL_HOST
+        service = DriverService(state, secret, bind_host, advertise_host)
+        spec = LaunchSpec(
+            job_id=job_id,
+            driver=f"{service.address[0]}:{service.address[1]}",
+            secret=secret,
+            np=np,
+            launcher=launcher,
+            log_mode=self.driver_log_verbosity,
+            env=self.env,
+            mpi_args=tuple(self.mpi_args),
+            network_interface=self.network_interface,
+            driver_path=os.environ.get("PATH", ""),
+            driver_pythonpath=os.environ.get("PYTHONPATH", ""),
+        )
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, %s",
+            job_id, np, launcher, "on the driver" if cluster is None else "on the cluster",
+        )  # fmt: skip
+        started = time.monotonic()
+        launch = LocalLaunch(spec, state) if cluster is None else cluster.launch(spec, state)
+        try:
+            launch.start()
+            state.wait(
+                start_deadline=started + self.start_timeout,
+                deadline=started + self.timeout if self.timeout else None,
+                launcher_expected=launcher == "mpi",
+            )
+            state.stop("finish", "done")
+            report.outcome = "succeeded"
+        except BaseException as exc:
+            report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
+            raise
+        finally:
+            leftovers = launch.stop()
+            service.close()
+            report.wall_time_s = time.monotonic() - started
+            report.processes = list(state.processes)
+            report.files = dict(state.files)
+            if leftovers:
+                logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
+            logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
+        return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+
+def _load_result(rank: int, blob: bytes | None) -> Any:
+    if blob is None:
+        return None
+    try:
+        return cloudpickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001
+        raise SparkdistError(
+            f"rank {rank}'s return value cannot be unpickled on the driver: {exc}. Return "
+            "plain Python/numpy values (e.g. a state_dict converted with .tolist() or "
+            "saved to a file) or install the same libraries on the driver."
+        ) from exc

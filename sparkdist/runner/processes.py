@@ -1,0 +1,145 @@
+"""Starting and stopping the processes of a job so that none outlives it.
+
+Three mechanisms back each other up:
+
+* every process a job starts gets a parent-death signal (Linux `PR_SET_PDEATHSIG`),
+  so when its parent dies, for whatever reason, it is killed too;
+* every child is started in a session (process group) of its own, and whoever
+  started it kills that whole group on the way out;
+* every process is recorded (`ProcessRecord`) with its start time, so the driver and
+  the tests can check that exactly those processes are gone, never by name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+# `python -S -c` of this program sets the parent-death signal and then execs the real
+# command, so non-Python children (mpirun, orted) die with their parent as well.
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes,os,sys;"
+    "ctypes.CDLL(None).prctl(1,9);"
+    "os.getppid()==int(sys.argv[1]) or os._exit(70);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process a job started, identified beyond pid reuse by its start time."""
+
+    host: str
+    pid: int
+    role: str
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int, role: str, host: str) -> ProcessRecord:
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        return cls(host=host, pid=pid, role=role, create_time=created)
+
+    def alive(self) -> bool:
+        """Whether this very process still runs (a zombie counts as gone)."""
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.create_time and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits.
+
+    If the parent already exited before we asked (the race the man page warns of),
+    exit now.
+    """
+    if _libc is None:
+        return
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(70)
+
+
+def popen_group(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    tie_to_parent: bool = True,
+    **kwargs,
+) -> subprocess.Popen:
+    """Start `argv` in a new process group, killed when this process dies.
+
+    Python programs of sparkdist set their own parent-death signal; anything else is
+    started through a tiny exec wrapper that sets it (thread-safe, unlike preexec_fn).
+    """
+    argv = list(argv)
+    if tie_to_parent and _libc is not None:
+        argv = [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *argv]
+    return subprocess.Popen(argv, env=dict(env), start_new_session=True, **kwargs)
+
+
+def kill_group(pgid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after `grace_s`."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # killpg(0) succeeds on zombies: look for a member that still runs.
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def wait_gone(records: Iterable[ProcessRecord], timeout_s: float) -> list[ProcessRecord]:
+    """Wait until the recorded processes have exited; return those still alive."""
+    pending = [r for r in records if r.alive()]
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [r for r in pending if r.alive()]
+    return pending
+
+
+def kill_records(records: Iterable[ProcessRecord]) -> None:
+    """SIGKILL recorded processes that are still alive (the last resort)."""
+    for record in records:
+        if record.alive():
+            try:
+                os.kill(record.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

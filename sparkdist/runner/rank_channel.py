@@ -1,0 +1,63 @@
+"""A rank's channel to the driver, and `log_to_driver`, which user code calls.
+
+Kept apart from the rank's entry point so that user code can import it cheaply.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sparkdist.runner import wire
+
+RENDEZVOUS_TIMEOUT_S = 600.0
+
+
+class DriverClient:
+    """The rank's request/response channel to the driver; safe across threads."""
+
+    def __init__(self, address: str, secret: bytes):
+        host, port = address.rsplit(":", 1)
+        self._channel = wire.connect((host, int(port)), secret)
+        self._lock = threading.Lock()
+
+    def request(self, message: Any) -> Any:
+        with self._lock:
+            return self._channel.request(message)
+
+    def put(self, key: str, value: Any) -> None:
+        self.request(("put", key, value))
+
+    def get(self, key: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> Any:
+        status, value = self.request(("get", key, timeout_s))
+        if status != "ok":
+            raise TimeoutError(f"rendezvous value {key!r} did not arrive within {timeout_s}s")
+        return value
+
+
+_client: DriverClient | None = None
+
+
+def connect(address: str, secret: bytes) -> DriverClient:
+    """Open this rank's channel (once per rank process)."""
+    global _client
+    _client = DriverClient(address, secret)
+    return _client
+
+
+def driver_client() -> DriverClient | None:
+    """The channel to the driver inside a sparkdist rank, else None."""
+    return _client
+
+
+def log_to_driver(message: str) -> None:
+    """Send `message` to the driver's output, prefixed with this rank.
+
+    Meant for `HorovodRunner(driver_log_verbosity="log_callback_only")`, where it is
+    the only rank output the driver shows (besides errors). Outside a sparkdist rank
+    it prints to stdout.
+    """
+    if _client is None:
+        print(message, flush=True)
+        return
+    _client.request(("log", str(message)))

@@ -1,0 +1,136 @@
+"""The driver's dealings with Spark for a job: checking slots, and submitting,
+watching and cancelling the barrier stage that places the ranks."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import threading
+import time
+
+from sparkdist.runner.driver import JobState
+from sparkdist.runner.errors import NotEnoughSlotsError, SparkdistError
+from sparkdist.runner.launch import LaunchSpec
+from sparkdist.runner.network import is_local_address
+from sparkdist.runner.processes import ProcessRecord, wait_gone
+from sparkdist.runner.spark_task import run_barrier_task
+
+logger = logging.getLogger(__name__)
+
+CANCEL_GRACE_S = 10.0
+JOIN_TIMEOUT_S = 60.0
+
+
+def slots_upper_bound(master: str, task_cpus: int) -> int | None:
+    """The most task slots a fixed-size master can ever offer; None if unknown."""
+    if master == "local":
+        return 1
+    match = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
+    if match:
+        cores = (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
+        return max(cores // task_cpus, 0)
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if match:
+        return int(match.group(1)) * (int(match.group(2)) // task_cpus)
+    return None
+
+
+class SparkLaunch:
+    """Places a job's ranks with one barrier stage in its own job group."""
+
+    def __init__(self, sc):
+        self.sc = sc
+
+    @classmethod
+    def for_active_session(cls) -> SparkLaunch:
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            raise SparkdistError(
+                "np > 0 runs on a Spark cluster, but no SparkSession is active. Start one "
+                "(SparkSession.builder.getOrCreate()) or use np < 0 to run on the driver."
+            )
+        return cls(sc)
+
+    def _slots(self) -> int:
+        jsc = self.sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+
+    def check_slots(self, np: int, timeout_s: float) -> None:
+        """Fail now, with both numbers, if the cluster cannot run `np` tasks at once.
+
+        Executors may still be registering right after start-up, so wait for them up
+        to `timeout_s` when the cluster could grow to enough slots.
+        """
+        conf = self.sc.getConf()
+        task_cpus = int(conf.get("spark.task.cpus", "1"))
+        dynamic = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+        bound = None if dynamic else slots_upper_bound(self.sc.master, task_cpus)
+        if bound is not None and np > bound:
+            raise NotEnoughSlotsError(
+                f"np={np} ranks need {np} task slots at once, but this Spark ({self.sc.master}, "
+                f"spark.task.cpus={task_cpus}) has {bound} task slots. Lower np, or give the "
+                "cluster more executors or cores."
+            )
+        deadline = time.monotonic() + timeout_s
+        slots = self._slots()
+        while slots < np:
+            if time.monotonic() > deadline:
+                raise NotEnoughSlotsError(
+                    f"np={np} ranks need {np} task slots at once, but the cluster has {slots} "
+                    f"task slots (waited {timeout_s:.0f}s for executors). Lower np, or add "
+                    "executors or cores."
+                )
+            time.sleep(0.2)
+            slots = self._slots()
+
+    def driver_addresses(self) -> tuple[str, str]:
+        """(address to bind the driver's server to, address executors reach it at)."""
+        from sparkdist.runner.network import resolve
+
+        conf = self.sc.getConf()
+        advertise = resolve(conf.get("spark.driver.host", "127.0.0.1"))
+        bind = conf.get("spark.driver.bindAddress", None) or advertise
+        return resolve(bind), advertise
+
+    def launch(self, spec: LaunchSpec, state: JobState) -> BarrierStage:
+        return BarrierStage(self.sc, spec, state)
+
+
+class BarrierStage:
+    """One job's barrier stage, run from a thread so the driver can watch the job."""
+
+    def __init__(self, sc, spec: LaunchSpec, state: JobState):
+        self.sc = sc
+        self.spec = spec
+        self.state = state
+        self.group = f"sparkdist-{spec.job_id}"
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.sc.setJobGroup(self.group, f"sparkdist job {self.spec.job_id}", True)
+            rdd = self.sc.parallelize(range(self.spec.np), self.spec.np)
+            rdd.barrier().mapPartitions(functools.partial(run_barrier_task, self.spec)).collect()
+        except BaseException as exc:  # noqa: BLE001 - reported through the job's state
+            self.error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[ProcessRecord]:
+        """Let the tasks end; cancel the job group if they do not end in time."""
+        if not self.state.wait_tasks_done(len(self.state.tasks_started), CANCEL_GRACE_S):
+            logger.info("cancelling Spark job group %s", self.group)
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+        if self._thread.is_alive():
+            self.sc.cancelJobGroup(self.group)
+            self._thread.join(timeout=JOIN_TIMEOUT_S)
+        local = [p for p in self.state.processes if is_local_address(p.host)]
+        return wait_gone(local, timeout_s=5.0)

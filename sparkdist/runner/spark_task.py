@@ -1,0 +1,159 @@
+"""What each Spark barrier task of a job does, on its executor.
+
+1. connect to the driver and say which task it is;
+2. start its task agent (mpi launcher) and publish (host, agent port, network)
+   to the other tasks with `BarrierTaskContext.allGather`;
+3. task 0 runs mpirun over all tasks (mpi), or every task starts its own ranks
+   (direct);
+4. wait until the driver says finish or abort (or goes away), then stop everything
+   it started: its process groups, then any descendant still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import psutil
+
+from sparkdist.runner import wire
+from sparkdist.runner.launch import (
+    LaunchSpec,
+    direct_rank_env,
+    job_env,
+    mpirun_argv,
+    relay_output,
+    supervisor_argv,
+)
+from sparkdist.runner.network import address_of_interface, interface_of, resolve
+from sparkdist.runner.processes import (
+    ProcessRecord,
+    kill_group,
+    kill_records,
+    popen_group,
+    wait_gone,
+)
+from sparkdist.runner.task_agent import TaskAgent
+
+logger = logging.getLogger(__name__)
+
+
+class TaskRun:
+    """One barrier task's part of one job."""
+
+    def __init__(self, spec: LaunchSpec, index: int, num_tasks: int, host: str):
+        self.spec = spec
+        self.index = index
+        self.num_tasks = num_tasks
+        self.host = host
+        self.stop_reason: str | None = None
+        self._stopped = threading.Event()
+        self._groups: list[int] = []
+        driver_host, driver_port = spec.driver.rsplit(":", 1)
+        self.channel = wire.connect((driver_host, int(driver_port)), spec.secret)
+        self.channel.send(("task", index, {"host": host, "pid": os.getpid()}))
+        threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
+        self.env = job_env(
+            spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks
+        )
+        self.agent: TaskAgent | None = None
+
+    def _listen(self) -> None:
+        try:
+            message = self.channel.recv()
+            self.stop_reason = message[0]
+        except (EOFError, OSError, wire.AuthenticationError):
+            self.stop_reason = "driver lost"
+        self._stopped.set()
+
+    def report(self, record: ProcessRecord) -> None:
+        self.channel.send(("process", record))
+
+    def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
+        proc = popen_group(
+            argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        self._groups.append(proc.pid)
+        self.report(ProcessRecord.of(proc.pid, role, self.host))
+        relay_output(
+            proc,
+            lambda lines: self.channel.send(("launcher_output", lines)),
+            lambda code: self.channel.send(("launcher_exit", name, code)),
+        )
+
+    def run(self, ctx) -> None:
+        python = sys.executable
+        network = interface_of(self.host)[1]
+        if self.spec.launcher == "mpi":
+            self.agent = TaskAgent(self.spec.secret, self.host, self.env, self.report)
+            mine = {"host": self.host, "port": self.agent.port, "network": network}
+        else:
+            mine = {"host": self.host, "port": 0, "network": network}
+        peers = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+
+        if self.spec.launcher == "mpi":
+            if self.index == 0:
+                hosts = [(f"task-{i}", 1) for i in range(len(peers))]
+                argv = mpirun_argv(
+                    python,
+                    self.spec.np,
+                    hosts,
+                    [p["network"] for p in peers],
+                    self.spec.mpi_args,
+                    use_rsh_agent=True,
+                )
+                env = dict(self.env)
+                env["SPARKDIST_AGENTS"] = json.dumps(
+                    {f"task-{i}": [p["host"], p["port"]] for i, p in enumerate(peers)}
+                )
+                self._start(argv, env, "mpirun", "mpirun")
+        else:
+            rank = self.index
+            env = direct_rank_env(self.env, rank, self.spec.np, 0, 1)
+            self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor", "supervisor")
+        self._stopped.wait()
+
+    def close(self) -> None:
+        """Stop every process this task started, then tell the driver it is done."""
+        if self.agent is not None:
+            self.agent.close()
+        for pgid in self._groups:
+            kill_group(pgid)
+        leftovers = [
+            ProcessRecord.of(p.pid, "descendant", self.host)
+            for p in psutil.Process().children(recursive=True)
+        ]
+        kill_records(leftovers)
+        still = wait_gone(leftovers, timeout_s=5.0)
+        try:
+            self.channel.send(("task_done", [r.pid for r in still]))
+        except OSError:
+            pass
+        self.channel.close()
+
+
+def task_host(spec: LaunchSpec, executor_address: str) -> str:
+    """The address this task offers: the named interface's, else the executor's."""
+    if spec.network_interface:
+        return address_of_interface(spec.network_interface)
+    return resolve(executor_address.rsplit(":", 1)[0])
+
+
+def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[int]:
+    """The function of the job's barrier stage (one call per task)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    index = ctx.partitionId()
+    infos = ctx.getTaskInfos()
+    task = TaskRun(spec, index, len(infos), task_host(spec, infos[index].address))
+    try:
+        task.run(ctx)
+    finally:
+        task.close()
+    yield index

@@ -1,0 +1,141 @@
+"""The task agent: how mpirun starts its daemons inside Spark tasks, without SSH.
+
+mpirun's rsh agent is `python -m sparkdist.runner.rsh TASK-NAME COMMAND`; that
+command connects to the named task's agent over an authenticated channel and asks
+it to run COMMAND. The agent runs it only if it is an Open MPI daemon (`orted`)
+command line: the executable is this host's own `orted`, and every argument is an
+Open MPI option. The daemon runs as a child of the Spark task, so the ranks it
+starts are children of the task too, and die with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+
+from sparkdist.runner import wire
+from sparkdist.runner.processes import ProcessRecord, kill_group, popen_group
+
+logger = logging.getLogger(__name__)
+
+_MCA_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+_FLAGS = {"--tree-spawn", "--debug-daemons", "-d", "--leave-session-attached"}
+
+
+class RejectedCommand(ValueError):
+    """A command the agent will not run."""
+
+
+def parse_orted_command(command: str) -> list[str]:
+    """Check that `command` is an `orted` command line; return its arguments.
+
+    Accepted: `orted` (by name or by path ending in /orted), then only
+    `-mca|--mca KEY VALUE` triples and a few known flags. Anything else, including
+    shell syntax (`;`, `&&`, environment assignments), is rejected.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise RejectedCommand(f"unparseable command: {exc}") from exc
+    if not argv or os.path.basename(argv[0]) != "orted":
+        raise RejectedCommand(f"not an orted command: {command[:80]!r}")
+    args = argv[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-mca", "--mca"):
+            if i + 2 >= len(args):
+                raise RejectedCommand(f"incomplete {arg} option")
+            if not _MCA_KEY.match(args[i + 1]):
+                raise RejectedCommand(f"bad MCA parameter name {args[i + 1]!r}")
+            i += 3
+        elif arg in _FLAGS:
+            i += 1
+        else:
+            raise RejectedCommand(f"unexpected orted argument {arg!r}")
+    return args
+
+
+class TaskAgent:
+    """Serves verified `orted` launches for one Spark task of one job."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        host: str,
+        env: Mapping[str, str],
+        on_process: Callable[[ProcessRecord], None],
+    ):
+        self._env = dict(env)
+        self._host = host
+        self._on_process = on_process
+        self._orted = shutil.which("orted", path=self._env.get("PATH"))
+        self._children: set[int] = set()
+        self._lock = threading.Lock()
+        self._server = wire.Server(secret, self._handle, host=host, name="sparkdist-agent")
+        self.port = self._server.address[1]
+
+    def _handle(self, channel: wire.Channel) -> None:
+        request = channel.recv()
+        if request[0] != "orted":
+            channel.send(("rejected", f"unknown request {request[0]!r}"))
+            return
+        try:
+            args = parse_orted_command(request[1])
+            if self._orted is None:
+                raise RejectedCommand(f"orted is not installed on host {self._host}")
+        except RejectedCommand as exc:
+            logger.warning("task agent refused a command: %s", exc)
+            channel.send(("rejected", str(exc)))
+            return
+        # Spawned from this handler thread, which waits for the daemon: the daemon's
+        # parent-death signal is tied to this thread staying alive until it ends.
+        proc = popen_group(
+            [self._orted, *args],
+            self._env,
+            stdin=open(os.devnull, "rb"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        with self._lock:
+            self._children.add(proc.pid)
+        self._on_process(ProcessRecord.of(proc.pid, "orted", self._host))
+        watcher = threading.Thread(target=self._watch_client, args=(channel, proc), daemon=True)
+        watcher.start()
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                channel.send(("output", raw.decode("utf-8", errors="replace")))
+            code = proc.wait()
+            channel.send(("exit", code))
+        except OSError:
+            kill_group(proc.pid)
+            proc.wait()
+        finally:
+            with self._lock:
+                self._children.discard(proc.pid)
+
+    @staticmethod
+    def _watch_client(channel: wire.Channel, proc) -> None:
+        """When the rsh client goes away (mpirun died), the daemon goes too."""
+        try:
+            channel.recv()
+        except (EOFError, OSError, wire.AuthenticationError):
+            pass
+        if proc.poll() is None:
+            kill_group(proc.pid)
+
+    def kill_children(self) -> None:
+        with self._lock:
+            pids = list(self._children)
+        for pid in pids:
+            kill_group(pid)
+
+    def close(self) -> None:
+        self._server.close()
+        self.kill_children()

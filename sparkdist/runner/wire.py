@@ -1,0 +1,212 @@
+"""Authenticated message channels between the driver, task agents and ranks.
+
+Every control channel of a job is a TCP connection authenticated with the job's secret:
+
+* handshake: the server sends a random nonce, the client answers with its own nonce
+  and an HMAC-SHA256 of both under the secret, the server proves itself the same way;
+  both sides then derive a session key from the two nonces;
+* every frame afterwards carries HMAC-SHA256(session key, direction, sequence number,
+  body), so a frame can be neither forged, replayed nor reordered;
+* the body is unpickled only after its MAC has been checked.
+
+A peer without the secret never gets past the handshake, so nothing it sends is
+ever unpickled or acted upon.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+NONCE_BYTES = 32
+MAC_BYTES = 32
+HANDSHAKE_TIMEOUT_S = 10.0
+_HEADER = struct.Struct("!Q")
+
+
+class AuthenticationError(ConnectionError):
+    """The peer does not hold the job's secret, or a frame was tampered with."""
+
+
+def new_secret() -> bytes:
+    """A fresh per-job secret."""
+    return os.urandom(32)
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    remaining = size
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            raise EOFError("connection closed by peer")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+class Channel:
+    """One authenticated, ordered, bidirectional message stream.
+
+    `send` is safe from several threads; `recv` is meant for one reader thread.
+    """
+
+    def __init__(self, sock: socket.socket, session_key: bytes, is_client: bool):
+        self.sock = sock
+        self._key = session_key
+        self._out_tag = b"c" if is_client else b"s"
+        self._in_tag = b"s" if is_client else b"c"
+        self._out_seq = 0
+        self._in_seq = 0
+        self._send_lock = threading.Lock()
+        self.peer = _peer_name(sock)
+
+    def send(self, message: Any) -> None:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            seq = struct.pack("!Q", self._out_seq)
+            self._out_seq += 1
+            mac = _mac(self._key, self._out_tag, seq, body)
+            self.sock.sendall(_HEADER.pack(len(body)) + mac + body)
+
+    def recv(self) -> Any:
+        (size,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
+        mac = _recv_exact(self.sock, MAC_BYTES)
+        body = _recv_exact(self.sock, size)
+        seq = struct.pack("!Q", self._in_seq)
+        if not hmac.compare_digest(mac, _mac(self._key, self._in_tag, seq, body)):
+            raise AuthenticationError(f"bad message authentication code from {self.peer}")
+        self._in_seq += 1
+        return pickle.loads(body)
+
+    def request(self, message: Any) -> Any:
+        """Send a message and wait for the reply (for channels used one call at a time)."""
+        self.send(message)
+        return self.recv()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+def _client_handshake(sock: socket.socket, secret: bytes) -> bytes:
+    server_nonce = _recv_exact(sock, NONCE_BYTES)
+    client_nonce = os.urandom(NONCE_BYTES)
+    sock.sendall(client_nonce + _mac(secret, b"client", server_nonce, client_nonce))
+    proof = _recv_exact(sock, MAC_BYTES)
+    if not hmac.compare_digest(proof, _mac(secret, b"server", client_nonce, server_nonce)):
+        raise AuthenticationError("the server does not hold this job's secret")
+    return _mac(secret, b"session", server_nonce, client_nonce)
+
+
+def _server_handshake(sock: socket.socket, secret: bytes) -> bytes:
+    server_nonce = os.urandom(NONCE_BYTES)
+    sock.sendall(server_nonce)
+    answer = _recv_exact(sock, NONCE_BYTES + MAC_BYTES)
+    client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+    if not hmac.compare_digest(proof, _mac(secret, b"client", server_nonce, client_nonce)):
+        raise AuthenticationError("the client does not hold this job's secret")
+    sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
+    return _mac(secret, b"session", server_nonce, client_nonce)
+
+
+def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> Channel:
+    """Open an authenticated channel to a `Server` at `address`."""
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        key = _client_handshake(sock, secret)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return Channel(sock, key, is_client=True)
+
+
+class Server:
+    """Accepts authenticated channels and hands each to `handler` in its own thread.
+
+    Connections that fail the handshake are logged and dropped before any of their
+    bytes are interpreted.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        handler: Callable[[Channel], None],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        name: str = "sparkdist-server",
+    ):
+        self._secret = secret
+        self._handler = handler
+        self._name = name
+        self._sock = socket.create_server((host, port), backlog=128)
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._serve, args=(sock,), name=f"{self._name}-conn", daemon=True
+            ).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            key = _server_handshake(sock, self._secret)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            logger.warning("%s: rejected a connection from %s: %s", self._name, _peer_name(sock), exc)
+            sock.close()
+            return
+        channel = Channel(sock, key, is_client=False)
+        try:
+            self._handler(channel)
+        except (EOFError, ConnectionError, OSError):
+            pass
+        except Exception:
+            logger.exception("%s: handler failed for %s", self._name, channel.peer)
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()

@@ -1,0 +1,53 @@
+"""Shared fixtures: one real Spark for the whole test session.
+
+`local-cluster[2,1,1024]` starts two real executor JVMs (each with its own Python
+workers), so barrier stages behave as on a multi-host cluster. Everything listens on
+127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
+
+
+def build_spark(master: str = SPARK_MASTER, **conf: str):
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("sparkdist-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.executor.memory", "1g")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The session's SparkSession (local-cluster with two executors)."""
+    session = build_spark()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sc(spark):
+    return spark.sparkContext
