@@ -129,8 +129,9 @@ class JobState:
                 self._task_channels.pop(index, None)
             if not finished:
                 self._notice_failure(
-                    None, f"lost contact with Spark task {index} on host {info.get('host')} "
-                    "(its executor died or was lost)"
+                    None,
+                    f"lost contact with Spark task {index} on host {info.get('host')} "
+                    "(its executor died or was lost)",
                 )
 
     def _serve_supervisor(self, channel: wire.Channel, rank: int, info: dict) -> None:
@@ -350,8 +351,7 @@ class JobState:
             f"start timeout: ranks {missing} of {self.spec.np} had not started; "
             f"Spark tasks started: {sorted(self.tasks_started)}. The cluster may lack free "
             "task slots for a barrier stage of this size (other jobs running?), or rank "
-            "start-up is slow: raise HorovodRunner(start_timeout=...)."
-            + self._tails(missing)
+            "start-up is slow: raise HorovodRunner(start_timeout=...)." + self._tails(missing)
         )
 
     def _timeout_error(self) -> JobTimeoutError:

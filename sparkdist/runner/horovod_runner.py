@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -87,7 +87,9 @@ class HorovodRunner:
                 "for -np ranks on the driver"
             )
         if driver_log_verbosity not in LOG_MODES:
-            raise ValueError(f"driver_log_verbosity must be one of {LOG_MODES}, got {driver_log_verbosity!r}")
+            raise ValueError(
+                f"driver_log_verbosity must be one of {LOG_MODES}, got {driver_log_verbosity!r}"
+            )
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
         if launcher == "mpi" and not mpirun_available():
@@ -103,7 +105,9 @@ class HorovodRunner:
         if bad:
             raise ValueError(f"env must map str to str; bad entries: {bad}")
         if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
-            raise ValueError("mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']")
+            raise ValueError(
+                "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
+            )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
         self.launcher = launcher
@@ -157,7 +161,7 @@ class HorovodRunner:
             mpi_args=tuple(self.mpi_args),
             network_interface=self.network_interface,
             driver_path=os.environ.get("PATH", ""),
-            driver_pythonpath=os.environ.get("PYTHONPATH", ""),
+            driver_pythonpath=driver_pythonpath(),
         )
         logger.info(
             "sparkdist job %s: %d ranks, launcher %s, %s",
@@ -188,6 +192,24 @@ class HorovodRunner:
                 logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
             logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
         return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+
+def driver_pythonpath() -> str:
+    """The driver's own import path (PYTHONPATH and sys.path), minus its Python
+    installation, so ranks can import the driver's modules (a function defined in a
+    module is pickled by reference) without shadowing the executors' packages."""
+    install = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path
+    keep = []
+    for entry in entries:
+        real = os.path.realpath(entry or os.getcwd())
+        if any(real == p or real.startswith(p + os.sep) for p in install):
+            continue
+        if "site-packages" in real or "dist-packages" in real or not os.path.isdir(real):
+            continue
+        if real not in keep:
+            keep.append(real)
+    return os.pathsep.join(keep)
 
 
 def _load_result(rank: int, blob: bytes | None) -> Any:

@@ -38,7 +38,9 @@ def mpirun_available() -> bool:
 
 def _merge_paths(first: str, then: str) -> str:
     entries: list[str] = []
-    for entry in (first.split(os.pathsep) if first else []) + (then.split(os.pathsep) if then else []):
+    for entry in (first.split(os.pathsep) if first else []) + (
+        then.split(os.pathsep) if then else []
+    ):
         if entry and entry not in entries:
             entries.append(entry)
     return os.pathsep.join(entries)

@@ -19,7 +19,13 @@ from sparkdist.runner.launch import (
     relay_output,
     supervisor_argv,
 )
-from sparkdist.runner.processes import ProcessRecord, kill_group, kill_records, popen_group, wait_gone
+from sparkdist.runner.processes import (
+    ProcessRecord,
+    kill_group,
+    kill_records,
+    popen_group,
+    wait_gone,
+)
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -57,7 +63,10 @@ class LocalLaunch:
             for rank in range(n):
                 rank_env = direct_rank_env(env, rank, n, rank, n)
                 self._start(
-                    supervisor_argv(sys.executable), rank_env, f"rank {rank}'s supervisor", "supervisor"
+                    supervisor_argv(sys.executable),
+                    rank_env,
+                    f"rank {rank}'s supervisor",
+                    "supervisor",
                 )
 
     def stop(self) -> list[ProcessRecord]:

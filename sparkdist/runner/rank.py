@@ -15,6 +15,7 @@ from sparkdist.runner import rank_channel
 from sparkdist.runner.network import interface_of, reserve_port
 from sparkdist.runner.processes import die_with_parent
 
+
 def _prepare_environment(client: rank_channel.DriverClient, rank: int, host: str) -> None:
     """Set what torch.distributed's env:// rendezvous and Gloo read.
 

@@ -58,9 +58,7 @@ class TaskRun:
         self.channel = wire.connect((driver_host, int(driver_port)), spec.secret)
         self.channel.send(("task", index, {"host": host, "pid": os.getpid()}))
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
-        self.env = job_env(
-            spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks
-        )
+        self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
         self.agent: TaskAgent | None = None
 
     def _listen(self) -> None:

@@ -146,7 +146,6 @@ class Supervisor:
         os._exit(1)
 
 
-
 def main() -> None:
     die_with_parent()
     if os.getppid() == 1:

@@ -118,7 +118,12 @@ def _client_handshake(sock: socket.socket, secret: bytes) -> bytes:
     server_nonce = _recv_exact(sock, NONCE_BYTES)
     client_nonce = os.urandom(NONCE_BYTES)
     sock.sendall(client_nonce + _mac(secret, b"client", server_nonce, client_nonce))
-    proof = _recv_exact(sock, MAC_BYTES)
+    try:
+        proof = _recv_exact(sock, MAC_BYTES)
+    except EOFError as exc:
+        raise AuthenticationError(
+            "the server closed the connection during authentication (wrong job secret?)"
+        ) from exc
     if not hmac.compare_digest(proof, _mac(secret, b"server", client_nonce, server_nonce)):
         raise AuthenticationError("the server does not hold this job's secret")
     return _mac(secret, b"session", server_nonce, client_nonce)
@@ -190,7 +195,9 @@ class Server:
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, EOFError, AuthenticationError) as exc:
-            logger.warning("%s: rejected a connection from %s: %s", self._name, _peer_name(sock), exc)
+            logger.warning(
+                "%s: rejected a connection from %s: %s", self._name, _peer_name(sock), exc
+            )
             sock.close()
             return
         channel = Channel(sock, key, is_client=False)
