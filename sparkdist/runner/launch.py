@@ -75,6 +75,7 @@ def job_env(
             "SPARKDIST_NODE_RANK": str(node_rank),
             "SPARKDIST_NUM_NODES": str(num_nodes),
             "SPARKDIST_LOG_MODE": spec.log_mode,
+            "SPARKDIST_LAUNCHER": spec.launcher,
         }
     )
     if os.geteuid() == 0:

@@ -11,36 +11,25 @@ import socket
 import sys
 import traceback
 
+from sparkdist.backends import RankContext, prepare_rank
 from sparkdist.runner import rank_channel
-from sparkdist.runner.network import interface_of, reserve_port
 from sparkdist.runner.processes import die_with_parent
 
 
-def _prepare_environment(client: rank_channel.DriverClient, rank: int, host: str) -> None:
-    """Set what torch.distributed's env:// rendezvous and Gloo read.
-
-    Rank 0 reserves a free port on its own host and publishes it through the
-    driver; the others wait for it. The interface for Gloo (and NCCL) is the one
-    that carries the task's address, unless the user chose one.
-    """
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        return
-    reservation = None
-    if rank == 0:
-        reservation = reserve_port(host)
-        client.put("master", (host, reservation.getsockname()[1]))
-    master_host, master_port = client.get("master")
-    os.environ["MASTER_ADDR"] = master_host
-    os.environ["MASTER_PORT"] = str(master_port)
-    try:
-        ifname, _ = interface_of(host)
-    except ValueError:
-        ifname = None
-    if ifname:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", ifname)
-    if reservation is not None:
-        reservation.close()
+def rank_context(client: rank_channel.DriverClient, env) -> RankContext:
+    """This rank's place in the job, from the variables its supervisor set."""
+    return RankContext(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env["LOCAL_RANK"]),
+        local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+        node_rank=int(env["NODE_RANK"]),
+        num_nodes=int(env.get("SPARKDIST_NUM_NODES", "1")),
+        host=env.get("SPARKDIST_TASK_HOST", socket.gethostname()),
+        launcher=env.get("SPARKDIST_LAUNCHER", "direct"),
+        rendezvous=client,
+        env=env,
+    )
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -59,7 +48,7 @@ def main() -> None:
     try:
         import cloudpickle
 
-        _prepare_environment(client, rank, host)
+        prepare_rank(rank_context(client, os.environ))
         fn, kwargs = cloudpickle.loads(job["payload"])
         value = fn(**kwargs)
     except SystemExit as exc:

@@ -125,12 +125,10 @@ class BarrierStage:
 
     def stop(self) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
-        if not self.state.wait_tasks_done(len(self.state.tasks_started), CANCEL_GRACE_S):
+        expected = len(self.state.tasks_started)
+        if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:
             logger.info("cancelling Spark job group %s", self.group)
-        if self._thread.is_alive():
-            self._thread.join(timeout=1.0)
-        if self._thread.is_alive():
             self.sc.cancelJobGroup(self.group)
-            self._thread.join(timeout=JOIN_TIMEOUT_S)
+        self._thread.join(timeout=JOIN_TIMEOUT_S)
         local = [p for p in self.state.processes if is_local_address(p.host)]
         return wait_gone(local, timeout_s=5.0)

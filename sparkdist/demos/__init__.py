@@ -1,0 +1,1 @@
+"""Training functions used by `sparkdist demo`, the benchmarks and the tests."""
