@@ -1,9 +1,10 @@
-"""The `sparkdist` command."""
+"""The `sparkdist` command: demo, run (also under spark-submit), doctor."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -25,10 +26,66 @@ def _demo(args: argparse.Namespace) -> int:
     print()
     print(f"ranks:          {result['ranks']} ({runner.last_job.launcher} launcher)")
     print(f"test accuracy:  {result['accuracy']:.4f}")
-    print(f"training job:   {job_time:.1f}s wall time (Spark start-up {spark_ready - started:.1f}s)")
+    print(
+        f"training job:   {job_time:.1f}s wall time (Spark start-up {spark_ready - started:.1f}s)"
+    )
     if result["accuracy"] < 0.9:
         print("demo FAILED: accuracy below 0.9", file=sys.stderr)
         return 1
+    return 0
+
+
+def _session(args: argparse.Namespace):
+    """Under spark-submit (or with --master): that Spark. Otherwise an embedded one."""
+    from pyspark.sql import SparkSession
+
+    from sparkdist.session import embedded_spark
+
+    if args.master or "PYSPARK_GATEWAY_PORT" in os.environ:
+        builder = SparkSession.builder.appName("sparkdist-run")
+        if args.master:
+            builder = builder.master(args.master)
+        return builder.getOrCreate()
+    return embedded_spark(executors=args.executors, app_name="sparkdist-run")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sparkdist import HorovodRunner, RankFailedError
+
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    if args.np > 0:
+        _session(args)
+    runner = HorovodRunner(
+        np=args.np,
+        launcher=args.launcher,
+        start_timeout=args.start_timeout,
+        timeout=args.timeout,
+    )
+    try:
+        runner.run(args.script, args=script_args)
+    except RankFailedError as exc:
+        print(f"sparkdist run: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"sparkdist run: {args.script} finished on {abs(args.np)} ranks in "
+        f"{runner.last_job.wall_time_s:.1f}s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from sparkdist.doctor import report, run_checks
+
+    text, healthy = report(run_checks())
+    print(text)
+    return 0 if healthy else 1
+
+
+def _entrypoint(args: argparse.Namespace) -> int:
+    print(os.path.abspath(__file__))
     return 0
 
 
@@ -42,6 +99,30 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--executors", type=int, default=2, help="executors of the embedded Spark")
     demo.add_argument("--epochs", type=int, default=20)
     demo.set_defaults(func=_demo)
+
+    run = commands.add_parser(
+        "run",
+        help="run a training script on N ranks",
+        description="Run SCRIPT on N ranks as __main__; arguments after -- go to the script. "
+        "Under spark-submit it uses that Spark; otherwise --master, else an embedded Spark.",
+    )
+    run.add_argument("--np", type=int, required=True, help="ranks (<0: on the driver)")
+    run.add_argument("--master", help="Spark master URL (default: spark-submit's or embedded)")
+    run.add_argument("--executors", type=int, default=2, help="executors of an embedded Spark")
+    run.add_argument("--launcher", default="auto", choices=["auto", "mpi", "direct"])
+    run.add_argument("--start-timeout", type=float, default=600.0)
+    run.add_argument("--timeout", type=float, default=None)
+    run.add_argument("script", help="the Python training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
+    run.set_defaults(func=_run)
+
+    doctor = commands.add_parser("doctor", help="check Java, Spark, MPI, Horovod, frameworks, GPUs")
+    doctor.set_defaults(func=_doctor)
+
+    entry = commands.add_parser(
+        "entrypoint", help="print the path to give spark-submit (see the README)"
+    )
+    entry.set_defaults(func=_entrypoint)
     return parser
 
 

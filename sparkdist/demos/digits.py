@@ -23,9 +23,7 @@ def load_digits_split(seed: int = 0):
 def make_model():
     import torch
 
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
 def accuracy(model, x, y) -> float:
@@ -68,7 +66,9 @@ def train_digits_ddp(epochs: int = 20, lr: float = 0.01, batch_size: int = 32) -
             batches += 1
         if rank == 0:
             acc = accuracy(model.module, x_test, y_test)
-            print(f"epoch {epoch:2d}  loss {total / batches:.4f}  test accuracy {acc:.4f}", flush=True)
+            print(
+                f"epoch {epoch:2d}  loss {total / batches:.4f}  test accuracy {acc:.4f}", flush=True
+            )
     result = {
         "accuracy": accuracy(model.module, x_test, y_test),
         "ranks": size,

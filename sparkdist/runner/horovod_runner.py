@@ -19,12 +19,14 @@ from typing import Any
 
 import cloudpickle
 
+from sparkdist.backends import timeline
 from sparkdist.runner import payload, wire
 from sparkdist.runner.driver import DriverService, JobSpec, JobState
 from sparkdist.runner.errors import SparkdistError
 from sparkdist.runner.launch import LaunchSpec, mpirun_available
 from sparkdist.runner.local_launch import LOCAL_HOST, LocalLaunch
 from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.script import ScriptMain
 from sparkdist.runner.spark_cluster import SparkLaunch
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,9 @@ class HorovodRunner:
         mpi_args: extra arguments for mpirun (e.g. ["--mca", "btl_tcp_links", "2"]).
         network_interface: the interface (e.g. "eth0") the ranks and sparkdist's
             channels use; by default the one carrying each executor's address.
+        timeline: a path on the driver for a Horovod timeline of the job (rank 0
+            records it wherever it runs; the driver writes it here). By default the
+            driver's HOROVOD_TIMELINE environment variable, as on Databricks.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class HorovodRunner:
         env: Mapping[str, str] | None = None,
         mpi_args: Sequence[str] = (),
         network_interface: str | None = None,
+        timeline: str | os.PathLike | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -116,14 +122,20 @@ class HorovodRunner:
         self.env = env
         self.mpi_args = list(mpi_args)
         self.network_interface = network_interface
+        self.timeline = os.fspath(timeline) if timeline is not None else None
         self.last_job: JobReport | None = None
 
-    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
-        """Run `main(**kwargs)` on every rank; return rank 0's return value."""
+    def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
+        """Run `main(**kwargs)` on every rank; return rank 0's return value.
+
+        `main` may also be the path of a Python script, run on every rank as
+        `__main__` with `args` as its command-line arguments:
+        `run("train.py", args=["--epochs", "3"])`. A non-zero exit is a failure.
+        """
         return self._run(main, kwargs, all_results=False)[0]
 
-    def run_all(self, main: Callable[..., Any], **kwargs: Any) -> list[Any]:
-        """Run `main(**kwargs)` on every rank; return every rank's value, in rank order."""
+    def run_all(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> list[Any]:
+        """Like `run`, but return every rank's value, in rank order."""
         return self._run(main, kwargs, all_results=True)
 
     # -----------------------------------------------------------------------------------
@@ -133,7 +145,15 @@ class HorovodRunner:
             return self.launcher
         return "mpi" if mpirun_available() else "direct"
 
-    def _run(self, main: Callable, kwargs: dict[str, Any], all_results: bool) -> list[Any]:
+    def _run(self, main: Callable | str | os.PathLike, kwargs: dict[str, Any], all_results: bool):
+        if isinstance(main, (str, os.PathLike)):
+            unexpected = set(kwargs) - {"args"}
+            if unexpected:
+                raise ValueError(
+                    f"a script takes only args=[...], not {sorted(unexpected)}; pass options "
+                    "to the script as command-line arguments"
+                )
+            main, kwargs = ScriptMain.from_file(main, kwargs.get("args", ())), {}
         blob = payload.pack(main, kwargs)
         np = abs(self.np)
         launcher = self._resolved_launcher()
@@ -150,6 +170,10 @@ class HorovodRunner:
         else:
             bind_host = advertise_host = LOCAL_HOST
         service = DriverService(state, secret, bind_host, advertise_host)
+        timeline_path = timeline.requested_path(self.timeline, os.environ)
+        rank_env = dict(self.env)
+        if timeline_path:
+            rank_env[timeline.TIMELINE_ENV] = timeline_path
         spec = LaunchSpec(
             job_id=job_id,
             driver=f"{service.address[0]}:{service.address[1]}",
@@ -157,7 +181,7 @@ class HorovodRunner:
             np=np,
             launcher=launcher,
             log_mode=self.driver_log_verbosity,
-            env=self.env,
+            env=rank_env,
             mpi_args=tuple(self.mpi_args),
             network_interface=self.network_interface,
             driver_path=os.environ.get("PATH", ""),
@@ -188,6 +212,10 @@ class HorovodRunner:
             report.wall_time_s = time.monotonic() - started
             report.processes = list(state.processes)
             report.files = dict(state.files)
+            try:
+                timeline.save_timeline(report.files, timeline_path)
+            except OSError as exc:
+                logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
             if leftovers:
                 logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
             logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)

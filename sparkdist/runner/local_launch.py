@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+from sparkdist.backends.gpu import TASK_GPUS_ENV, driver_gpu_addresses
 from sparkdist.runner.driver import JobState
 from sparkdist.runner.launch import (
     LaunchSpec,
@@ -49,6 +50,9 @@ class LocalLaunch:
     def start(self) -> None:
         n = self.spec.np
         env = job_env(self.spec, os.environ, task_host=LOCAL_HOST, node_rank=0, num_nodes=1)
+        gpus = driver_gpu_addresses()
+        if gpus:
+            env[TASK_GPUS_ENV] = ",".join(gpus)
         if self.spec.launcher == "mpi":
             argv = mpirun_argv(
                 sys.executable,

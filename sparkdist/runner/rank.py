@@ -33,6 +33,8 @@ def rank_context(client: rank_channel.DriverClient, env) -> RankContext:
 
 
 def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
     text = str(exc)
     return f"raised {type(exc).__name__}" + (f": {text}" if text else "")
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import psutil
 
+from sparkdist.backends.gpu import TASK_GPUS_ENV, gpu_addresses
 from sparkdist.runner import wire
 from sparkdist.runner.launch import (
     LaunchSpec,
@@ -87,6 +88,9 @@ class TaskRun:
     def run(self, ctx) -> None:
         python = sys.executable
         network = interface_of(self.host)[1]
+        gpus = gpu_addresses(ctx.resources())
+        if gpus:
+            self.env[TASK_GPUS_ENV] = ",".join(gpus)
         if self.spec.launcher == "mpi":
             self.agent = TaskAgent(self.spec.secret, self.host, self.env, self.report)
             mine = {"host": self.host, "port": self.agent.port, "network": network}

@@ -1,0 +1,7 @@
+"""`python -m sparkdist` is the `sparkdist` command."""
+
+import sys
+
+from sparkdist.cli import main
+
+sys.exit(main())
