@@ -3,26 +3,44 @@
 * `HorovodRunner(np=N).run(main, **kwargs)`: run `main` on N ranks of a Spark barrier
   stage (Horovod, torch.distributed, TensorFlow or MPI inside).
 * `sparkdist.ensemble.PartitionEnsemble`: one scikit-learn/XGBoost model per partition.
+
+Names are imported on first use, so that the processes a job starts on every rank
+(which import `sparkdist.runner.*` modules) start fast.
 """
 
-from sparkdist.runner import (
-    HorovodRunner,
-    JobTimeoutError,
-    NotEnoughSlotsError,
-    PayloadError,
-    RankFailedError,
-    SparkdistError,
-    log_to_driver,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "HorovodRunner",
-    "JobTimeoutError",
-    "NotEnoughSlotsError",
-    "PayloadError",
-    "RankFailedError",
-    "SparkdistError",
-    "log_to_driver",
-]
+_EXPORTS = {
+    "HorovodRunner": "sparkdist.runner.horovod_runner",
+    "JobReport": "sparkdist.runner.horovod_runner",
+    "JobTimeoutError": "sparkdist.runner.errors",
+    "NotEnoughSlotsError": "sparkdist.runner.errors",
+    "PayloadError": "sparkdist.runner.errors",
+    "RankFailedError": "sparkdist.runner.errors",
+    "SparkdistError": "sparkdist.runner.errors",
+    "log_to_driver": "sparkdist.runner.rank_channel",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from sparkdist.runner.errors import (
+        JobTimeoutError,
+        NotEnoughSlotsError,
+        PayloadError,
+        RankFailedError,
+        SparkdistError,
+    )
+    from sparkdist.runner.horovod_runner import HorovodRunner, JobReport
+    from sparkdist.runner.rank_channel import log_to_driver
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sparkdist' has no attribute {name!r}")

@@ -73,6 +73,7 @@ class JobState:
         self.files: dict[str, bytes] = {}
         self.launcher_tail: deque = deque(maxlen=TAIL_LINES)
         self.launcher_exit: int | None = None
+        self.frameworks: list[str] = []
         self.tasks_started: set[int] = set()
         self.tasks_done: set[int] = set()
         self._task_channels: dict[int, wire.Channel] = {}
@@ -198,6 +199,8 @@ class JobState:
                 with self._cond:
                     state.result = message[1]
                     state.has_result = True
+                    if rank == 0:
+                        self.frameworks = message[2]
                     self._cond.notify_all()
                 channel.send(("ok",))
             elif kind == "error":

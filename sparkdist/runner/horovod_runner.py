@@ -20,6 +20,7 @@ from typing import Any
 import cloudpickle
 
 from sparkdist.backends import timeline
+from sparkdist import tracking
 from sparkdist.runner import payload, wire
 from sparkdist.runner.driver import DriverService, JobSpec, JobState
 from sparkdist.runner.errors import SparkdistError
@@ -46,6 +47,8 @@ class JobReport:
     wall_time_s: float = 0.0
     processes: list[ProcessRecord] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    frameworks: list[str] = field(default_factory=list)
+    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
 
 
 class HorovodRunner:
@@ -154,6 +157,7 @@ class HorovodRunner:
                     "to the script as command-line arguments"
                 )
             main, kwargs = ScriptMain.from_file(main, kwargs.get("args", ())), {}
+        kwargs = _convert_dataframes(kwargs)
         blob = payload.pack(main, kwargs)
         np = abs(self.np)
         launcher = self._resolved_launcher()
@@ -171,7 +175,7 @@ class HorovodRunner:
             bind_host = advertise_host = LOCAL_HOST
         service = DriverService(state, secret, bind_host, advertise_host)
         timeline_path = timeline.requested_path(self.timeline, os.environ)
-        rank_env = dict(self.env)
+        rank_env = {**tracking.rank_environment(), **self.env}
         if timeline_path:
             rank_env[timeline.TIMELINE_ENV] = timeline_path
         spec = LaunchSpec(
@@ -207,11 +211,19 @@ class HorovodRunner:
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
             raise
         finally:
-            leftovers = launch.stop()
+            leftovers = launch.stop(finished=report.outcome == "succeeded")
             service.close()
             report.wall_time_s = time.monotonic() - started
             report.processes = list(state.processes)
             report.files = dict(state.files)
+            report.frameworks = list(state.frameworks)
+            tracking.log_job(
+                np=self.np,
+                launcher=launcher,
+                backend=",".join(report.frameworks) or "none",
+                wall_time_s=report.wall_time_s,
+                outcome=report.outcome,
+            )
             try:
                 timeline.save_timeline(report.files, timeline_path)
             except OSError as exc:
@@ -220,6 +232,25 @@ class HorovodRunner:
                 logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
             logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
         return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+
+def _convert_dataframes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Spark DataFrame arguments become converter handles that each rank opens on its
+    own shard (`sparkdist.data`): the data goes to Parquet once, not into the payload."""
+    if "pyspark" not in sys.modules:
+        return kwargs
+    from pyspark.sql import DataFrame
+
+    frames = {k for k, v in kwargs.items() if isinstance(v, DataFrame)}
+    if not frames:
+        return kwargs
+    from sparkdist.data import make_spark_converter
+
+    converted = dict(kwargs)
+    for key in frames:
+        converted[key] = make_spark_converter(kwargs[key])
+        logger.info("DataFrame argument %r arrives in the ranks as a converter handle", key)
+    return converted
 
 
 def driver_pythonpath() -> str:

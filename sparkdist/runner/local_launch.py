@@ -22,9 +22,9 @@ from sparkdist.runner.launch import (
 )
 from sparkdist.runner.processes import (
     ProcessRecord,
-    kill_group,
     kill_records,
     popen_group,
+    stop_group,
     wait_gone,
 )
 
@@ -35,13 +35,13 @@ class LocalLaunch:
     def __init__(self, spec: LaunchSpec, state: JobState):
         self.spec = spec
         self.state = state
-        self._groups: list[int] = []
+        self._children: list[subprocess.Popen] = []
 
     def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
         proc = popen_group(
             argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self._groups.append(proc.pid)
+        self._children.append(proc)
         self.state.record(ProcessRecord.of(proc.pid, role, LOCAL_HOST))
         relay_output(
             proc, self.state.launcher_output, lambda code: self.state.launcher_exited(name, code)
@@ -73,9 +73,12 @@ class LocalLaunch:
                     "supervisor",
                 )
 
-    def stop(self) -> list[ProcessRecord]:
-        """Stop everything the job started here; return what could not be stopped."""
-        for pgid in self._groups:
-            kill_group(pgid)
+    def stop(self, finished: bool) -> list[ProcessRecord]:
+        """Stop everything the job started here; return what could not be stopped.
+
+        After a job that `finished`, its processes get a moment to exit by themselves.
+        """
+        for proc in self._children:
+            stop_group(proc, settle_s=5.0 if finished else 0.0)
         kill_records(self.state.processes)
         return wait_gone(self.state.processes, timeout_s=5.0)

@@ -93,36 +93,33 @@ def popen_group(
     return subprocess.Popen(argv, env=dict(env), start_new_session=True, **kwargs)
 
 
-def kill_group(pgid: int, grace_s: float = 3.0) -> None:
-    """SIGTERM a process group, then SIGKILL what is left after `grace_s`."""
+def stop_group(proc: subprocess.Popen, grace_s: float = 3.0, settle_s: float = 0.0) -> None:
+    """Stop a child started by `popen_group`, and everything left in its process group.
+
+    `settle_s`: time the child gets to exit on its own first (a job that finished).
+    Then SIGTERM to the group, `grace_s` for the child to exit, and SIGKILL to the
+    group for whatever remains. The child is reaped.
+    """
+    if settle_s:
+        try:
+            proc.wait(timeout=settle_s)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # killpg(0) succeeds on zombies: look for a member that still runs.
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
 
 
 def wait_gone(records: Iterable[ProcessRecord], timeout_s: float) -> list[ProcessRecord]:

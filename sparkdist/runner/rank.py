@@ -11,6 +11,7 @@ import socket
 import sys
 import traceback
 
+from sparkdist import tracking
 from sparkdist.backends import RankContext, prepare_rank
 from sparkdist.runner import rank_channel
 from sparkdist.runner.processes import die_with_parent
@@ -32,6 +33,19 @@ def rank_context(client: rank_channel.DriverClient, env) -> RankContext:
     )
 
 
+FRAMEWORKS = {
+    "horovod": ("horovod.torch", "horovod.tensorflow", "horovod.keras"),
+    "torch": ("torch.distributed",),
+    "tensorflow": ("tensorflow",),
+    "mpi4py": ("mpi4py.MPI",),
+}
+
+
+def frameworks_in_use() -> list[str]:
+    """Which distributed frameworks `main` imported (reported for the job's record)."""
+    return [name for name, modules in FRAMEWORKS.items() if any(m in sys.modules for m in modules)]
+
+
 def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r})"
@@ -51,26 +65,37 @@ def main() -> None:
         import cloudpickle
 
         prepare_rank(rank_context(client, os.environ))
+        tracking.setup_rank()
         fn, kwargs = cloudpickle.loads(job["payload"])
         value = fn(**kwargs)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _report_error(rank, exc)
-            sys.exit(exc.code if isinstance(exc.code, int) else 1)
+            _exit_now(exc.code if isinstance(exc.code, int) else 1)
         value = None
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
         _report_error(rank, exc)
-        sys.exit(1)
+        _exit_now(1)
 
     if job["send_result"]:
         try:
             blob = cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
             _report_error(rank, exc, f"returned a value that cannot be pickled: {exc}")
-            sys.exit(1)
-        client.request(("result", blob))
+            _exit_now(1)
+        client.request(("result", blob, frameworks_in_use()))
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's slow module teardown (seconds with torch or
+    TensorFlow loaded); atexit handlers, such as MLflow's flush, still run."""
+    import atexit
+
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(code)
 
 
 def _report_error(rank: int, exc: BaseException, reason: str | None = None) -> None:

@@ -123,7 +123,7 @@ class BarrierStage:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> list[ProcessRecord]:
+    def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
         expected = len(self.state.tasks_started)
         if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:

@@ -34,9 +34,9 @@ from sparkdist.runner.launch import (
 from sparkdist.runner.network import address_of_interface, interface_of, resolve
 from sparkdist.runner.processes import (
     ProcessRecord,
-    kill_group,
     kill_records,
     popen_group,
+    stop_group,
     wait_gone,
 )
 from sparkdist.runner.task_agent import TaskAgent
@@ -54,7 +54,7 @@ class TaskRun:
         self.host = host
         self.stop_reason: str | None = None
         self._stopped = threading.Event()
-        self._groups: list[int] = []
+        self._children: list[subprocess.Popen] = []
         driver_host, driver_port = spec.driver.rsplit(":", 1)
         self.channel = wire.connect((driver_host, int(driver_port)), spec.secret)
         self.channel.send(("task", index, {"host": host, "pid": os.getpid()}))
@@ -77,7 +77,7 @@ class TaskRun:
         proc = popen_group(
             argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self._groups.append(proc.pid)
+        self._children.append(proc)
         self.report(ProcessRecord.of(proc.pid, role, self.host))
         relay_output(
             proc,
@@ -124,8 +124,9 @@ class TaskRun:
         """Stop every process this task started, then tell the driver it is done."""
         if self.agent is not None:
             self.agent.close()
-        for pgid in self._groups:
-            kill_group(pgid)
+        finished = self.stop_reason == "finish"
+        for proc in self._children:
+            stop_group(proc, settle_s=5.0 if finished else 0.0)
         leftovers = [
             ProcessRecord.of(p.pid, "descendant", self.host)
             for p in psutil.Process().children(recursive=True)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from sparkdist.runner import wire
-from sparkdist.runner.processes import ProcessRecord, die_with_parent, kill_group, popen_group
+from sparkdist.runner.processes import ProcessRecord, die_with_parent, popen_group, stop_group
 
 TAIL_LINES = 40
 BATCH_LINES = 500
@@ -94,7 +94,7 @@ class Supervisor:
 
         exit_code = self.child.wait()
         # Whatever the rank left behind in its process group goes with it.
-        kill_group(self.child.pid, grace_s=1.0)
+        stop_group(self.child, grace_s=1.0)
         for reader in readers:
             reader.join(timeout=5)
         self.lines.put(None)
@@ -142,7 +142,7 @@ class Supervisor:
         except (EOFError, OSError):
             pass
         if self.child is not None:
-            kill_group(self.child.pid, grace_s=1.0)
+            stop_group(self.child, grace_s=1.0)
         os._exit(1)
 
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from sparkdist.runner import wire
-from sparkdist.runner.processes import ProcessRecord, kill_group, popen_group
+from sparkdist.runner.processes import ProcessRecord, popen_group, stop_group
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class TaskAgent:
         self._host = host
         self._on_process = on_process
         self._orted = shutil.which("orted", path=self._env.get("PATH"))
-        self._children: set[int] = set()
+        self._children: dict[int, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._server = wire.Server(secret, self._handle, host=host, name="sparkdist-agent")
         self.port = self._server.address[1]
@@ -104,7 +104,7 @@ class TaskAgent:
             stderr=subprocess.STDOUT,
         )
         with self._lock:
-            self._children.add(proc.pid)
+            self._children[proc.pid] = proc
         self._on_process(ProcessRecord.of(proc.pid, "orted", self._host))
         watcher = threading.Thread(target=self._watch_client, args=(channel, proc), daemon=True)
         watcher.start()
@@ -114,11 +114,10 @@ class TaskAgent:
             code = proc.wait()
             channel.send(("exit", code))
         except OSError:
-            kill_group(proc.pid)
-            proc.wait()
+            stop_group(proc)
         finally:
             with self._lock:
-                self._children.discard(proc.pid)
+                self._children.pop(proc.pid, None)
 
     @staticmethod
     def _watch_client(channel: wire.Channel, proc) -> None:
@@ -128,13 +127,13 @@ class TaskAgent:
         except (EOFError, OSError, wire.AuthenticationError):
             pass
         if proc.poll() is None:
-            kill_group(proc.pid)
+            stop_group(proc)
 
     def kill_children(self) -> None:
         with self._lock:
-            pids = list(self._children)
-        for pid in pids:
-            kill_group(pid)
+            children = list(self._children.values())
+        for proc in children:
+            stop_group(proc)
 
     def close(self) -> None:
         self._server.close()
