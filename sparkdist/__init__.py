@@ -26,7 +26,16 @@ _EXPORTS = {
     "log_to_driver": "sparkdist.runner.rank_channel",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "HorovodRunner",
+    "JobReport",
+    "JobTimeoutError",
+    "NotEnoughSlotsError",
+    "PayloadError",
+    "RankFailedError",
+    "SparkdistError",
+    "log_to_driver",
+]
 
 if TYPE_CHECKING:
     from sparkdist.runner.errors import (

@@ -19,8 +19,8 @@ from typing import Any
 
 import cloudpickle
 
-from sparkdist.backends import timeline
 from sparkdist import tracking
+from sparkdist.backends import timeline
 from sparkdist.runner import payload, wire
 from sparkdist.runner.driver import DriverService, JobSpec, JobState
 from sparkdist.runner.errors import SparkdistError
