@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "HorovodRunner": "sparkdist.runner.horovod_runner",
     "JobReport": "sparkdist.runner.horovod_runner",
+    "JobFailedError": "sparkdist.runner.errors",
     "JobTimeoutError": "sparkdist.runner.errors",
     "NotEnoughSlotsError": "sparkdist.runner.errors",
     "PayloadError": "sparkdist.runner.errors",
@@ -28,6 +29,7 @@ _EXPORTS = {
 
 __all__ = [
     "HorovodRunner",
+    "JobFailedError",
     "JobReport",
     "JobTimeoutError",
     "NotEnoughSlotsError",
@@ -39,6 +41,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from sparkdist.runner.errors import (
+        JobFailedError,
         JobTimeoutError,
         NotEnoughSlotsError,
         PayloadError,

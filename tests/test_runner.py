@@ -14,6 +14,7 @@ import pytest
 
 from sparkdist import (
     HorovodRunner,
+    JobFailedError,
     JobTimeoutError,
     NotEnoughSlotsError,
     PayloadError,
@@ -336,3 +337,18 @@ def test_user_env_and_mpi_args_reach_ranks(sc):
         np=2, env={"MY_SETTING": "42"}, mpi_args=["-x", "OMPI_MCA_test_marker=yes"]
     )
     assert runner.run_all(main) == [("42", "yes"), ("42", "yes")]
+
+
+def test_network_interface_named_by_user(sc):
+    assert HorovodRunner(np=2, network_interface="lo").run(allreduce_main, scale=1.0)["sum"] == 3.0
+
+
+def test_unknown_network_interface_fails_fast_with_reason(sc):
+    started = time.monotonic()
+    with pytest.raises(JobFailedError) as info:
+        HorovodRunner(np=2, network_interface="nope0").run(allreduce_main, scale=1.0)
+    assert "network interface 'nope0' does not exist" in str(info.value)
+    assert "Py4J" not in str(info.value) and "at org.apache" not in str(info.value)
+    assert time.monotonic() - started < 120
+    # The cluster is usable for the next job.
+    assert HorovodRunner(np=2).run(allreduce_main, scale=1.0)["sum"] == 3.0

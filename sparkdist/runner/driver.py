@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sparkdist.runner import wire
-from sparkdist.runner.errors import JobTimeoutError, RankFailedError
+from sparkdist.runner.errors import JobFailedError, JobTimeoutError, RankFailedError
 from sparkdist.runner.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -252,6 +252,10 @@ class JobState:
         for line in lines:
             logger.debug("mpirun: %s", line)
 
+    def fail(self, reason: str) -> None:
+        """A failure seen outside the ranks (e.g. the Spark stage itself failed)."""
+        self._notice_failure(None, reason)
+
     def launcher_exited(self, name: str, exit_code: int) -> None:
         """mpirun (or a direct launcher's supervisor process) ended."""
         with self._cond:
@@ -321,18 +325,11 @@ class JobState:
     def _all_started(self) -> bool:
         return all(s.started for s in self.ranks.values())
 
-    def _failure_error(self) -> RankFailedError:
+    def _failure_error(self) -> JobFailedError:
         failure = self._failure
         assert failure is not None
         if failure.rank is None:
-            return RankFailedError(
-                rank=None,
-                host="?",
-                exit_code=self.launcher_exit,
-                traceback=None,
-                output_tail=list(self.launcher_tail),
-                reason=failure.reason,
-            )
+            return JobFailedError(failure.reason or "unknown", list(self.launcher_tail))
         state = self.ranks[failure.rank]
         tail = list(state.tail)
         if state.traceback:

@@ -17,6 +17,22 @@ class NotEnoughSlotsError(SparkdistError, ValueError):
     """More ranks were asked for than the cluster has task slots."""
 
 
+class JobFailedError(SparkdistError):
+    """The job failed outside any rank: a lost task or executor, mpirun, Spark itself.
+
+    `output_tail` holds the launcher's (mpirun's) last lines, if any.
+    """
+
+    def __init__(self, reason: str, output_tail: list[str] | None = None):
+        self.reason = reason
+        self.output_tail = output_tail or []
+        lines = [f"the job failed before any rank reported a failure: {reason}"]
+        if self.output_tail:
+            lines += ["", "Last lines of the launcher's output:"]
+            lines += [f"  {line}" for line in self.output_tail]
+        super().__init__("\n".join(lines))
+
+
 class JobTimeoutError(SparkdistError, TimeoutError):
     """The job (or its start-up) did not finish within its time limit."""
 
@@ -34,12 +50,12 @@ def describe_exit(exit_code: int | None) -> str:
     return f"exit code {exit_code}"
 
 
-class RankFailedError(SparkdistError):
+class RankFailedError(JobFailedError):
     """A rank raised or died. Reports the first failure, as torch elastic does."""
 
     def __init__(
         self,
-        rank: int | None,
+        rank: int,
         host: str,
         exit_code: int | None,
         traceback: str | None,
@@ -52,7 +68,7 @@ class RankFailedError(SparkdistError):
         self.traceback = traceback
         self.output_tail = output_tail
         self.reason = reason
-        super().__init__(self._message())
+        SparkdistError.__init__(self, self._message())
 
     @property
     def signal(self) -> str | None:
@@ -62,12 +78,6 @@ class RankFailedError(SparkdistError):
         return None
 
     def _message(self) -> str:
-        if self.rank is None:
-            lines = [f"the job failed before any rank reported a failure: {self.reason}"]
-            if self.output_tail:
-                lines += ["", "Last lines of the launcher's output:"]
-                lines += [f"  {line}" for line in self.output_tail]
-            return "\n".join(lines)
         if self.reason and self.exit_code is not None:
             what = f"{self.reason} ({describe_exit(self.exit_code)})"
         else:

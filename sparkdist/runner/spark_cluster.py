@@ -37,6 +37,17 @@ def slots_upper_bound(master: str, task_cpus: int) -> int | None:
     return None
 
 
+def spark_error_summary(exc: BaseException) -> str:
+    """The Python error inside a Py4J/Spark error, instead of a Java stack."""
+    text = str(exc)
+    found = re.findall(r"^\s*(\w+(?:Error|Exception): .+)$", text, re.M)
+    python = [line for line in found if not line.startswith(("org.", "java.", "py4j"))]
+    if python:
+        return python[-1].strip()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:300]
+
+
 class SparkLaunch:
     """Places a job's ranks with one barrier stage in its own job group."""
 
@@ -119,6 +130,7 @@ class BarrierStage:
             rdd.barrier().mapPartitions(functools.partial(run_barrier_task, self.spec)).collect()
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
+            self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
 
     def start(self) -> None:
         self._thread.start()
