@@ -20,6 +20,7 @@ setup(
     "and partition ensembles.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["sparkdist", "sparkdist.*"]),
     package_data={"sparkdist": ["py.typed"]},
@@ -35,7 +36,6 @@ setup(
     entry_points={"console_scripts": ["sparkdist=sparkdist.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
-        "License :: OSI Approved :: Apache Software License",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

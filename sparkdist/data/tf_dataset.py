@@ -1,0 +1,61 @@
+"""The TensorFlow side: a ``tf.data.Dataset`` of namedtuple batches, like petastorm's.
+
+Each element is a namedtuple with one field per column (``batch.features``,
+``batch.label``), each a batched tensor; arrays come out as ``(batch, length)``. For Keras,
+map it to a tuple: ``dataset.map(lambda b: (b.features, b.label))``.
+"""
+
+from __future__ import annotations
+
+import collections
+import keyword
+from typing import Any
+
+from sparkdist.data.reader import ColumnInfo, ShardReader
+
+
+def _spec(info: ColumnInfo) -> Any:
+    import numpy as np
+    import tensorflow as tf
+
+    if info.kind in ("string", "binary"):
+        return tf.TensorSpec(shape=(None,), dtype=tf.string)
+    dtype = tf.as_dtype(np.dtype(info.dtype))
+    if info.kind == "array":
+        return tf.TensorSpec(shape=(None, info.length), dtype=dtype)
+    return tf.TensorSpec(shape=(None,), dtype=dtype)
+
+
+class TFDatasetContext:
+    """Context manager returned by ``make_tf_dataset``; stops reading on exit."""
+
+    def __init__(self, reader: ShardReader, prefetch: int | None) -> None:
+        names = [info.name for info in reader.columns]
+        bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n) or n[:1] == "_"]
+        if bad:
+            raise ValueError(
+                f"make_tf_dataset yields namedtuples, so column names must be Python "
+                f"identifiers not starting with '_'; rename {bad} (df.withColumnRenamed) or "
+                f"choose columns with columns=[...]"
+            )
+        self._reader = reader
+        self._prefetch = prefetch
+
+    def __enter__(self) -> Any:
+        import tensorflow as tf
+
+        reader = self._reader
+        names = [info.name for info in reader.columns]
+        batch_type = collections.namedtuple("Batch", names)  # type: ignore[misc]
+        signature = batch_type(*[_spec(info) for info in reader.columns])
+
+        def generate():
+            for batch in reader:
+                yield batch_type(*[batch[name] for name in names])
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        prefetch = tf.data.AUTOTUNE if self._prefetch is None else self._prefetch
+        return dataset.prefetch(prefetch) if prefetch else dataset
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._reader.close()

@@ -1,0 +1,118 @@
+"""Driver side: hand the active MLflow run to the ranks, record each job in it.
+
+Nothing here imports mlflow unless the user already did: without an import there can be
+no active run, so users who do not track pay nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri, redact_uri
+
+logger = logging.getLogger(__name__)
+
+# Credentials the tracking client or the artifact store may need on rank 0. Their values
+# travel in the ranks' environment and are never logged.
+CREDENTIAL_ENV_VARS = (
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+    "MLFLOW_TRACKING_AUTH",
+    "MLFLOW_REGISTRY_URI",
+    "DATABRICKS_HOST",
+    "DATABRICKS_TOKEN",
+    "DATABRICKS_CLIENT_ID",
+    "DATABRICKS_CLIENT_SECRET",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+)
+
+
+def _active_run():
+    if "mlflow" not in sys.modules:
+        return None
+    import mlflow
+
+    return mlflow.active_run()
+
+
+def rank_environment() -> dict[str, str]:
+    """Env vars that let rank 0 log into the driver's active MLflow run; {} if none is active.
+
+    MLFLOW_TRACKING_URI (absolute), MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_ID, plus whichever of
+    ``CREDENTIAL_ENV_VARS`` are set on the driver. Call it on the driver, in the thread
+    that started the run (MLflow keeps the active run per thread).
+    """
+    run = _active_run()
+    if run is None:
+        return {}
+    import mlflow
+
+    uri = absolute_tracking_uri(mlflow.get_tracking_uri())
+    env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_RUN_ID": run.info.run_id,
+        "MLFLOW_EXPERIMENT_ID": run.info.experiment_id,
+    }
+    passed = [name for name in CREDENTIAL_ENV_VARS if os.environ.get(name)]
+    env.update({name: os.environ[name] for name in passed})
+    logger.info(
+        "sparkdist.tracking: rank 0 logs into run %s at %s (passing %s)",
+        run.info.run_id,
+        redact_uri(uri),
+        ", ".join(passed) or "no credentials",
+    )
+    return env
+
+
+def log_job(*, np: int, launcher: str, backend: str, wall_time_s: float, outcome: str) -> None:
+    """Record one finished job in the driver's active run; no-op without one.
+
+    The job's description goes into tags (a run may hold several jobs and MLflow params
+    cannot change), the wall time into a metric whose history keeps every job. Tracking
+    trouble is logged, never raised: it must not fail the job it describes.
+    """
+    run = _active_run()
+    if run is None:
+        return
+    import mlflow
+
+    try:
+        mlflow.set_tags(
+            {
+                "sparkdist.np": str(np),
+                "sparkdist.launcher": launcher,
+                "sparkdist.backend": backend,
+                "sparkdist.outcome": outcome,
+            }
+        )
+        mlflow.log_metric("sparkdist.wall_time_s", float(wall_time_s))
+    except Exception as error:
+        logger.warning("sparkdist.tracking: could not log the job to run %s: %s", run, error)
+
+
+def use_default_tracking() -> str:
+    """Use the embedded SQLite store (``default_tracking_uri()``) unless MLflow is configured.
+
+    For demos and notebooks: with MLFLOW_TRACKING_URI set or ``mlflow.set_tracking_uri``
+    called, nothing changes. Returns the tracking URI in effect.
+    """
+    import mlflow
+
+    if os.environ.get("MLFLOW_TRACKING_URI") or mlflow.is_tracking_uri_set():
+        return mlflow.get_tracking_uri()
+    uri = default_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    logger.info("sparkdist.tracking: MLflow tracks into %s", uri)
+    return uri
