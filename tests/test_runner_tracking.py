@@ -1,0 +1,43 @@
+"""MLflow through the runner: rank 0 logs into the driver's active run, and the runner
+records the job in it. Against a real `mlflow server` on 127.0.0.1."""
+
+from __future__ import annotations
+
+from sparkdist import HorovodRunner
+
+
+def log_from_every_rank():
+    import os
+
+    import mlflow
+
+    rank = int(os.environ["RANK"])
+    mlflow.log_metric(f"from_rank_{rank}", rank + 1.0)
+    active = mlflow.active_run()
+    return active.info.run_id if active else None
+
+
+def test_rank_zero_logs_into_the_driver_run(sc, driver_mlflow):
+    from mlflow import MlflowClient
+
+    with driver_mlflow.start_run() as run:
+        runner = HorovodRunner(np=2, launcher="direct")
+        run_ids = runner.run_all(log_from_every_rank)
+    assert run_ids[0] == run.info.run_id
+    assert run_ids[1] != run.info.run_id
+    data = MlflowClient().get_run(run.info.run_id).data
+    assert data.metrics.get("from_rank_0") == 1.0
+    assert "from_rank_1" not in data.metrics
+    assert data.tags["sparkdist.np"] == "2"
+    assert data.tags["sparkdist.launcher"] == "direct"
+    assert data.tags["sparkdist.outcome"] == "succeeded"
+    assert "torch" not in data.tags["sparkdist.backend"]
+
+
+def test_no_active_run_needs_nothing(sc, driver_mlflow):
+    def main():
+        import os
+
+        return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_RUN")}
+
+    assert HorovodRunner(np=-2).run(main) == {}
