@@ -33,7 +33,7 @@ def train_from_converter(train, x_test, y_test, epochs):
     steps = len(train) // (batch_size * size)  # the same number of steps on every rank
     rows = 0
     with train.make_torch_dataloader(
-        batch_size=batch_size, num_epochs=None, shuffle=True
+        batch_size=batch_size, num_epochs=None, shuffle=True, seed=rank
     ) as loader:
         batches = iter(loader)
         for _ in range(epochs):
