@@ -9,6 +9,7 @@ from sparkdist.tracking.driver import (
     rank_environment,
     use_default_tracking,
 )
+from sparkdist.tracking.ensemble_flavor import log_ensemble
 from sparkdist.tracking.rank import autolog, setup_rank
 from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri
 
@@ -17,6 +18,7 @@ __all__ = [
     "absolute_tracking_uri",
     "autolog",
     "default_tracking_uri",
+    "log_ensemble",
     "log_job",
     "rank_environment",
     "setup_rank",
