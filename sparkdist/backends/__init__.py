@@ -1,11 +1,28 @@
-"""Per-framework preparation of each rank's environment (see `base.py`)."""
+"""Per-framework preparation of each rank's environment (see `base.py`).
+
+Order matters only where one backend reads what another sets: GPUs first (the others
+may look at CUDA_VISIBLE_DEVICES), then one backend per framework. Each is cheap when
+its framework is not installed or not used.
+"""
 
 from __future__ import annotations
 
 from sparkdist.backends.base import Backend, RankContext
+from sparkdist.backends.gpu import GpuBackend
+from sparkdist.backends.horovod import HorovodBackend
+from sparkdist.backends.mpi import MpiBackend
+from sparkdist.backends.tensorflow import TensorFlowBackend
+from sparkdist.backends.timeline import TimelineBackend
 from sparkdist.backends.torch import TorchBackend
 
-BACKENDS: list[Backend] = [TorchBackend()]
+BACKENDS: list[Backend] = [
+    GpuBackend(),
+    TorchBackend(),
+    TensorFlowBackend(),
+    HorovodBackend(),
+    TimelineBackend(),
+    MpiBackend(),
+]
 
 
 def prepare_rank(ctx: RankContext) -> None:
