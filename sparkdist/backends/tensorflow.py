@@ -1,0 +1,70 @@
+"""TensorFlow: TF_CONFIG for `tf.distribute.MultiWorkerMirroredStrategy`, one worker per rank.
+
+Why: MultiWorkerMirroredStrategy finds its peers only through TF_CONFIG, a JSON list of
+every worker's `host:port` plus this worker's index. Each rank picks a free port on its
+own task's address, publishes `host:port` through the driver, and rank 0 gathers the
+list in rank order and publishes it back.
+
+Free ports without races: the usual "bind port 0, close, hand the number over" leaves a
+window in which another process (or an outgoing connection's ephemeral port) can take
+the port before TensorFlow binds it, which with TensorFlow's slow import is seconds.
+Here the rank keeps its reservation bound for as long as it lives, with SO_REUSEPORT,
+and sets TF_GRPC_REUSE_PORT=1 so that TensorFlow's gRPC server binds the same port
+beside it (TensorFlow reads that variable in `GrpcServer::Init`). A bound socket that
+never listens takes no connections; it only keeps the port out of everyone else's
+hands. The reservation is released at the very last moment: when the rank exits.
+
+It runs only when TensorFlow is installed in the rank's environment (a `find_spec`
+lookup, no import), and never overrides a TF_CONFIG the user set. In multi-worker jobs
+it also arms the fix for Keras 3's multi-worker `fit` (`keras_compat.py`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+from typing import Any
+
+from sparkdist.backends import keras_compat
+from sparkdist.backends.base import RankContext
+
+# The rank's port reservation, kept (open) until the process exits.
+_reservations: list[socket.socket] = []
+
+
+def tf_config(workers: list[str], index: int) -> dict[str, Any]:
+    """The TF_CONFIG of worker `index` in a cluster of `workers` (`host:port` each)."""
+    return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+
+
+def reserve_shared_port(host: str) -> socket.socket:
+    """A socket bound (not listening) to a free port on `host` that a later SO_REUSEPORT
+    listener, such as TensorFlow's gRPC server with TF_GRPC_REUSE_PORT=1, can share."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, 0))
+    return sock
+
+
+class TensorFlowBackend:
+    name = "tensorflow"
+
+    def prepare(self, ctx: RankContext) -> None:
+        if "TF_CONFIG" in ctx.env or importlib.util.find_spec("tensorflow") is None:
+            return
+        rendezvous = ctx.rendezvous
+        reservation = reserve_shared_port(ctx.host)
+        _reservations.append(reservation)
+        address = f"{ctx.host}:{reservation.getsockname()[1]}"
+        rendezvous.put(f"tensorflow/worker/{ctx.rank}", address)
+        if ctx.rank == 0:
+            workers = [rendezvous.get(f"tensorflow/worker/{r}") for r in range(ctx.world_size)]
+            rendezvous.put("tensorflow/workers", workers)
+        else:
+            workers = rendezvous.get("tensorflow/workers")
+        ctx.env["TF_CONFIG"] = json.dumps(tf_config(workers, ctx.rank))
+        ctx.env["TF_GRPC_REUSE_PORT"] = "1"
+        if ctx.world_size > 1:
+            keras_compat.install(ctx.env)

@@ -1,0 +1,110 @@
+"""Where an ensemble's features come from, on Spark and on numpy/pandas.
+
+Features are either one Spark ML vector column (VectorAssembler output) or an array
+column, or a list of numeric columns. Training and Spark prediction turn both into one
+`array<double>` column, so executors see a single Arrow list they can reshape without
+per-row Python objects; pandas prediction picks the same columns in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """The feature source of a fitted ensemble: one vector column or named numeric columns."""
+
+    n_features: int
+    features_col: str | None = None
+    feature_cols: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.features_col is None) == (self.feature_cols is None):
+            raise ValueError("a FeatureSpec has either features_col or feature_cols, not both")
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The DataFrame columns the features are read from."""
+        return [self.features_col] if self.features_col is not None else list(self.feature_cols)
+
+    def spark_array(self, schema: Any) -> Any:
+        """A Spark column expression giving the features as `array<double>`.
+
+        `schema` is the DataFrame's schema: a vector column needs `vector_to_array`, an
+        array column only a cast.
+        """
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import functions as F
+
+        if self.feature_cols is not None:
+            return F.array(*[F.col(name).cast("double") for name in self.feature_cols])
+        if isinstance(schema[self.features_col].dataType, VectorUDT):
+            return vector_to_array(F.col(self.features_col))
+        return F.col(self.features_col).cast("array<double>")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_features": self.n_features,
+            "features_col": self.features_col,
+            "feature_cols": None if self.feature_cols is None else list(self.feature_cols),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeatureSpec:
+        cols = data.get("feature_cols")
+        return cls(
+            n_features=int(data["n_features"]),
+            features_col=data.get("features_col"),
+            feature_cols=None if cols is None else tuple(cols),
+        )
+
+    def matrix(self, X: Any) -> np.ndarray:
+        """Features as a float64 matrix from a numpy array or a pandas DataFrame.
+
+        A DataFrame is read by column name: the fitted feature columns, or the fitted
+        vector/array column (values may be lists, arrays or Spark ML vectors). A
+        DataFrame without those columns but with exactly `n_features` columns is taken
+        in its column order, which is what a 2-D numpy array means too.
+        """
+        if isinstance(X, pd.DataFrame):
+            matrix = self._matrix_from_frame(X)
+        else:
+            matrix = np.asarray(X, dtype=np.float64)
+            if matrix.ndim == 1:
+                matrix = matrix.reshape(1, -1)
+        if matrix.ndim != 2 or matrix.shape[1] != self.n_features:
+            raise ValueError(
+                f"expected {self.n_features} features per row, got an array of shape {matrix.shape}"
+            )
+        return matrix
+
+    def _matrix_from_frame(self, frame: pd.DataFrame) -> np.ndarray:
+        if self.feature_cols is not None:
+            missing = [name for name in self.feature_cols if name not in frame.columns]
+            if not missing:
+                return frame[list(self.feature_cols)].to_numpy(dtype=np.float64)
+        elif self.features_col in frame.columns:
+            return rows_to_matrix(frame[self.features_col], self.n_features)
+        else:
+            missing = [self.features_col]
+        if frame.shape[1] == self.n_features:
+            return frame.to_numpy(dtype=np.float64)
+        raise ValueError(
+            f"the DataFrame lacks the feature column(s) {missing} and does not have exactly "
+            f"{self.n_features} columns to use in order; it has {list(frame.columns)}"
+        )
+
+
+def rows_to_matrix(values: pd.Series | Sequence[Any], n_features: int) -> np.ndarray:
+    """Stack a column of per-row vectors (arrays, lists or Spark ML vectors) into a matrix."""
+    rows = [v.toArray() if hasattr(v, "toArray") else v for v in values]
+    if not rows:
+        return np.empty((0, n_features), dtype=np.float64)
+    return np.asarray(np.stack(rows), dtype=np.float64)

@@ -1,0 +1,281 @@
+"""PartitionEnsemble: train one scikit-learn or XGBoost model per Spark partition.
+
+Big data, small models: rows are spread at random over `n_estimators` partitions, each
+partition trains one independent model on its executor, and only the fitted models come
+back to the driver, where they predict together. No training data passes through the
+driver. The parameter names are those of scikit-learn's BaggingClassifier where they fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import numbers
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from sparkdist.ensemble.model import PartitionEnsembleModel
+from sparkdist.ensemble.partitioning import MODEL_INDEX_COL, spread_rows
+from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
+from sparkdist.ensemble.training import (
+    FEATURES_COL,
+    LABEL_COL,
+    RESULT_SCHEMA,
+    EstimatorStats,
+    TrainingPlan,
+    train_partition,
+)
+from sparkdist.ensemble.validation import (
+    DataSummary,
+    Settings,
+    check_label_type,
+    check_settings,
+    resolve_features,
+    summarize,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionEnsemble(BaseEstimator):
+    """An ensemble of `n_estimators` models, each trained on one random partition of a
+    Spark DataFrame.
+
+    Parameters
+    ----------
+    estimator : a scikit-learn-compatible classifier or regressor (scikit-learn models and
+        pipelines, `xgboost.XGBClassifier` / `XGBRegressor`), cloned once per partition.
+    n_estimators : number of partitions, and so of models.
+    max_samples : fraction of its partition's rows each model fits on.
+    bootstrap : draw those rows with replacement.
+    max_features : features per model, a fraction in (0, 1] or a count; each model gets
+        its own random subset (`estimators_features_`).
+    voting : "soft" (average probabilities) or "hard" (count votes); classifiers only,
+        regressors average their predictions.
+    weights : "uniform", or "validation" to weight each model by its score (accuracy or
+        R²) on a held-out slice of its own partition.
+    validation_fraction : share of each partition held out for that score; defaults to
+        0.1 with weights="validation" and to 0 (no hold-out, no score) otherwise.
+    random_state : seeds the row spread, the row and feature sampling and each model's
+        own seed. None draws one (recorded on the fitted model as params["random_state"]).
+    """
+
+    def __init__(
+        self,
+        estimator: Any = None,
+        *,
+        n_estimators: int = 8,
+        max_samples: float = 1.0,
+        bootstrap: bool = False,
+        max_features: float | int = 1.0,
+        voting: str = "soft",
+        weights: str = "uniform",
+        validation_fraction: float | None = None,
+        random_state: int | None = None,
+    ) -> None:
+        self.estimator = estimator
+        self.n_estimators = n_estimators
+        self.max_samples = max_samples
+        self.bootstrap = bootstrap
+        self.max_features = max_features
+        self.voting = voting
+        self.weights = weights
+        self.validation_fraction = validation_fraction
+        self.random_state = random_state
+
+    def fit(
+        self,
+        df: Any,
+        features_col: str | Sequence[str] = "features",
+        label_col: str = "label",
+    ) -> PartitionEnsembleModel:
+        """Train one model per partition of the Spark DataFrame `df`; returns the fitted model.
+
+        `features_col` is a Spark ML vector column (VectorAssembler output), an array
+        column, or a list of numeric columns. Inputs are checked on the driver first (one
+        aggregate query, and a distinct query for a classifier's classes).
+        """
+        if not hasattr(df, "sparkSession") or not hasattr(df, "mapInArrow"):
+            raise TypeError(
+                f"fit takes a Spark DataFrame, got {type(df).__name__}; for data in memory "
+                "train the estimator itself"
+            )
+        settings = check_settings(
+            self.estimator,
+            self.n_estimators,
+            self.max_samples,
+            self.bootstrap,
+            self.max_features,
+            self.voting,
+            self.weights,
+            self.validation_fraction,
+        )
+        seed = self._seed()
+        spec = resolve_features(df.schema, features_col)
+        label_is_numeric = check_label_type(df.schema, label_col, settings.is_classifier)
+        summary = summarize(df, spec, label_col, settings, label_is_numeric)
+        features_per_model = choose_features(
+            summary.features.n_features, settings, np.random.default_rng([seed, 1])
+        )
+        logger.info(
+            "training %d models on %d rows x %d features%s",
+            settings.n_estimators,
+            summary.n_rows,
+            summary.features.n_features,
+            "" if summary.classes is None else f", {len(summary.classes)} classes",
+        )
+        plan = TrainingPlan(
+            estimator=self.estimator,
+            is_classifier=settings.is_classifier,
+            classes=summary.classes,
+            n_features=summary.features.n_features,
+            estimators_features=tuple(features_per_model),
+            max_samples=settings.max_samples,
+            bootstrap=settings.bootstrap,
+            validation_fraction=settings.validation_fraction,
+            random_state=seed,
+        )
+        started = time.perf_counter()
+        rows = (
+            _training_input(df, summary, settings.n_estimators, seed)
+            .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
+            .collect()
+        )
+        logger.info("trained %d models in %.1fs", len(rows), time.perf_counter() - started)
+        params = _json_params(self.get_params(deep=False))
+        params["random_state"] = seed
+        return assemble_model(rows, summary, settings, features_per_model, params)
+
+    def _seed(self) -> int:
+        if self.random_state is None:
+            return int(np.random.SeedSequence().generate_state(1)[0] & 0x7FFFFFFF)
+        if isinstance(self.random_state, bool) or not isinstance(
+            self.random_state, numbers.Integral
+        ):
+            raise ValueError(
+                f"random_state must be an int or None (it seeds Spark's rand), "
+                f"got {self.random_state!r}"
+            )
+        if not 0 <= self.random_state < 2**63:
+            raise ValueError(f"random_state must be >= 0, got {self.random_state}")
+        return int(self.random_state)
+
+
+def assemble_model(
+    rows: Sequence[Any],
+    summary: DataSummary,
+    settings: Settings,
+    features_per_model: Sequence[np.ndarray],
+    params: dict[str, Any],
+) -> PartitionEnsembleModel:
+    """The fitted ensemble from the training tasks' result rows, on the driver.
+
+    Warns about partitions that produced no model (they were empty) and about models that
+    saw a single class, and refuses pickles made by another scikit-learn version than the
+    driver's before opening them.
+    """
+    rows = sorted(rows, key=lambda row: row["model_index"])
+    stats = [EstimatorStats.from_dict(json.loads(row["stats"])) for row in rows]
+    missing = sorted(set(range(settings.n_estimators)) - {row["model_index"] for row in rows})
+    if missing:
+        logger.warning(
+            "partitions %s were empty and were skipped: the ensemble has %d of the %d "
+            "models asked for (%d rows over %d partitions)",
+            missing,
+            len(rows),
+            settings.n_estimators,
+            summary.n_rows,
+            settings.n_estimators,
+        )
+    if not rows:
+        raise ValueError("every partition was empty; no model was trained")
+    single = [s.model_index for s in stats if s.single_class]
+    if single:
+        logger.warning(
+            "models %s saw a single class in their partition and predict it as a constant",
+            single,
+        )
+    for model_stats in stats:
+        check_sklearn_version(
+            model_stats.versions.get("scikit-learn"),
+            f"model {model_stats.model_index} (trained on an executor)",
+        )
+    estimators = [
+        load_estimator(row["model_format"], row["model_class"], row["model_bytes"]) for row in rows
+    ]
+    return PartitionEnsembleModel(
+        estimators=estimators,
+        estimators_features=[features_per_model[s.model_index] for s in stats],
+        estimators_stats=stats,
+        features=summary.features,
+        label_col=summary.label_col,
+        label_is_numeric=summary.label_is_numeric,
+        classes=summary.classes,
+        voting=settings.voting,
+        weighting=settings.weights,
+        params=params,
+    )
+
+
+def choose_features(
+    n_features: int, settings: Settings, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Each model's feature indexes (sorted): all of them, or a random subspace."""
+    if isinstance(settings.max_features, int):
+        if settings.max_features > n_features:
+            raise ValueError(
+                f"max_features={settings.max_features} but the data has {n_features} features"
+            )
+        n_chosen = settings.max_features
+    else:
+        n_chosen = max(1, int(settings.max_features * n_features))
+    if n_chosen == n_features:
+        return [np.arange(n_features) for _ in range(settings.n_estimators)]
+    return [
+        np.sort(rng.choice(n_features, size=n_chosen, replace=False))
+        for _ in range(settings.n_estimators)
+    ]
+
+
+def _training_input(df: Any, summary: DataSummary, n_estimators: int, seed: int) -> Any:
+    """(model index, features as array<double>, label) rows, partition j holding index j.
+
+    A classifier's label becomes its index in the global classes, so every task encodes
+    labels the same way whatever classes its partition holds.
+    """
+    from pyspark.sql import functions as F
+
+    label = F.col(summary.label_col)
+    if summary.classes is None:
+        label = label.cast("double")
+    else:
+        if summary.label_is_numeric:
+            label = label.cast("double")
+        known = F.array(*[F.lit(c.item() if hasattr(c, "item") else c) for c in summary.classes])
+        label = (F.array_position(known, label) - 1).cast("int")
+    selected = df.select(
+        summary.features.spark_array(df.schema).alias(FEATURES_COL), label.alias(LABEL_COL)
+    )
+    return spread_rows(selected, n_estimators, seed).select(
+        MODEL_INDEX_COL, FEATURES_COL, LABEL_COL
+    )
+
+
+def _json_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The ensemble's parameters as JSON values; the estimator is recorded by class."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if name == "estimator":
+            cls = type(value)
+            out["estimator"] = f"{cls.__module__}.{cls.__qualname__}"
+            out["estimator_repr"] = repr(value)
+        elif isinstance(value, np.generic):
+            out[name] = value.item()
+        else:
+            out[name] = value
+    return out

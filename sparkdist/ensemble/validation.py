@@ -1,0 +1,295 @@
+"""Input checks for partition ensembles, run on the driver before any training task.
+
+Bad input fails here with a ValueError that names the parameter or column and says how to
+fix it, instead of surfacing later as a task failure inside a Py4J stack trace. The data
+checks cost one aggregate query (plus one distinct query for a classifier's classes).
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparkdist.ensemble.features import FeatureSpec
+
+logger = logging.getLogger(__name__)
+
+# Fewer rows than this per model gives models too weak to be worth averaging.
+MIN_ROWS_PER_MODEL = 10
+# More distinct labels than this is almost surely a regression target.
+MAX_CLASSES = 1000
+
+VOTING = ("soft", "hard")
+WEIGHTS = ("uniform", "validation")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ensemble's parameters after checking, with defaults resolved."""
+
+    is_classifier: bool
+    n_estimators: int
+    max_samples: float
+    bootstrap: bool
+    max_features: float | int
+    voting: str
+    weights: str
+    validation_fraction: float
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What the driver learns about the data before training."""
+
+    n_rows: int
+    features: FeatureSpec
+    label_col: str
+    label_is_numeric: bool
+    classes: np.ndarray | None
+
+
+def check_settings(
+    estimator: Any,
+    n_estimators: Any,
+    max_samples: Any,
+    bootstrap: Any,
+    max_features: Any,
+    voting: Any,
+    weights: Any,
+    validation_fraction: Any,
+) -> Settings:
+    """Check the ensemble parameters; resolve validation_fraction's default."""
+    from sklearn.base import is_classifier, is_regressor
+
+    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
+        raise ValueError(
+            f"estimator must be a scikit-learn-compatible model with fit and predict, "
+            f"got {estimator!r}"
+        )
+    classifier = bool(is_classifier(estimator))
+    if not classifier and not is_regressor(estimator):
+        raise ValueError(
+            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
+            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
+        )
+    if not _is_int(n_estimators) or n_estimators < 1:
+        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
+    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
+        raise ValueError(
+            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
+            f"got {max_samples!r}"
+        )
+    if not isinstance(bootstrap, bool | np.bool_):
+        raise ValueError(f"bootstrap must be True or False, got {bootstrap!r}")
+    if _is_int(max_features):
+        if max_features < 1:
+            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
+    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
+        raise ValueError(
+            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
+            f"got {max_features!r}"
+        )
+    if voting not in VOTING:
+        raise ValueError(f"voting must be one of {VOTING}, got {voting!r}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    if validation_fraction is None:
+        validation_fraction = 0.1 if weights == "validation" else 0.0
+    if not _is_number(validation_fraction) or not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
+    if weights == "validation" and validation_fraction == 0.0:
+        raise ValueError(
+            "weights='validation' scores each model on a held-out slice of its partition; "
+            "set validation_fraction > 0 (for example 0.1)"
+        )
+    if classifier and voting == "soft" and not hasattr(estimator, "predict_proba"):
+        raise ValueError(
+            f"voting='soft' averages predict_proba, which {type(estimator).__name__} does not "
+            "have; use voting='hard', or an estimator with predict_proba"
+        )
+    return Settings(
+        is_classifier=classifier,
+        n_estimators=int(n_estimators),
+        max_samples=float(max_samples),
+        bootstrap=bool(bootstrap),
+        max_features=int(max_features) if _is_int(max_features) else float(max_features),
+        voting=voting,
+        weights=weights,
+        validation_fraction=float(validation_fraction),
+    )
+
+
+def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureSpec:
+    """Check the feature column(s) against the schema; the feature count comes later.
+
+    A string names one column: a Spark ML vector, an array of numbers, or one numeric
+    column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
+    array column (its size is only known from the data).
+    """
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType
+
+    if isinstance(features_col, str):
+        _require_columns(schema, [features_col], "feature")
+        dtype = schema[features_col].dataType
+        if isinstance(dtype, VectorUDT):
+            return FeatureSpec(n_features=0, features_col=features_col)
+        if isinstance(dtype, ArrayType):
+            if not _is_numeric_type(dtype.elementType):
+                raise ValueError(
+                    f"feature column '{features_col}' is an array of "
+                    f"{dtype.elementType.simpleString()}; features must be numbers"
+                )
+            return FeatureSpec(n_features=0, features_col=features_col)
+        features_col = [features_col]
+    names = list(features_col)
+    if not names:
+        raise ValueError("features_col names no columns; pass a vector column or a list")
+    if len(set(names)) != len(names):
+        raise ValueError(f"features_col lists a column twice: {names}")
+    _require_columns(schema, names, "feature")
+    for name in names:
+        dtype = schema[name].dataType
+        if not _is_numeric_type(dtype):
+            raise ValueError(
+                f"feature column '{name}' has type {dtype.simpleString()}; features must be "
+                "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
+                "the features with VectorAssembler"
+            )
+    return FeatureSpec(n_features=len(names), feature_cols=tuple(names))
+
+
+def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
+    """Check the label column's type; returns whether it is numeric."""
+    from pyspark.sql.types import StringType
+
+    _require_columns(schema, [label_col], "label")
+    dtype = schema[label_col].dataType
+    if _is_numeric_type(dtype):
+        return True
+    if is_classifier and isinstance(dtype, StringType):
+        return False
+    allowed = "numeric or string" if is_classifier else "numeric"
+    raise ValueError(
+        f"label column '{label_col}' has type {dtype.simpleString()}; the label must be {allowed}"
+    )
+
+
+def summarize(
+    df: Any, spec: FeatureSpec, label_col: str, settings: Settings, label_is_numeric: bool
+) -> DataSummary:
+    """One aggregate query over the data: row count, bad labels, vector sizes; then classes."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
+
+    label = F.col(label_col)
+    bad_label = label.isNull()
+    if isinstance(df.schema[label_col].dataType, DoubleType | FloatType):
+        bad_label = bad_label | F.isnan(label)
+    aggregates = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(bad_label, 1).otherwise(0)).alias("bad_labels"),
+    ]
+    if spec.features_col is not None:
+        vector = F.col(spec.features_col)
+        sizes = F.when(vector.isNotNull(), F.size(spec.spark_array(df.schema)))
+        aggregates += [
+            F.sum(F.when(vector.isNull(), 1).otherwise(0)).alias("null_features"),
+            F.min(sizes).alias("min_size"),
+            F.max(sizes).alias("max_size"),
+        ]
+    row = df.agg(*aggregates).first()
+    n_rows = int(row["rows"])
+    if n_rows == 0:
+        raise ValueError("the DataFrame has no rows; there is nothing to train on")
+    if row["bad_labels"]:
+        raise ValueError(
+            f"label column '{label_col}' has {row['bad_labels']} null or NaN value(s) in "
+            f"{n_rows} rows; drop or fill them first, e.g. df.dropna(subset=['{label_col}'])"
+        )
+    if spec.features_col is not None:
+        spec = _vector_spec(spec, row)
+    minimum = settings.n_estimators * MIN_ROWS_PER_MODEL
+    if n_rows < minimum:
+        raise ValueError(
+            f"{n_rows} rows are too few for n_estimators={settings.n_estimators}: each model "
+            f"needs at least {MIN_ROWS_PER_MODEL} rows, so use n_estimators <= "
+            f"{max(1, n_rows // MIN_ROWS_PER_MODEL)} or more data"
+        )
+    classes = distinct_classes(df, label_col, label_is_numeric) if settings.is_classifier else None
+    return DataSummary(
+        n_rows=n_rows,
+        features=spec,
+        label_col=label_col,
+        label_is_numeric=label_is_numeric,
+        classes=classes,
+    )
+
+
+def distinct_classes(df: Any, label_col: str, label_is_numeric: bool) -> np.ndarray:
+    """The global, sorted set of classes, known before any model trains.
+
+    Numeric labels are read as doubles, Spark ML's label type, whatever their column type.
+    """
+    from pyspark.sql import functions as F
+
+    label = F.col(label_col).cast("double") if label_is_numeric else F.col(label_col)
+    rows = df.select(label.alias("label")).distinct().limit(MAX_CLASSES + 1).collect()
+    if len(rows) > MAX_CLASSES:
+        raise ValueError(
+            f"label column '{label_col}' has more than {MAX_CLASSES} distinct values; is it a "
+            "regression target? Use a regressor for continuous labels"
+        )
+    classes = np.array(sorted(row[0] for row in rows))
+    if len(classes) < 2:
+        raise ValueError(
+            f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
+            "needs at least two"
+        )
+    return classes
+
+
+def _vector_spec(spec: FeatureSpec, row: Any) -> FeatureSpec:
+    name = spec.features_col
+    if row["null_features"]:
+        raise ValueError(
+            f"feature column '{name}' is null in {row['null_features']} row(s); drop or fill "
+            "those rows first"
+        )
+    low, high = row["min_size"], row["max_size"]
+    if low != high:
+        raise ValueError(
+            f"feature column '{name}' holds vectors of different sizes ({low} to {high}); "
+            "every row needs the same number of features"
+        )
+    if not high:
+        raise ValueError(f"feature column '{name}' holds empty vectors; there are no features")
+    return FeatureSpec(n_features=int(high), features_col=name)
+
+
+def _require_columns(schema: Any, names: Sequence[str], role: str) -> None:
+    missing = [name for name in names if name not in schema.fieldNames()]
+    if missing:
+        raise ValueError(
+            f"{role} column(s) {missing} not in the DataFrame; its columns are "
+            f"{schema.fieldNames()}"
+        )
+
+
+def _is_numeric_type(dtype: Any) -> bool:
+    from pyspark.sql.types import BooleanType, NumericType
+
+    return isinstance(dtype, NumericType | BooleanType)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)

@@ -1,0 +1,573 @@
+"""Partition ensembles on real Spark (two executor JVMs), scikit-learn and XGBoost."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import cloudpickle
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import LinearSVC
+from sklearn.tree import DecisionTreeClassifier
+from xgboost import XGBClassifier, XGBRegressor
+
+from sparkdist.ensemble import (
+    PartitionEnsemble,
+    PartitionEnsembleModel,
+    SparkPartitionEnsemble,
+    SparkPartitionEnsembleModel,
+    VersionMismatchError,
+)
+from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.partition_ensemble import assemble_model
+from sparkdist.ensemble.training import RESULT_SCHEMA, TrainingPlan, train_partition
+from sparkdist.ensemble.validation import DataSummary, check_settings
+
+# Classes defined here (CountingModel) travel to the executors by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def logistic() -> object:
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+
+
+def xgb_classifier() -> XGBClassifier:
+    return XGBClassifier(n_estimators=100, max_depth=3, learning_rate=0.3, n_jobs=1)
+
+
+def frame(X: np.ndarray, y: np.ndarray, prefix: str = "f") -> pd.DataFrame:
+    data = pd.DataFrame(X, columns=[f"{prefix}{i}" for i in range(X.shape[1])])
+    data["label"] = y
+    return data
+
+
+def with_vector(spark, data: pd.DataFrame):
+    """A Spark DataFrame with the feature columns and their VectorAssembler 'features'."""
+    from pyspark.ml.feature import VectorAssembler
+
+    columns = [c for c in data.columns if c != "label"]
+    df = spark.createDataFrame(data)
+    return VectorAssembler(inputCols=columns, outputCol="features").transform(df)
+
+
+@pytest.fixture(scope="module")
+def cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def cancer_df(spark, cancer):
+    X, y = cancer
+    return with_vector(spark, frame(X, y)).cache()
+
+
+@pytest.fixture(scope="module")
+def cancer_model(cancer_df) -> PartitionEnsembleModel:
+    return PartitionEnsemble(logistic(), n_estimators=4, random_state=7).fit(cancer_df)
+
+
+@pytest.fixture(scope="module")
+def digits_xgb_model(spark, digits) -> PartitionEnsembleModel:
+    X, y = digits
+    data = frame(X, y)
+    df = spark.createDataFrame(data)
+    columns = [c for c in data.columns if c != "label"]
+    ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=2, random_state=3)
+    return ensemble.fit(df, features_col=columns, label_col="label")
+
+
+# --- accuracy: the ensemble within 2 points of one model on all the data -----------------
+
+
+def cross_validated_accuracy(spark, X, y, estimator, n_estimators: int, folds: int = 3):
+    """Mean accuracy over stratified folds: (one model on all rows, the ensemble)."""
+    single, ensemble = [], []
+    splits = StratifiedKFold(folds, shuffle=True, random_state=0).split(X, y)
+    for fold, (train, test) in enumerate(splits):
+        single.append(clone(estimator).fit(X[train], y[train]).score(X[test], y[test]))
+        df = with_vector(spark, frame(X[train], y[train]))
+        model = PartitionEnsemble(estimator, n_estimators=n_estimators, random_state=fold).fit(
+            df, features_col="features"
+        )
+        ensemble.append(model.score(X[test], y[test]))
+    return float(np.mean(single)), float(np.mean(ensemble))
+
+
+@pytest.mark.parametrize(
+    ("dataset", "make_estimator", "n_estimators"),
+    [
+        ("cancer", logistic, 4),
+        ("cancer", xgb_classifier, 2),
+        ("digits", logistic, 4),
+        ("digits", xgb_classifier, 2),
+    ],
+    ids=["cancer-logistic", "cancer-xgboost", "digits-logistic", "digits-xgboost"],
+)
+def test_accuracy_within_two_points_of_one_model(
+    spark, request, dataset, make_estimator, n_estimators
+):
+    X, y = request.getfixturevalue(dataset)
+    single, ensemble = cross_validated_accuracy(spark, X, y, make_estimator(), n_estimators)
+    assert single > 0.9
+    assert ensemble >= single - 0.02, (single, ensemble)
+
+
+# --- how training is laid out ------------------------------------------------------------
+
+
+def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer):
+    X, _ = cancer
+    stats = cancer_model.estimators_stats_
+    assert [s.model_index for s in stats] == [0, 1, 2, 3]
+    assert [s.partition_id for s in stats] == [0, 1, 2, 3]
+    assert sum(s.rows for s in stats) == len(X)
+    assert all(abs(s.rows - len(X) / 4) < 0.25 * len(X) / 4 for s in stats)
+    assert all(s.rows_fit == s.rows and s.fit_seconds > 0 for s in stats)
+    assert all(s.classes_seen == [0.0, 1.0] for s in stats)
+    assert cancer_model.n_estimators_ == 4 and cancer_model.n_features_in_ == X.shape[1]
+    np.testing.assert_allclose(cancer_model.weights_, 0.25)
+
+
+def test_same_random_state_gives_the_same_ensemble(cancer_df, cancer_model, cancer):
+    X, _ = cancer
+    again = PartitionEnsemble(logistic(), n_estimators=4, random_state=7).fit(cancer_df)
+    assert [s.rows for s in again.estimators_stats_] == [
+        s.rows for s in cancer_model.estimators_stats_
+    ]
+    np.testing.assert_allclose(again.predict_proba(X), cancer_model.predict_proba(X))
+
+
+def test_subspaces_bootstrap_hard_voting_and_validation_weights(cancer_df, cancer):
+    X, y = cancer
+    model = PartitionEnsemble(
+        DecisionTreeClassifier(max_depth=4),
+        n_estimators=3,
+        max_samples=0.8,
+        bootstrap=True,
+        max_features=0.5,
+        voting="hard",
+        weights="validation",
+        validation_fraction=0.2,
+        random_state=1,
+    ).fit(cancer_df)
+    assert [len(f) for f in model.estimators_features_] == [15, 15, 15]
+    assert len({tuple(f) for f in model.estimators_features_}) == 3
+    for stats in model.estimators_stats_:
+        assert stats.rows_validation == round(0.2 * stats.rows)
+        assert stats.rows_fit == round(0.8 * (stats.rows - stats.rows_validation))
+        assert 0.6 < stats.validation_score <= 1.0
+    scores = np.array([s.validation_score for s in model.estimators_stats_])
+    np.testing.assert_allclose(model.weights_, scores / scores.sum())
+    proba = model.predict_proba(X)
+    # Hard voting: probabilities are weighted vote shares, so each is a sum of weights.
+    vote_sums = {round(float(sum(model.weights_[list(c)])), 9) for c in _subsets(3)}
+    assert {round(float(p), 9) for p in proba.ravel()} <= vote_sums
+    assert model.score(X, y) > 0.9
+
+
+def _subsets(n: int):
+    return [[i for i in range(n) if mask >> i & 1] for mask in range(2**n)]
+
+
+# --- classes: known before training, aligned after -----------------------------------------
+
+
+def test_partition_missing_a_class_still_predicts_aligned_probabilities(spark, digits):
+    X, y = digits
+    keep = (y != 9) | (np.cumsum(y == 9) <= 2)  # only two rows of class 9 remain
+    df = spark.createDataFrame(frame(X[keep], y[keep]))
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    model = PartitionEnsemble(xgb_classifier(), n_estimators=4, random_state=0).fit(
+        df, features_col=columns
+    )
+    np.testing.assert_array_equal(model.classes_, np.arange(10.0))
+    lacking = [s for s in model.estimators_stats_ if 9 not in s.class_indices]
+    assert len(lacking) >= 2
+    for stats in lacking:
+        estimator = model.estimators_[stats.model_index]
+        assert estimator.predict_proba(X[:5]).shape == (5, 9)
+    proba = model.predict_proba(X)
+    assert proba.shape == (len(X), 10)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
+    assert model.score(X[y != 9], y[y != 9]) > 0.9
+
+
+def test_partition_with_a_single_class_gets_a_constant_model(spark, cancer, caplog):
+    X, y = cancer
+    keep = (y == 0) | (np.cumsum(y == 1) <= 1)  # a single row of class 1
+    df = spark.createDataFrame(frame(X[keep], y[keep]))
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    with caplog.at_level(logging.WARNING, logger="sparkdist.ensemble"):
+        model = PartitionEnsemble(logistic(), n_estimators=3, random_state=0).fit(
+            df, features_col=columns
+        )
+    single = [s for s in model.estimators_stats_ if s.single_class]
+    assert len(single) >= 2 and all(s.classes_seen == [0.0] for s in single)
+    assert "single class" in caplog.text
+    proba = model.predict_proba(X[:10])
+    assert proba.shape == (10, 2)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+
+
+def test_string_labels(spark, cancer):
+    X, y = cancer
+    names = np.where(y == 1, "benign", "malignant")
+    data = frame(X, names)
+    df = spark.createDataFrame(data)
+    columns = [c for c in data.columns if c != "label"]
+    model = PartitionEnsemble(logistic(), n_estimators=2, random_state=0).fit(
+        df, features_col=columns
+    )
+    assert list(model.classes_) == ["benign", "malignant"]
+    assert model.score(data, names) > 0.95
+    predicted = model.transform(df).select("prediction").toPandas()["prediction"]
+    np.testing.assert_array_equal(predicted.to_numpy(), model.predict(data))
+
+
+# --- prediction on Spark equals prediction on pandas ---------------------------------------
+
+
+def test_transform_equals_pandas_predict_vector_column(cancer_model, cancer_df):
+    out = cancer_model.transform(cancer_df).select("features", "prediction", "probability")
+    result = out.toPandas()
+    X = np.stack([v.toArray() for v in result["features"]])
+    np.testing.assert_array_equal(result["prediction"].to_numpy(), cancer_model.predict(X))
+    probability = np.stack([v.toArray() for v in result["probability"]])
+    np.testing.assert_allclose(probability, cancer_model.predict_proba(X), rtol=1e-12)
+    # A pandas frame with the vector column predicts the same (as MLflow's pyfunc would).
+    np.testing.assert_array_equal(cancer_model.predict(result), cancer_model.predict(X))
+
+
+def test_transform_equals_pandas_predict_columns(spark, digits_xgb_model, digits):
+    X, y = digits
+    data = frame(X, y)
+    result = digits_xgb_model.transform(spark.createDataFrame(data)).toPandas()
+    np.testing.assert_array_equal(
+        result["prediction"].to_numpy(), digits_xgb_model.predict(data).astype(float)
+    )
+    probability = np.stack([v.toArray() for v in result["probability"]])
+    np.testing.assert_allclose(probability, digits_xgb_model.predict_proba(data), rtol=1e-6)
+
+
+class CountingModel:
+    """Wraps a fitted model; every unpickling adds 1 to a Spark accumulator."""
+
+    def __init__(self, inner, counter) -> None:
+        self.inner = inner
+        self.counter = counter
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self.counter.add(1)
+
+    def predict_proba(self, X):
+        return self.inner.predict_proba(X)
+
+
+def test_transform_unpickles_the_models_once_per_task_not_per_batch(spark, cancer_model, cancer_df):
+    counter = spark.sparkContext.accumulator(0)
+    model = cloudpickle.loads(cloudpickle.dumps(cancer_model))
+    model.estimators_[0] = CountingModel(model.estimators_[0], counter)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
+    try:
+        rows = model.transform(cancer_df).select("prediction").collect()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    tasks = cancer_df.rdd.getNumPartitions()
+    assert len(rows) == cancer_df.count() and len(rows) / 20 > 3 * tasks
+    assert counter.value == tasks
+
+
+def test_regression_matches_one_model_and_transform_equals_predict(spark):
+    X, y = load_diabetes(return_X_y=True)
+    data = frame(X, y)
+    columns = [c for c in data.columns if c != "label"]
+    df = spark.createDataFrame(data)
+    single = Ridge(alpha=0.1).fit(X, y).score(X, y)
+    model = PartitionEnsemble(Ridge(alpha=0.1), n_estimators=3, random_state=0).fit(
+        df, features_col=columns
+    )
+    assert not hasattr(model, "classes_")
+    assert model.score(data, y) >= single - 0.02
+    result = model.transform(df).toPandas()
+    assert "probability" not in result.columns
+    np.testing.assert_allclose(result["prediction"], model.predict(data), rtol=1e-9)
+    boosted = PartitionEnsemble(
+        XGBRegressor(n_estimators=50, max_depth=2, n_jobs=1),
+        n_estimators=2,
+        weights="validation",
+        random_state=0,
+    ).fit(df, features_col=columns)
+    assert boosted.score(data, y) > 0.4
+    assert all(s.validation_score is not None for s in boosted.estimators_stats_)
+
+
+# --- save and load -------------------------------------------------------------------------
+
+
+def test_save_load_local_round_trip(tmp_path, cancer_model, cancer):
+    X, _ = cancer
+    path = str(tmp_path / "ensemble")
+    cancer_model.save(path)
+    manifest = json.loads((tmp_path / "ensemble" / "manifest.json").read_text())
+    assert manifest["versions"]["scikit-learn"]
+    assert [e["file"] for e in manifest["estimators"]] == [
+        f"estimators/0000{i}.pkl" for i in range(4)
+    ]
+    loaded = PartitionEnsembleModel.load(path)
+    np.testing.assert_array_equal(loaded.predict_proba(X), cancer_model.predict_proba(X))
+    assert [s.to_dict() for s in loaded.estimators_stats_] == [
+        s.to_dict() for s in cancer_model.estimators_stats_
+    ]
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        cancer_model.save(path)
+    cancer_model.save(path, overwrite=True)
+
+
+def test_save_through_spark_filesystem_xgboost_json(spark, tmp_path, digits_xgb_model, digits):
+    X, _ = digits
+    uri = "file://" + str(tmp_path / "xgb")
+    digits_xgb_model.save(uri, spark=spark)  # through Hadoop's FileSystem API
+    files = sorted(f for f in os.listdir(tmp_path / "xgb" / "estimators") if f[0] != ".")
+    assert files == ["00000.json", "00001.json"]
+    booster = XGBClassifier()
+    booster.load_model(str(tmp_path / "xgb" / "estimators" / "00000.json"))
+    np.testing.assert_allclose(
+        booster.predict_proba(X), digits_xgb_model.estimators_[0].predict_proba(X), rtol=1e-6
+    )
+    for loaded in (
+        PartitionEnsembleModel.load(uri, spark=spark),  # through Spark
+        PartitionEnsembleModel.load(str(tmp_path / "xgb")),  # plain local read
+    ):
+        np.testing.assert_allclose(
+            loaded.predict_proba(X), digits_xgb_model.predict_proba(X), rtol=1e-6
+        )
+
+
+def test_load_refuses_another_sklearn_version(tmp_path, cancer_model):
+    path = tmp_path / "ensemble"
+    cancer_model.save(str(path))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["versions"]["scikit-learn"] = "0.24.2"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(VersionMismatchError, match=r"scikit-learn 0\.24\.2.*scikit-learn==0\.24"):
+        PartitionEnsembleModel.load(str(path))
+
+
+def test_load_missing_path_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved partition ensemble"):
+        PartitionEnsembleModel.load(str(tmp_path / "nothing"))
+
+
+def test_remote_scheme_without_spark_is_clear(cancer_model, monkeypatch):
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    with pytest.raises(ValueError, match="'hdfs' filesystem.*SparkSession"):
+        cancer_model.save("hdfs://namenode:8020/models/x")
+
+
+def test_model_pickles_for_mlflow(cancer_model, cancer):
+    X, _ = cancer
+    frame_in = pd.DataFrame({"features": list(X)})
+    restored = cloudpickle.loads(cloudpickle.dumps(cancer_model))
+    np.testing.assert_array_equal(restored.predict(frame_in), cancer_model.predict(X))
+
+
+# --- Spark ML pair inside a Pipeline -------------------------------------------------------
+
+
+def test_spark_ml_pipeline_fit_save_load(spark, tmp_path, cancer):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
+    X, y = cancer
+    data = frame(X, y)
+    columns = [c for c in data.columns if c != "label"]
+    df = spark.createDataFrame(data)
+    stage = SparkPartitionEnsemble(
+        estimator=xgb_classifier(), nEstimators=2, seed=5, probabilityCol="p"
+    )
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=columns, outputCol="features"), stage])
+    pipeline.write().save(str(tmp_path / "pipeline"))
+    reloaded = Pipeline.load(str(tmp_path / "pipeline"))
+    assert isinstance(reloaded.getStages()[1].getEstimator(), XGBClassifier)
+    assert reloaded.getStages()[1].getNEstimators() == 2
+
+    fitted = reloaded.fit(df)
+    ensemble_stage = fitted.stages[1]
+    assert isinstance(ensemble_stage, SparkPartitionEnsembleModel)
+    assert ensemble_stage.ensemble.n_estimators_ == 2
+    before = fitted.transform(df).select("label", "prediction", "p").toPandas()
+    assert (before["prediction"] == before["label"]).mean() > 0.95
+
+    fitted.save(str(tmp_path / "model"))
+    loaded = PipelineModel.load(str(tmp_path / "model"))
+    assert isinstance(loaded.stages[1], SparkPartitionEnsembleModel)
+    assert loaded.stages[1].getProbabilityCol() == "p"
+    after = loaded.transform(df).select("label", "prediction", "p").toPandas()
+    np.testing.assert_array_equal(after["prediction"], before["prediction"])
+    np.testing.assert_allclose(
+        np.stack([v.toArray() for v in after["p"]]),
+        np.stack([v.toArray() for v in before["p"]]),
+    )
+    np.testing.assert_array_equal(
+        after["prediction"], loaded.stages[1].ensemble.predict(data[columns])
+    )
+
+
+# --- bad input: clear errors before training, naming the column ----------------------------
+
+
+@pytest.fixture(scope="module")
+def small_df(spark):
+    rng = np.random.default_rng(0)
+    data = pd.DataFrame(rng.normal(size=(60, 3)), columns=["a", "b", "c"])
+    data["label"] = (data["a"] > 0).astype(float)
+    data["name"] = "x"
+    return spark.createDataFrame(data)
+
+
+def test_null_label_is_named(small_df):
+    from pyspark.sql import functions as F
+
+    df = small_df.withColumn("label", F.when(F.col("a") > 1, None).otherwise(F.col("label")))
+    with pytest.raises(ValueError, match=r"label column 'label' has \d+ null or NaN.*dropna"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df, features_col=["a", "b"])
+
+
+def test_nan_label_is_named(small_df):
+    from pyspark.sql import functions as F
+
+    df = small_df.withColumn(
+        "target", F.when(F.col("a") > 1, F.lit(float("nan"))).otherwise(F.col("label"))
+    )
+    with pytest.raises(ValueError, match="label column 'target' has .* null or NaN"):
+        PartitionEnsemble(Ridge(), n_estimators=2).fit(df, ["a", "b"], label_col="target")
+
+
+def test_non_numeric_feature_is_named(small_df):
+    with pytest.raises(ValueError, match="feature column 'name' has type string.*VectorAssembler"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(small_df, features_col=["a", "name"])
+
+
+def test_missing_column_is_named(small_df):
+    with pytest.raises(ValueError, match=r"feature column\(s\) \['features'\] not in"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(small_df)
+    with pytest.raises(ValueError, match=r"label column\(s\) \['y'\] not in"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(small_df, ["a"], label_col="y")
+
+
+def test_too_few_rows_for_n_estimators(small_df):
+    with pytest.raises(ValueError, match=r"60 rows are too few for n_estimators=7.*<= 6"):
+        PartitionEnsemble(logistic(), n_estimators=7).fit(small_df, features_col=["a", "b"])
+
+
+def test_vectors_of_different_sizes_are_refused(spark):
+    df = spark.createDataFrame(
+        [([1.0, 2.0], 0.0)] * 15 + [([1.0], 1.0)] * 15, "features array<double>, label double"
+    )
+    with pytest.raises(ValueError, match="'features' holds vectors of different sizes"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df)
+
+
+def test_single_class_data_is_refused(small_df):
+    from pyspark.sql import functions as F
+
+    with pytest.raises(ValueError, match="single class"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(
+            small_df.withColumn("label", F.lit(1.0)), ["a", "b"]
+        )
+
+
+def test_string_label_for_a_regressor_is_refused(small_df):
+    with pytest.raises(ValueError, match="label column 'name' has type string.*numeric"):
+        PartitionEnsemble(Ridge(), n_estimators=2).fit(small_df, ["a"], label_col="name")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"estimator": None}, "scikit-learn-compatible"),
+        ({"estimator": StandardScaler()}, "fit and predict"),
+        ({"n_estimators": 0}, "n_estimators must be an integer >= 1"),
+        ({"max_samples": 1.5}, r"max_samples .* in \(0, 1\]"),
+        ({"max_features": 0.0}, "max_features must be"),
+        ({"voting": "soft", "estimator": LinearSVC()}, "voting='hard'"),
+        ({"voting": "maybe"}, "voting must be one of"),
+        ({"weights": "validation", "validation_fraction": 0.0}, "validation_fraction > 0"),
+        ({"random_state": -1}, "random_state must be >= 0"),
+    ],
+)
+def test_bad_parameters_fail_before_any_spark_job(small_df, params, message):
+    settings = {"estimator": logistic(), "n_estimators": 2, **params}
+    with pytest.raises(ValueError, match=message):
+        PartitionEnsemble(**settings).fit(small_df, features_col=["a", "b"])
+
+
+def test_fit_takes_a_spark_dataframe():
+    with pytest.raises(TypeError, match="Spark DataFrame"):
+        PartitionEnsemble(logistic()).fit(pd.DataFrame({"a": [1.0]}))
+
+
+# --- the training function on its own (no Spark needed) ------------------------------------
+
+
+def _batches(index, X, y):
+    return [
+        pa.RecordBatch.from_pydict(
+            {"i": pa.array(index, pa.int32()), "x": list(X), "y": pa.array(y, pa.int32())}
+        )
+    ]
+
+
+def test_training_function_skips_empty_partitions_and_driver_warns(cancer, caplog):
+    X, y = cancer
+    settings = check_settings(logistic(), 3, 1.0, False, 1.0, "soft", "uniform", None)
+    plan = TrainingPlan(
+        estimator=logistic(),
+        is_classifier=True,
+        classes=np.array([0.0, 1.0]),
+        n_features=X.shape[1],
+        estimators_features=tuple(np.arange(X.shape[1]) for _ in range(3)),
+        max_samples=1.0,
+        bootstrap=False,
+        validation_fraction=0.0,
+        random_state=0,
+    )
+    assert list(train_partition(plan, iter([]))) == []
+    # One partition holding two model indexes (if hash pinning ever failed) trains both.
+    index = np.where(np.arange(len(y)) % 2 == 0, 0, 2)
+    results = list(train_partition(plan, iter(_batches(index, X, y))))
+    assert [batch.column("model_index")[0].as_py() for batch in results] == [0, 2]
+    assert results[0].schema.names == [f.split()[0] for f in RESULT_SCHEMA.split(", ")]
+    rows = [batch.to_pylist()[0] for batch in results]
+    summary = DataSummary(
+        n_rows=len(y),
+        features=FeatureSpec(n_features=X.shape[1], features_col="features"),
+        label_col="label",
+        label_is_numeric=True,
+        classes=np.array([0.0, 1.0]),
+    )
+    with caplog.at_level(logging.WARNING, logger="sparkdist.ensemble"):
+        model = assemble_model(rows, summary, settings, plan.estimators_features, {})
+    assert "partitions [1] were empty and were skipped" in caplog.text
+    assert model.n_estimators_ == 2 and model.score(X, y) > 0.95
