@@ -20,25 +20,11 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
 
 
-def build_spark(master: str = SPARK_MASTER, **conf: str):
-    from pyspark.sql import SparkSession
+def build_spark(master: str = SPARK_MASTER):
+    from sparkdist.session import embedded_spark
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("sparkdist-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.executor.memory", "1g")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+    return embedded_spark(app_name="sparkdist-tests", master=master, conf=conf)
 
 
 @pytest.fixture(scope="session")
