@@ -150,8 +150,10 @@ def plain(argv_prefix: list[str], worker: str, args) -> Callable[[], float]:
         proc = subprocess.run(
             argv_prefix + command, capture_output=True, text=True, env=_env(), timeout=600
         )
-        results = [  # horovodrun prefixes each line with "[rank]<stdout>:"
-            json.loads(line.split("RESULT ", 1)[1])
+        # Only rank 0 prints; horovodrun prefixes its lines with "[0]<stdout>:".
+        decoder = json.JSONDecoder()
+        results = [
+            decoder.raw_decode(line.split("RESULT ", 1)[1])[0]
             for line in proc.stdout.splitlines()
             if "RESULT " in line
         ]
@@ -292,7 +294,9 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.worker:  # a rank started by a plain launcher
-        print("RESULT " + json.dumps(run_worker(args.worker, args.size_mb, args.iters)))
+        result = run_worker(args.worker, args.size_mb, args.iters)
+        if result["rank"] == 0:
+            print("RESULT " + json.dumps(result), flush=True)
         return
 
     logging.basicConfig(level=logging.WARNING)

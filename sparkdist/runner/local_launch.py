@@ -18,6 +18,7 @@ from sparkdist.runner.launch import (
     job_env,
     mpirun_argv,
     relay_output,
+    shared_memory_btl,
     supervisor_argv,
 )
 from sparkdist.runner.processes import (
@@ -54,13 +55,15 @@ class LocalLaunch:
         if gpus:
             env[TASK_GPUS_ENV] = ",".join(gpus)
         if self.spec.launcher == "mpi":
+            btl, btl_args = shared_memory_btl()
             argv = mpirun_argv(
                 sys.executable,
                 n,
                 [("localhost", n)],
                 ["127.0.0.0/8"],
-                self.spec.mpi_args,
+                [*btl_args, *self.spec.mpi_args],
                 use_rsh_agent=False,
+                btl=btl,
             )
             self._start(argv, env, "mpirun", "mpirun")
         else:
