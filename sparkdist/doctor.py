@@ -39,12 +39,38 @@ def _version(dist: str) -> str | None:
         return None
 
 
+MIN_JAVA = 17  # Spark 4 runs on Java 17 or 21
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in `java -version` output ("17.0.15" -> 17, "1.8.0_402" -> 8)."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
 def check_java() -> Check:
     java = shutil.which("java")
     if java is None:
         return Check("Java", False, "no java on PATH", SYSTEM_FIX)
-    first = _run([java, "-version"]).splitlines()[:1]
-    return Check("Java", True, first[0] if first else java)
+    output = _run([java, "-version"])
+    first = output.splitlines()[0] if output else java
+    major = java_major(output)
+    if major is not None and major < MIN_JAVA and _spark_major() >= 4:
+        return Check(
+            "Java",
+            False,
+            f"{first}: Spark 4 needs Java {MIN_JAVA} or later",
+            f"install openjdk-{MIN_JAVA}-jre-headless and put it first on PATH (or set JAVA_HOME)",
+        )
+    return Check("Java", True, first)
+
+
+def _spark_major() -> int:
+    version = _version("pyspark") or "0"
+    return int(version.split(".")[0])
 
 
 def check_spark() -> Check:
@@ -76,17 +102,38 @@ def check_horovod() -> Check:
     if version is None:
         return Check("Horovod", False, "not installed", HOROVOD_FIX, required=False)
     runner = shutil.which("horovodrun")
-    out = _run([runner, "--check-build"]) if runner else ""
-    frameworks = re.findall(r"\[X\] (\w+)", out)
-    if "PyTorch" not in frameworks:
+    build = parse_check_build(_run([runner, "--check-build"]) if runner else "")
+    frameworks = build.get("Frameworks", [])
+    controllers = build.get("Controllers", [])
+    detail = (
+        f"horovod {version}: frameworks {', '.join(frameworks) or 'none'}; "
+        f"controllers {', '.join(controllers) or 'none'}"
+    )
+    if "PyTorch" not in frameworks or not controllers:
         return Check(
             "Horovod",
             False,
-            f"horovod {version} without a working PyTorch binding",
+            detail + " (needs PyTorch and MPI or Gloo)",
             HOROVOD_FIX,
             required=False,
         )
-    return Check("Horovod", True, f"horovod {version}: {', '.join(frameworks)}", required=False)
+    return Check("Horovod", True, detail, required=False)
+
+
+def parse_check_build(output: str) -> dict[str, list[str]]:
+    """`horovodrun --check-build` as {"Frameworks": [...], "Controllers": [...], ...},
+    listing what is built in ([X]) under each "Available ...:" heading."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        heading = re.match(r"\s*Available (.+?):\s*$", line)
+        if heading:
+            current = sections.setdefault(heading.group(1).replace("Tensor ", ""), [])
+            continue
+        item = re.match(r"\s*\[X\]\s+(\S+)", line)
+        if item and current is not None:
+            current.append(item.group(1))
+    return sections
 
 
 def check_framework(dist: str, label: str, module: str) -> Check:
@@ -101,16 +148,45 @@ def check_gpus() -> Check:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if smi is None:
         return Check("GPUs", True, "none (no nvidia-smi): ranks train on the CPU", required=False)
+    spark_gpu = _spark_gpu_conf()
     listing = _run([smi, "--query-gpu=index,name", "--format=csv,noheader"])
     detail = "; ".join(listing.splitlines()) or "nvidia-smi lists none"
     if visible is not None:
         detail += f" (CUDA_VISIBLE_DEVICES={visible})"
-    return Check(
-        "GPUs",
-        True,
-        detail + " - give Spark conf/gpu_discovery.sh as discovery script",
-        required=False,
-    )
+    if not spark_gpu:
+        return Check(
+            "GPUs",
+            False,
+            detail + "; but no Spark GPU resources are configured, so ranks would share them",
+            "set spark.executor.resource.gpu.amount, spark.task.resource.gpu.amount and "
+            "spark.executor.resource.gpu.discoveryScript=conf/gpu_discovery.sh "
+            "(see conf/spark-defaults.conf)",
+            required=False,
+        )
+    return Check("GPUs", True, f"{detail}; Spark: {spark_gpu}", required=False)
+
+
+def _spark_gpu_conf() -> str:
+    """The GPU resource settings of the active SparkSession, else of spark-defaults.conf
+    under SPARK_CONF_DIR (what a `spark-submit` here would use)."""
+    keys = ("spark.executor.resource.gpu.amount", "spark.task.resource.gpu.amount")
+    found: dict[str, str] = {}
+    try:
+        from pyspark import SparkContext
+
+        active = SparkContext._active_spark_context
+        if active is not None:
+            found = {k: active.getConf().get(k) for k in keys if active.getConf().contains(k)}
+    except ImportError:
+        pass
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not found and conf_dir and os.path.exists(os.path.join(conf_dir, "spark-defaults.conf")):
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+            for line in f:
+                parts = line.split(None, 1)
+                if len(parts) == 2 and parts[0] in keys:
+                    found[parts[0]] = parts[1].strip()
+    return ", ".join(f"{k}={v}" for k, v in found.items())
 
 
 def run_checks() -> list[Check]:

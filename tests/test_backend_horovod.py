@@ -6,20 +6,17 @@ for `import horovod.tensorflow`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
+from installed import requires
 
 from sparkdist import HorovodRunner, RankFailedError
 from sparkdist.backends.horovod import horovod_tensorflow_message, host_alloc_plan
 
 pytestmark = [
     pytest.mark.horovod,
-    pytest.mark.skipif(
-        importlib.util.find_spec("horovod") is None,
-        reason="Horovod is not installed: run `make horovod` (init_scripts/install_horovod.sh)",
-    ),
+    requires("horovod", "run `make horovod` (init_scripts/install_horovod.sh)"),
 ]
 
 EPOCHS = 10
@@ -178,10 +175,8 @@ def test_timeline_from_driver_environment(sc, tmp_path, monkeypatch):
     _assert_chrome_trace_with_allreduce(path)
 
 
+@requires("tensorflow", "pip install tensorflow-cpu (make venv)")
 def test_horovod_tensorflow_import_explains(sc):
-    if importlib.util.find_spec("tensorflow") is None:
-        pytest.skip("TensorFlow is not installed")
-
     def main():
         import horovod.tensorflow as hvd  # noqa: F401
 

@@ -5,15 +5,12 @@ silent world of one."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from installed import requires
 
 from sparkdist import HorovodRunner, RankFailedError
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed"
-)
+pytestmark = requires("mpi4py", "pip install mpi4py (make venv)")
 
 
 def mpi_main() -> dict:

@@ -3,17 +3,14 @@ ranks placed by real Spark (local-cluster), with the TF_CONFIG sparkdist builds.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-import pytest
+from installed import requires
 
 from sparkdist import HorovodRunner
 from sparkdist.backends.tensorflow import tf_config
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
-)
+pytestmark = requires("tensorflow", "pip install tensorflow-cpu (make venv)")
 
 
 def keras_mwms_main(model_dir: str, epochs: int) -> dict:

@@ -9,7 +9,6 @@ Everything talks over the loopback interface only.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -19,14 +18,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from installed import requires
 
-pytestmark = pytest.mark.horovod
-
-if importlib.util.find_spec("horovod") is None:
-    pytest.skip(
-        "Horovod is not installed: run `make horovod` (init_scripts/install_horovod.sh)",
-        allow_module_level=True,
-    )
+pytestmark = [
+    pytest.mark.horovod,
+    requires("horovod", "run `make horovod` (init_scripts/install_horovod.sh)"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "init_scripts" / "install_horovod.sh"
