@@ -6,33 +6,21 @@ import argparse
 import logging
 import os
 import sys
-import time
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparkdist import HorovodRunner
-    from sparkdist.demos.digits import train_digits_ddp
-    from sparkdist.session import embedded_spark
+    from sparkdist.demos.full import DemoOptions, run_demo
 
-    started = time.monotonic()
-    print(f"Starting an embedded Spark with {args.executors} executors ...", flush=True)
-    spark = embedded_spark(executors=args.executors, app_name="sparkdist-demo")
-    spark_ready = time.monotonic()
-    print(f"Spark ready in {spark_ready - started:.1f}s: {spark.sparkContext.master}", flush=True)
-    print(f"Training a torch model on digits with DDP over {args.np} ranks ...", flush=True)
-    runner = HorovodRunner(np=args.np)
-    result = runner.run(train_digits_ddp, epochs=args.epochs)
-    job_time = time.monotonic() - spark_ready
-    print()
-    print(f"ranks:          {result['ranks']} ({runner.last_job.launcher} launcher)")
-    print(f"test accuracy:  {result['accuracy']:.4f}")
-    print(
-        f"training job:   {job_time:.1f}s wall time (Spark start-up {spark_ready - started:.1f}s)"
+    return run_demo(
+        DemoOptions(
+            np=args.np,
+            executors=args.executors,
+            epochs=args.epochs,
+            tf_epochs=args.tf_epochs,
+            models=args.models,
+            output_dir=args.output_dir,
+        )
     )
-    if result["accuracy"] < 0.9:
-        print("demo FAILED: accuracy below 0.9", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _session(args: argparse.Namespace):
@@ -50,13 +38,13 @@ def _session(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sparkdist import HorovodRunner, RankFailedError
+    from sparkdist import HorovodRunner
+    from sparkdist.runner.errors import SparkdistError
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    if args.np > 0:
-        _session(args)
+    spark = _session(args) if args.np > 0 else None
     runner = HorovodRunner(
         np=args.np,
         launcher=args.launcher,
@@ -65,9 +53,14 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         runner.run(args.script, args=script_args)
-    except RankFailedError as exc:
-        print(f"sparkdist run: {exc}", file=sys.stderr)
+    except SparkdistError as exc:
+        print(f"sparkdist run: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if spark is not None:
+            # Stop Spark here rather than in its shutdown hook, which under spark-submit
+            # and local-cluster logs a "Failed to launch executor" error per executor.
+            spark.stop()
     print(
         f"sparkdist run: {args.script} finished on {abs(args.np)} ranks in "
         f"{runner.last_job.wall_time_s:.1f}s",
@@ -94,10 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="train on digits with 2 ranks on an embedded Spark")
-    demo.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    demo = commands.add_parser(
+        "demo",
+        help="every path end to end on an embedded Spark: DDP, Horovod, TensorFlow, ensembles",
+    )
+    demo.add_argument("--np", type=int, default=2, help="ranks of each runner job (default 2)")
     demo.add_argument("--executors", type=int, default=2, help="executors of the embedded Spark")
-    demo.add_argument("--epochs", type=int, default=20)
+    demo.add_argument("--epochs", type=int, default=20, help="epochs of the DDP and Horovod jobs")
+    demo.add_argument("--tf-epochs", type=int, default=8, help="epochs of the TensorFlow job")
+    demo.add_argument("--models", type=int, default=4, help="models in the partition ensemble")
+    demo.add_argument(
+        "--output-dir",
+        default="sparkdist-demo",
+        help="where the timeline, checkpoints and the Keras model go (default ./sparkdist-demo)",
+    )
     demo.set_defaults(func=_demo)
 
     run = commands.add_parser(

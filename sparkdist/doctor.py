@@ -68,13 +68,27 @@ def check_java() -> Check:
     return Check("Java", True, first)
 
 
+def _pyspark_version() -> str | None:
+    """pyspark's version: from pip's metadata, else from the module itself (Databricks
+    runtimes ship pyspark without pip metadata)."""
+    version = _version("pyspark")
+    if version is None:
+        try:
+            import pyspark
+
+            version = pyspark.__version__
+        except ImportError:
+            return None
+    return version
+
+
 def _spark_major() -> int:
-    version = _version("pyspark") or "0"
+    version = _pyspark_version() or "0"
     return int(version.split(".")[0])
 
 
 def check_spark() -> Check:
-    version = _version("pyspark")
+    version = _pyspark_version()
     if version is None:
         return Check("Spark (pyspark)", False, "pyspark is not installed", "pip install pyspark")
     return Check("Spark (pyspark)", True, f"pyspark {version}")

@@ -34,6 +34,24 @@ def accuracy(model, x, y) -> float:
     return float((predicted == y).mean())
 
 
+def train_epoch(model, optimizer, x_shard, y_shard, batch_size: int, generator) -> float:
+    """One pass over this rank's shard in a random order; returns the mean loss."""
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    order = torch.randperm(len(x_shard), generator=generator)
+    total, batches = 0.0, 0
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        optimizer.zero_grad()
+        loss = loss_fn(model(x_shard[idx]), y_shard[idx])
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+        batches += 1
+    return total / batches
+
+
 def train_digits_ddp(epochs: int = 20, lr: float = 0.01, batch_size: int = 32) -> dict:
     """Train with DDP over Gloo; return rank 0's final test accuracy and timings."""
     import torch
@@ -51,24 +69,12 @@ def train_digits_ddp(epochs: int = 20, lr: float = 0.01, batch_size: int = 32) -
 
     model = DistributedDataParallel(make_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = torch.nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(rank)
     for epoch in range(1, epochs + 1):
-        order = torch.randperm(len(x_shard), generator=generator)
-        total, batches = 0.0, 0
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            optimizer.zero_grad()
-            loss = loss_fn(model(x_shard[idx]), y_shard[idx])
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-            batches += 1
+        loss = train_epoch(model, optimizer, x_shard, y_shard, batch_size, generator)
         if rank == 0:
             acc = accuracy(model.module, x_test, y_test)
-            print(
-                f"epoch {epoch:2d}  loss {total / batches:.4f}  test accuracy {acc:.4f}", flush=True
-            )
+            print(f"epoch {epoch:2d}  loss {loss:.4f}  test accuracy {acc:.4f}", flush=True)
     result = {
         "accuracy": accuracy(model.module, x_test, y_test),
         "ranks": size,
