@@ -5,12 +5,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt setup.py | sha256sum | cut -c1-16)
+# The petastorm side environment: Spark 3.5 / pyarrow 14 / numpy 1.x, where petastorm imports.
+PETASTORM_VENV := .venv-petastorm
+PETASTORM_REQS := requirements/petastorm-side.txt
+PETASTORM_STAMP := $(PETASTORM_VENV)/.sparkdist-$(shell cat $(PETASTORM_REQS) setup.py | sha256sum | cut -c1-16)
 # Tests and demos talk to 127.0.0.1 only.
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: bootstrap system venv horovod test demo lint format bench clean
+.PHONY: bootstrap system venv horovod petastorm-side test demo lint format bench clean
 
 bootstrap: system venv horovod
 
@@ -30,8 +34,19 @@ $(STAMP): requirements/lock.txt setup.py
 horovod: venv system
 	PYTHON=$(abspath $(PY)) bash init_scripts/install_horovod.sh
 
-test: bootstrap
+# A full pinned closure, so --no-deps (see the comment in $(PETASTORM_REQS)).
+petastorm-side: $(PETASTORM_STAMP)
+
+$(PETASTORM_STAMP): $(PETASTORM_REQS) setup.py
+	test -x $(PETASTORM_VENV)/bin/python || $(PYTHON) -m venv $(PETASTORM_VENV)
+	$(PETASTORM_VENV)/bin/python -m pip install -q --no-deps -r $(PETASTORM_REQS)
+	$(PETASTORM_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(PETASTORM_VENV)/.sparkdist-*
+	touch $@
+
+test: bootstrap petastorm-side
 	$(PY) -m ruff check sparkdist tests benchmarks
+	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m pytest tests
 
 demo: bootstrap
@@ -50,4 +65,4 @@ bench: bootstrap
 	$(PY) benchmarks/launch_overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PETASTORM_VENV) build *.egg-info .pytest_cache

@@ -28,8 +28,10 @@ setup(
         "pyspark>=3.5",
         "cloudpickle>=2.2",
         "numpy>=1.24",
-        "pandas>=2.2",
-        "pyarrow>=18",
+        # Floors that Spark 3.5 runtimes (e.g. Databricks 15.4 LTS ML, petastorm) satisfy, so
+        # installing sparkdist there upgrades nothing; pyspark 4 checks its own, higher ones.
+        "pandas>=2.0",
+        "pyarrow>=14",
         "psutil>=5.9",
     ],
     extras_require=EXTRAS,

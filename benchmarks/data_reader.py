@@ -10,7 +10,8 @@ into numpy arrays (or tensors for the loaders). The plain loop reads *all* files
 a hand-written reader does, and the reference for the ratio. The same loop with
 16384-row batches (no batching for training at all) shows the decoding ceiling. petastorm
 needs pyarrow < 15 and numpy < 2, so it runs in a separate interpreter
-(``--petastorm-python``, default /tmp/petastorm-venv/bin/python) when one exists.
+(``--petastorm-python``, default .venv-petastorm/bin/python from ``make petastorm-side``)
+when one exists.
 """
 
 from __future__ import annotations
@@ -158,7 +159,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--petastorm-python", default="/tmp/petastorm-venv/bin/python")
+    parser.add_argument(
+        "--petastorm-python",
+        default=str(Path(__file__).resolve().parents[1] / ".venv-petastorm" / "bin" / "python"),
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -2,12 +2,16 @@
 
 For generated data (scikit-learn's make_classification, 50 features) and K models:
   * sparkdist: PartitionEnsemble(XGBClassifier, n_estimators=K).fit on Spark, wall time
-    from parquet on disk to fitted model on the driver (validation, shuffle, training);
-  * sequential: the same K models trained one after another in this process on K random
-    shares of the same rows (what the parallel map replaces);
+    from parquet on disk to fitted model on the driver (checks, shuffle, Arrow transfer,
+    training, collect), and the part of it during which models were fitting;
+  * sequential: the same estimator, K models one after another in this process on K
+    random shares of the same rows held as numpy arrays (what the parallel map replaces);
+    fit-only, and end to end from the same parquet file;
   * one model: a single XGBClassifier on all the training rows;
   * xgboost.spark: SparkXGBClassifier with num_workers=2 (the local cluster has 2 task
     slots, and barrier mode needs one slot per worker).
+The machine may be shared, so each size runs `--repeats` rounds with the sequential and
+sparkdist runs interleaved, and the table shows medians and the load average.
 Accuracy is measured on held-out rows; "task peak" is the peak RSS of the Python worker
 that trained a partition (max over tasks) and "partition" the feature bytes it held.
 
@@ -100,28 +104,77 @@ def timed(fn):
     return result, time.perf_counter() - started
 
 
-def sequential_models(X, y, X_test, k: int, seed: int):
-    """Train K models one after another on K random shares.
+def fit_span(stats: pd.DataFrame) -> float:
+    """Wall seconds during which at least one model was fitting (union of fit intervals)."""
+    ends = stats["fit_started"] + stats["fit_seconds"]
+    intervals = sorted(zip(stats["fit_started"], ends, strict=True))
+    total, end = 0.0, float("-inf")
+    for start, stop in intervals:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
-    Returns (test predictions, wall seconds, CPU seconds).
+
+def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
+    """The K models one after another in this process, on K random shares of the rows.
+
+    fit-only: the shares are numpy arrays already in memory; end to end adds reading the
+    parquet file into numpy and cutting the shares, as the Spark run starts from the file.
     """
-    share = np.random.default_rng(seed).integers(0, k, size=len(y))
-
-    def train():
-        return [xgb_classifier().fit(X[share == j], y[share == j]) for j in range(k)]
+    started = time.perf_counter()
+    table = pq.read_table(path)
+    X_read = np.column_stack([table.column(c).to_numpy() for c in table.column_names[:-1]])
+    y_read = table.column("label").to_numpy()
+    share = np.random.default_rng(seed).integers(0, k, size=len(y_read))
+    shares = [(X_read[share == j], y_read[share == j]) for j in range(k)]
+    del table, X_read, y_read
+    read_seconds = time.perf_counter() - started
 
     started_cpu = time.process_time()
-    models, seconds = timed(train)
+    models, fit_seconds = timed(lambda: [xgb_classifier().fit(Xj, yj) for Xj, yj in shares])
     cpu_seconds = time.process_time() - started_cpu
     proba = np.mean([m.predict_proba(X_test) for m in models], axis=0)
-    return np.argmax(proba, axis=1), seconds, cpu_seconds
+    return {
+        "seq_fit_s": fit_seconds,
+        "seq_e2e_s": read_seconds + fit_seconds,
+        "seq_cpu_s": cpu_seconds,
+        "seq_acc": float((np.argmax(proba, axis=1) == y_test).mean()),
+    }
 
 
-def run_size(spark, n_rows: int, ks: list[int], workdir: str) -> list[dict]:
-    from xgboost.spark import SparkXGBClassifier
-
+def sparkdist_models(df, columns: list[str], X_test, y_test, k: int) -> dict:
+    """PartitionEnsemble.fit from the parquet file to the fitted model on the driver."""
     from sparkdist.ensemble import PartitionEnsemble
 
+    ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=k, random_state=k)
+    model, seconds = timed(lambda: ensemble.fit(df, features_col=columns))
+    stats = model.stats_frame()
+    return {
+        "spark_e2e_s": seconds,
+        "spark_fit_s": fit_span(stats),
+        "fit_cpu_sum": float(stats["fit_cpu_seconds"].sum()),
+        "fit_wall_sum": float(stats["fit_seconds"].sum()),
+        "load_s_max": float(stats["load_seconds"].max()),
+        "spark_acc": model.score(X_test, y_test),
+        "task_peak_mb": stats["worker_peak_rss_bytes"].max() / 2**20,
+        "partition_mb": stats["partition_bytes"].max() / 2**20,
+    }
+
+
+def xgboost_spark(df, columns: list[str], X_test, y_test) -> dict:
+    from xgboost.spark import SparkXGBClassifier
+
+    estimator = SparkXGBClassifier(
+        features_col=columns, label_col="label", num_workers=SPARK_WORKERS, **XGB_PARAMS
+    )
+    fitted, seconds = timed(lambda: estimator.fit(df))
+    predicted = fitted.get_booster().inplace_predict(X_test) > 0.5
+    return {"xgb_spark_s": seconds, "xgb_spark_acc": float((predicted == y_test).mean())}
+
+
+def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> list[dict]:
+    """Rounds of (sequential, sparkdist) per K plus xgboost.spark, interleaved; medians."""
     X, y, X_test, y_test = make_data(n_rows)
     path = os.path.join(workdir, f"train-{n_rows}.parquet")
     columns = write_parquet(X, y, path)
@@ -131,50 +184,57 @@ def run_size(spark, n_rows: int, ks: list[int], workdir: str) -> list[dict]:
     one_accuracy = float((one.predict(X_test) == y_test).mean())
     log(f"{n_rows} rows: one model {one_seconds:.1f}s, accuracy {one_accuracy:.4f}")
 
-    spark_xgb = SparkXGBClassifier(
-        features_col=columns, label_col="label", num_workers=SPARK_WORKERS, **XGB_PARAMS
-    )
-    fitted_xgb, xgb_seconds = timed(lambda: spark_xgb.fit(df))
-    xgb_pred = fitted_xgb.get_booster().inplace_predict(X_test) > 0.5
-    xgb_accuracy = float((xgb_pred.astype(int) == y_test).mean())
-    log(f"{n_rows} rows: xgboost.spark {xgb_seconds:.1f}s, accuracy {xgb_accuracy:.4f}")
+    samples: dict[int, list[dict]] = {k: [] for k in ks}
+    xgb_samples = []
+    for round_ in range(repeats):
+        for k in ks:
+            sample = {"load1": os.getloadavg()[0]}
+            sample |= sequential_models(path, X_test, y_test, k, seed=k)
+            sample |= sparkdist_models(df, columns, X_test, y_test, k)
+            log(
+                f"{n_rows} rows, K={k}, round {round_ + 1}: sequential fit "
+                f"{sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end to end "
+                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}"
+            )
+            samples[k].append(sample)
+        xgb_samples.append(xgboost_spark(df, columns, X_test, y_test))
+        log(f"{n_rows} rows: xgboost.spark {xgb_samples[-1]['xgb_spark_s']:.1f}s")
 
+    xgb = pd.DataFrame(xgb_samples).median()
     results = []
     for k in ks:
-        predicted, sequential_seconds, sequential_cpu = sequential_models(X, y, X_test, k, seed=k)
-        sequential_accuracy = float((predicted == y_test).mean())
-        ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=k, random_state=k)
-        model, seconds = timed(lambda ensemble=ensemble: ensemble.fit(df, features_col=columns))
-        stats = model.stats_frame()
-        row = {
-            "rows": n_rows,
-            "K": k,
-            "sequential_s": sequential_seconds,
-            "sparkdist_s": seconds,
-            "speedup": sequential_seconds / seconds,
-            "fit_s_sum": float(stats["fit_seconds"].sum()),
-            "fit_cpu_sum": float(stats["fit_cpu_seconds"].sum()),
-            "sequential_cpu": sequential_cpu,
-            "sparkdist_acc": model.score(X_test, y_test),
-            "sequential_acc": sequential_accuracy,
-            "one_model_acc": one_accuracy,
-            "one_model_s": one_seconds,
-            "xgb_spark_s": xgb_seconds,
-            "xgb_spark_acc": xgb_accuracy,
-            "task_peak_mb": stats["worker_peak_rss_bytes"].max() / 2**20,
-            "partition_mb": stats["partition_bytes"].max() / 2**20,
-        }
-        log(
-            f"{n_rows} rows, K={k}: sequential {sequential_seconds:.1f}s, sparkdist "
-            f"{seconds:.1f}s ({row['speedup']:.2f}x), accuracy {row['sparkdist_acc']:.4f}"
+        median = pd.DataFrame(samples[k]).median()
+        results.append(
+            {
+                "rows": n_rows,
+                "K": k,
+                "seq_fit_s": median["seq_fit_s"],
+                "spark_fit_s": median["spark_fit_s"],
+                "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
+                "seq_e2e_s": median["seq_e2e_s"],
+                "spark_e2e_s": median["spark_e2e_s"],
+                "e2e_speedup": median["seq_e2e_s"] / median["spark_e2e_s"],
+                "fit_cpu_sum": median["fit_cpu_sum"],
+                "seq_cpu_s": median["seq_cpu_s"],
+                "load_s_max": median["load_s_max"],
+                "spark_acc": median["spark_acc"],
+                "seq_acc": median["seq_acc"],
+                "one_model_acc": one_accuracy,
+                "xgb_spark_s": xgb["xgb_spark_s"],
+                "xgb_spark_acc": xgb["xgb_spark_acc"],
+                "task_peak_mb": median["task_peak_mb"],
+                "partition_mb": median["partition_mb"],
+                "load1": median["load1"],
+            }
         )
-        results.append(row)
     return results
 
 
-def warm_up(spark, workdir: str) -> None:
-    """Start the executors' Python workers and import the libraries before any timing."""
+def warm_up(spark, workdir: str, ks: list[int]) -> None:
+    """Start the executors' Python workers, import the libraries and find each K's
+    partition keys (one small Spark job per K, once per process) before any timing."""
     from sparkdist.ensemble import PartitionEnsemble
+    from sparkdist.ensemble.partitioning import partition_keys
 
     X, y, _, _ = make_data(2_000)
     path = os.path.join(workdir, "warm-up.parquet")
@@ -182,32 +242,38 @@ def warm_up(spark, workdir: str) -> None:
     PartitionEnsemble(xgb_classifier(), n_estimators=2, random_state=0).fit(
         spark.read.parquet(path), features_col=columns
     )
+    for k in ks:
+        partition_keys(spark, k)
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def print_table(results: list[dict]) -> None:
+def print_table(results: list[dict], repeats: int) -> None:
     table = pd.DataFrame(results)
     formats = {
-        "sequential_s": "{:.1f}",
-        "sparkdist_s": "{:.1f}",
-        "speedup": "{:.2f}x",
-        "fit_s_sum": "{:.1f}",
+        "seq_fit_s": "{:.1f}",
+        "spark_fit_s": "{:.1f}",
+        "fit_speedup": "{:.2f}x",
+        "seq_e2e_s": "{:.1f}",
+        "spark_e2e_s": "{:.1f}",
+        "e2e_speedup": "{:.2f}x",
         "fit_cpu_sum": "{:.1f}",
-        "sequential_cpu": "{:.1f}",
-        "sparkdist_acc": "{:.4f}",
-        "sequential_acc": "{:.4f}",
+        "seq_cpu_s": "{:.1f}",
+        "load_s_max": "{:.1f}",
+        "spark_acc": "{:.4f}",
+        "seq_acc": "{:.4f}",
         "one_model_acc": "{:.4f}",
-        "one_model_s": "{:.1f}",
         "xgb_spark_s": "{:.1f}",
         "xgb_spark_acc": "{:.4f}",
         "task_peak_mb": "{:.0f}",
         "partition_mb": "{:.1f}",
+        "load1": "{:.1f}",
     }
     for column, fmt in formats.items():
         table[column] = table[column].map(fmt.format)
+    print(f"medians of {repeats} interleaved round(s); {os.cpu_count()} cores")
     print(table.to_string(index=False))
     print()
     for note in NOTES:
@@ -215,14 +281,19 @@ def print_table(results: list[dict]) -> None:
 
 
 NOTES = [
-    "sequential_s: the K models one after another in one process (sequential_cpu: its CPU s)",
-    "sparkdist_s: PartitionEnsemble.fit from parquet to fitted model, 2 task slots",
-    "speedup: sequential_s / sparkdist_s",
-    "fit_s_sum / fit_cpu_sum: the K models' own fit wall / CPU seconds on the executors",
-    "  (CPU well below wall means the tasks waited for a core: a busy host)",
+    "seq_fit_s: the K models one after another in one process, numpy data in memory",
+    "spark_fit_s: wall seconds during which some sparkdist task was fitting a model",
+    "fit_speedup: seq_fit_s / spark_fit_s (the parallel map itself; 2 task slots)",
+    "seq_e2e_s: seq_fit_s plus reading the parquet file into numpy and cutting the shares",
+    "spark_e2e_s: PartitionEnsemble.fit from the parquet file to the fitted model on the driver",
+    "  (input checks, shuffle, Arrow transfer, fitting, collect); e2e_speedup = seq/spark",
+    "fit_cpu_sum / seq_cpu_s: CPU seconds of the K fits on the executors / in sequence",
+    "  (CPU well below spark_fit_s x 2 means the tasks waited for a core: a busy host)",
+    "load_s_max: the longest a task spent receiving its rows and building its matrix",
     "xgb_spark: SparkXGBClassifier(num_workers=2) on the same rows (2 slots for barrier mode)",
     "task_peak_mb: peak RSS of the Python worker that trained a partition (max over tasks)",
-    "partition_mb: feature and label bytes one task held",
+    "partition_mb: feature and label bytes one task held (float32 features for XGBoost)",
+    "load1: the host's 1-minute load average when the round started",
 ]
 
 
@@ -236,19 +307,23 @@ def main() -> None:
         default=os.environ.get("SPARKDIST_BENCH_MASTER", "local-cluster[2,1,2048]"),
         help="Spark master (default: two executors with one core each)",
     )
+    parser.add_argument(
+        "--repeats", type=int, help="interleaved rounds per size, medians reported (default 3)"
+    )
     args = parser.parse_args()
     rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
     ks = args.models or ([2, 8] if args.quick else [2, 8, 32])
+    repeats = args.repeats or (1 if args.quick else 3)
     logging.basicConfig(level=logging.WARNING)
 
     workdir = tempfile.mkdtemp(prefix="sparkdist-bench-")
     spark = build_spark(args.master)
     try:
-        warm_up(spark, workdir)
+        warm_up(spark, workdir, ks)
         results = []
         for n_rows in rows:
-            results += run_size(spark, n_rows, ks, workdir)
-        print_table(results)
+            results += run_size(spark, n_rows, ks, repeats, workdir)
+        print_table(results, repeats)
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)

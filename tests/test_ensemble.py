@@ -146,6 +146,84 @@ def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer)
     np.testing.assert_allclose(cancer_model.weights_, 0.25)
 
 
+def test_fit_reads_the_data_once_for_checks_and_once_for_training(spark, cancer):
+    """The input checks and class discovery are one pass; training is the only other."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import udf
+
+    X, y = cancer
+    counter = spark.sparkContext.accumulator(0)
+
+    @udf("double")
+    def counted(label):
+        counter.add(1)
+        return label
+
+    source = spark.createDataFrame(frame(X[:, :5], y)).withColumn("label", counted(F.col("label")))
+    columns = [f"f{i}" for i in range(5)]
+    model = PartitionEnsemble(DecisionTreeClassifier(max_depth=3), n_estimators=2).fit(
+        source, features_col=columns
+    )
+    assert model.n_estimators_ == 2
+    assert counter.value == 2 * len(y)
+
+
+@pytest.mark.parametrize("make_estimator", [xgb_classifier, DecisionTreeClassifier])
+def test_float32_features_change_nothing_for_models_that_train_on_float32(
+    spark, cancer, make_estimator, monkeypatch
+):
+    """XGBoost and scikit-learn trees get float32 rows (half the shuffle and Arrow bytes);
+    they cast to float32 themselves, so the models equal those trained from doubles."""
+    X, y = cancer
+    data = frame(X * 1.0001, y)  # values that float32 rounds
+    df = spark.createDataFrame(data)
+    columns = [c for c in data.columns if c != "label"]
+    assert (
+        FeatureSpec(len(columns), feature_cols=tuple(columns)).training_element(
+            df.schema, make_estimator()
+        )
+        == "float"
+    )
+    fitted = PartitionEnsemble(make_estimator(), n_estimators=2, random_state=5).fit(df, columns)
+    monkeypatch.setattr(FeatureSpec, "training_element", lambda *args: "double")
+    doubles = PartitionEnsemble(make_estimator(), n_estimators=2, random_state=5).fit(df, columns)
+    assert [s.partition_bytes for s in doubles.estimators_stats_] == [
+        2 * s.partition_bytes - 4 * s.rows for s in fitted.estimators_stats_
+    ]  # float32 features, int32 labels either way
+    np.testing.assert_array_equal(fitted.predict_proba(X), doubles.predict_proba(X))
+
+
+def test_float32_only_where_it_is_lossless(spark):
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("f", T.FloatType()),
+            T.StructField("s", T.ShortType()),
+            T.StructField("d", T.DoubleType()),
+            T.StructField("i", T.IntegerType()),
+            T.StructField("v", VectorUDT()),
+            T.StructField("a", T.ArrayType(T.FloatType())),
+        ]
+    )
+
+    def element(estimator, columns):
+        if isinstance(columns, str):
+            spec = FeatureSpec(1, features_col=columns)
+        else:
+            spec = FeatureSpec(len(columns), feature_cols=tuple(columns))
+        return spec.training_element(schema, estimator)
+
+    assert element(logistic(), ["f", "s"]) == "float"
+    assert element(logistic(), "a") == "float"
+    assert element(logistic(), ["f", "d"]) == "double"
+    assert element(logistic(), ["i"]) == "double"  # ints beyond 2**24 are not float32
+    assert element(logistic(), "v") == "double"
+    assert element(xgb_classifier(), "v") == "float"
+    assert element(make_pipeline(StandardScaler(), xgb_classifier()), "v") == "double"
+
+
 def test_same_random_state_gives_the_same_ensemble(cancer_df, cancer_model, cancer):
     X, _ = cancer
     again = PartitionEnsemble(logistic(), n_estimators=4, random_state=7).fit(cancer_df)
@@ -489,6 +567,20 @@ def test_vectors_of_different_sizes_are_refused(spark):
         PartitionEnsemble(logistic(), n_estimators=2).fit(df)
 
 
+def test_continuous_label_for_a_classifier_is_refused(spark):
+    df = spark.range(1100).selectExpr("cast(id as double) as a", "id / 7.0 as label")
+    with pytest.raises(ValueError, match="more than 1000 distinct values.*Use a regressor"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df, features_col=["a"])
+
+
+def test_null_feature_vector_is_named(spark):
+    df = spark.createDataFrame(
+        [([1.0, 2.0], 0.0)] * 15 + [(None, 1.0)] * 15, "v array<double>, label double"
+    )
+    with pytest.raises(ValueError, match="feature column 'v' is null in 15 row"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df, features_col="v")
+
+
 def test_single_class_data_is_refused(small_df):
     from pyspark.sql import functions as F
 
@@ -537,6 +629,21 @@ def _batches(index, X, y):
             {"i": pa.array(index, pa.int32()), "x": list(X), "y": pa.array(y, pa.int32())}
         )
     ]
+
+
+def test_partition_matrix_is_one_copy_of_the_batches():
+    from sparkdist.ensemble.training import _feature_matrix, _stack
+
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
+    column = pa.array(list(rows), pa.list_(pa.float32()))
+    views = [_feature_matrix(column.slice(start, 4), 3) for start in (0, 4, 8)]
+    assert all(view.dtype == np.float32 for view in views)  # kept, not widened
+    blocks = list(views)
+    matrix = _stack(blocks)
+    np.testing.assert_array_equal(matrix, rows)
+    assert blocks == []  # every batch released once copied
+    single = [views[0]]
+    assert _stack(single) is views[0]  # one batch: no copy at all
 
 
 def test_training_function_skips_empty_partitions_and_driver_warns(cancer, caplog):

@@ -33,8 +33,8 @@ class FeatureSpec:
         """The DataFrame columns the features are read from."""
         return [self.features_col] if self.features_col is not None else list(self.feature_cols)
 
-    def spark_array(self, schema: Any) -> Any:
-        """A Spark column expression giving the features as `array<double>`.
+    def spark_array(self, schema: Any, element: str = "double") -> Any:
+        """A Spark column expression giving the features as `array<double>` (or `<float>`).
 
         `schema` is the DataFrame's schema: a vector column needs `vector_to_array`, an
         array column only a cast.
@@ -43,11 +43,39 @@ class FeatureSpec:
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
 
+        if element not in ("double", "float"):
+            raise ValueError(f"element must be 'double' or 'float', got {element!r}")
         if self.feature_cols is not None:
-            return F.array(*[F.col(name).cast("double") for name in self.feature_cols])
+            return F.array(*[F.col(name).cast(element) for name in self.feature_cols])
         if isinstance(schema[self.features_col].dataType, VectorUDT):
-            return vector_to_array(F.col(self.features_col))
-        return F.col(self.features_col).cast("array<double>")
+            return vector_to_array(
+                F.col(self.features_col), f"float{32 if element == 'float' else 64}"
+            )
+        return F.col(self.features_col).cast(f"array<{element}>")
+
+    def training_element(self, schema: Any, estimator: Any) -> str:
+        """ "float" when shipping float32 to the training tasks loses nothing, else "double".
+
+        Float32 halves the shuffle and the Arrow transfer. It is lossless when every source
+        value is exactly a float32 (float, byte, short, boolean columns or arrays), or when
+        the estimator converts its input to float32 itself: XGBoost, and scikit-learn's
+        trees, forests and gradient boosting, round to nearest exactly as Spark's cast does.
+        """
+        if _fits_on_float32(estimator):
+            return "float"
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import types as T
+
+        exact = (T.FloatType, T.ShortType, T.ByteType, T.BooleanType)
+        for name in self.input_columns:
+            dtype = schema[name].dataType
+            if isinstance(dtype, VectorUDT):
+                return "double"
+            if isinstance(dtype, T.ArrayType):
+                dtype = dtype.elementType
+            if not isinstance(dtype, exact):
+                return "double"
+        return "float"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +128,20 @@ class FeatureSpec:
             f"the DataFrame lacks the feature column(s) {missing} and does not have exactly "
             f"{self.n_features} columns to use in order; it has {list(frame.columns)}"
         )
+
+
+def _fits_on_float32(estimator: Any) -> bool:
+    """Whether the estimator turns its training and prediction input into float32 itself."""
+    for cls in type(estimator).__mro__:
+        if cls.__module__.startswith("xgboost.") and cls.__name__ == "XGBModel":
+            return True
+    try:
+        from sklearn.ensemble._forest import BaseForest
+        from sklearn.ensemble._gb import BaseGradientBoosting
+        from sklearn.tree import BaseDecisionTree
+    except ImportError:  # private modules moved: assume nothing
+        return False
+    return isinstance(estimator, BaseDecisionTree | BaseForest | BaseGradientBoosting)
 
 
 def rows_to_matrix(values: pd.Series | Sequence[Any], n_features: int) -> np.ndarray:

@@ -97,8 +97,9 @@ class PartitionEnsemble(BaseEstimator):
         """Train one model per partition of the Spark DataFrame `df`; returns the fitted model.
 
         `features_col` is a Spark ML vector column (VectorAssembler output), an array
-        column, or a list of numeric columns. Inputs are checked on the driver first (one
-        aggregate query, and a distinct query for a classifier's classes).
+        column, or a list of numeric columns. Inputs are checked, and a classifier's classes
+        found, first, in one pass over the data; training is the only other pass (a shuffle
+        spreads the rows over the partitions, then each trains).
         """
         if not hasattr(df, "sparkSession") or not hasattr(df, "mapInArrow"):
             raise TypeError(
@@ -140,9 +141,10 @@ class PartitionEnsemble(BaseEstimator):
             validation_fraction=settings.validation_fraction,
             random_state=seed,
         )
+        element = summary.features.training_element(df.schema, self.estimator)
         started = time.perf_counter()
         rows = (
-            _training_input(df, summary, settings.n_estimators, seed)
+            _training_input(df, summary, settings.n_estimators, seed, element)
             .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
             .collect()
         )
@@ -242,8 +244,10 @@ def choose_features(
     ]
 
 
-def _training_input(df: Any, summary: DataSummary, n_estimators: int, seed: int) -> Any:
-    """(model index, features as array<double>, label) rows, partition j holding index j.
+def _training_input(
+    df: Any, summary: DataSummary, n_estimators: int, seed: int, element: str = "double"
+) -> Any:
+    """(model index, features as array<element>, label) rows, partition j holding index j.
 
     A classifier's label becomes its index in the global classes, so every task encodes
     labels the same way whatever classes its partition holds.
@@ -259,7 +263,8 @@ def _training_input(df: Any, summary: DataSummary, n_estimators: int, seed: int)
         known = F.array(*[F.lit(c.item() if hasattr(c, "item") else c) for c in summary.classes])
         label = (F.array_position(known, label) - 1).cast("int")
     selected = df.select(
-        summary.features.spark_array(df.schema).alias(FEATURES_COL), label.alias(LABEL_COL)
+        summary.features.spark_array(df.schema, element).alias(FEATURES_COL),
+        label.alias(LABEL_COL),
     )
     return spread_rows(selected, n_estimators, seed).select(
         MODEL_INDEX_COL, FEATURES_COL, LABEL_COL

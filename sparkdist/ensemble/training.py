@@ -1,9 +1,10 @@
 """The partition-wise training function: one partition's rows in, one fitted model out.
 
-It runs on the executors inside `mapInArrow`: the partition's Arrow batches are gathered
-into one feature matrix (a task's memory grows with its partition, never with the data
-set), one model is fitted per model index found (normally exactly one), and each yields a
-single row: the model as bytes plus its statistics. Only those rows reach the driver.
+It runs on the executors inside `mapInArrow`: the partition's Arrow batches are copied
+once into one feature matrix, each batch released as soon as it is copied (a task's memory
+grows with its partition, never with the data set), one model is fitted per model index
+found (normally exactly one), and each yields a single row: the model as bytes plus its
+statistics. Only those rows reach the driver.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class EstimatorStats:
     validation_score: float | None = None
     fit_seconds: float = 0.0
     fit_cpu_seconds: float = 0.0
+    fit_started: float = 0.0  # Unix time, to line the models' fits up on one timeline
+    load_seconds: float = 0.0  # receiving the partition's rows and building its matrix
     partition_bytes: int = 0
     worker_peak_rss_bytes: int = 0
     versions: dict[str, str | None] = field(default_factory=dict)
@@ -77,6 +80,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
     """
     import pyarrow as pa
 
+    started = time.perf_counter()
     indexes, features, labels = [], [], []
     for batch in batches:
         if batch.num_rows == 0:
@@ -87,9 +91,10 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
     if not indexes:
         return
     index = np.concatenate(indexes)
-    X = np.concatenate(features) if len(features) > 1 else features[0]
-    y = np.concatenate(labels) if len(labels) > 1 else labels[0]
-    del indexes, features, labels
+    y = np.concatenate(labels)
+    del indexes, labels
+    X = _stack(features)
+    load_seconds = time.perf_counter() - started
     partition_bytes = int(X.nbytes + y.nbytes)
     model_indexes = np.unique(index)
     for model_index in model_indexes:
@@ -100,6 +105,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             X_model, y_model = X[rows], y[rows]
         estimator, stats = fit_one(plan, int(model_index), X_model, y_model)
         stats.partition_bytes = partition_bytes
+        stats.load_seconds = load_seconds
         stats.worker_peak_rss_bytes = _peak_rss_bytes()
         model_format, model_class, data = dump_estimator(estimator)
         yield pa.RecordBatch.from_pydict(
@@ -167,6 +173,7 @@ def fit_one(
     else:
         estimator = _configured_clone(clone(plan.estimator), rng)
 
+    stats.fit_started = time.time()
     started, started_cpu = time.perf_counter(), time.process_time()
     estimator.fit(X_fit, y_fit)
     stats.fit_seconds = time.perf_counter() - started
@@ -231,14 +238,37 @@ def _configured_clone(estimator: Any, rng: np.random.Generator) -> Any:
 
 
 def _feature_matrix(column: Any, n_features: int) -> np.ndarray:
-    """An Arrow list<double> column as an (rows, n_features) matrix, without row objects."""
+    """An Arrow list<double> (or list<float>) column as an (rows, n_features) matrix: a view
+    of the Arrow buffer, without row objects or a copy."""
     values = column.flatten().to_numpy(zero_copy_only=False)
     if len(values) != len(column) * n_features:
         raise ValueError(
             f"a feature vector does not have {n_features} values; every row needs the same "
             "number of features"
         )
-    return values.astype(np.float64, copy=False).reshape(len(column), n_features)
+    if values.dtype not in (np.float32, np.float64):
+        values = values.astype(np.float64)
+    return values.reshape(len(column), n_features)
+
+
+def _stack(blocks: list[np.ndarray]) -> np.ndarray:
+    """One matrix from the batches' matrices, emptying `blocks` as it goes.
+
+    Each block is dropped right after its copy, so its Arrow batch can be freed while the
+    matrix fills, rather than all batches and the whole matrix being held at once.
+    """
+    if len(blocks) == 1:
+        return blocks.pop()
+    n_rows = sum(len(block) for block in blocks)
+    out = np.empty((n_rows, blocks[0].shape[1]), dtype=blocks[0].dtype)
+    row = 0
+    for i in range(len(blocks)):
+        block, blocks[i] = blocks[i], None
+        out[row : row + len(block)] = block
+        row += len(block)
+        del block
+    blocks.clear()
+    return out
 
 
 def _stats_json(stats: EstimatorStats) -> str:

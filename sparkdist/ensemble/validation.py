@@ -2,7 +2,8 @@
 
 Bad input fails here with a ValueError that names the parameter or column and says how to
 fix it, instead of surfacing later as a task failure inside a Py4J stack trace. The data
-checks cost one aggregate query (plus one distinct query for a classifier's classes).
+checks and a classifier's class discovery are one aggregation, a single pass over the data
+that reads only the label (and a vector column's sizes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ MAX_CLASSES = 1000
 
 VOTING = ("soft", "hard")
 WEIGHTS = ("uniform", "validation")
+_LABEL = "__sparkdist_label"
 
 
 @dataclass(frozen=True)
@@ -183,18 +185,15 @@ def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
 def summarize(
     df: Any, spec: FeatureSpec, label_col: str, settings: Settings, label_is_numeric: bool
 ) -> DataSummary:
-    """One aggregate query over the data: row count, bad labels, vector sizes; then classes."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import DoubleType, FloatType
+    """Check the data and find a classifier's classes, in one pass over the data.
 
-    label = F.col(label_col)
-    bad_label = label.isNull()
-    if isinstance(df.schema[label_col].dataType, DoubleType | FloatType):
-        bad_label = bad_label | F.isnan(label)
-    aggregates = [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(bad_label, 1).otherwise(0)).alias("bad_labels"),
-    ]
+    A classifier's rows are aggregated per label value (row count, null feature vectors,
+    vector sizes), which yields the classes and the totals together; a regressor's over
+    all rows. Only the label (and a vector column's sizes) is read.
+    """
+    from pyspark.sql import functions as F
+
+    aggregates = [F.count(F.lit(1)).alias("rows")]
     if spec.features_col is not None:
         vector = F.col(spec.features_col)
         sizes = F.when(vector.isNotNull(), F.size(spec.spark_array(df.schema)))
@@ -203,17 +202,47 @@ def summarize(
             F.min(sizes).alias("min_size"),
             F.max(sizes).alias("max_size"),
         ]
-    row = df.agg(*aggregates).first()
-    n_rows = int(row["rows"])
+    # Numeric labels are read as doubles, Spark ML's label type, whatever their column type.
+    label = F.col(label_col).cast("double") if label_is_numeric else F.col(label_col)
+    if settings.is_classifier:
+        # Two groups beyond MAX_CLASSES leave room for null and NaN before "too many".
+        grouped = df.groupBy(label.alias(_LABEL)).agg(*aggregates)
+        groups = grouped.limit(MAX_CLASSES + 3).collect()
+    else:
+        bad = F.col(label_col).isNull() | (F.isnan(label) if label_is_numeric else F.lit(False))
+        aggregates.append(F.sum(F.when(bad, 1).otherwise(0)).alias("bad_labels"))
+        groups = [df.agg(*aggregates).first()]
+    return _summary_from_groups(groups, spec, label_col, settings, label_is_numeric)
+
+
+def _summary_from_groups(
+    groups: Sequence[Any],
+    spec: FeatureSpec,
+    label_col: str,
+    settings: Settings,
+    label_is_numeric: bool,
+) -> DataSummary:
+    """Totals, checks and classes from the per-label (or the one global) aggregate rows."""
+    good = [g for g in groups if not _is_missing(g[_LABEL])] if settings.is_classifier else []
+    if len(good) > MAX_CLASSES:
+        raise ValueError(
+            f"label column '{label_col}' has more than {MAX_CLASSES} distinct values; is it a "
+            "regression target? Use a regressor for continuous labels"
+        )
+    n_rows = sum(int(g["rows"]) for g in groups)
     if n_rows == 0:
         raise ValueError("the DataFrame has no rows; there is nothing to train on")
-    if row["bad_labels"]:
+    if settings.is_classifier:
+        bad_labels = n_rows - sum(int(g["rows"]) for g in good)
+    else:
+        bad_labels = int(groups[0]["bad_labels"] or 0)
+    if bad_labels:
         raise ValueError(
-            f"label column '{label_col}' has {row['bad_labels']} null or NaN value(s) in "
+            f"label column '{label_col}' has {bad_labels} null or NaN value(s) in "
             f"{n_rows} rows; drop or fill them first, e.g. df.dropna(subset=['{label_col}'])"
         )
     if spec.features_col is not None:
-        spec = _vector_spec(spec, row)
+        spec = _vector_spec(spec, groups)
     minimum = settings.n_estimators * MIN_ROWS_PER_MODEL
     if n_rows < minimum:
         raise ValueError(
@@ -221,7 +250,14 @@ def summarize(
             f"needs at least {MIN_ROWS_PER_MODEL} rows, so use n_estimators <= "
             f"{max(1, n_rows // MIN_ROWS_PER_MODEL)} or more data"
         )
-    classes = distinct_classes(df, label_col, label_is_numeric) if settings.is_classifier else None
+    classes = None
+    if settings.is_classifier:
+        classes = np.array(sorted(g[_LABEL] for g in good))
+        if len(classes) < 2:
+            raise ValueError(
+                f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
+                "needs at least two"
+            )
     return DataSummary(
         n_rows=n_rows,
         features=spec,
@@ -231,37 +267,20 @@ def summarize(
     )
 
 
-def distinct_classes(df: Any, label_col: str, label_is_numeric: bool) -> np.ndarray:
-    """The global, sorted set of classes, known before any model trains.
-
-    Numeric labels are read as doubles, Spark ML's label type, whatever their column type.
-    """
-    from pyspark.sql import functions as F
-
-    label = F.col(label_col).cast("double") if label_is_numeric else F.col(label_col)
-    rows = df.select(label.alias("label")).distinct().limit(MAX_CLASSES + 1).collect()
-    if len(rows) > MAX_CLASSES:
-        raise ValueError(
-            f"label column '{label_col}' has more than {MAX_CLASSES} distinct values; is it a "
-            "regression target? Use a regressor for continuous labels"
-        )
-    classes = np.array(sorted(row[0] for row in rows))
-    if len(classes) < 2:
-        raise ValueError(
-            f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
-            "needs at least two"
-        )
-    return classes
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
 
 
-def _vector_spec(spec: FeatureSpec, row: Any) -> FeatureSpec:
+def _vector_spec(spec: FeatureSpec, groups: Sequence[Any]) -> FeatureSpec:
     name = spec.features_col
-    if row["null_features"]:
+    null_features = sum(int(g["null_features"] or 0) for g in groups)
+    if null_features:
         raise ValueError(
-            f"feature column '{name}' is null in {row['null_features']} row(s); drop or fill "
+            f"feature column '{name}' is null in {null_features} row(s); drop or fill "
             "those rows first"
         )
-    low, high = row["min_size"], row["max_size"]
+    sizes = [g[key] for g in groups for key in ("min_size", "max_size") if g[key] is not None]
+    low, high = (min(sizes), max(sizes)) if sizes else (None, None)
     if low != high:
         raise ValueError(
             f"feature column '{name}' holds vectors of different sizes ({low} to {high}); "
