@@ -61,8 +61,12 @@ format:
 	$(PY) -m ruff format sparkdist tests benchmarks
 	$(PY) -m ruff check --fix sparkdist tests benchmarks
 
-bench: bootstrap
+# Every benchmark, each printing its table side by side with the peers (about 40 minutes).
+bench: bootstrap petastorm-side
 	$(PY) benchmarks/launch_overhead.py
+	$(PY) benchmarks/allreduce_bandwidth.py
+	$(PY) benchmarks/data_reader.py
+	$(PY) benchmarks/ensemble.py
 
 clean:
 	rm -rf $(VENV) $(PETASTORM_VENV) build *.egg-info .pytest_cache
