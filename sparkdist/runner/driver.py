@@ -13,6 +13,7 @@ Three kinds of peers connect, each saying first who it is:
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 import time
@@ -21,7 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sparkdist.runner import wire
-from sparkdist.runner.errors import JobFailedError, JobTimeoutError, RankFailedError
+from sparkdist.runner.checkpoint_store import CheckpointStore
+from sparkdist.runner.errors import (
+    JobFailedError,
+    JobTimeoutError,
+    RankFailedError,
+    describe_exit,
+)
 from sparkdist.runner.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -50,6 +57,8 @@ class Failure:
     rank: int | None
     reason: str | None
     noticed_at: float
+    outside_user_code: bool = False
+    """Lost executor or host, or a rank killed by SIGKILL: not the training code's doing."""
 
 
 @dataclass
@@ -66,8 +75,15 @@ class JobSpec:
 class JobState:
     """Everything the driver knows about a running job; safe across handler threads."""
 
-    def __init__(self, spec: JobSpec, stdout: TextIO | None = None, stderr: TextIO | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        checkpoints: CheckpointStore | None = None,
+    ):
         self.spec = spec
+        self.checkpoints = checkpoints
         self.ranks = {r: RankState(r) for r in range(spec.np)}
         self.processes: list[ProcessRecord] = []
         self.files: dict[str, bytes] = {}
@@ -76,10 +92,13 @@ class JobState:
         self.frameworks: list[str] = []
         self.tasks_started: set[int] = set()
         self.tasks_done: set[int] = set()
+        self.tasks_lost: set[int] = set()
+        self._task_lost_reasons: dict[int, str] = {}
         self._task_channels: dict[int, wire.Channel] = {}
         self._supervisor_channels: dict[int, wire.Channel] = {}
         self._kv: dict[str, Any] = {}
         self._failure: Failure | None = None
+        self._noticed: list[Failure] = []
         self._stopping: str | None = None
         self._cond = threading.Condition()
         self._print_lock = threading.Lock()
@@ -129,11 +148,18 @@ class JobState:
             with self._cond:
                 self._task_channels.pop(index, None)
             if not finished:
-                self._notice_failure(
-                    None,
-                    f"lost contact with Spark task {index} on host {info.get('host')} "
-                    "(its executor died or was lost)",
+                # Task i runs rank i (one rank per task, under both launchers).
+                rank = index if index in self.ranks else None
+                reason = (
+                    f"lost contact with Spark task {index} on host {info.get('host')}: its "
+                    "executor died, or the host or its network was lost"
                 )
+                with self._cond:
+                    self.tasks_lost.add(index)
+                    self._task_lost_reasons[index] = reason
+                    if rank is not None and self.ranks[rank].host == "?":
+                        self.ranks[rank].host = info.get("host", "?")
+                self._notice_failure(rank, reason, outside_user_code=True)
 
     def _serve_supervisor(self, channel: wire.Channel, rank: int, info: dict) -> None:
         state = self.ranks[rank]
@@ -161,7 +187,9 @@ class JobState:
                 exited = state.exited
             if not exited:
                 self._notice_failure(
-                    rank, f"lost contact with rank {rank} (its supervisor process died)"
+                    rank,
+                    f"lost contact with rank {rank} (its supervisor process died, or its host "
+                    "or network was lost)",
                 )
 
     def _serve_rank(self, channel: wire.Channel, rank: int, info: dict) -> None:
@@ -208,8 +236,23 @@ class JobState:
                     state.traceback = message[1]
                 self._notice_failure(rank, message[2])
                 channel.send(("ok",))
+            elif kind == "checkpoint_save":
+                channel.send(self._checkpoint_save(message[1], message[2]))
+            elif kind == "checkpoint_latest":
+                store = self.checkpoints
+                channel.send(("ok", store.latest() if store else None))
 
     # --- state changes ---------------------------------------------------------------
+
+    def _checkpoint_save(self, step: int, blob: bytes) -> tuple:
+        if self.checkpoints is None:
+            return ("error", "this job has no checkpoint store")
+        try:
+            self.checkpoints.save(step, blob)
+        except (OSError, ValueError) as exc:
+            logger.warning("could not store checkpoint %s: %s", step, exc)
+            return ("error", str(exc))
+        return ("ok",)
 
     def record(self, record: ProcessRecord) -> None:
         with self._cond:
@@ -274,19 +317,63 @@ class JobState:
                 state.tail.extend(line for line in tail if line not in state.tail)
             self._cond.notify_all()
         if exit_code != 0:
-            self._notice_failure(rank, None)
+            killed = exit_code == -signal.SIGKILL and state.traceback is None
+            self._notice_failure(rank, None, outside_user_code=killed)
 
-    def _notice_failure(self, rank: int | None, reason: str | None) -> None:
+    def _notice_failure(
+        self, rank: int | None, reason: str | None, outside_user_code: bool = False
+    ) -> None:
         """Remember the first failure; later ones are consequences of it."""
         with self._cond:
             if self._stopping and self._failure is None:
                 return  # the job is being stopped on purpose: losses are expected
+            now = time.monotonic()
+            failure = Failure(rank, reason, now, outside_user_code)
+            if not self._stopping:
+                self._noticed.append(failure)
             first = self._failure
             if first is None or (first.rank is None and rank is not None):
                 # A rank's own failure explains a lost task or mpirun's exit better.
-                if first is None or time.monotonic() - first.noticed_at < FAILURE_SETTLE_S:
-                    self._failure = Failure(rank, reason, time.monotonic())
+                if first is None or now - first.noticed_at < FAILURE_SETTLE_S:
+                    self._failure = failure
             self._cond.notify_all()
+
+    def failure_outside_user_code(self) -> str | None:
+        """Why the job's failure was not the training code's doing, or None.
+
+        Looks at every failure noticed until the job was stopped, because the first one
+        reported can be a consequence: when a rank is killed, its peers' collectives
+        raise at about the same moment as its death is reported. A Spark task lost at any
+        time (its executor or host gone) counts, and so does a rank that died of a signal
+        without raising when it was the first failure. Call it after the job stopped.
+        """
+        with self._cond:
+            for failure in self._noticed:
+                if failure.outside_user_code:
+                    return self._describe(failure)
+            if self.tasks_lost:
+                # Noticed only while the job was being stopped (a host cut off is
+                # noticed when its connections time out, later than its peers' errors).
+                index = min(self.tasks_lost)
+                reason = self._task_lost_reasons[index]
+                return f"rank {index} on host {self.ranks[index].host}: {reason}"
+            first = self._failure
+            if first is not None and first.rank is not None:
+                state = self.ranks[first.rank]
+                code = state.exit_code
+                if state.traceback is None and code is not None and code < 0:
+                    return self._describe(first)
+            return None
+
+    def _describe(self, failure: Failure) -> str:
+        if failure.rank is None:
+            return failure.reason or "unknown"
+        state = self.ranks[failure.rank]
+        if failure.reason:
+            return f"rank {failure.rank} on host {state.host}: {failure.reason}"
+        return (
+            f"rank {failure.rank} on host {state.host} ended with {describe_exit(state.exit_code)}"
+        )
 
     # --- the driver's view -----------------------------------------------------------
 
@@ -336,13 +423,17 @@ class JobState:
             # The rank also printed its traceback; show it once.
             printed = set(state.traceback.splitlines())
             tail = [line for line in tail if line not in printed]
+        reason = failure.reason
+        if state.traceback is None and failure.rank in self._task_lost_reasons:
+            # The rank's task was lost too: its executor (or host) is the better explanation.
+            reason = self._task_lost_reasons[failure.rank]
         return RankFailedError(
             rank=state.rank,
             host=state.host,
             exit_code=state.exit_code,
             traceback=state.traceback,
             output_tail=tail,
-            reason=failure.reason,
+            reason=reason,
         )
 
     def _start_timeout_error(self) -> JobTimeoutError:

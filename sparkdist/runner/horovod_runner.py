@@ -21,7 +21,9 @@ import cloudpickle
 
 from sparkdist import tracking
 from sparkdist.backends import timeline
-from sparkdist.runner import payload, wire
+from sparkdist.checkpoint import ATTEMPT_ENV
+from sparkdist.runner import payload, retry, wire
+from sparkdist.runner.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver import DriverService, JobSpec, JobState
 from sparkdist.runner.errors import SparkdistError
 from sparkdist.runner.launch import LaunchSpec, mpirun_available
@@ -49,6 +51,10 @@ class JobReport:
     files: dict[str, bytes] = field(default_factory=dict)
     frameworks: list[str] = field(default_factory=list)
     """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
+    attempts: int = 1
+    """How many times the job was launched (more than 1 after relaunches)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each relaunched attempt failed, in order."""
 
 
 class HorovodRunner:
@@ -73,6 +79,14 @@ class HorovodRunner:
         timeline: a path on the driver for a Horovod timeline of the job (rank 0
             records it wherever it runs; the driver writes it here). By default the
             driver's HOROVOD_TIMELINE environment variable, as on Databricks.
+        max_failures: how many times a job that failed for a reason outside the
+            training code (a lost executor or host, a killed rank) is relaunched as a
+            whole. `main` resumes from `sparkdist.checkpoint.latest()`.
+        retry_on_exception: also relaunch when the training code raised (by default an
+            exception in `main` fails the job at once: a relaunch would repeat it).
+        checkpoint_dir: a directory on the driver for the checkpoints ranks save with
+            `sparkdist.checkpoint.save`; kept, so a later run resumes from it. By
+            default a temporary directory, removed when `run` returns.
     """
 
     def __init__(
@@ -87,6 +101,9 @@ class HorovodRunner:
         mpi_args: Sequence[str] = (),
         network_interface: str | None = None,
         timeline: str | os.PathLike | None = None,
+        max_failures: int = 0,
+        retry_on_exception: bool = False,
+        checkpoint_dir: str | os.PathLike | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -117,7 +134,14 @@ class HorovodRunner:
             raise ValueError(
                 "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
             )
+        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
+            raise ValueError(
+                f"max_failures must be an int >= 0 (relaunches allowed), got {max_failures!r}"
+            )
         self.np = np
+        self.max_failures = max_failures
+        self.retry_on_exception = bool(retry_on_exception)
+        self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
         self.driver_log_verbosity = driver_log_verbosity
         self.launcher = launcher
         self.start_timeout = float(start_timeout)
@@ -159,12 +183,42 @@ class HorovodRunner:
             main, kwargs = ScriptMain.from_file(main, kwargs.get("args", ())), {}
         kwargs = _convert_dataframes(kwargs)
         blob = payload.pack(main, kwargs)
-        np = abs(self.np)
         launcher = self._resolved_launcher()
-        job_id = uuid.uuid4().hex[:12]
-        report = JobReport(job_id=job_id, np=self.np, launcher=launcher)
+        report = JobReport(job_id="", np=self.np, launcher=launcher)
         self.last_job = report
-        state = JobState(JobSpec(job_id, np, blob, all_results, self.driver_log_verbosity))
+        checkpoints = CheckpointStore(self.checkpoint_dir)
+        try:
+            attempt = 0
+            while True:
+                state = JobState(
+                    JobSpec(uuid.uuid4().hex[:12], abs(self.np), blob, all_results,
+                            self.driver_log_verbosity),
+                    checkpoints=checkpoints,
+                )  # fmt: skip
+                report.attempts = attempt + 1
+                try:
+                    return self._attempt(state, report, attempt)
+                except BaseException as exc:
+                    reason = retry.retry_reason(exc, state, self.retry_on_exception)
+                    if reason is None or attempt >= self.max_failures:
+                        raise
+                    attempt += 1
+                    report.failures.append(reason)
+                    steps = checkpoints.steps()
+                    logger.warning(
+                        "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
+                        "%d), %s", state.spec.job_id, reason, attempt, self.max_failures,
+                        f"from the checkpoint of step {steps[-1]}" if steps else "from scratch "
+                        "(no checkpoint saved yet)",
+                    )  # fmt: skip
+        finally:
+            checkpoints.close()
+
+    def _attempt(self, state: JobState, report: JobReport, attempt: int) -> list[Any]:
+        """Launch the job once; return every rank's (unpickled) result."""
+        job_id, np, launcher = state.spec.job_id, state.spec.np, report.launcher
+        report.job_id = job_id
+        report.outcome = "running"
         secret = wire.new_secret()
 
         cluster = None if self.np < 0 else SparkLaunch.for_active_session()
@@ -175,7 +229,7 @@ class HorovodRunner:
             bind_host = advertise_host = LOCAL_HOST
         service = DriverService(state, secret, bind_host, advertise_host)
         timeline_path = timeline.requested_path(self.timeline, os.environ)
-        rank_env = {**tracking.rank_environment(), **self.env}
+        rank_env = {**tracking.rank_environment(), **self.env, ATTEMPT_ENV: str(attempt)}
         if timeline_path:
             rank_env[timeline.TIMELINE_ENV] = timeline_path
         spec = LaunchSpec(
@@ -214,7 +268,7 @@ class HorovodRunner:
             leftovers = launch.stop(finished=report.outcome == "succeeded")
             service.close()
             report.wall_time_s = time.monotonic() - started
-            report.processes = list(state.processes)
+            report.processes += [p for p in state.processes if p not in report.processes]
             report.files = dict(state.files)
             report.frameworks = list(state.frameworks)
             tracking.log_job(

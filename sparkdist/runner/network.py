@@ -70,7 +70,9 @@ def reserve_port(host: str) -> socket.socket:
     Keeping the socket until just before the port is used narrows the window in which
     another process could take it.
     """
+    # No SO_REUSEADDR: with it the kernel may hand out a port that connections of an
+    # earlier job still hold (TIME_WAIT, or FIN_WAIT towards a host that was cut off),
+    # and the listener that takes the port over (torch's TCPStore) then fails to bind.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     return sock

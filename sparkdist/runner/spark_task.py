@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -60,6 +62,12 @@ class TaskRun:
         self.channel.send(("task", index, {"host": host, "pid": os.getpid()}))
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
         self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
+        # Open MPI's session directory, per task: tasks of several jobs (or several
+        # "hosts" sharing one /tmp, as executors on one machine do) otherwise share
+        # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
+        # creating its files there ("orte_session_dir failed").
+        self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job_id}-task{index}-")
+        self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
         self.agent: TaskAgent | None = None
 
     def _listen(self) -> None:
@@ -133,6 +141,7 @@ class TaskRun:
         ]
         kill_records(leftovers)
         still = wait_gone(leftovers, timeout_s=5.0)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
         try:
             self.channel.send(("task_done", [r.pid for r in still]))
         except OSError:

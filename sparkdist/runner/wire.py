@@ -31,6 +31,13 @@ logger = logging.getLogger(__name__)
 NONCE_BYTES = 32
 MAC_BYTES = 32
 HANDSHAKE_TIMEOUT_S = 10.0
+# A peer whose host died or whose network was cut never closes its connection. TCP
+# keepalive probes (answered by the peer's kernel, so a busy peer is never mistaken for a
+# dead one) and a bound on unacknowledged data turn that silence into an error on the
+# channel after about DEAD_PEER_S seconds, on both ends.
+DEAD_PEER_S = 15
+_KEEPALIVE_IDLE_S = 5
+_KEEPALIVE_INTERVAL_S = 2
 _HEADER = struct.Struct("!Q")
 
 
@@ -106,6 +113,19 @@ class Channel:
         self.sock.close()
 
 
+def _tune(sock: socket.socket) -> None:
+    """No Nagle delay for small control messages; detect a dead peer (see DEAD_PEER_S)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL_S)
+        probes = max(1, (DEAD_PEER_S - _KEEPALIVE_IDLE_S) // _KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
+
+
 def _peer_name(sock: socket.socket) -> str:
     try:
         host, port = sock.getpeername()[:2]
@@ -147,7 +167,7 @@ def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> C
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
         key = _client_handshake(sock, secret)
         sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _tune(sock)
     except BaseException:
         sock.close()
         raise
@@ -193,7 +213,7 @@ class Server:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             key = _server_handshake(sock, self._secret)
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _tune(sock)
         except (OSError, EOFError, AuthenticationError) as exc:
             logger.warning(
                 "%s: rejected a connection from %s: %s", self._name, _peer_name(sock), exc

@@ -1,0 +1,78 @@
+"""Checkpoints for training functions that should survive a relaunch.
+
+With `HorovodRunner(np=..., max_failures=k)`, a job whose rank was lost (killed, its
+executor or host gone) is started again, up to k times. `main` resumes instead of
+starting over by asking for the newest checkpoint:
+
+    from sparkdist import checkpoint
+
+    def main(epochs):
+        model, opt = make_model(), make_optimizer()
+        start = 0
+        found = checkpoint.latest()          # (step, state) or None, on every rank
+        if found:
+            start, state = found
+            model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+        for epoch in range(start, epochs):
+            train_one_epoch(model, opt)
+            checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict()},
+                            step=epoch + 1)  # only rank 0 writes; others return at once
+
+Checkpoints travel to the driver over the job's authenticated channel and are kept
+there (in `HorovodRunner(checkpoint_dir=...)`, or a temporary directory for the run),
+so the executors need no shared storage and a lost executor loses no checkpoint.
+Keep them to what resuming needs (weights, optimizer state, counters): each save sends
+the whole state to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import cloudpickle
+
+from sparkdist.runner import rank_channel
+
+ATTEMPT_ENV = "SPARKDIST_ATTEMPT"
+
+
+def _client() -> rank_channel.DriverClient:
+    client = rank_channel.driver_client()
+    if client is None:
+        raise RuntimeError(
+            "sparkdist.checkpoint works inside a rank started by HorovodRunner; call it "
+            "from the function you pass to HorovodRunner.run"
+        )
+    return client
+
+
+def save(state: Any, step: int) -> bool:
+    """Save `state` as the checkpoint of `step` (e.g. epochs done) on the driver.
+
+    Only rank 0 saves (the ranks of a data-parallel job hold the same state); on other
+    ranks this returns False at once. `state` must be picklable (torch tensors and
+    state_dicts are). Returns True when the driver has stored it.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0 (e.g. the epochs done), got {step!r}")
+    if int(os.environ.get("RANK", "0")) != 0:
+        return False
+    reply = _client().request(("checkpoint_save", step, cloudpickle.dumps(state)))
+    if reply[0] != "ok":
+        raise RuntimeError(f"the driver could not store checkpoint {step}: {reply[1]}")
+    return True
+
+
+def latest() -> tuple[int, Any] | None:
+    """(step, state) of the newest checkpoint of this training run, or None."""
+    reply = _client().request(("checkpoint_latest",))
+    if reply[1] is None:
+        return None
+    step, blob = reply[1]
+    return step, cloudpickle.loads(blob)
+
+
+def attempt() -> int:
+    """0 for the first launch of the job, 1 for its first relaunch, and so on."""
+    return int(os.environ.get(ATTEMPT_ENV, "0"))

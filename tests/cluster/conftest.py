@@ -1,0 +1,42 @@
+"""Fixtures of the multi-host tests: one namespaced Spark cluster for the whole test
+session (built once, torn down at the end), and a driver process attached to it."""
+
+from __future__ import annotations
+
+import pytest
+from netns_cluster import NetnsCluster, can_build
+from remote_driver import RemoteDriver
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three hosts in network namespaces with a Spark master and a worker each."""
+    reason = can_build()
+    if reason:
+        pytest.skip(f"no multi-host cluster here: {reason}")
+    built = NetnsCluster(hosts=3).up()
+    try:
+        yield built
+    finally:
+        built.down()
+
+
+@pytest.fixture(scope="session")
+def driver(cluster):
+    """The main driver process (an application with one executor on each host)."""
+    remote = RemoteDriver(cluster, "main", cores=3)
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+@pytest.fixture(scope="session")
+def second_driver(cluster):
+    """A second application on the same cluster (another team's driver); the last
+    test kills it."""
+    remote = RemoteDriver(cluster, "second", cores=3)
+    try:
+        yield remote
+    finally:
+        remote.close()

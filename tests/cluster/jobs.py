@@ -1,0 +1,238 @@
+"""What the cluster tests ask a driver process (`remote_driver.py`) to do, and the
+training functions its ranks run. Imported by name on the driver and by the ranks
+(the driver's import path reaches them), so everything here is plain functions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+# --- on the driver ---------------------------------------------------------------------
+
+
+def run_job(
+    spark,
+    main: str,
+    np: int = 3,
+    runner: dict | None = None,
+    kwargs: dict | None = None,
+) -> dict[str, Any]:
+    """Run `main` (a function of this module) with HorovodRunner; report what happened,
+    failures included, as plain data."""
+    from sparkdist import HorovodRunner, SparkdistError
+
+    hr = HorovodRunner(np=np, **(runner or {}))
+    out: dict[str, Any] = {"ok": False, "values": None}
+    try:
+        out["values"] = hr.run_all(globals()[main], **(kwargs or {}))
+        out["ok"] = True
+    except SparkdistError as exc:
+        out["failed_at"] = time.time()
+        logging.getLogger(__name__).warning("job of %s failed: %s", main, exc)
+        out.update(
+            error_type=type(exc).__name__,
+            error=str(exc),
+            rank=getattr(exc, "rank", None),
+            host=getattr(exc, "host", None),
+        )
+    job = hr.last_job
+    if job is not None:
+        out["processes"] = [asdict(p) for p in job.processes]
+        out["attempts"] = job.attempts
+        out["failures"] = job.failures
+        out["wall_time_s"] = job.wall_time_s
+    return out
+
+
+def executor_hosts(spark) -> list[str]:
+    """The hosts of this application's executors (the driver excluded)."""
+    sc = spark.sparkContext
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    driver = sc.getConf().get("spark.driver.host")
+    return sorted(i.host() for i in infos if i.host() != driver)
+
+
+# --- on the ranks ----------------------------------------------------------------------
+
+
+def _tcp_peers() -> list[str]:
+    """The remote addresses of this process's TCP connections."""
+    import psutil
+
+    return sorted({c.raddr.ip for c in psutil.Process().net_connections("tcp") if c.raddr})
+
+
+def network_main() -> dict[str, Any]:
+    """One torch.distributed allreduce; report where this rank ran and which addresses
+    and interfaces it was given and actually talked to."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    peers = _tcp_peers()
+    dist.destroy_process_group()
+    env = os.environ
+    return {
+        "rank": dist.get_rank() if dist.is_initialized() else int(env["RANK"]),
+        "sum": value.item(),
+        "host": env["SPARKDIST_TASK_HOST"],
+        "master_addr": env["MASTER_ADDR"],
+        "gloo_ifname": env.get("GLOO_SOCKET_IFNAME"),
+        "btl_tcp_if_include": env.get("OMPI_MCA_btl_tcp_if_include"),
+        "oob_tcp_if_include": env.get("OMPI_MCA_oob_tcp_if_include"),
+        "peers": peers,
+    }
+
+
+def train_main(
+    epochs: int, progress_dir: str, epoch_s: float = 0.5, gloo_timeout_s: float = 20.0
+) -> dict[str, Any]:
+    """A small data-parallel regression with DDP that takes `epoch_s` per epoch and
+    writes its progress (epoch, pid) to `progress_dir/rank-N.json`, so that a test can
+    strike mid-training."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=gloo_timeout_s))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.arange(1.0, 9.0) + 0.5
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = os.path.join(progress_dir, f"rank-{rank}.json")
+    loss = None
+    for epoch in range(epochs):
+        shard = slice(rank, None, size)
+        for start in range(0, 256 // size, 16):
+            xb = x[shard][start : start + 16]
+            yb = y[shard][start : start + 16]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb)
+            loss.backward()
+            optimizer.step()
+        with open(path + ".tmp", "w") as f:
+            json.dump({"epoch": epoch + 1, "pid": os.getpid(), "ppid": os.getppid()}, f)
+        os.replace(path + ".tmp", path)
+        time.sleep(epoch_s)
+    dist.destroy_process_group()
+    return {"rank": rank, "loss": float(loss), "host": os.environ["SPARKDIST_TASK_HOST"]}
+
+
+def horovod_main() -> dict[str, Any]:
+    """Horovod (torch) across the hosts: init, an allreduce, a short training."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, name="check")
+    torch.manual_seed(0)
+    x = torch.randn(128, 4)
+    y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5])
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    xs, ys = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xs).squeeze(1), ys)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    weights = hvd.allgather_object([float(v) for v in model.weight.view(-1)])
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "sum": float(total[0]),
+        "host": os.environ["SPARKDIST_TASK_HOST"],
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "same_weights": all(w == weights[0] for w in weights),
+        "peers": _tcp_peers(),
+    }
+
+
+def tensorflow_main(epochs: int = 3) -> dict[str, Any]:
+    """Keras fit under MultiWorkerMirroredStrategy across the hosts."""
+    import numpy as np
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype(np.float32)
+    y = (x @ np.arange(1.0, 9.0, dtype=np.float32)).reshape(-1, 1)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(data, epochs=epochs, verbose=0)
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "loss": history.history["loss"],
+        "host": os.environ["SPARKDIST_TASK_HOST"],
+    }
+
+
+def app_id(spark) -> str:
+    return spark.sparkContext.applicationId
+
+
+def resumable_main(epochs: int, progress_dir: str, epoch_s: float = 0.3) -> dict[str, Any]:
+    """DDP regression that checkpoints (model, optimizer, epochs done) on rank 0 after
+    every epoch and resumes from the newest checkpoint after a relaunch."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import checkpoint
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(192, 8)
+    y = x @ torch.arange(1.0, 9.0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    start, history = 0, []
+    found = checkpoint.latest()
+    if found:
+        start, state = found
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        history = state["history"]
+    path = os.path.join(progress_dir, f"rank-{rank}.json")
+    for epoch in range(start, epochs):
+        xs, ys = x[rank::size], y[rank::size]
+        for i in range(0, len(xs), 16):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xs[i : i + 16]).squeeze(1), ys[i : i + 16])
+            loss.backward()
+            optimizer.step()
+        history.append(epoch + 1)
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+        checkpoint.save({**state, "history": history}, step=epoch + 1)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"epoch": epoch + 1, "pid": os.getpid(), "attempt": checkpoint.attempt()}, f)
+        os.replace(path + ".tmp", path)
+        time.sleep(epoch_s)
+    with torch.no_grad():
+        final = float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+    dist.destroy_process_group()
+    return {
+        "history": history,
+        "resumed_from": start,
+        "loss": final,
+        "attempt": checkpoint.attempt(),
+    }

@@ -1,0 +1,180 @@
+"""Relaunching failed jobs from a checkpoint (`max_failures`, `sparkdist.checkpoint`) on
+real Spark (local-cluster): a rank killed mid-training, the job resumes from rank 0's
+last checkpoint and ends with the same model as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkdist import HorovodRunner, RankFailedError
+from sparkdist.runner.checkpoint_store import CheckpointStore
+
+EPOCHS = 8
+
+
+def resumable_main(epochs: int, progress_dir: str, epoch_s: float) -> dict:
+    """DDP regression that checkpoints model, optimizer and history after every epoch
+    and resumes from the newest checkpoint; writes (attempt, epoch, pid) per rank."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import checkpoint
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.arange(1.0, 9.0) + 0.5
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    history: list[int] = []
+    start = 0
+    found = checkpoint.latest()
+    if found:
+        start, state = found
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        history = state["history"]
+    progress = os.path.join(progress_dir, f"rank-{rank}.json")
+    for epoch in range(start, epochs):
+        xs, ys = x[rank::size], y[rank::size]
+        for i in range(0, len(xs), 16):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xs[i : i + 16]).squeeze(1), ys[i : i + 16])
+            loss.backward()
+            optimizer.step()
+        history.append(epoch + 1)
+        state = {
+            "model": model.module.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "history": history,
+        }
+        checkpoint.save(state, step=epoch + 1)
+        with open(progress + ".tmp", "w") as f:
+            json.dump({"attempt": checkpoint.attempt(), "epoch": epoch + 1, "pid": os.getpid()}, f)
+        os.replace(progress + ".tmp", progress)
+        time.sleep(epoch_s)
+    with torch.no_grad():
+        final_loss = float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+    dist.destroy_process_group()
+    return {
+        "weights": model.module.weight.view(-1).tolist() + model.module.bias.tolist(),
+        "loss": final_loss,
+        "history": history,
+        "resumed_from": start,
+        "attempt": checkpoint.attempt(),
+    }
+
+
+def kill_rank_at(progress_dir: Path, rank: int, epoch: int, killed: list) -> threading.Thread:
+    """Kill `rank` with SIGKILL once its first attempt has finished `epoch` epochs."""
+
+    def watch() -> None:
+        path = progress_dir / f"rank-{rank}.json"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                seen = json.loads(path.read_text())
+            except (OSError, ValueError):
+                seen = None
+            if seen and seen["attempt"] == 0 and seen["epoch"] >= epoch:
+                os.kill(seen["pid"], signal.SIGKILL)
+                killed.append(seen)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_killed_rank_resumes_from_checkpoint_and_matches_uninterrupted(sc, tmp_path):
+    clean = HorovodRunner(np=2, start_timeout=120).run(
+        resumable_main, epochs=EPOCHS, progress_dir=str(tmp_path), epoch_s=0.0
+    )
+    assert clean["history"] == list(range(1, EPOCHS + 1)) and clean["resumed_from"] == 0
+
+    progress = tmp_path / "interrupted"
+    progress.mkdir()
+    killed: list = []
+    watcher = kill_rank_at(progress, rank=1, epoch=3, killed=killed)
+    runner = HorovodRunner(np=2, start_timeout=120, max_failures=2)
+    result = runner.run(resumable_main, epochs=EPOCHS, progress_dir=str(progress), epoch_s=0.4)
+    watcher.join(timeout=5)
+
+    assert killed and killed[0]["epoch"] >= 3
+    report = runner.last_job
+    assert report.attempts == 2 and report.outcome == "succeeded"
+    assert "rank 1" in report.failures[0] and "SIGKILL" in report.failures[0]
+    # Resumed from a checkpoint of the first attempt, not from scratch, and every epoch
+    # was trained exactly once in the model's history.
+    assert result["attempt"] == 1
+    assert 3 <= result["resumed_from"] < EPOCHS
+    assert result["history"] == list(range(1, EPOCHS + 1))
+    # As good as the uninterrupted run: the same model.
+    assert result["weights"] == pytest.approx(clean["weights"], abs=1e-5)
+    assert result["loss"] == pytest.approx(clean["loss"], rel=1e-4, abs=1e-6)
+    alive = [r for r in report.processes if r.alive()]
+    assert alive == []
+
+
+def failing_main(fail_attempts: int) -> int:
+    from sparkdist import checkpoint
+
+    if checkpoint.attempt() < fail_attempts:
+        raise ValueError(f"bad data on attempt {checkpoint.attempt()}")
+    return checkpoint.attempt()
+
+
+def test_exception_in_user_code_is_not_retried(sc):
+    runner = HorovodRunner(np=2, max_failures=3)
+    with pytest.raises(RankFailedError, match="bad data on attempt 0"):
+        runner.run(failing_main, fail_attempts=1)
+    assert runner.last_job.attempts == 1 and runner.last_job.failures == []
+
+
+def test_exception_retried_when_asked(sc):
+    runner = HorovodRunner(np=2, max_failures=1, retry_on_exception=True)
+    assert runner.run(failing_main, fail_attempts=1) == 1
+    assert runner.last_job.attempts == 2
+    assert "ValueError: bad data on attempt 0" in runner.last_job.failures[0]
+    # The limit holds: two failing attempts with one relaunch allowed fail the job.
+    with pytest.raises(RankFailedError, match="bad data on attempt 1"):
+        runner.run(failing_main, fail_attempts=2)
+    assert runner.last_job.attempts == 2
+
+
+def test_checkpoint_store_keeps_newest_and_named_directory(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", keep=2)
+    assert store.latest() is None
+    for step in (1, 2, 3):
+        store.save(step, f"state {step}".encode())
+    assert store.steps() == [2, 3]
+    assert store.latest() == (3, b"state 3")
+    with pytest.raises(ValueError, match="step"):
+        store.save(-1, b"x")
+    store.close()
+    assert store.latest() == (3, b"state 3")  # a directory the user named is kept
+    temporary = CheckpointStore()
+    temporary.save(0, b"x")
+    temporary.close()
+    assert not temporary.directory.exists()
+
+
+def test_checkpoint_outside_a_rank_says_where_it_works():
+    from sparkdist import checkpoint
+
+    with pytest.raises(RuntimeError, match="inside a rank started by HorovodRunner"):
+        checkpoint.latest()
+
+
+def test_invalid_max_failures():
+    with pytest.raises(ValueError, match="max_failures"):
+        HorovodRunner(np=2, max_failures=-1)
