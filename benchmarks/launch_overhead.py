@@ -57,9 +57,9 @@ def contenders(spark):
     from pyspark.ml.torch.distributor import TorchDistributor
 
     def distributor(local_mode):
-        return lambda: TorchDistributor(
-            num_processes=2, local_mode=local_mode, use_gpu=False
-        ).run(torch_job)
+        return lambda: TorchDistributor(num_processes=2, local_mode=local_mode, use_gpu=False).run(
+            torch_job
+        )
 
     yield "TorchDistributor local_mode=False", distributor(False)
     yield "TorchDistributor local_mode=True", distributor(True)
@@ -70,8 +70,9 @@ def contenders(spark):
     except ImportError as exc:
         yield f"horovod.spark.run (not installed: {exc})", None
     else:
-        yield "horovod.spark.run (gloo)", lambda: horovod.spark.run(
-            horovod_job, num_proc=2, use_gloo=True, verbose=0
+        yield (
+            "horovod.spark.run (gloo)",
+            lambda: horovod.spark.run(horovod_job, num_proc=2, use_gloo=True, verbose=0),
         )
 
 
