@@ -12,65 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster.jobs import resumable_main
 
 from sparkdist import HorovodRunner, RankFailedError
 from sparkdist.runner.checkpoint_store import CheckpointStore
 
 EPOCHS = 8
-
-
-def resumable_main(epochs: int, progress_dir: str, epoch_s: float) -> dict:
-    """DDP regression that checkpoints model, optimizer and history after every epoch
-    and resumes from the newest checkpoint; writes (attempt, epoch, pid) per rank."""
-    import torch
-    import torch.distributed as dist
-
-    from sparkdist import checkpoint
-
-    dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    x = torch.randn(256, 8)
-    y = x @ torch.arange(1.0, 9.0) + 0.5
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    history: list[int] = []
-    start = 0
-    found = checkpoint.latest()
-    if found:
-        start, state = found
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        history = state["history"]
-    progress = os.path.join(progress_dir, f"rank-{rank}.json")
-    for epoch in range(start, epochs):
-        xs, ys = x[rank::size], y[rank::size]
-        for i in range(0, len(xs), 16):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(xs[i : i + 16]).squeeze(1), ys[i : i + 16])
-            loss.backward()
-            optimizer.step()
-        history.append(epoch + 1)
-        state = {
-            "model": model.module.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "history": history,
-        }
-        checkpoint.save(state, step=epoch + 1)
-        with open(progress + ".tmp", "w") as f:
-            json.dump({"attempt": checkpoint.attempt(), "epoch": epoch + 1, "pid": os.getpid()}, f)
-        os.replace(progress + ".tmp", progress)
-        time.sleep(epoch_s)
-    with torch.no_grad():
-        final_loss = float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
-    dist.destroy_process_group()
-    return {
-        "weights": model.module.weight.view(-1).tolist() + model.module.bias.tolist(),
-        "loss": final_loss,
-        "history": history,
-        "resumed_from": start,
-        "attempt": checkpoint.attempt(),
-    }
 
 
 def kill_rank_at(progress_dir: Path, rank: int, epoch: int, killed: list) -> threading.Thread:
