@@ -56,11 +56,22 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+def _start_run(name: str):
+    """An MLflow run in the demo's experiment. The experiment is named per run rather
+    than made the process's active one (`mlflow.set_experiment`), so that a notebook or
+    test that calls the demo keeps its own."""
+    import mlflow
+
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(EXPERIMENT)
+    return mlflow.start_run(run_name=name, experiment_id=experiment_id)
+
+
 def _tracked(name: str, params: dict[str, Any], job: Callable[[], dict]) -> dict:
     """Run `job` inside an MLflow run called `name`; log its params and accuracy."""
     import mlflow
 
-    with mlflow.start_run(run_name=name):
+    with _start_run(name):
         mlflow.log_params(params)
         result = job()
         mlflow.log_metric("test_accuracy", result["accuracy"])
@@ -152,7 +163,7 @@ def run_ensemble(spark, options: DemoOptions) -> list[Row]:
     from sparkdist.tracking import log_ensemble
 
     _say(f"\n== 4. Partition ensemble of {options.models} XGBoost models vs one model")
-    with mlflow.start_run(run_name="partition-ensemble"):
+    with _start_run("partition-ensemble"):
         result = ensemble_vs_one_model(spark, n_estimators=options.models)
         mlflow.log_params({"n_estimators": options.models, "estimator": "XGBClassifier"})
         mlflow.log_metric("test_accuracy", result.ensemble_accuracy)
@@ -203,7 +214,6 @@ def format_table(rows: list[Row]) -> str:
 
 def run_demo(options: DemoOptions) -> int:
     """Run every part, print the summary; 0 when every part that ran reached its accuracy."""
-    import mlflow
 
     from sparkdist.session import embedded_spark
     from sparkdist.tracking import use_default_tracking
@@ -216,7 +226,6 @@ def run_demo(options: DemoOptions) -> int:
     spark_seconds = time.monotonic() - started
     _say(f"Spark ready in {spark_seconds:.1f}s: {spark.sparkContext.master}")
     tracking_uri = use_default_tracking()
-    mlflow.set_experiment(EXPERIMENT)
 
     rows = [run_ddp(options), run_horovod(options, output), run_tensorflow(options, output)]
     rows += run_ensemble(spark, options)

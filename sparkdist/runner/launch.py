@@ -129,6 +129,10 @@ def mpirun_argv(
         "--mca", "btl", ",".join(btl),
         "--mca", "oob_tcp_if_include", nets,
         "--mca", "btl_tcp_if_include", nets,
+        # orted maps a shared copy of the hwloc topology into a "hole" it finds in its
+        # address space; Open MPI 4.1's orted can crash there (SIGSEGV in
+        # hwloc_shmem_topology_write, seen in CI). Ranks read the topology themselves.
+        "--mca", "rtc_hwloc_vmhole", "none",
     ]  # fmt: skip
     if use_rsh_agent:
         argv += [
