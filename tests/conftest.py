@@ -11,7 +11,7 @@ import os
 import sys
 
 import pytest
-from mlflow_fixture import driver_mlflow, mlflow_server  # noqa: F401 - fixtures
+from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa: F401 - fixtures
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,6 +1,7 @@
 """A real MLflow tracking server for the tests (SQLite backend, on 127.0.0.1).
 
-Fixtures registered through conftest.py: `mlflow_server` (session) and `driver_mlflow`.
+Fixtures registered through conftest.py: `mlflow_server` (session), `driver_mlflow` and
+`embedded_mlflow`.
 """
 
 from __future__ import annotations
@@ -95,3 +96,21 @@ def driver_mlflow(mlflow_server):
     yield mlflow
     while mlflow.active_run() is not None:
         mlflow.end_run()
+
+
+@pytest.fixture
+def embedded_mlflow(tmp_path, monkeypatch):
+    """No tracking configured and a fresh working directory, as a user's first run of
+    the embedded store (`sparkdist.tracking.use_default_tracking`) sees it; the
+    process's tracking URI is restored afterwards."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    before = mlflow.get_tracking_uri() if utils.is_tracking_uri_set() else None
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    utils._tracking_uri = None
+    monkeypatch.chdir(tmp_path)
+    yield mlflow
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(before)

@@ -20,25 +20,8 @@ ROWS = {
 }
 
 
-@pytest.fixture
-def clean_mlflow(tmp_path, monkeypatch):
-    """No tracking configured, a fresh working directory; the process's tracking URI is
-    restored afterwards."""
-    import mlflow
-    from mlflow.tracking._tracking_service import utils
-
-    before = mlflow.get_tracking_uri() if utils.is_tracking_uri_set() else None
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    utils._tracking_uri = None
-    monkeypatch.chdir(tmp_path)
-    yield mlflow
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.set_tracking_uri(before)
-
-
 @pytest.mark.horovod
-def test_demo_runs_every_path(spark, tmp_path, clean_mlflow, capfd):
+def test_demo_runs_every_path(spark, tmp_path, embedded_mlflow, capfd):
     code = cli.main(["demo", "--epochs", "10", "--tf-epochs", "6", "--models", "4"])
     out, err = capfd.readouterr()
     assert code == 0, out[-3000:] + err[-3000:]
@@ -62,7 +45,7 @@ def test_demo_runs_every_path(spark, tmp_path, clean_mlflow, capfd):
     assert (output / "digits.keras").exists()
 
     # MLflow: one run per part in the embedded store, with the accuracies of the table.
-    mlflow = clean_mlflow
+    mlflow = embedded_mlflow
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert f"MLflow:         experiment 'sparkdist-demo' in {uri}" in out
     runs = mlflow.search_runs(experiment_names=["sparkdist-demo"], output_format="list")

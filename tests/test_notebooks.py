@@ -41,23 +41,6 @@ def check_source_format(path: Path) -> None:
             assert all(line.startswith("# MAGIC") for line in lines), cell
 
 
-@pytest.fixture
-def mlflow_state(tmp_path, monkeypatch):
-    """A clean working directory for the embedded MLflow store; the process's tracking
-    URI is restored afterwards."""
-    import mlflow
-    from mlflow.tracking._tracking_service import utils
-
-    before = mlflow.get_tracking_uri() if utils.is_tracking_uri_set() else None
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    utils._tracking_uri = None
-    monkeypatch.chdir(tmp_path)
-    yield mlflow
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.set_tracking_uri(before)
-
-
 def test_notebooks_are_all_tested():
     tested = {
         "01_pytorch_single_node_to_distributed.py",
@@ -95,7 +78,7 @@ def test_02_tensorflow_keras_multiworker(spark, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["digits.keras"]
 
 
-def test_03_partition_ensembles(spark, tmp_path, mlflow_state):
+def test_03_partition_ensembles(spark, tmp_path, embedded_mlflow):
     output = tmp_path / "out"
     ns = run_notebook("03_partition_ensembles.py", spark, output)
     results = ns["results"]
@@ -113,7 +96,7 @@ def test_03_partition_ensembles(spark, tmp_path, mlflow_state):
     plot = output / "ensemble_accuracy.png"
     assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000
 
-    mlflow = mlflow_state
+    mlflow = embedded_mlflow
     assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = mlflow.get_run(ns["run"].info.run_id)
     best_accuracy = ns["best"].score(ns["test_pdf"][ns["features"]], ns["test_pdf"]["label"])
