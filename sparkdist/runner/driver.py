@@ -92,8 +92,8 @@ class JobState:
         self.frameworks: list[str] = []
         self.tasks_started: set[int] = set()
         self.tasks_done: set[int] = set()
-        self.tasks_lost: set[int] = set()
-        self._task_lost_reasons: dict[int, str] = {}
+        self.tasks_lost: dict[int, str] = {}
+        """Spark tasks whose agent connection broke before they finished, with why."""
         self._task_channels: dict[int, wire.Channel] = {}
         self._supervisor_channels: dict[int, wire.Channel] = {}
         self._kv: dict[str, Any] = {}
@@ -155,8 +155,7 @@ class JobState:
                     "executor died, or the host or its network was lost"
                 )
                 with self._cond:
-                    self.tasks_lost.add(index)
-                    self._task_lost_reasons[index] = reason
+                    self.tasks_lost[index] = reason
                     if rank is not None and self.ranks[rank].host == "?":
                         self.ranks[rank].host = info.get("host", "?")
                 self._notice_failure(rank, reason, outside_user_code=True)
@@ -355,8 +354,7 @@ class JobState:
                 # Noticed only while the job was being stopped (a host cut off is
                 # noticed when its connections time out, later than its peers' errors).
                 index = min(self.tasks_lost)
-                reason = self._task_lost_reasons[index]
-                return f"rank {index} on host {self.ranks[index].host}: {reason}"
+                return self._describe(Failure(index, self.tasks_lost[index], 0.0))
             first = self._failure
             if first is not None and first.rank is not None:
                 state = self.ranks[first.rank]
@@ -424,9 +422,9 @@ class JobState:
             printed = set(state.traceback.splitlines())
             tail = [line for line in tail if line not in printed]
         reason = failure.reason
-        if state.traceback is None and failure.rank in self._task_lost_reasons:
+        if state.traceback is None and failure.rank in self.tasks_lost:
             # The rank's task was lost too: its executor (or host) is the better explanation.
-            reason = self._task_lost_reasons[failure.rank]
+            reason = self.tasks_lost[failure.rank]
         return RankFailedError(
             rank=state.rank,
             host=state.host,

@@ -138,7 +138,7 @@ class BarrierStage:
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
         # A task whose executor was lost will never say it is done: do not wait for it.
-        expected = len(self.state.tasks_started - self.state.tasks_lost)
+        expected = len(self.state.tasks_started - self.state.tasks_lost.keys())
         if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:
             logger.info("cancelling Spark job group %s", self.group)
             self.sc.cancelJobGroup(self.group)
