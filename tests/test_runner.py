@@ -129,6 +129,40 @@ def test_rank_environment_and_process_tree(sc):
     assert len({r["env"]["MASTER_PORT"] for r in results}) == 1
 
 
+def session_chain_main():
+    """Session and process group of this rank and of its ancestors, up to the process
+    that started the job (the driver, or the Spark task's Python worker)."""
+    import os
+
+    import psutil
+
+    chain = []
+    proc = psutil.Process()
+    while proc is not None and len(chain) < 8:
+        cmdline = " ".join(proc.cmdline())
+        chain.append({"pid": proc.pid, "sid": os.getsid(proc.pid), "pgid": os.getpgid(proc.pid)})
+        if "pyspark.daemon" in cmdline or proc.pid == int(os.environ["DRIVER_PID"]):
+            return chain
+        proc = proc.parent()
+    raise AssertionError(f"no Spark worker or driver among the rank's ancestors: {chain}")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("np_", PLACEMENTS)
+def test_ranks_stay_in_their_launchers_session(sc, np_, launcher):
+    """Every process of a job is in a process group of its own (so it can be stopped
+    with all it started) but in the session of whoever started the job: Linux's
+    autogroup scheduler shares CPU per session, and ranks in sessions of their own
+    took each other's cores (Horovod's MPI controller slowed 4-17x in some jobs)."""
+    runner = HorovodRunner(np=np_, launcher=launcher, env={"DRIVER_PID": str(os.getpid())})
+    for chain in runner.run_all(session_chain_main):
+        rank = chain[0]
+        assert rank["pgid"] == rank["pid"], chain
+        assert {p["sid"] for p in chain} == {chain[-1]["sid"]}, chain
+        if np_ < 0:
+            assert chain[-1]["pid"] == os.getpid() and rank["sid"] == os.getsid(0)
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("np_", PLACEMENTS)
 def test_exception_on_rank_one_reaches_driver(sc, np_, launcher):
