@@ -149,18 +149,24 @@ def session_chain_main():
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("np_", PLACEMENTS)
-def test_ranks_stay_in_their_launchers_session(sc, np_, launcher):
+def test_ranks_get_their_launchers_sessions(sc, np_, launcher):
     """Every process of a job is in a process group of its own (so it can be stopped
-    with all it started) but in the session of whoever started the job: Linux's
-    autogroup scheduler shares CPU per session, and ranks in sessions of their own
-    took each other's cores (Horovod's MPI controller slowed 4-17x in some jobs)."""
+    with all it started), and ranks are in the sessions their framework's own launcher
+    would give them, since Linux's autogroup scheduler shares the CPU per session:
+    under mpirun the session of whoever started the job (Horovod's MPI controller
+    slowed 4-17x in some jobs when its ranks had sessions of their own); under the
+    direct launcher one session per rank, as torchrun and horovodrun --gloo do."""
     runner = HorovodRunner(np=np_, launcher=launcher, env={"DRIVER_PID": str(os.getpid())})
     for chain in runner.run_all(session_chain_main):
-        rank = chain[0]
+        rank, launchers = chain[0], chain[1:]
         assert rank["pgid"] == rank["pid"], chain
-        assert {p["sid"] for p in chain} == {chain[-1]["sid"]}, chain
+        assert {p["sid"] for p in launchers} == {chain[-1]["sid"]}, chain
+        if launcher == "mpi":
+            assert rank["sid"] == chain[-1]["sid"], chain
+        else:
+            assert rank["sid"] == rank["pid"], chain
         if np_ < 0:
-            assert chain[-1]["pid"] == os.getpid() and rank["sid"] == os.getsid(0)
+            assert chain[-1]["pid"] == os.getpid() and chain[-1]["sid"] == os.getsid(0)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

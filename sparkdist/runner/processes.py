@@ -4,8 +4,8 @@ Three mechanisms back each other up:
 
 * every process a job starts gets a parent-death signal (Linux `PR_SET_PDEATHSIG`),
   so when its parent dies, for whatever reason, it is killed too;
-* every child is started in a process group of its own, and whoever started it
-  kills that whole group on the way out;
+* every child is started in a process group (or session) of its own, and whoever
+  started it kills that whole group on the way out;
 * every process is recorded (`ProcessRecord`) with its start time, so the driver and
   the tests can check that exactly those processes are gone, never by name.
 """
@@ -80,6 +80,7 @@ def popen_group(
     env: Mapping[str, str],
     *,
     tie_to_parent: bool = True,
+    new_session: bool = False,
     **kwargs,
 ) -> subprocess.Popen:
     """Start `argv` in a new process group, killed when this process dies.
@@ -87,16 +88,16 @@ def popen_group(
     Python programs of sparkdist set their own parent-death signal; anything else is
     started through a tiny exec wrapper that sets it (thread-safe, unlike preexec_fn).
 
-    A process group, not a new session: Linux's autogroup scheduler gives every session
-    its own CPU share, and ranks in separate sessions then lose their cores to each
-    other. Horovod's MPI controller (busy-polling threads in every rank) measured 0.2
-    to 1 GB/s in one job out of three that way, against a steady 3.5 GB/s when the
-    ranks shared a session as under plain mpirun.
+    `new_session`: a session of its own rather than just a process group. It decides
+    how Linux's autogroup scheduler shares the CPU (per session), so ranks get the
+    layout of their framework's own launcher (see `supervisor.rank_in_own_session`).
     """
     argv = list(argv)
     if tie_to_parent and _libc is not None:
         argv = [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *argv]
-    if sys.version_info >= (3, 11):
+    if new_session:
+        group = {"start_new_session": True}
+    elif sys.version_info >= (3, 11):
         group = {"process_group": 0}
     else:  # os.setpgrp is a single system call, safe in the forked child
         group = {"preexec_fn": os.setpgrp}
