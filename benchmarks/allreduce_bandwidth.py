@@ -25,10 +25,17 @@ host, where sparkdist's mpirun adds shared memory) with plain mpirun / horovodru
 the transports Open MPI picks on one host ("default transports" rows).
 
 On a shared machine the numbers swing with other load; compare the best rounds, and
-rerun when the ratios disagree with each other.
+rerun when the ratios disagree with each other. Horovod swings by itself as well: its
+Gloo controller between 0.6 and 1.1 GB/s from job to job here, and under plain mpirun
+its MPI controller fell to 0.2 GB/s in 6 of 60 jobs (two busy-polling ranks sharing a
+core), so its medians need many rounds.
+
+Process layout matters as much as the transport: Linux's autogroup scheduler shares
+the CPU per session, so sparkdist gives ranks the sessions their framework's launcher
+gives them (see `sparkdist.runner.supervisor.rank_in_own_session`).
 
     .venv/bin/python benchmarks/allreduce_bandwidth.py [--size-mb 4] [--iters 200]
-        [--repeat 3] [--only torch,horovod-gloo,horovod-mpi,mpi4py]
+        [--repeat 5] [--only torch,horovod-gloo,horovod-mpi,mpi4py]
 """
 
 from __future__ import annotations
@@ -317,7 +324,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=4.0)
     parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", default="torch,horovod-gloo,horovod-mpi,mpi4py")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
