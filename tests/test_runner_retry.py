@@ -98,6 +98,65 @@ def test_exception_retried_when_asked(sc):
     assert runner.last_job.attempts == 2
 
 
+def preemptible_main(marker_dir: str) -> int:
+    """Attempt 0: rank 1 names its supervisor and waits for SIGTERM, which it handles
+    as a preemption-aware trainer does (record it, then die of the signal). Later
+    attempts return their number."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from sparkdist import checkpoint
+
+    markers = Path(marker_dir)
+    if checkpoint.attempt() > 0 or os.environ["RANK"] != "1":
+        return checkpoint.attempt()
+
+    def on_sigterm(signum, frame):
+        (markers / "rank-1-got-sigterm").write_text(str(os.getpid()))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    (markers / "supervisor.pid.new").write_text(str(os.getppid()))
+    os.replace(markers / "supervisor.pid.new", markers / "supervisor.pid")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise TimeoutError("SIGTERM did not arrive")
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "direct"])
+def test_sigterm_to_supervisor_reaches_rank_and_is_retried(sc, tmp_path, launcher):
+    """A SIGTERM to a rank's supervisor (an operator, a host being decommissioned)
+    reaches the rank, whose end by that signal is reported as such and relaunched as
+    a failure outside the training code."""
+    sent: list[int] = []
+
+    def terminate_supervisor() -> None:
+        path = tmp_path / "supervisor.pid"
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(path.read_text())
+        os.kill(pid, signal.SIGTERM)
+        sent.append(pid)
+
+    watcher = threading.Thread(target=terminate_supervisor, daemon=True)
+    watcher.start()
+    runner = HorovodRunner(np=2, launcher=launcher, start_timeout=120, max_failures=1)
+    assert runner.run(preemptible_main, marker_dir=str(tmp_path)) == 1
+    watcher.join(timeout=5)
+
+    assert sent, "the test never found rank 1's supervisor"
+    assert (tmp_path / "rank-1-got-sigterm").exists()
+    report = runner.last_job
+    assert report.attempts == 2 and report.outcome == "succeeded"
+    assert "rank 1" in report.failures[0] and "SIGTERM" in report.failures[0]
+    assert [r for r in report.processes if r.alive()] == []
+
+
 def test_checkpoint_store_keeps_newest_and_named_directory(tmp_path):
     store = CheckpointStore(tmp_path / "ckpt", keep=2)
     assert store.latest() is None

@@ -117,16 +117,17 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 3.0, settle_s: float = 0
         except subprocess.TimeoutExpired:
             pass
     if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    _signal_group(proc.pid, signal.SIGKILL)
+    signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-def _signal_group(pgid: int, signum: int) -> None:
+def signal_group(pgid: int, signum: int) -> None:
+    """Send `signum` to a process group, if it still exists."""
     try:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):

@@ -2,8 +2,8 @@
 
 It starts the rank's Python process, streams the rank's stdout and stderr to the
 driver line by line, and reports how the rank ended, even when it was killed by a
-signal and could report nothing itself. It stays small (no framework imports) so
-that it starts in milliseconds.
+signal and could report nothing itself. A SIGTERM it receives goes on to the rank.
+It stays small (no framework imports) so that it starts in milliseconds.
 
 Run as `python -m sparkdist.runner.supervisor`; everything it needs comes in the
 environment (`SPARKDIST_*`, and Open MPI's `OMPI_COMM_WORLD_*` under mpirun).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -21,10 +22,17 @@ from collections import deque
 from collections.abc import Mapping
 
 from sparkdist.runner import wire
-from sparkdist.runner.processes import ProcessRecord, die_with_parent, popen_group, stop_group
+from sparkdist.runner.processes import (
+    ProcessRecord,
+    die_with_parent,
+    popen_group,
+    signal_group,
+    stop_group,
+)
 
 TAIL_LINES = 40
 BATCH_LINES = 500
+TERM_GRACE_S = 10.0
 
 
 def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
@@ -96,6 +104,7 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        signal.signal(signal.SIGTERM, self._pass_on_sigterm)
         self.channel.send(("process", ProcessRecord.of(self.child.pid, "rank", self.host)))
         readers = [
             threading.Thread(target=self._read, args=(self.child.stdout, "stdout"), daemon=True),
@@ -117,6 +126,16 @@ class Supervisor:
         self.bye.wait(timeout=10)
         self.channel.close()
         return exit_code if exit_code >= 0 else 128 - exit_code
+
+    def _pass_on_sigterm(self, signum, frame) -> None:
+        """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
+        to the rank, which may stop cleanly, e.g. save a checkpoint; its end is then
+        reported like any other, so the driver knows the rank died of a signal, not of
+        its code. A rank still running TERM_GRACE_S later is killed."""
+        signal_group(self.child.pid, signal.SIGTERM)
+        timer = threading.Timer(TERM_GRACE_S, signal_group, (self.child.pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
 
     def _read(self, pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
