@@ -9,6 +9,13 @@ EXTRAS = {
     "ensemble": ["scikit-learn>=1.4", "xgboost-cpu>=2.0"],
     "mlflow": ["mlflow>=3,<4"],
     "mpi": ["mpi4py>=3.1"],
+    # A Spark Connect client (pyspark's own dependency check names these floors).
+    "connect": [
+        "grpcio>=1.48.1",
+        "grpcio-status>=1.48.1",
+        "googleapis-common-protos>=1.56.4",
+        "zstandard>=0.25.0",
+    ],
     "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})

@@ -30,7 +30,7 @@ from sparkdist.runner.launch import LaunchSpec, mpirun_available
 from sparkdist.runner.local_launch import LOCAL_HOST, LocalLaunch
 from sparkdist.runner.processes import ProcessRecord
 from sparkdist.runner.script import ScriptMain
-from sparkdist.runner.spark_cluster import SparkLaunch
+from sparkdist.runner.spark_cluster import BarrierStage, active_spark
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class HorovodRunner:
         report.outcome = "running"
         secret = wire.new_secret()
 
-        cluster = None if self.np < 0 else SparkLaunch.for_active_session()
+        cluster = None if self.np < 0 else active_spark()
         if cluster is not None:
             cluster.check_slots(np, self.start_timeout)
             bind_host, advertise_host = cluster.driver_addresses()
@@ -250,7 +250,7 @@ class HorovodRunner:
             job_id, np, launcher, "on the driver" if cluster is None else "on the cluster",
         )  # fmt: skip
         started = time.monotonic()
-        launch = LocalLaunch(spec, state) if cluster is None else cluster.launch(spec, state)
+        launch = LocalLaunch(spec, state) if cluster is None else BarrierStage(cluster, spec, state)
         try:
             launch.start()
             state.wait(

@@ -1,5 +1,10 @@
 """The driver's dealings with Spark for a job: checking slots, and submitting,
-watching and cancelling the barrier stage that places the ranks."""
+watching and cancelling the barrier stage that places the ranks.
+
+`BarrierStage` is the same for both kinds of session; what differs (how a barrier
+stage is submitted and cancelled, how slots are counted) sits behind `SparkSide`,
+with `ClassicSpark` here and `ConnectSpark` in `spark_connect.py`.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from sparkdist.runner.driver import JobState
 from sparkdist.runner.errors import NotEnoughSlotsError, SparkdistError
 from sparkdist.runner.launch import LaunchSpec
-from sparkdist.runner.network import is_local_address
+from sparkdist.runner.network import is_local_address, resolve
 from sparkdist.runner.processes import ProcessRecord, wait_gone
 from sparkdist.runner.spark_task import run_barrier_task
 
@@ -37,6 +44,48 @@ def slots_upper_bound(master: str, task_cpus: int) -> int | None:
     return None
 
 
+def check_slot_bound(np: int, master: str, conf_get: Callable[..., str | None]) -> None:
+    """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run `np` tasks at
+    once (reading only configuration, so it works on any kind of session)."""
+    task_cpus = int(conf_get("spark.task.cpus", None) or "1")
+    if (conf_get("spark.dynamicAllocation.enabled", None) or "false").lower() == "true":
+        return
+    bound = slots_upper_bound(master, task_cpus)
+    if bound is None:
+        instances = conf_get("spark.executor.instances", None)
+        cores = conf_get("spark.executor.cores", None)
+        if instances and cores:
+            bound = int(instances) * (int(cores) // task_cpus)
+    if bound is not None and np > bound:
+        raise NotEnoughSlotsError(
+            f"np={np} ranks need {np} task slots at once, but this Spark ({master}, "
+            f"spark.task.cpus={task_cpus}) has {bound} task slots. Lower np, or give the "
+            "cluster more executors or cores."
+        )
+
+
+BarrierTask = Callable[[Iterator], Iterator[int]]
+
+
+class SparkSide(Protocol):
+    """Everything the runner asks of Spark; one implementation per kind of session."""
+
+    kind: str
+    """"classic" (a SparkContext in this process) or "connect" (a Spark Connect client)."""
+
+    def check_slots(self, np: int, timeout_s: float) -> None:
+        """Raise `NotEnoughSlotsError` (with both numbers) rather than hang."""
+
+    def driver_addresses(self) -> tuple[str, str]:
+        """(address to bind the job's service to, address executors reach it at)."""
+
+    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> None:
+        """Run `task` in `np` barrier tasks tagged `tag`; block until the stage ends."""
+
+    def cancel(self, tag: str) -> None:
+        """Cancel the Spark jobs tagged `tag` (from any thread)."""
+
+
 def spark_error_summary(exc: BaseException) -> str:
     """The Python error inside a Py4J/Spark error, instead of a Java stack."""
     text = str(exc)
@@ -48,23 +97,13 @@ def spark_error_summary(exc: BaseException) -> str:
     return first[:300]
 
 
-class SparkLaunch:
-    """Places a job's ranks with one barrier stage in its own job group."""
+class ClassicSpark:
+    """A classic session: the SparkContext lives in this process (see `spark_side`)."""
+
+    kind = "classic"
 
     def __init__(self, sc):
         self.sc = sc
-
-    @classmethod
-    def for_active_session(cls) -> SparkLaunch:
-        from pyspark import SparkContext
-
-        sc = SparkContext._active_spark_context
-        if sc is None:
-            raise SparkdistError(
-                "np > 0 runs on a Spark cluster, but no SparkSession is active. Start one "
-                "(SparkSession.builder.getOrCreate()) or use np < 0 to run on the driver."
-            )
-        return cls(sc)
 
     def _slots(self) -> int:
         jsc = self.sc._jsc.sc()
@@ -78,15 +117,7 @@ class SparkLaunch:
         to `timeout_s` when the cluster could grow to enough slots.
         """
         conf = self.sc.getConf()
-        task_cpus = int(conf.get("spark.task.cpus", "1"))
-        dynamic = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
-        bound = None if dynamic else slots_upper_bound(self.sc.master, task_cpus)
-        if bound is not None and np > bound:
-            raise NotEnoughSlotsError(
-                f"np={np} ranks need {np} task slots at once, but this Spark ({self.sc.master}, "
-                f"spark.task.cpus={task_cpus}) has {bound} task slots. Lower np, or give the "
-                "cluster more executors or cores."
-            )
+        check_slot_bound(np, self.sc.master, conf.get)
         deadline = time.monotonic() + timeout_s
         slots = self._slots()
         while slots < np:
@@ -101,22 +132,26 @@ class SparkLaunch:
 
     def driver_addresses(self) -> tuple[str, str]:
         """(address to bind the driver's server to, address executors reach it at)."""
-        from sparkdist.runner.network import resolve
-
         conf = self.sc.getConf()
         advertise = resolve(conf.get("spark.driver.host", "127.0.0.1"))
         bind = conf.get("spark.driver.bindAddress", None) or advertise
         return resolve(bind), advertise
 
-    def launch(self, spec: LaunchSpec, state: JobState) -> BarrierStage:
-        return BarrierStage(self.sc, spec, state)
+    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> None:
+        """Run `task` in `np` barrier tasks, in job group `tag`; block until done."""
+        self.sc.setJobGroup(tag, f"sparkdist job {tag}", True)
+        rdd = self.sc.parallelize(range(np), np)
+        rdd.barrier().mapPartitions(task).collect()
+
+    def cancel(self, tag: str) -> None:
+        self.sc.cancelJobGroup(tag)
 
 
 class BarrierStage:
     """One job's barrier stage, run from a thread so the driver can watch the job."""
 
-    def __init__(self, sc, spec: LaunchSpec, state: JobState):
-        self.sc = sc
+    def __init__(self, spark: SparkSide, spec: LaunchSpec, state: JobState):
+        self.spark = spark
         self.spec = spec
         self.state = state
         self.group = f"sparkdist-{spec.job_id}"
@@ -125,9 +160,8 @@ class BarrierStage:
 
     def _run(self) -> None:
         try:
-            self.sc.setJobGroup(self.group, f"sparkdist job {self.spec.job_id}", True)
-            rdd = self.sc.parallelize(range(self.spec.np), self.spec.np)
-            rdd.barrier().mapPartitions(functools.partial(run_barrier_task, self.spec)).collect()
+            task = functools.partial(run_barrier_task, self.spec)
+            self.spark.run_barrier_stage(self.spec.np, task, self.group)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
@@ -141,7 +175,45 @@ class BarrierStage:
         expected = len(self.state.tasks_started - self.state.tasks_lost.keys())
         if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:
             logger.info("cancelling Spark job group %s", self.group)
-            self.sc.cancelJobGroup(self.group)
+            self.spark.cancel(self.group)
         self._thread.join(timeout=JOIN_TIMEOUT_S)
         local = [p for p in self.state.processes if is_local_address(p.host)]
         return wait_gone(local, timeout_s=5.0)
+
+
+def active_spark() -> SparkSide:
+    """The active session's `SparkSide`, found as pyspark finds it for both kinds
+    (`SparkSession.active()`: this thread's session, else the default one)."""
+    from pyspark.sql import SparkSession
+
+    try:
+        session = SparkSession.active()
+    except Exception:  # noqa: BLE001 - pyspark's NO_ACTIVE_OR_DEFAULT_SESSION
+        session = None
+    if session is None:
+        sc = _active_spark_context()
+        if sc is not None:  # a SparkContext made without a SparkSession
+            return ClassicSpark(sc)
+        raise SparkdistError(
+            "np > 0 runs on a Spark cluster, but no SparkSession is active. Start one "
+            "(SparkSession.builder.getOrCreate(), or .remote('sc://host:15002') for Spark "
+            "Connect) or use np < 0 to run on the driver."
+        )
+    if is_connect_session(session):
+        from sparkdist.runner.spark_connect import ConnectSpark
+
+        return ConnectSpark(session)
+    return ClassicSpark(session.sparkContext)
+
+
+def is_connect_session(session) -> bool:
+    """Whether `session` is a Spark Connect client session (no SparkContext here)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def _active_spark_context():
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pyspark-client: Connect only
+        return None
+    return SparkContext._active_spark_context
