@@ -24,11 +24,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _session(args: argparse.Namespace):
-    """Under spark-submit (or with --master): that Spark. Otherwise an embedded one."""
+    """A Spark Connect server with --remote (or SPARK_REMOTE); under spark-submit (or with
+    --master) that Spark; otherwise an embedded one."""
     from pyspark.sql import SparkSession
 
     from sparkdist.session import embedded_spark
 
+    if args.remote and args.master:
+        raise SystemExit("sparkdist run: give --master or --remote, not both")
+    remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
     if args.master or "PYSPARK_GATEWAY_PORT" in os.environ:
         builder = SparkSession.builder.appName("sparkdist-run")
         if args.master:
@@ -107,10 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a training script on N ranks",
         description="Run SCRIPT on N ranks as __main__; arguments after -- go to the script. "
-        "Under spark-submit it uses that Spark; otherwise --master, else an embedded Spark.",
+        "With --remote (or SPARK_REMOTE) it runs through that Spark Connect server; under "
+        "spark-submit it uses that Spark; otherwise --master, else an embedded Spark.",
     )
     run.add_argument("--np", type=int, required=True, help="ranks (<0: on the driver)")
     run.add_argument("--master", help="Spark master URL (default: spark-submit's or embedded)")
+    run.add_argument(
+        "--remote", help="a Spark Connect URL, sc://host:port (default: env SPARK_REMOTE)"
+    )
     run.add_argument("--executors", type=int, default=2, help="executors of an embedded Spark")
     run.add_argument("--launcher", default="auto", choices=["auto", "mpi", "direct"])
     run.add_argument("--start-timeout", type=float, default=600.0)

@@ -1,0 +1,205 @@
+"""A Spark Connect client process for tests/test_connect.py: no JVM, no SparkContext.
+
+    python tests/connect_client.py SCENARIO  (SPARK_REMOTE=sc://host:port)
+
+Each scenario drives sparkdist through the Connect session and prints one JSON line,
+prefixed with RESULT, that the test reads. The client first proves it is a real
+Connect client: its session is pyspark's Connect session and no JVM was started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import psutil
+
+
+def connect():
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(os.environ["SPARK_REMOTE"]).getOrCreate()
+    assert type(spark).__module__ == "pyspark.sql.connect.session", type(spark)
+    return spark
+
+
+def no_jvm() -> bool:
+    """No SparkContext and no java child: this process is only a gRPC client."""
+    from pyspark import SparkContext
+
+    java = [p for p in psutil.Process().children(recursive=True) if "java" in p.name()]
+    return SparkContext._active_spark_context is None and not java
+
+
+def rank_value(x):
+    import os
+
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} says hello", flush=True)
+    return {"rank": int(os.environ["RANK"]), "value": int(os.environ["RANK"]) * x}
+
+
+def raise_on_rank_1():
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise ValueError("deliberate failure on rank 1 (connect test)")
+    return "ok"
+
+
+def hang_forever(path):
+    import os
+    import time
+
+    with open(os.path.join(path, f"rank{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    print("ranks started", flush=True)
+    while True:
+        time.sleep(1)
+
+
+def read_ids(train):
+    """Every id this rank's shard holds, read once."""
+    ids = []
+    with train.make_torch_dataloader(batch_size=16, num_epochs=1) as loader:
+        for batch in loader:
+            ids += batch["id"].tolist()
+    return ids
+
+
+def scenario_values(spark):
+    from sparkdist import HorovodRunner
+
+    out = {}
+    for launcher in ("direct", "mpi"):
+        runner = HorovodRunner(np=2, launcher=launcher)
+        out[launcher] = runner.run_all(rank_value, x=5)
+    return out
+
+
+def scenario_failure(spark):
+    from sparkdist import HorovodRunner, RankFailedError
+
+    runner = HorovodRunner(np=2)
+    try:
+        runner.run(raise_on_rank_1)
+    except RankFailedError as exc:
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "outcome": runner.last_job.outcome,
+        }
+    return {"error": None}
+
+
+def scenario_timeout(spark):
+    import tempfile
+
+    from sparkdist import HorovodRunner, JobTimeoutError
+
+    runner = HorovodRunner(np=2, timeout=15)
+    started = time.monotonic()
+    try:
+        runner.run(hang_forever, path=tempfile.mkdtemp())
+    except JobTimeoutError as exc:
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "seconds": time.monotonic() - started,
+            "alive": alive(runner),
+        }
+    return {"error": None}
+
+
+def scenario_slots(spark):
+    from sparkdist import HorovodRunner, NotEnoughSlotsError
+
+    started = time.monotonic()
+    try:
+        HorovodRunner(np=3).run(rank_value, x=1)
+    except NotEnoughSlotsError as exc:
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "seconds": time.monotonic() - started,
+        }
+    return {"error": None}
+
+
+def scenario_interrupt(spark):
+    """Runs a hanging job until the test sends SIGINT; then proves nothing is left."""
+    import tempfile
+
+    from sparkdist import HorovodRunner
+
+    runner = HorovodRunner(np=2)
+    try:
+        runner.run(hang_forever, path=tempfile.mkdtemp())
+    except KeyboardInterrupt:
+        pass
+    interrupted = runner.last_job.outcome
+    # The stage released its slots: the next job gets both at once and runs.
+    again = HorovodRunner(np=2, start_timeout=60).run_all(rank_value, x=1)
+    return {
+        "outcome": interrupted,
+        "recorded": [(p.pid, p.role) for p in runner.last_job.processes],
+        "alive": alive(runner),
+        "again": again,
+    }
+
+
+def scenario_data(spark):
+    from sparkdist import HorovodRunner
+
+    df = spark.range(0, 1000, 1, 4).selectExpr("id", "cast(id % 7 as double) as x")
+    return {"ids": HorovodRunner(np=2).run_all(read_ids, train=df)}
+
+
+def scenario_ensemble(spark):
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.linear_model import LogisticRegression
+
+    from sparkdist.ensemble import PartitionEnsemble
+
+    X, y = load_breast_cancer(return_X_y=True)
+    data = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    data["label"] = y
+    df = spark.createDataFrame(data)
+    columns = [c for c in data.columns if c != "label"]
+    model = PartitionEnsemble(LogisticRegression(max_iter=2000), n_estimators=2, random_state=0)
+    model = model.fit(df, columns)
+    result = model.transform(df).select(*columns, "label", "prediction").toPandas()
+    predicted = model.predict(result[columns].to_numpy())
+    return {
+        "n_models": len(model.estimators_),
+        "equal": bool(np.array_equal(result["prediction"].to_numpy(), predicted)),
+        "accuracy": float((predicted == result["label"].to_numpy()).mean()),
+        "rows": len(result),
+    }
+
+
+def alive(runner) -> list[int]:
+    """The job's recorded processes that still run 15 s after the job ended (tasks stop
+    them as they end, which may be just after the client has its answer)."""
+    deadline = time.monotonic() + 15
+    running = [r for r in runner.last_job.processes if r.alive()]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.1)
+        running = [r for r in running if r.alive()]
+    return [r.pid for r in running]
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    spark = connect()
+    result = globals()[f"scenario_{scenario}"](spark)
+    result["no_jvm"] = no_jvm()
+    print("RESULT " + json.dumps(result), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

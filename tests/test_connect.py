@@ -1,0 +1,150 @@
+"""Spark Connect: a real Connect server over local-cluster[2,1,1024], driven by client
+processes that have no JVM (tests/connect_client.py), the way Databricks Connect or
+`SparkSession.builder.remote(...)` users run sparkdist."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkdist.connect_server import LocalConnectServer
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = Path(__file__).with_name("connect_client.py")
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    server = LocalConnectServer(log_path=log, env={"PYTHONPATH": pythonpath})
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def client_env(url: str) -> dict[str, str]:
+    env = dict(os.environ, SPARK_REMOTE=url)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_client(url: str, scenario: str, timeout: float = 300) -> tuple[dict, str]:
+    """Run one scenario in a fresh client process; its RESULT line and whole output."""
+    proc = subprocess.run(
+        [sys.executable, str(CLIENT), scenario],
+        env=client_env(url),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, output[-4000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["no_jvm"], "the client process started a JVM or a SparkContext"
+    return result, output
+
+
+def test_every_rank_value_under_both_launchers(connect_url):
+    result, output = run_client(connect_url, "values")
+    expected = [{"rank": 0, "value": 0}, {"rank": 1, "value": 5}]
+    assert result["direct"] == expected
+    assert result["mpi"] == expected
+    # Logs streamed home live, rank-prefixed, as with a classic session.
+    assert "[rank 1] rank 1 of 2 says hello" in output
+
+
+def test_failing_rank_traceback_reaches_the_client(connect_url):
+    result, _ = run_client(connect_url, "failure")
+    assert result["error"] == "RankFailedError"
+    assert result["outcome"] == "failed"
+    assert "rank 1" in result["message"]
+    assert "Traceback from rank 1" in result["message"]
+    assert "deliberate failure on rank 1 (connect test)" in result["message"]
+
+
+def test_hanging_rank_ends_at_the_timeout_and_nothing_is_left(connect_url):
+    result, _ = run_client(connect_url, "timeout")
+    assert result["error"] == "JobTimeoutError"
+    assert result["alive"] == []
+
+
+def test_more_ranks_than_slots_fails_at_once_with_both_numbers(connect_url):
+    result, _ = run_client(connect_url, "slots")
+    assert result["error"] == "NotEnoughSlotsError"
+    assert "np=3" in result["message"] and "2 task slots" in result["message"]
+
+
+def test_keyboard_interrupt_cancels_the_stage_and_leaves_nothing(connect_url):
+    proc = subprocess.Popen(
+        [sys.executable, str(CLIENT), "interrupt"],
+        env=client_env(connect_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, started = [], set()
+        for line in proc.stdout:  # wait until both ranks run
+            output.append(line)
+            if line.endswith("] ranks started\n"):
+                started.add(line.split("]")[0])
+            if len(started) == 2:
+                break
+        assert proc.poll() is None, "".join(output)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output.append(rest)
+    lines = [line for line in "".join(output).splitlines() if line.startswith("RESULT ")]
+    assert lines, "".join(output)[-4000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["outcome"] == "interrupted"
+    roles = {role for _, role in result["recorded"]}
+    assert {"supervisor", "rank"} <= roles or "mpirun" in roles, result["recorded"]
+    assert result["alive"] == []
+    assert [r["rank"] for r in result["again"]] == [0, 1]
+
+
+def test_dataframe_argument_rows_read_exactly_once(connect_url):
+    result, _ = run_client(connect_url, "data")
+    ids = [i for shard in result["ids"] for i in shard]
+    assert all(result["ids"]), "a rank read no rows"
+    assert sorted(ids) == list(range(1000))
+
+
+def test_partition_ensemble_fit_and_transform(connect_url):
+    result, _ = run_client(connect_url, "ensemble")
+    assert result["n_models"] == 2
+    assert result["rows"] == 569
+    assert result["equal"]
+    assert result["accuracy"] > 0.9
+
+
+def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('script rank', os.environ['RANK'], 'args', sys.argv[1:], flush=True)\n"
+    )
+    env = client_env(connect_url)
+    env.pop("SPARK_REMOTE")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkdist", "run", "--remote", connect_url, "--np", "2",
+         str(script), "--", "--epochs", "3"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] script rank {rank} args ['--epochs', '3']" in output
+    assert "finished on 2 ranks" in output
