@@ -94,6 +94,60 @@ def check_spark() -> Check:
     return Check("Spark (pyspark)", True, f"pyspark {version}")
 
 
+def check_connect() -> Check:
+    """Whether this Python can be a Spark Connect client (pyspark's own dependency check),
+    and, when SPARK_REMOTE names a server, whether a session opens there."""
+    name, fix = "Spark Connect", "pip install 'sparkdist[connect]'"
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+
+        try:
+            check_dependencies()
+        except TypeError:  # pyspark 3.5 takes the calling module's name
+            check_dependencies("pyspark.sql.connect")
+    except Exception as exc:  # noqa: BLE001 - pyspark's ImportError names the package
+        return Check(name, False, f"no client: {exc}", fix, required=False)
+    remote = os.environ.get("SPARK_REMOTE")
+    if not remote:
+        return Check(name, True, "client packages present (set SPARK_REMOTE to check a server)",
+                     required=False)  # fmt: skip
+    version, problem = _open_connect(remote)
+    if problem:
+        return Check(name, False, f"cannot open a session at {remote}: {problem}",
+                     "check SPARK_REMOTE and that the server runs", required=False)  # fmt: skip
+    return Check(name, True, f"session at {remote} open (Spark {version})", required=False)
+
+
+def _open_connect(remote: str, timeout_s: float = 30.0) -> tuple[str | None, str | None]:
+    """(the server's Spark version, None) or (None, why no session opens at `remote`).
+    Bounded: pyspark's client retries an unreachable server for minutes."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    parsed = urlparse(remote)
+    host, port = parsed.hostname or "localhost", parsed.port or 15002
+    try:
+        socket.create_connection((host, port), timeout=5.0).close()
+    except OSError as exc:
+        return None, f"nothing accepts connections at {host}:{port} ({exc.strerror or exc})"
+    answer: list[tuple[str | None, str | None]] = []
+
+    def probe() -> None:
+        try:
+            from pyspark.sql import SparkSession
+
+            answer.append((SparkSession.builder.remote(remote).getOrCreate().version, None))
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc).strip()
+            answer.append((None, text.splitlines()[0][:200] if text else type(exc).__name__))
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return answer[0] if answer else (None, f"no answer in {timeout_s:.0f}s")
+
+
 def check_mpi() -> Check:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
@@ -207,6 +261,7 @@ def run_checks() -> list[Check]:
     return [
         check_java(),
         check_spark(),
+        check_connect(),
         check_mpi(),
         check_horovod(),
         check_framework("torch", "PyTorch", "torch"),

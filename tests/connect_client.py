@@ -173,7 +173,24 @@ def scenario_ensemble(spark):
     model = model.fit(df, columns)
     result = model.transform(df).select(*columns, "label", "prediction").toPandas()
     predicted = model.predict(result[columns].to_numpy())
+    # The Spark ML wrapper fits and transforms; its Spark ML persistence says why not.
+    from pyspark.ml.feature import VectorAssembler
+
+    from sparkdist.connect import ConnectUnsupportedError
+    from sparkdist.ensemble import SparkPartitionEnsemble
+
+    vectors = VectorAssembler(inputCols=columns, outputCol="features").transform(df)
+    stage = SparkPartitionEnsemble(estimator=LogisticRegression(max_iter=2000), nEstimators=2)
+    staged = stage.fit(vectors)
+    ml_rows = staged.transform(vectors).count()
+    try:
+        staged.write().save("/tmp/never-written")
+        persistence_error = None
+    except ConnectUnsupportedError as exc:
+        persistence_error = str(exc)
     return {
+        "ml_rows": ml_rows,
+        "persistence_error": persistence_error,
         "n_models": len(model.estimators_),
         "equal": bool(np.array_equal(result["prediction"].to_numpy(), predicted)),
         "accuracy": float((predicted == result["label"].to_numpy()).mean()),

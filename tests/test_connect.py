@@ -128,6 +128,9 @@ def test_partition_ensemble_fit_and_transform(connect_url):
     assert result["rows"] == 569
     assert result["equal"]
     assert result["accuracy"] > 0.9
+    assert result["ml_rows"] == 569
+    assert "Spark Connect" in result["persistence_error"]
+    assert "load_model" in result["persistence_error"]
 
 
 def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
@@ -148,3 +151,19 @@ def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
     for rank in (0, 1):
         assert f"[rank {rank}] script rank {rank} args ['--epochs', '3']" in output
     assert "finished on 2 ranks" in output
+
+
+def test_doctor_opens_a_connect_session(connect_url):
+    env = client_env(connect_url)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkdist", "doctor"], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("Spark Connect"))
+    assert f"session at {connect_url} open (Spark " in line
+    env["SPARK_REMOTE"] = "sc://127.0.0.1:1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkdist", "doctor"], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert "nothing accepts connections at 127.0.0.1:1" in proc.stdout

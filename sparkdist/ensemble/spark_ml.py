@@ -240,10 +240,12 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         return model
 
     def write(self) -> MLWriter:
+        _require_classic_persistence(self)
         return _EstimatorWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
+        _require_classic_persistence(cls)
         return _EstimatorReader(cls)
 
 
@@ -264,11 +266,30 @@ class SparkPartitionEnsembleModel(Model, _PartitionEnsembleParams, MLReadable, M
         )
 
     def write(self) -> MLWriter:
+        _require_classic_persistence(self)
         return _ModelWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
+        _require_classic_persistence(cls)
         return _ModelReader(cls)
+
+
+def _require_classic_persistence(stage: Any) -> None:
+    """Spark ML persistence writes metadata on the cluster and the models beside it
+    through the Hadoop filesystem: both sides need a classic session."""
+    from pyspark.sql import SparkSession
+
+    from sparkdist.connect import require_classic
+
+    require_classic(
+        SparkSession.getActiveSession(),
+        f"Spark ML persistence of {getattr(stage, '__name__', type(stage).__name__)} "
+        "(write/save/load, Pipeline save)",
+        "On Spark Connect, fit and transform work; save the fitted ensemble with "
+        "model.ensemble.save(path) and load it with sparkdist.ensemble.load_model(path), or "
+        "log it with MLflow.",
+    )
 
 
 class _EstimatorWriter(MLWriter):

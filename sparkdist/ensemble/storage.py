@@ -77,6 +77,14 @@ class HadoopStorage:
     """A directory on a Hadoop-compatible filesystem, through Spark's JVM."""
 
     def __init__(self, location: str, spark: Any) -> None:
+        from sparkdist.connect import require_classic
+
+        require_classic(
+            spark,
+            f"Saving or loading {location!r} through Spark's Hadoop filesystem",
+            "Use a path this machine can open (a local or mounted directory, e.g. /dbfs/... "
+            "or /Volumes/... on Databricks), or log the model with MLflow.",
+        )
         self.location = location
         jvm = spark.sparkContext._jvm
         self._jvm = jvm

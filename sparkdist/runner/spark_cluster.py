@@ -199,16 +199,13 @@ def active_spark() -> SparkSide:
             "(SparkSession.builder.getOrCreate(), or .remote('sc://host:15002') for Spark "
             "Connect) or use np < 0 to run on the driver."
         )
+    from sparkdist.connect import is_connect_session
+
     if is_connect_session(session):
         from sparkdist.runner.spark_connect import ConnectSpark
 
         return ConnectSpark(session)
     return ClassicSpark(session.sparkContext)
-
-
-def is_connect_session(session) -> bool:
-    """Whether `session` is a Spark Connect client session (no SparkContext here)."""
-    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 def _active_spark_context():
