@@ -363,6 +363,12 @@ class JobState:
                     return self._describe(first)
             return None
 
+    def note_outside_failure(self, reason: str) -> None:
+        """A failure outside the training code that was seen elsewhere (a relayed job's
+        task 0), so that `failure_outside_user_code` reports it here too."""
+        with self._cond:
+            self._noticed.append(Failure(None, reason, time.monotonic(), True))
+
     def _describe(self, failure: Failure) -> str:
         if failure.rank is None:
             return failure.reason or "unknown"

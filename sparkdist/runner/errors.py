@@ -32,6 +32,10 @@ class JobFailedError(SparkdistError):
             lines += [f"  {line}" for line in self.output_tail]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):
+        # Rebuilt from its fields (a relayed job's error travels pickled to the client).
+        return type(self), (self.reason, self.output_tail)
+
 
 class JobTimeoutError(SparkdistError, TimeoutError):
     """The job (or its start-up) did not finish within its time limit."""
@@ -69,6 +73,10 @@ class RankFailedError(JobFailedError):
         self.output_tail = output_tail
         self.reason = reason
         SparkdistError.__init__(self, self._message())
+
+    def __reduce__(self):
+        fields = (self.rank, self.host, self.exit_code, self.traceback, self.output_tail)
+        return type(self), (*fields, self.reason)
 
     @property
     def signal(self) -> str | None:

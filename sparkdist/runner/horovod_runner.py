@@ -29,8 +29,9 @@ from sparkdist.runner.errors import SparkdistError
 from sparkdist.runner.launch import LaunchSpec, mpirun_available
 from sparkdist.runner.local_launch import LOCAL_HOST, LocalLaunch
 from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.relay import RelayPlan
 from sparkdist.runner.script import ScriptMain
-from sparkdist.runner.spark_cluster import BarrierStage, active_spark
+from sparkdist.runner.spark_cluster import BarrierStage, RelayedStage, active_spark
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,12 @@ class HorovodRunner:
         launcher = self._resolved_launcher()
         report = JobReport(job_id="", np=self.np, launcher=launcher)
         self.last_job = report
-        checkpoints = CheckpointStore(self.checkpoint_dir)
+        cluster = None if self.np < 0 else active_spark()
+        relay = cluster is not None and not cluster.executors_reach_client()
+        if relay:
+            self._check_relay()
+        # Relayed, checkpoints live where task 0 can write them (checkpoint_dir), not here.
+        checkpoints = CheckpointStore(self.checkpoint_dir) if not relay else None
         try:
             attempt = 0
             while True:
@@ -197,31 +203,48 @@ class HorovodRunner:
                 )  # fmt: skip
                 report.attempts = attempt + 1
                 try:
-                    return self._attempt(state, report, attempt)
+                    return self._attempt(state, report, attempt, cluster, relay)
                 except BaseException as exc:
                     reason = retry.retry_reason(exc, state, self.retry_on_exception)
                     if reason is None or attempt >= self.max_failures:
                         raise
                     attempt += 1
                     report.failures.append(reason)
-                    steps = checkpoints.steps()
                     logger.warning(
                         "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
                         "%d), %s", state.spec.job_id, reason, attempt, self.max_failures,
-                        f"from the checkpoint of step {steps[-1]}" if steps else "from scratch "
-                        "(no checkpoint saved yet)",
+                        _resume_point(checkpoints, self.checkpoint_dir),
                     )  # fmt: skip
         finally:
-            checkpoints.close()
+            if checkpoints is not None:
+                checkpoints.close()
 
-    def _attempt(self, state: JobState, report: JobReport, attempt: int) -> list[Any]:
+    def _check_relay(self) -> None:
+        """Relay mode (executors cannot reach this client): say so once, and require
+        storage that outlives barrier task 0 when a relaunch must resume from it."""
+        if self.max_failures and self.checkpoint_dir is None:
+            raise SparkdistError(
+                "the executors cannot reach this Spark Connect client, so the job's service "
+                "runs in barrier task 0, and relaunches (max_failures="
+                f"{self.max_failures}) resume from checkpoints that must outlive that task: "
+                "pass checkpoint_dir= a directory every executor shares (a DBFS path or a Unity "
+                "Catalog volume such as /Volumes/..., or a mounted file system)."
+            )
+        logger.warning(
+            "sparkdist: the executors cannot connect to this Spark Connect client, so the job "
+            "runs in relay mode: its service runs inside the cluster (barrier task 0), and the "
+            "ranks' logs, results and errors arrive here when the job ends, not live."
+        )
+
+    def _attempt(
+        self, state: JobState, report: JobReport, attempt: int, cluster, relay: bool
+    ) -> list[Any]:
         """Launch the job once; return every rank's (unpickled) result."""
         job_id, np, launcher = state.spec.job_id, state.spec.np, report.launcher
         report.job_id = job_id
         report.outcome = "running"
         secret = wire.new_secret()
 
-        cluster = None if self.np < 0 else active_spark()
         if cluster is not None:
             cluster.check_slots(np, self.start_timeout)
             bind_host, advertise_host = cluster.driver_addresses()
@@ -244,16 +267,28 @@ class HorovodRunner:
             network_interface=self.network_interface,
             driver_path=os.environ.get("PATH", ""),
             driver_pythonpath=driver_pythonpath(),
+            relay=RelayPlan(
+                job=state.spec,
+                start_timeout=self.start_timeout,
+                timeout=self.timeout,
+                launcher_expected=launcher == "mpi",
+                checkpoint_dir=self.checkpoint_dir,
+            )
+            if relay
+            else None,
         )
         logger.info(
             "sparkdist job %s: %d ranks, launcher %s, %s",
             job_id, np, launcher, "on the driver" if cluster is None else "on the cluster",
         )  # fmt: skip
         started = time.monotonic()
-        launch = LocalLaunch(spec, state) if cluster is None else BarrierStage(cluster, spec, state)
+        if cluster is None:
+            launch = LocalLaunch(spec, state)
+        else:
+            launch = (RelayedStage if relay else BarrierStage)(cluster, spec, state)
         try:
             launch.start()
-            state.wait(
+            launch.wait(
                 start_deadline=started + self.start_timeout,
                 deadline=started + self.timeout if self.timeout else None,
                 launcher_expected=launcher == "mpi",
@@ -286,6 +321,17 @@ class HorovodRunner:
                 logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
             logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
         return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+
+def _resume_point(checkpoints: CheckpointStore | None, directory: str | None) -> str:
+    if checkpoints is None:
+        return f"from the newest checkpoint in {directory}"
+    steps = checkpoints.steps()
+    return (
+        f"from the checkpoint of step {steps[-1]}"
+        if steps
+        else "from scratch (no checkpoint saved yet)"
+    )
 
 
 def _convert_dataframes(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 SUPERVISOR_MODULE = "sparkdist.runner.supervisor"
 RSH_MODULE = "sparkdist.runner.rsh"
@@ -30,6 +31,9 @@ class LaunchSpec:
     network_interface: str | None
     driver_path: str
     driver_pythonpath: str
+    relay: Any = None
+    """A `relay.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
+    client the executors cannot reach), else None."""
 
 
 def mpirun_available() -> bool:

@@ -76,6 +76,10 @@ class LocalLaunch:
                     "supervisor",
                 )
 
+    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
+        """Until the job succeeded (return) or failed or ran out of time (raise)."""
+        self.state.wait(start_deadline, deadline, launcher_expected)
+
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Stop everything the job started here; return what could not be stopped.
 

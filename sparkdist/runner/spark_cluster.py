@@ -12,13 +12,16 @@ import functools
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import cloudpickle
+
 from sparkdist.runner.driver import JobState
-from sparkdist.runner.errors import NotEnoughSlotsError, SparkdistError
+from sparkdist.runner.errors import JobTimeoutError, NotEnoughSlotsError, SparkdistError
 from sparkdist.runner.launch import LaunchSpec
 from sparkdist.runner.network import is_local_address, resolve
 from sparkdist.runner.processes import ProcessRecord, wait_gone
@@ -64,7 +67,8 @@ def check_slot_bound(np: int, master: str, conf_get: Callable[..., str | None]) 
         )
 
 
-BarrierTask = Callable[[Iterator], Iterator[int]]
+BarrierTask = Callable[[Iterator], Iterator[bytes]]
+"""One barrier task's part of a job; yields one value (see `spark_task.run_barrier_task`)."""
 
 
 class SparkSide(Protocol):
@@ -79,8 +83,12 @@ class SparkSide(Protocol):
     def driver_addresses(self) -> tuple[str, str]:
         """(address to bind the job's service to, address executors reach it at)."""
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> None:
-        """Run `task` in `np` barrier tasks tagged `tag`; block until the stage ends."""
+    def executors_reach_client(self) -> bool:
+        """Whether executors can open connections to this process (else: relay mode)."""
+
+    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
+        """Run `task` in `np` barrier tasks tagged `tag`; block until the stage ends and
+        return what each task yielded."""
 
     def cancel(self, tag: str) -> None:
         """Cancel the Spark jobs tagged `tag` (from any thread)."""
@@ -137,11 +145,14 @@ class ClassicSpark:
         bind = conf.get("spark.driver.bindAddress", None) or advertise
         return resolve(bind), advertise
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> None:
+    def executors_reach_client(self) -> bool:
+        return True  # the driver's own address is one every executor reaches
+
+    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
         """Run `task` in `np` barrier tasks, in job group `tag`; block until done."""
         self.sc.setJobGroup(tag, f"sparkdist job {tag}", True)
         rdd = self.sc.parallelize(range(np), np)
-        rdd.barrier().mapPartitions(task).collect()
+        return rdd.barrier().mapPartitions(task).collect()
 
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)
@@ -156,18 +167,23 @@ class BarrierStage:
         self.state = state
         self.group = f"sparkdist-{spec.job_id}"
         self.error: BaseException | None = None
+        self.outputs: list[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)
 
     def _run(self) -> None:
         try:
             task = functools.partial(run_barrier_task, self.spec)
-            self.spark.run_barrier_stage(self.spec.np, task, self.group)
+            self.outputs = self.spark.run_barrier_stage(self.spec.np, task, self.group)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
+        """Until the job succeeded (return) or failed or ran out of time (raise)."""
+        self.state.wait(start_deadline, deadline, launcher_expected)
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
@@ -179,6 +195,46 @@ class BarrierStage:
         self._thread.join(timeout=JOIN_TIMEOUT_S)
         local = [p for p in self.state.processes if is_local_address(p.host)]
         return wait_gone(local, timeout_s=5.0)
+
+
+class RelayedStage(BarrierStage):
+    """A barrier stage whose task 0 serves the job (`relay.py`): the client learns how it
+    went from the stage's output when it ends, and replays that."""
+
+    # Beyond the job's own limits, which task 0 enforces: the time a stage may wait for
+    # its slots and its tasks take to stop.
+    GRACE_S = 120.0
+
+    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
+        from sparkdist.runner.relay import replay
+
+        limit = None if deadline is None else deadline - time.monotonic() + self.GRACE_S
+        self._thread.join(timeout=limit)
+        if self._thread.is_alive():
+            raise JobTimeoutError(
+                "timeout: the relayed job's Spark stage had not ended when the job's time "
+                "limit ran out (the stage may still be waiting for task slots); it was "
+                "cancelled."
+            )
+        if self.outputs is None:
+            self.state.wait(None, None, False)  # raises the stage's failure
+            return
+        outcome = cloudpickle.loads(self.outputs[0])
+        replay(outcome, self.state, _print_line)
+
+    def stop(self, finished: bool) -> list[ProcessRecord]:
+        if self._thread.is_alive():
+            logger.info("cancelling Spark operations tagged %s", self.group)
+            self.spark.cancel(self.group)
+            self._thread.join(timeout=JOIN_TIMEOUT_S)
+        local = [p for p in self.state.processes if is_local_address(p.host)]
+        return wait_gone(local, timeout_s=5.0)
+
+
+def _print_line(stream: str, line: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 def active_spark() -> SparkSide:

@@ -12,13 +12,19 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterator
+from functools import partial
 
 from sparkdist.runner.network import resolve
 from sparkdist.runner.spark_cluster import BarrierTask, check_slot_bound
 
 logger = logging.getLogger(__name__)
 
-STAGE_SCHEMA = "task int"
+STAGE_SCHEMA = "outcome binary"
+PROBE_SCHEMA = "reachable boolean"
+
+# Whether executors reach this client, per (server host, client address): probed
+# once, since a probe is a Spark job of its own.
+_REACHABLE: dict[tuple[str, str], bool] = {}
 
 
 def route_address(remote_host: str) -> str:
@@ -33,8 +39,18 @@ def route_address(remote_host: str) -> str:
 def _arrow_task(task: BarrierTask, batches: Iterator) -> Iterator:
     import pyarrow as pa
 
-    for index in task(batches):
-        yield pa.RecordBatch.from_pydict({"task": pa.array([index], pa.int32())})
+    for value in task(batches):
+        yield pa.RecordBatch.from_pydict({"outcome": pa.array([value], pa.binary())})
+
+
+def _arrow_probe(host: str, port: int, batches: Iterator) -> Iterator:
+    import pyarrow as pa
+
+    from sparkdist.runner.relay import reachable
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"reachable": [reachable(host, port)]})
 
 
 class ConnectSpark:
@@ -59,14 +75,28 @@ class ConnectSpark:
         address = route_address(self.session.client.host)
         return address, address
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> None:
-        from functools import partial
+    def executors_reach_client(self) -> bool:
+        """Probe once per session: a one-task Spark job connects to a listener here."""
+        host = self.driver_addresses()[0]
+        key = (self.session.client.host, host)
+        if key not in _REACHABLE:
+            with socket.socket() as listener:
+                listener.bind((host, 0))
+                listener.listen(8)
+                probe = partial(_arrow_probe, host, listener.getsockname()[1])
+                rows = self.session.range(0, 1, 1, 1).mapInArrow(probe, PROBE_SCHEMA).collect()
+            _REACHABLE[key] = bool(rows and rows[0].reachable)
+            logger.info("executors %s this client at %s", "reach" if _REACHABLE[key] else
+                        "cannot reach", host)  # fmt: skip
+        return _REACHABLE[key]
 
+    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
         # Tags belong to the thread that adds them: this thread runs only this stage.
         self.session.addTag(tag)
         try:
             frame = self.session.range(0, np, 1, np)
-            frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True).collect()
+            stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
+            return [row.outcome for row in stage.collect()]
         finally:
             self.session.removeTag(tag)
 

@@ -7,10 +7,14 @@
    (direct);
 4. wait until the driver says finish or abort (or goes away), then stop everything
    it started: its process groups, then any descendant still alive.
+
+In relay mode (`relay.py`) task 0 first starts the job's service in its own process and
+tells the other tasks its address; everything else is the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -156,16 +160,32 @@ def task_host(spec: LaunchSpec, executor_address: str) -> str:
     return resolve(executor_address.rsplit(":", 1)[0])
 
 
-def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[int]:
-    """The function of the job's barrier stage (one call per task)."""
+def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
+    """The function of the job's barrier stage (one call per task). Yields one value per
+    task: a relayed job's outcome from task 0, else nothing worth reading (b"")."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     index = ctx.partitionId()
     infos = ctx.getTaskInfos()
-    task = TaskRun(spec, index, len(infos), task_host(spec, infos[index].address))
+    host = task_host(spec, infos[index].address)
+    hosted = None
+    if spec.relay is not None:
+        from sparkdist.runner.relay import HostedJob
+
+        if index == 0:
+            hosted = HostedJob(spec.relay, spec.secret, host)
+            hosted.start()
+        service = ctx.allGather(hosted.address if hosted else "")[0]
+        spec = dataclasses.replace(spec, driver=service)
     try:
-        task.run(ctx)
-    finally:
-        task.close()
-    yield index
+        task = TaskRun(spec, index, len(infos), host)
+        try:
+            task.run(ctx)
+        finally:
+            task.close()
+    except BaseException:
+        if hosted is not None:
+            hosted.abort("barrier task 0 failed")
+        raise
+    yield hosted.finish(len(infos)) if hosted is not None else b""

@@ -1,0 +1,163 @@
+"""Relay mode: a Spark Connect client that the executors cannot reach.
+
+Normally every task, supervisor and rank connects to the job's service on the driver.
+A Connect client (a laptop, a sandbox) may be unreachable from the cluster. Then the
+job's service runs in barrier task 0 instead (same `JobState`, same per-job secret), the
+other tasks and the ranks connect there, and when the job ends task 0 returns
+everything the client would have seen live (rank-prefixed log lines, rank 0's or every
+rank's result, the first failure, processes, files) as the stage's output row. The
+client replays it: prints the lines, returns the results or raises the same error.
+
+Whether the executors reach the client is probed once per session with a one-task Spark
+job that opens a TCP connection to the client's service (`probe_reachable`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from sparkdist.runner.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver import DriverService, JobSpec, JobState
+from sparkdist.runner.processes import ProcessRecord
+
+logger = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 3.0
+TASKS_DONE_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """What task 0 needs to serve the job in the client's place."""
+
+    job: JobSpec
+    start_timeout: float
+    timeout: float | None
+    launcher_expected: bool
+    checkpoint_dir: str | None
+
+
+@dataclass
+class RelayOutcome:
+    """Everything the client gets back from task 0 at the end of a relayed job."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    """(stream, text) of everything the client would have printed, in order."""
+    results: list[bytes | None] = field(default_factory=list)
+    error: bytes | None = None
+    """The job's error (cloudpickled), as the client would have raised it."""
+    outside_user_code: str | None = None
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    frameworks: list[str] = field(default_factory=list)
+
+
+class _Lines(io.TextIOBase):
+    """A text stream that keeps whole lines, tagged with the stream they were for."""
+
+    def __init__(self, stream: str, lines: list[tuple[str, str]], lock: threading.Lock):
+        self.stream = stream
+        self.lines = lines
+        self.lock = lock
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            for line in text.splitlines():
+                self.lines.append((self.stream, line))
+        return len(text)
+
+
+class HostedJob:
+    """Task 0's stand-in for the driver: the job's service and its wait, in the cluster."""
+
+    def __init__(self, plan: RelayPlan, secret: bytes, host: str):
+        self.plan = plan
+        self.outcome = RelayOutcome()
+        lock = threading.Lock()
+        self.checkpoints = CheckpointStore(plan.checkpoint_dir)
+        self.state = JobState(
+            plan.job,
+            stdout=_Lines("stdout", self.outcome.lines, lock),
+            stderr=_Lines("stderr", self.outcome.lines, lock),
+            checkpoints=self.checkpoints,
+        )
+        self.service = DriverService(self.state, secret, host, host)
+        self.address = f"{self.service.address[0]}:{self.service.address[1]}"
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sparkdist-relay", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        plan = self.plan
+        try:
+            self.state.wait(
+                start_deadline=started + plan.start_timeout,
+                deadline=started + plan.timeout if plan.timeout else None,
+                launcher_expected=plan.launcher_expected,
+            )
+            self.state.stop("finish", "done")
+        except BaseException as exc:  # noqa: BLE001 - travels to the client
+            self._error = exc
+            self.state.stop("abort", f"job failed: {type(exc).__name__}")
+
+    def abort(self, reason: str) -> None:
+        """Task 0 itself failed: stop the job and the service (the stage fails)."""
+        self.state.stop("abort", reason)
+        self.service.close()
+        self.checkpoints.close()
+
+    def finish(self, num_tasks: int) -> bytes:
+        """After task 0's own part ended: wait for the others, then pack the outcome."""
+        self._thread.join()
+        state = self.state
+        expected = len(state.tasks_started - state.tasks_lost.keys())
+        state.wait_tasks_done(min(expected, num_tasks), TASKS_DONE_GRACE_S)
+        self.service.close()
+        self.checkpoints.close()
+        outcome = self.outcome
+        outcome.results = state.results()
+        outcome.processes = list(state.processes)
+        outcome.files = dict(state.files)
+        outcome.frameworks = list(state.frameworks)
+        if self._error is not None:
+            outcome.error = cloudpickle.dumps(self._error)
+            outcome.outside_user_code = state.failure_outside_user_code()
+        return cloudpickle.dumps(outcome)
+
+
+def replay(outcome: RelayOutcome, state: JobState, write: Callable[[str, str], None]) -> None:
+    """Give the client's `state` what task 0 saw, print the job's lines, raise its error."""
+    for stream, line in outcome.lines:
+        write(stream, line)
+    for process in outcome.processes:
+        state.record(process)
+    state.files.update(outcome.files)
+    state.frameworks = list(outcome.frameworks)
+    for rank, result in enumerate(outcome.results):
+        if result is not None:
+            state.ranks[rank].result = result
+            state.ranks[rank].has_result = True
+    if outcome.error is not None:
+        if outcome.outside_user_code:
+            state.note_outside_failure(outcome.outside_user_code)
+        raise cloudpickle.loads(outcome.error)
+
+
+def reachable(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to (host, port) opens from here within `timeout_s`."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
