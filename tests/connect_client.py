@@ -198,6 +198,46 @@ def scenario_ensemble(spark):
     }
 
 
+def scenario_relay_values(spark):
+    """np=3 on the namespaced cluster, from a client the executors cannot reach."""
+    from sparkdist import HorovodRunner
+
+    return {launcher: HorovodRunner(np=3, launcher=launcher).run_all(rank_value, x=5)
+            for launcher in ("direct", "mpi")}  # fmt: skip
+
+
+def scenario_relay_no_checkpoint_dir(spark):
+    from sparkdist import HorovodRunner, SparkdistError
+
+    try:
+        HorovodRunner(np=3, max_failures=1).run(rank_value, x=1)
+    except SparkdistError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def scenario_relay_resume(spark):
+    """The cluster suite's resumable DDP training, relaunched after a lost executor, its
+    checkpoints in a directory every host shares (SCENARIO_ARGS: checkpoint_dir,
+    progress_dir)."""
+    import jobs  # tests/cluster, on PYTHONPATH
+
+    from sparkdist import HorovodRunner
+
+    args = json.loads(os.environ["SCENARIO_ARGS"])
+    runner = HorovodRunner(
+        np=3, max_failures=1, checkpoint_dir=args["checkpoint_dir"], start_timeout=120,
+        timeout=300,
+    )  # fmt: skip
+    values = runner.run_all(jobs.resumable_main, epochs=12, progress_dir=args["progress_dir"])
+    return {
+        "rank0": values[0],
+        "attempts": runner.last_job.attempts,
+        "failures": runner.last_job.failures,
+        "alive": alive(runner),
+    }
+
+
 def alive(runner) -> list[int]:
     """The job's recorded processes that still run 15 s after the job ended (tasks stop
     them as they end, which may be just after the client has its answer)."""

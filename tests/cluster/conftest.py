@@ -14,7 +14,9 @@ def cluster():
     reason = can_build()
     if reason:
         pytest.skip(f"no multi-host cluster here: {reason}")
-    built = NetnsCluster(hosts=3).up()
+    # 3 cores a host: two drivers (one core a host each) and a Spark Connect server's
+    # application (test_connect_relay.py) at once.
+    built = NetnsCluster(hosts=3, worker_cores=3).up()
     try:
         yield built
     finally:
