@@ -10,10 +10,12 @@ client can read about the cluster.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from functools import partial
 
+from sparkdist.runner.errors import SparkdistError
 from sparkdist.runner.network import resolve
 from sparkdist.runner.spark_cluster import BarrierTask, check_slot_bound
 
@@ -25,6 +27,9 @@ PROBE_SCHEMA = "reachable boolean"
 # Whether executors reach this client, per (server host, client address): probed
 # once, since a probe is a Spark job of its own.
 _REACHABLE: dict[tuple[str, str], bool] = {}
+RELAY_ENV = "SPARKDIST_CONNECT_RELAY"
+"""auto (probe once per session), always (relay mode, no probe), never (no probe)."""
+RELAY_CHOICES = ("auto", "always", "never")
 
 
 def route_address(remote_host: str) -> str:
@@ -76,7 +81,13 @@ class ConnectSpark:
         return address, address
 
     def executors_reach_client(self) -> bool:
-        """Probe once per session: a one-task Spark job connects to a listener here."""
+        """Probe once per session: a one-task Spark job connects to a listener here
+        (unless SPARKDIST_CONNECT_RELAY says always or never)."""
+        choice = os.environ.get(RELAY_ENV, "auto")
+        if choice not in RELAY_CHOICES:
+            raise SparkdistError(f"{RELAY_ENV} must be one of {RELAY_CHOICES}, not {choice!r}")
+        if choice != "auto":
+            return choice == "never"
         host = self.driver_addresses()[0]
         key = (self.session.client.host, host)
         if key not in _REACHABLE:
