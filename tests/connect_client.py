@@ -198,6 +198,34 @@ def scenario_ensemble(spark):
     }
 
 
+def log_from_every_rank():
+    import os
+
+    import mlflow
+
+    rank = int(os.environ["RANK"])
+    mlflow.log_metric(f"from_rank_{rank}", rank + 1.0)
+    active = mlflow.active_run()
+    return active.info.run_id if active else None
+
+
+def scenario_mlflow(spark):
+    """Rank 0 logs into the client's active run (MLFLOW_TRACKING_URI: a real server)."""
+    import mlflow
+
+    from sparkdist import HorovodRunner
+
+    with mlflow.start_run() as run:
+        run_ids = HorovodRunner(np=2, launcher="direct").run_all(log_from_every_rank)
+    data = mlflow.MlflowClient().get_run(run.info.run_id).data
+    return {
+        "run_id": run.info.run_id,
+        "rank_run_ids": run_ids,
+        "metrics": data.metrics,
+        "tags": {k: v for k, v in data.tags.items() if k.startswith("sparkdist.")},
+    }
+
+
 def scenario_relay_values(spark):
     """np=3 on the namespaced cluster, from a client the executors cannot reach."""
     from sparkdist import HorovodRunner

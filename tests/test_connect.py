@@ -35,11 +35,11 @@ def client_env(url: str) -> dict[str, str]:
     return env
 
 
-def run_client(url: str, scenario: str, timeout: float = 300) -> tuple[dict, str]:
+def run_client(url: str, scenario: str, timeout: float = 300, **env: str) -> tuple[dict, str]:
     """Run one scenario in a fresh client process; its RESULT line and whole output."""
     proc = subprocess.run(
         [sys.executable, str(CLIENT), scenario],
-        env=client_env(url),
+        env={**client_env(url), **env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -131,6 +131,16 @@ def test_partition_ensemble_fit_and_transform(connect_url):
     assert result["ml_rows"] == 569
     assert "Spark Connect" in result["persistence_error"]
     assert "load_model" in result["persistence_error"]
+
+
+def test_rank_zero_logs_into_the_clients_mlflow_run(connect_url, mlflow_server):
+    result, _ = run_client(connect_url, "mlflow", MLFLOW_TRACKING_URI=mlflow_server)
+    assert result["rank_run_ids"][0] == result["run_id"]
+    assert result["rank_run_ids"][1] != result["run_id"]
+    assert result["metrics"]["from_rank_0"] == 1.0
+    assert "from_rank_1" not in result["metrics"]
+    assert result["tags"]["sparkdist.np"] == "2"
+    assert result["tags"]["sparkdist.outcome"] == "succeeded"
 
 
 def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
