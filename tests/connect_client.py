@@ -257,7 +257,12 @@ def scenario_relay_resume(spark):
         np=3, max_failures=1, checkpoint_dir=args["checkpoint_dir"], start_timeout=120,
         timeout=300,
     )  # fmt: skip
-    values = runner.run_all(jobs.resumable_main, epochs=12, progress_dir=args["progress_dir"])
+    values = runner.run_all(
+        jobs.resumable_main,
+        epochs=args["epochs"],
+        progress_dir=args["progress_dir"],
+        epoch_s=args["epoch_s"],
+    )
     return {
         "rank0": values[0],
         "attempts": runner.last_job.attempts,
