@@ -149,7 +149,7 @@ def test_relayed_job_resumes_from_a_shared_checkpoint_after_a_lost_executor(
 
     progress = tmp_path / "progress"
     progress.mkdir()
-    checkpoints = cluster.dir / "relay-checkpoints"  # one file system for every host
+    checkpoints = tmp_path / "checkpoints"  # one file system for every host
     # Slow enough epochs that the executor is killed mid-training even on a loaded machine.
     args = {"checkpoint_dir": str(checkpoints), "progress_dir": str(progress), "epochs": 30,
             "epoch_s": 1.0}  # fmt: skip
