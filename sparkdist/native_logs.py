@@ -24,7 +24,7 @@ DEFAULT_LEVEL = "2"
 
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 # absl/glog's prefix: severity, MMDD hh:mm:ss.micros, thread id, file:line]
-_ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\] ")
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
 # Printed (as a warning) by absl before the first message of each copy of absl.
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written"
 

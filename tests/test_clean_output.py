@@ -17,7 +17,7 @@ JAVA_FRAME = re.compile(r"^\s+at [\w$.]+\(", re.M)
 # absl/glog's format (`I0000 00:00:1795414858.524550   26369 port.cc:153] ...`), TensorFlow's
 # own (`2026-11-23 06:20:11.123456: I tensorflow/...cc:42] ...`) and absl's start-up notice.
 CPP_LOG = re.compile(
-    r"^(\[rank \d+\] )?([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
+    r"^(\[rank \d+\] )?([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\]"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
     r"|WARNING: All log messages before absl::InitializeLog)",
     re.M,
@@ -101,3 +101,37 @@ def test_spark_error_during_a_job_is_still_shown(tmp_path):
     ), output[-5000:]
     assert all("TaskSetManager" in line for line in errors), errors
     assert not JAVA_FRAME.search(output), output[-5000:]
+
+
+def test_cpp_log_lines_follow_tf_cpp_min_log_level():
+    from sparkdist.native_logs import below_level
+
+    info = "I0000 00:00:1795414858.524550   26369 port.cc:153] oneDNN custom operations are on."
+    warning = "W0000 00:00:1795414858.524550   26369 op.cc:7] GeneratorDatasetOp is deprecated"
+    error = "E0000 00:00:1795414858.524550   26369 cuda_dnn.cc:8579] Unable to register cuDNN"
+    notice = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+    )
+    own = "epoch 1 loss 0.5"
+    hidden = below_level({})  # the default: errors only
+    assert [hidden(line) for line in (info, warning, notice, error, own)] == [
+        True, True, True, False, False
+    ]  # fmt: skip
+    warnings_too = below_level({"TF_CPP_MIN_LOG_LEVEL": "1"})
+    assert [warnings_too(line) for line in (info, warning, notice)] == [True, False, False]
+    everything = below_level({"TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert not any(everything(line) for line in (info, warning, notice, error))
+
+
+def test_user_log4j_configuration_is_kept(tmp_path):
+    from sparkdist.session import LOG4J2_FILE, quiet_log4j_conf
+
+    key = "spark.driver.extraJavaOptions"
+    ours = quiet_log4j_conf({key: "-Xss4m"}, {})[key]
+    assert ours == f"-Xss4m -Dlog4j2.configurationFile={LOG4J2_FILE.resolve().as_uri()}"
+    assert "rootLogger.level = warn" in LOG4J2_FILE.read_text()
+    theirs = "-Dlog4j2.configurationFile=file:/etc/mine.properties"
+    assert quiet_log4j_conf({key: theirs}, {}) == {}
+    assert quiet_log4j_conf({}, {"JAVA_TOOL_OPTIONS": theirs}) == {}
+    (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
+    assert quiet_log4j_conf({}, {"SPARK_CONF_DIR": str(tmp_path)}) == {}
