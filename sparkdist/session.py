@@ -82,12 +82,12 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
     """The Spark settings that make the driver JVM log with the project's log4j2 file,
     or none when the user chose a log4j2 configuration (a -Dlog4j2.configurationFile
     in `conf` or the usual Java option variables, or a log4j2 file in SPARK_CONF_DIR
-    or SPARK_HOME/conf)."""
-    key = "spark.driver.extraJavaOptions"
-    options = conf.get(key, "")
-    if _LOG4J_PROPERTY in options or any(
-        _LOG4J_PROPERTY in env.get(v, "") for v in _JAVA_OPTION_SOURCES
-    ):
+    or SPARK_HOME/conf). It goes into the driver's default Java options, which come
+    before (and so yield to) the user's `spark.driver.extraJavaOptions`."""
+    key = "spark.driver.defaultJavaOptions"
+    chosen = [conf.get(key, ""), conf.get("spark.driver.extraJavaOptions", "")]
+    chosen += [env.get(name, "") for name in _JAVA_OPTION_SOURCES]
+    if any(_LOG4J_PROPERTY in options for options in chosen):
         return {}
     conf_dirs = [env.get("SPARK_CONF_DIR"), env.get("SPARK_HOME") and f"{env['SPARK_HOME']}/conf"]
     if any(Path(d, name).is_file() for d in conf_dirs if d for name in _LOG4J_FILES):
@@ -95,7 +95,7 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
     if not LOG4J2_FILE.is_file():
         return {}
     option = f"-D{_LOG4J_PROPERTY}={LOG4J2_FILE.resolve().as_uri()}"
-    return {key: f"{options} {option}".strip()}
+    return {key: f"{option} {conf.get(key, '')}".strip()}
 
 
 def _stop_if_running(spark) -> None:

@@ -126,12 +126,12 @@ def test_cpp_log_lines_follow_tf_cpp_min_log_level():
 def test_user_log4j_configuration_is_kept(tmp_path):
     from sparkdist.session import LOG4J2_FILE, quiet_log4j_conf
 
-    key = "spark.driver.extraJavaOptions"
-    ours = quiet_log4j_conf({key: "-Xss4m"}, {})[key]
-    assert ours == f"-Xss4m -Dlog4j2.configurationFile={LOG4J2_FILE.resolve().as_uri()}"
+    key = "spark.driver.defaultJavaOptions"
+    ours = quiet_log4j_conf({key: "-Xss4m", "spark.driver.extraJavaOptions": "-Da=b"}, {})
+    assert ours == {key: f"-Dlog4j2.configurationFile={LOG4J2_FILE.resolve().as_uri()} -Xss4m"}
     assert "rootLogger.level = warn" in LOG4J2_FILE.read_text()
     theirs = "-Dlog4j2.configurationFile=file:/etc/mine.properties"
-    assert quiet_log4j_conf({key: theirs}, {}) == {}
+    assert quiet_log4j_conf({"spark.driver.extraJavaOptions": theirs}, {}) == {}
     assert quiet_log4j_conf({}, {"JAVA_TOOL_OPTIONS": theirs}) == {}
     (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
     assert quiet_log4j_conf({}, {"SPARK_CONF_DIR": str(tmp_path)}) == {}
