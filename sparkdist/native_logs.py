@@ -23,8 +23,11 @@ DEFAULT_LEVEL = "2"
 """Errors only (0: all, 1: warnings and errors, 3: fatal only), as TensorFlow counts."""
 
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
-# absl/glog's prefix: severity, MMDD hh:mm:ss.micros, thread id, file:line]
-_ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+:\d+\] ")
+# absl/glog's prefix: severity, MMDD hh:mm:ss.micros (seconds since the epoch before
+# absl is initialised), thread id, C++ source file:line] (absl-py, Python's, has .py).
+_ABSL_LINE = re.compile(
+    r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\s\]]+\.(?:cc|cpp|cxx|c|h|hpp|cu):\d+\] "
+)
 # Printed (as a warning) by absl before the first message of each copy of absl.
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written"
 
