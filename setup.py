@@ -30,7 +30,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["sparkdist", "sparkdist.*"]),
-    package_data={"sparkdist": ["py.typed"]},
+    package_data={"sparkdist": ["py.typed", "log4j2.properties"]},
     install_requires=[
         "pyspark>=3.5",
         "cloudpickle>=2.2",

@@ -15,8 +15,10 @@ never listens takes no connections; it only keeps the port out of everyone else'
 hands. The reservation is released at the very last moment: when the rank exits.
 
 It runs only when TensorFlow is installed in the rank's environment (a `find_spec`
-lookup, no import), and never overrides a TF_CONFIG the user set. In multi-worker jobs
-it also arms the fix for Keras 3's multi-worker `fit` (`keras_compat.py`).
+lookup, no import), and never overrides a TF_CONFIG the user set. In multi-worker
+jobs it also arms the fix for Keras 3's multi-worker `fit` (`keras_compat.py`).
+TensorFlow's C++ start-up logs are off unless the user set TF_CPP_MIN_LOG_LEVEL
+(`sparkdist/native_logs.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import socket
 from typing import Any
 
+from sparkdist import native_logs
 from sparkdist.backends import keras_compat
 from sparkdist.backends.base import RankContext
 
@@ -52,7 +55,10 @@ class TensorFlowBackend:
     name = "tensorflow"
 
     def prepare(self, ctx: RankContext) -> None:
-        if "TF_CONFIG" in ctx.env or importlib.util.find_spec("tensorflow") is None:
+        if importlib.util.find_spec("tensorflow") is None:
+            return
+        native_logs.set_default_level(ctx.env)
+        if "TF_CONFIG" in ctx.env:
             return
         rendezvous = ctx.rendezvous
         reservation = reserve_shared_port(ctx.host)

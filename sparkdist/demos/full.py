@@ -139,8 +139,7 @@ def run_tensorflow(options: DemoOptions, output: Path) -> Row:
     from sparkdist.demos.keras_digits import train_digits_keras
 
     _say(f"\n== 3. TensorFlow Keras, MultiWorkerMirroredStrategy on {options.np} ranks")
-    # TF_CPP_MIN_LOG_LEVEL=2: without TensorFlow's C++ start-up chatter on every rank.
-    runner = HorovodRunner(np=options.np, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    runner = HorovodRunner(np=options.np)
     result = _tracked(
         "tensorflow",
         {"np": options.np, "epochs": options.tf_epochs},

@@ -36,7 +36,8 @@ def train_digits_keras(epochs: int = 8, model_dir: str | None = None) -> dict:
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    history = model.fit(train, epochs=epochs, verbose=0)
+    # The dataset shuffles itself; Keras warns when also asked to (its default).
+    history = model.fit(train, epochs=epochs, verbose=0, shuffle=False)
     predicted = model.predict(x_test, verbose=0).argmax(axis=1)
     saved = None
     if rank == 0 and model_dir:

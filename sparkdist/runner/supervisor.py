@@ -21,6 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 
+from sparkdist import native_logs
 from sparkdist.runner import wire
 from sparkdist.runner.processes import (
     ProcessRecord,
@@ -78,6 +79,7 @@ class Supervisor:
         self.rank = int(self.layout["RANK"])
         self.host = self.env.get("SPARKDIST_TASK_HOST", socket.gethostname())
         self.stream_output = self.env.get("SPARKDIST_LOG_MODE", "all") == "all"
+        self.quiet = native_logs.below_level(self.env)  # C++ start-up logs, off by default
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.lines: queue.Queue = queue.Queue()
         self.bye = threading.Event()
@@ -141,7 +143,7 @@ class Supervisor:
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             self.tail.append(line)
-            if self.stream_output:
+            if self.stream_output and not (stream == "stderr" and self.quiet(line)):
                 self.lines.put((stream, line))
 
     def _send_output(self) -> None:

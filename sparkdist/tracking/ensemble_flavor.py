@@ -1,7 +1,8 @@
 """A fitted partition ensemble as an `mlflow.pyfunc` model.
 
 The ensemble is saved in its own portable format (XGBoost JSON, versioned
-scikit-learn files) as an artifact of the pyfunc model; sparkdist's code travels
+scikit-learn files) as an artifact of the pyfunc model, which is logged from code
+(`ensemble_pyfunc.py`, as MLflow recommends); sparkdist's code travels
 with it (`code_paths`), so `mlflow.pyfunc.load_model` and `mlflow.pyfunc.spark_udf`
 work where sparkdist is not installed. Per-model statistics go into the run as a
 table and as metrics.
@@ -18,23 +19,6 @@ import sparkdist
 
 ARTIFACT_KEY = "ensemble"
 STATS_TABLE = "sparkdist_ensemble_stats.json"
-
-
-def _python_model_class():
-    import mlflow.pyfunc
-
-    class PartitionEnsemblePyfunc(mlflow.pyfunc.PythonModel):
-        """Loads the saved ensemble once; predicts classes or values for a DataFrame."""
-
-        def load_context(self, context) -> None:
-            from sparkdist.ensemble import PartitionEnsembleModel
-
-            self.model = PartitionEnsembleModel.load(context.artifacts[ARTIFACT_KEY])
-
-        def predict(self, context, model_input, params=None):
-            return self.model.predict(model_input)
-
-    return PartitionEnsemblePyfunc
 
 
 def _requirements(model: Any) -> list[str]:
@@ -82,7 +66,7 @@ def log_ensemble(model: Any, name: str = "model", *, input_example: Any = None) 
         model.save(saved)
         info = mlflow.pyfunc.log_model(
             name=name,
-            python_model=_python_model_class()(),
+            python_model=os.path.join(code_path, "tracking", "ensemble_pyfunc.py"),
             artifacts={ARTIFACT_KEY: saved},
             code_paths=[code_path],
             signature=signature,
