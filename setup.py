@@ -9,7 +9,8 @@ EXTRAS = {
     "ensemble": ["scikit-learn>=1.4", "xgboost-cpu>=2.0"],
     "mlflow": ["mlflow>=3,<4"],
     "mpi": ["mpi4py>=3.1"],
-    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8"],
+    "tune": ["optuna>=4,<6"],
+    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8", "hyperopt>=0.2.7"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})
 
