@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+import cloudpickle
+
 from sparkdist.runner import payload
 from sparkdist.runner.horovod_runner import driver_pythonpath
 from sparkdist.runner.spark_cluster import spark_error_summary
@@ -19,8 +21,6 @@ logger = logging.getLogger(__name__)
 def _run_in_task(blob: bytes, import_path: str) -> Outcome:
     """In the Spark task: make the driver's modules importable (an objective defined in
     a module is pickled by reference, as the runner's ranks see it), then run it."""
-    import cloudpickle
-
     for entry in import_path.split(os.pathsep):
         if entry and entry not in sys.path and os.path.isdir(entry):
             sys.path.append(entry)
@@ -33,14 +33,19 @@ class SingleNodeTrial:
 
     def __init__(self, sc, objective, trial: RemoteTrial, search_id: str):
         self.sc = sc
-        # Pickled now, on the driver's thread: an objective that cannot travel fails the
-        # search at once with the name of the culprit (`PayloadError`).
-        self.blob = payload.pack(objective, {"trial": trial})
+        # Pickled now, on the driver's main thread: an objective that cannot travel fails
+        # the search at once with the name of the culprit (`PayloadError`).
+        payload.pack(objective, {"trial": trial})
+        self.objective = objective
+        self.trial = trial
         self.number = trial.number
         self.group = f"sparkdist-tune-{search_id}-{trial.number}"
 
     def run(self) -> Outcome:
-        blob, import_path = self.blob, driver_pythonpath()
+        # Pickled again in the thread that submits the job: pyspark ships the broadcast
+        # variables the objective uses with the job pickled in the same thread.
+        blob = cloudpickle.dumps((self.objective, {"trial": self.trial}))
+        import_path = driver_pythonpath()
 
         def task(_rows):
             yield _run_in_task(blob, import_path)
