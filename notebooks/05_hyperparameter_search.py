@@ -49,7 +49,7 @@ from sklearn.model_selection import train_test_split
 
 import sparkdist.tune
 
-x, y = make_classification(n_samples=4_000, n_features=20, n_informative=8, random_state=0)
+x, y = make_classification(n_samples=2_000, n_features=20, n_informative=8, random_state=0)
 data = spark.sparkContext.broadcast(train_test_split(x, y, test_size=0.25, random_state=0))
 
 
@@ -59,7 +59,7 @@ def xgb_objective(trial):
 
     x_train, x_valid, y_train, y_valid = data.value
     model = XGBClassifier(
-        n_estimators=trial.suggest_int("n_estimators", 20, 200, log=True),
+        n_estimators=trial.suggest_int("n_estimators", 20, 100, log=True),
         max_depth=trial.suggest_int("max_depth", 2, 8),
         learning_rate=trial.suggest_float("learning_rate", 0.01, 0.5, log=True),
         subsample=trial.suggest_float("subsample", 0.5, 1.0),
@@ -73,7 +73,7 @@ xgb_study = optuna.create_study(
     direction="minimize", sampler=optuna.samplers.TPESampler(seed=0), study_name="xgboost"
 )
 with mlflow.start_run(run_name="xgboost search") as search_run:
-    sparkdist.tune.optimize(xgb_study, xgb_objective, n_trials=8, parallelism=2)
+    sparkdist.tune.optimize(xgb_study, xgb_objective, n_trials=6, parallelism=2)
 print(f"best log-loss {xgb_study.best_value:.4f} with {xgb_study.best_params}")
 xgb_study.trials_dataframe()[["number", "value", "state", "duration"]]
 
@@ -111,8 +111,8 @@ plt.show()
 # MAGIC `np=2`: each trial is a `HorovodRunner(np=2)` job, and rank 0's return value is the
 # MAGIC trial's value. Rank 0 reports the test accuracy after every epoch; when the pruner says
 # MAGIC stop, rank 0 raises `optuna.TrialPruned`, and the runner stops the other rank too.
-# MAGIC The first two trials are queued by hand (a good and a poor learning rate) so the pruner
-# MAGIC has something to compare with; the third is sampled.
+# MAGIC The two trials are queued by hand (a good and a poor learning rate) so the pruner has
+# MAGIC something to compare with; without `enqueue_trial` the sampler picks the rates.
 
 # COMMAND ----------
 
@@ -135,7 +135,7 @@ def ddp_objective(trial):
     model = DistributedDataParallel(make_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(rank)
-    for epoch in range(6):
+    for epoch in range(4):
         train_epoch(model, optimizer, x_shard, y_shard, 32, generator)
         if rank == 0:
             trial.report(accuracy(model.module, x_test, y_test), epoch)
@@ -151,7 +151,7 @@ ddp_study = optuna.create_study(
 )
 ddp_study.enqueue_trial({"lr": 0.01})
 ddp_study.enqueue_trial({"lr": 0.0001})
-sparkdist.tune.optimize(ddp_study, ddp_objective, n_trials=3, np=2)
+sparkdist.tune.optimize(ddp_study, ddp_objective, n_trials=2, np=2)
 for t in ddp_study.trials:
     print(t.number, t.state.name, t.params, f"epochs reported: {len(t.intermediate_values)}")
 print(f"best accuracy {ddp_study.best_value:.4f} with lr={ddp_study.best_params['lr']:.4g}")
@@ -168,7 +168,7 @@ print(f"best accuracy {ddp_study.best_value:.4f} with lr={ddp_study.best_params[
 
 storage = f"sqlite:///{os.path.join(OUTPUT_DIR, 'search.db')}"
 study = optuna.create_study(study_name="resumable", storage=storage, load_if_exists=True)
-sparkdist.tune.optimize(study, xgb_objective, n_trials=2)
+sparkdist.tune.optimize(study, xgb_objective, n_trials=1)
 resumed = optuna.load_study(study_name="resumable", storage=storage)  # as after a restart
-sparkdist.tune.optimize(resumed, xgb_objective, n_trials=2)
+sparkdist.tune.optimize(resumed, xgb_objective, n_trials=1)
 print(f"{len(resumed.trials)} trials in the stored study; best {resumed.best_value:.4f}")

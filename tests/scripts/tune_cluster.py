@@ -2,7 +2,7 @@
 local-cluster[2,2,1024] (the test session's Spark has 2 slots, and one SparkContext per
 process is all pyspark allows).
 
-Phase 1: four 2-rank torch trials, two at once, the second pruned at step 1 while its
+Phase 1: two 2-rank torch trials at once, the second pruned at step 1 while its
 rank 1 keeps training. Phase 2: 2-rank trials that run until the test sends SIGINT.
 Each phase prints one `RESULT {json}` line.
 """
@@ -82,7 +82,7 @@ def main() -> None:
 
     study = optuna.create_study(pruner=PruneTrialOne())
     t0 = time.monotonic()
-    sparkdist.tune.optimize(study, ddp_objective, n_trials=4, np=2, parallelism=2)
+    sparkdist.tune.optimize(study, ddp_objective, n_trials=2, np=2, parallelism=2)
     trials = [
         {"number": t.number, "state": t.state.name, "value": t.value, "attrs": t.user_attrs,
          "steps": sorted(t.intermediate_values)}
