@@ -134,27 +134,10 @@ def single_node_part() -> list[dict]:
 
 
 def ddp_train(lr: float) -> float:
-    """3 epochs of DDP on digits over Gloo; every rank returns the test accuracy."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    """3 epochs of the digits DDP demo over Gloo; every rank returns the test accuracy."""
+    from sparkdist.demos.digits import train_digits_ddp
 
-    from sparkdist.demos.digits import accuracy, load_digits_split, make_model, train_epoch
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    x_train, x_test, y_train, y_test = load_digits_split()
-    x_shard, y_shard = torch.from_numpy(x_train[rank::size]), torch.from_numpy(y_train[rank::size])
-    model = DistributedDataParallel(make_model())
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(rank)
-    for _ in range(3):
-        train_epoch(model, optimizer, x_shard, y_shard, 32, generator)
-    result = accuracy(model.module, x_test, y_test)
-    dist.destroy_process_group()
-    return result
+    return train_digits_ddp(epochs=3, lr=lr)["accuracy"]
 
 
 def distributed_part() -> list[dict]:
