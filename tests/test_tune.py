@@ -121,6 +121,33 @@ def test_bad_arguments_fail_early(sc):
     assert study.trials == []
 
 
+def sleeps_two_seconds(trial):
+    import time
+
+    time.sleep(2.0)
+    return trial.suggest_float("x", 0, 1)
+
+
+def test_timeout_starts_no_new_trial(sc):
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, sleeps_two_seconds, n_trials=20, timeout=1.0)
+    # The first two trials (2 slots) started before the time ran out and finished.
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+
+
+def test_objective_that_cannot_travel_fails_at_once(sc):
+    lock = threading.Lock()
+
+    def objective(trial):
+        with lock:
+            return trial.suggest_float("x", 0, 1)
+
+    study = optuna.create_study()
+    with pytest.raises(sparkdist.PayloadError, match="lock"):
+        sparkdist.tune.optimize(study, objective, n_trials=2)
+    assert [t.state.name for t in study.trials] == ["FAIL"]
+
+
 def sleeps_unless_first(trial):
     import time
 

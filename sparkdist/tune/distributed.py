@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from sparkdist.runner import payload
 from sparkdist.runner.errors import SparkdistError
 from sparkdist.runner.horovod_runner import HorovodRunner
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
@@ -24,6 +25,7 @@ class DistributedTrial:
     """One trial as a `HorovodRunner(np=np)` job run from a driver thread."""
 
     def __init__(self, sc, objective, trial: RemoteTrial, np: int, runner_options: dict):
+        payload.pack(objective, {"trial": trial})  # fails the search now if it cannot travel
         self.sc = sc
         self.objective = objective
         self.trial = trial

@@ -122,12 +122,20 @@ class _Search:
     def _start(self, pool: ThreadPoolExecutor) -> None:
         trial = self.study.ask()
         remote = self.service.add(trial)
-        if self.np is None:
-            job = SingleNodeTrial(self.sc, self.objective, remote, self.search_id)
-            future = pool.submit(job.run)
-        else:
-            job = DistributedTrial(self.sc, self.objective, remote, self.np, self.runner_options)
-            future = pool.submit(job.run, self.service.was_pruned)
+        try:
+            if self.np is None:
+                job = SingleNodeTrial(self.sc, self.objective, remote, self.search_id)
+                future = pool.submit(job.run)
+            else:
+                job = DistributedTrial(
+                    self.sc, self.objective, remote, self.np, self.runner_options
+                )
+                future = pool.submit(job.run, self.service.was_pruned)
+        except BaseException as exc:  # e.g. PayloadError: no trial can run; stop the search
+            self.service.remove(trial.number)
+            trial.set_user_attr("traceback", f"{type(exc).__name__}: {exc}")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
         self.running[future] = (trial, job)
         logger.info("sparkdist.tune: trial %d started", trial.number)
 
