@@ -16,7 +16,8 @@ EXTRAS = {
         "googleapis-common-protos>=1.56.4",
         "zstandard>=0.25.0",
     ],
-    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8"],
+    "tune": ["optuna>=4,<6"],
+    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8", "hyperopt>=0.2.7"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})
 

@@ -268,6 +268,7 @@ def run_checks() -> list[Check]:
         check_framework("tensorflow-cpu", "TensorFlow", "tensorflow")
         if _version("tensorflow-cpu")
         else check_framework("tensorflow", "TensorFlow", "tensorflow"),
+        check_framework("optuna", "Optuna (sparkdist.tune)", "optuna"),
         check_gpus(),
     ]
 

@@ -47,6 +47,7 @@ def test_notebooks_are_all_tested():
         "02_tensorflow_keras_multiworker.py",
         "03_partition_ensembles.py",
         "04_horovod_timeline.py",
+        "05_hyperparameter_search.py",
     }
     assert {p.name for p in NOTEBOOKS.glob("*.py")} == tested
 
@@ -119,3 +120,23 @@ def test_04_horovod_timeline(spark, tmp_path):
     summary = ns["summary"]
     assert "ALLREDUCE" in summary.index and summary.loc["ALLREDUCE", "count"] > 0
     assert len(ns["tensors"]) >= 4  # 2 weights + 2 biases, allreduced every step
+
+
+def test_05_hyperparameter_search(spark, tmp_path, embedded_mlflow):
+    ns = run_notebook("05_hyperparameter_search.py", spark, tmp_path)
+    xgb = ns["xgb_study"]
+    assert [t.state.name for t in xgb.trials] == ["COMPLETE"] * 6
+    assert xgb.best_value < 0.45
+    assert (tmp_path / "xgboost_search.png").read_bytes().startswith(PNG_MAGIC)
+    import mlflow
+
+    run = ns["search_run"]
+    children = mlflow.search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+    )
+    assert len(children) == 6
+    good, poor = ns["ddp_study"].trials
+    assert good.state.name == "COMPLETE" and good.value >= 0.9
+    assert len(good.intermediate_values) == 4
+    assert poor.state.name == "PRUNED" and len(poor.intermediate_values) < 4
+    assert len(ns["resumed"].trials) == 2
