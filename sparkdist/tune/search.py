@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.spark_cluster import SparkLaunch
+from sparkdist.runner.spark_cluster import active_spark
 from sparkdist.tune.distributed import DistributedTrial
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.service import TrialService
@@ -80,7 +80,15 @@ def optimize(
         raise ValueError(f"objective must be a function objective(trial), got {objective!r}")
     if np is None and runner_options:
         raise ValueError("runner_options apply to distributed trials only: pass np=N too")
-    cluster = SparkLaunch.for_active_session()
+    cluster = active_spark()
+    if cluster.kind != "classic":
+        from sparkdist.connect import ConnectUnsupportedError
+
+        raise ConnectUnsupportedError(
+            "sparkdist.tune runs its trials through a SparkContext (job groups, "
+            "defaultParallelism), which a Spark Connect session does not have: run the "
+            "search from a classic session (a notebook on a dedicated cluster, spark-submit)."
+        )
     sc = cluster.sc
     slots = sc.defaultParallelism
     per_trial = np or 1
