@@ -193,6 +193,10 @@ class BarrierStage:
             logger.info("cancelling Spark job group %s", self.group)
             self.spark.cancel(self.group)
         self._thread.join(timeout=JOIN_TIMEOUT_S)
+        return self._wait_local_gone()
+
+    def _wait_local_gone(self) -> list[ProcessRecord]:
+        """The job's recorded processes on this machine that did not end within 5 s."""
         local = [p for p in self.state.processes if is_local_address(p.host)]
         return wait_gone(local, timeout_s=5.0)
 
@@ -227,8 +231,7 @@ class RelayedStage(BarrierStage):
             logger.info("cancelling Spark operations tagged %s", self.group)
             self.spark.cancel(self.group)
             self._thread.join(timeout=JOIN_TIMEOUT_S)
-        local = [p for p in self.state.processes if is_local_address(p.host)]
-        return wait_gone(local, timeout_s=5.0)
+        return self._wait_local_gone()
 
 
 def _print_line(stream: str, line: str) -> None:
