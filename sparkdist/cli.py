@@ -46,6 +46,7 @@ def _session(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     from sparkdist import HorovodRunner
     from sparkdist.runner.errors import SparkdistError
+    from sparkdist.session import stop_session
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
@@ -66,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         if spark is not None:
             # Stop Spark here rather than in its shutdown hook, which under spark-submit
             # and local-cluster logs a "Failed to launch executor" error per executor.
-            spark.stop()
+            stop_session(spark)
     print(
         f"sparkdist run: {args.script} finished on {abs(args.np)} ranks in "
         f"{runner.last_job.wall_time_s:.1f}s",

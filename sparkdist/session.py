@@ -18,7 +18,10 @@ workers for replacements, each of which fails to register its own shutdown hook
 until the Master gives up and removes the application ("Master removed our
 application: FAILED"). `SparkContext.stop()` first unregisters the application, so
 its executors end as KILLED and are not replaced, and only then stops the local
-cluster: nothing to report.
+cluster: nothing to report. It waits first (a few seconds at most) until the
+executors have reported every task they were running: a job that just failed leaves
+its other tasks being killed, and a KILLED status that reaches a driver already
+stopping is logged as an RPC error.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -98,9 +102,24 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
     return {key: f"{option} {conf.get(key, '')}".strip()}
 
 
+def stop_session(spark, drain_timeout_s: float = 10.0) -> None:
+    """Stop `spark` cleanly (see above): once no executor runs a task, or after
+    `drain_timeout_s`, whichever comes first."""
+    deadline = time.monotonic() + drain_timeout_s
+    while _running_tasks(spark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    spark.stop()
+
+
+def _running_tasks(spark) -> int:
+    """How many tasks the executors are still running, as the driver knows it."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    return sum(info.numRunningTasks() for info in tracker.getExecutorInfos())
+
+
 def _stop_if_running(spark) -> None:
     """Stop `spark` at interpreter exit, unless it was stopped already (see above)."""
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is spark.sparkContext:
-        spark.stop()
+        stop_session(spark)
