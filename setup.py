@@ -17,7 +17,17 @@ EXTRAS = {
         "zstandard>=0.25.0",
     ],
     "tune": ["optuna>=4,<6"],
-    "test": ["pytest>=8", "pytest-timeout>=2", "ruff>=0.6", "matplotlib>=3.8", "hyperopt>=0.2.7"],
+    "test": [
+        "pytest>=8",
+        "pytest-timeout>=2",
+        "ruff>=0.6",
+        "matplotlib>=3.8",
+        "hyperopt>=0.2.7",
+        # The torch frameworks that sparkdist runs unchanged (tests/test_torch_frameworks.py).
+        "pytorch-lightning>=2.2",
+        "accelerate>=0.30",
+        "deepspeed>=0.14.1",
+    ],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})
 
