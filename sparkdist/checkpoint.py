@@ -32,9 +32,10 @@ from typing import Any
 
 import cloudpickle
 
-from sparkdist.runner import rank_channel
+from sparkdist import job_environment
+from sparkdist.runner import messages, rank_channel
 
-ATTEMPT_ENV = "SPARKDIST_ATTEMPT"
+ATTEMPT_ENV = job_environment.ATTEMPT
 
 
 def _client() -> rank_channel.DriverClient:
@@ -58,21 +59,21 @@ def save(state: Any, step: int) -> bool:
         raise ValueError(f"step must be an int >= 0 (e.g. the epochs done), got {step!r}")
     if int(os.environ.get("RANK", "0")) != 0:
         return False
-    reply = _client().request(("checkpoint_save", step, cloudpickle.dumps(state)))
-    if reply[0] != "ok":
-        raise RuntimeError(f"the driver could not store checkpoint {step}: {reply[1]}")
+    reply = _client().request(messages.CheckpointSave(step, cloudpickle.dumps(state)))
+    if isinstance(reply, messages.Failed):
+        raise RuntimeError(f"the driver could not store checkpoint {step}: {reply.error}")
     return True
 
 
 def latest() -> tuple[int, Any] | None:
     """(step, state) of the newest checkpoint of this training run, or None."""
-    reply = _client().request(("checkpoint_latest",))
-    if reply[1] is None:
+    reply = _client().request(messages.CheckpointLatest())
+    if reply.value is None:
         return None
-    step, blob = reply[1]
+    step, blob = reply.value
     return step, cloudpickle.loads(blob)
 
 
 def attempt() -> int:
     """0 for the first launch of the job, 1 for its first relaunch, and so on."""
-    return int(os.environ.get(ATTEMPT_ENV, "0"))
+    return job_environment.attempt(os.environ)

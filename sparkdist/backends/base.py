@@ -13,11 +13,14 @@ from typing import Any, Protocol
 
 
 class Rendezvous(Protocol):
-    """Values shared by the ranks of one job, through the driver."""
+    """The rank's link to the driver: values shared by the ranks of one job, and files
+    for the driver."""
 
     def put(self, key: str, value: Any) -> None: ...
 
     def get(self, key: str, timeout_s: float = ...) -> Any: ...
+
+    def send_file(self, name: str, data: bytes) -> None: ...
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Why: Spark schedules GPUs per task (`spark.task.resource.gpu.amount`) but does not
 hide the other GPUs of the machine from the task's processes. A rank that simply uses
 `cuda:0` would then share a device with every other rank on that machine. So the
-runner hands each rank its task's GPU addresses (`SPARKDIST_TASK_GPUS`: the barrier
+runner hands each rank its task's GPU addresses (`job_environment.TASK_GPUS`: the barrier
 task's `resources()["gpu"]` on the cluster, the driver's `sc.resources["gpu"]` for
 `np < 0`), and this backend turns them into CUDA_VISIBLE_DEVICES before the user's code
 can initialise CUDA:
@@ -23,38 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from sparkdist import job_environment
 from sparkdist.backends.base import RankContext
 
 logger = logging.getLogger(__name__)
-
-TASK_GPUS_ENV = "SPARKDIST_TASK_GPUS"
-
-
-def gpu_addresses(resources: Mapping[str, Any] | None) -> list[str]:
-    """The GPU addresses in a Spark resources map (`BarrierTaskContext.resources()`
-    or `SparkContext.resources`); empty when there are none."""
-    info = (resources or {}).get("gpu")
-    return [str(a) for a in info.addresses] if info is not None else []
-
-
-def driver_gpu_addresses() -> list[str]:
-    """The GPUs Spark gave the driver (`spark.driver.resource.gpu.*`), if a
-    SparkContext is active; else none. Never starts Spark."""
-    try:
-        from pyspark import SparkContext
-    except ImportError:
-        return []
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        return []
-    try:
-        return gpu_addresses(sc.resources)
-    except Exception:  # noqa: BLE001 - a stopped or remote (Connect) context has none to give
-        logger.debug("could not read the driver's GPU resources", exc_info=True)
-        return []
 
 
 def _parse_list(value: str) -> list[str]:
@@ -105,7 +79,7 @@ class GpuBackend:
 
     def prepare(self, ctx: RankContext) -> None:
         env = ctx.env
-        addresses = _parse_list(env.get(TASK_GPUS_ENV, ""))
+        addresses = job_environment.task_gpus(env)
         if not addresses:
             return
         devices = owned_devices(addresses, env.get("CUDA_VISIBLE_DEVICES"))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from sparkdist.backends.base import RankContext
 from sparkdist.backends.import_hooks import after_import, refusing_spec
-from sparkdist.runner.network import interface_of
+from sparkdist.network import interface_of
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ the task's address, unless the user chose one.
 from __future__ import annotations
 
 from sparkdist.backends.base import RankContext
-from sparkdist.runner.network import interface_of, reserve_port
+from sparkdist.network import interface_of, reserve_port
 
 
 class TorchBackend:

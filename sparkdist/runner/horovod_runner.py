@@ -3,7 +3,8 @@
     HorovodRunner(np=2).run(main, lr=0.1)
 
 pickles `main` and its arguments here, on the driver, runs `main(**kwargs)` on every
-rank, and returns rank 0's value. See DESIGN.md for the data flow.
+rank, and returns rank 0's value. See docs/architecture.md for the data flow, which
+module runs in which process, the messages and the environment contract.
 """
 
 from __future__ import annotations
@@ -19,24 +20,22 @@ from typing import Any
 
 import cloudpickle
 
-from sparkdist import tracking
-from sparkdist.backends import timeline
-from sparkdist.checkpoint import ATTEMPT_ENV
-from sparkdist.runner import payload, retry, wire
+from sparkdist import job_environment, tracking
+from sparkdist.network import join_address
+from sparkdist.runner import payload, retry, timeline_file, wire
 from sparkdist.runner.checkpoint_store import CheckpointStore
-from sparkdist.runner.driver import DriverService, JobSpec, JobState
+from sparkdist.runner.driver import DriverService
 from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.launch import LaunchSpec, mpirun_available
+from sparkdist.runner.job_state import JobSpec, JobState
+from sparkdist.runner.launch import Launch, LaunchSpec
 from sparkdist.runner.local_launch import LOCAL_HOST, LocalLaunch
+from sparkdist.runner.options import RunnerOptions
 from sparkdist.runner.processes import ProcessRecord
 from sparkdist.runner.relay import RelayPlan
 from sparkdist.runner.script import ScriptMain
 from sparkdist.runner.spark_cluster import BarrierStage, RelayedStage, active_spark
 
 logger = logging.getLogger(__name__)
-
-LOG_MODES = ("all", "log_callback_only")
-LAUNCHERS = ("auto", "mpi", "direct")
 
 
 @dataclass
@@ -106,51 +105,20 @@ class HorovodRunner:
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
     ):
-        if isinstance(np, bool) or not isinstance(np, int):
-            raise ValueError(f"np must be an int, got {np!r}")
-        if np == 0:
-            raise ValueError(
-                "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
-                "for -np ranks on the driver"
-            )
-        if driver_log_verbosity not in LOG_MODES:
-            raise ValueError(
-                f"driver_log_verbosity must be one of {LOG_MODES}, got {driver_log_verbosity!r}"
-            )
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-        if launcher == "mpi" and not mpirun_available():
-            raise ValueError(
-                "launcher='mpi' needs Open MPI's mpirun on PATH: install it (e.g. "
-                "`bash init_scripts/install_system.sh`) or use launcher='direct'"
-            )
-        for name, value in (("start_timeout", start_timeout), ("timeout", timeout)):
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        env = dict(env or {})
-        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise ValueError(f"env must map str to str; bad entries: {bad}")
-        if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
-            raise ValueError(
-                "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
-            )
-        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
-            raise ValueError(
-                f"max_failures must be an int >= 0 (relaunches allowed), got {max_failures!r}"
-            )
-        self.np = np
-        self.max_failures = max_failures
-        self.retry_on_exception = bool(retry_on_exception)
-        self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
-        self.driver_log_verbosity = driver_log_verbosity
-        self.launcher = launcher
-        self.start_timeout = float(start_timeout)
-        self.timeout = timeout
-        self.env = env
-        self.mpi_args = list(mpi_args)
-        self.network_interface = network_interface
-        self.timeline = os.fspath(timeline) if timeline is not None else None
+        self.options = RunnerOptions(
+            np=np,
+            driver_log_verbosity=driver_log_verbosity,
+            launcher=launcher,
+            start_timeout=start_timeout,
+            timeout=timeout,
+            env=env or {},
+            mpi_args=mpi_args,
+            network_interface=network_interface,
+            timeline=timeline,
+            max_failures=max_failures,
+            retry_on_exception=retry_on_exception,
+            checkpoint_dir=checkpoint_dir,
+        )
         self.last_job: JobReport | None = None
 
     def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
@@ -168,11 +136,6 @@ class HorovodRunner:
 
     # -----------------------------------------------------------------------------------
 
-    def _resolved_launcher(self) -> str:
-        if self.launcher != "auto":
-            return self.launcher
-        return "mpi" if mpirun_available() else "direct"
-
     def _run(self, main: Callable | str | os.PathLike, kwargs: dict[str, Any], all_results: bool):
         if isinstance(main, (str, os.PathLike)):
             unexpected = set(kwargs) - {"args"}
@@ -184,36 +147,36 @@ class HorovodRunner:
             main, kwargs = ScriptMain.from_file(main, kwargs.get("args", ())), {}
         kwargs = _convert_dataframes(kwargs)
         blob = payload.pack(main, kwargs)
-        launcher = self._resolved_launcher()
-        report = JobReport(job_id="", np=self.np, launcher=launcher)
+        opts = self.options
+        report = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher())
         self.last_job = report
-        cluster = None if self.np < 0 else active_spark()
+        cluster = None if opts.on_driver else active_spark()
         relay = cluster is not None and not cluster.executors_reach_client()
         if relay:
             self._check_relay()
         # Relayed, checkpoints live where task 0 can write them (checkpoint_dir), not here.
-        checkpoints = CheckpointStore(self.checkpoint_dir) if not relay else None
+        checkpoints = CheckpointStore(opts.checkpoint_dir) if not relay else None
         try:
             attempt = 0
             while True:
-                state = JobState(
-                    JobSpec(uuid.uuid4().hex[:12], abs(self.np), blob, all_results,
-                            self.driver_log_verbosity),
-                    checkpoints=checkpoints,
+                job = JobSpec(
+                    uuid.uuid4().hex[:12], opts.num_ranks, blob, all_results,
+                    opts.driver_log_verbosity,
                 )  # fmt: skip
+                state = JobState(job, checkpoints=checkpoints)
                 report.attempts = attempt + 1
                 try:
                     return self._attempt(state, report, attempt, cluster, relay)
                 except BaseException as exc:
-                    reason = retry.retry_reason(exc, state, self.retry_on_exception)
-                    if reason is None or attempt >= self.max_failures:
+                    reason = retry.retry_reason(exc, state, opts.retry_on_exception)
+                    if reason is None or attempt >= opts.max_failures:
                         raise
                     attempt += 1
                     report.failures.append(reason)
                     logger.warning(
                         "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
-                        "%d), %s", state.spec.job_id, reason, attempt, self.max_failures,
-                        _resume_point(checkpoints, self.checkpoint_dir),
+                        "%d), %s", job.job_id, reason, attempt, opts.max_failures,
+                        _resume_point(checkpoints, opts.checkpoint_dir),
                     )  # fmt: skip
         finally:
             if checkpoints is not None:
@@ -222,11 +185,12 @@ class HorovodRunner:
     def _check_relay(self) -> None:
         """Relay mode (executors cannot reach this client): say so once, and require
         storage that outlives barrier task 0 when a relaunch must resume from it."""
-        if self.max_failures and self.checkpoint_dir is None:
+        opts = self.options
+        if opts.max_failures and opts.checkpoint_dir is None:
             raise SparkdistError(
                 "the executors cannot reach this Spark Connect client, so the job's service "
                 "runs in barrier task 0, and relaunches (max_failures="
-                f"{self.max_failures}) resume from checkpoints that must outlive that task: "
+                f"{opts.max_failures}) resume from checkpoints that must outlive that task: "
                 "pass checkpoint_dir= a directory every executor shares (a DBFS path or a Unity "
                 "Catalog volume such as /Volumes/..., or a mounted file system)."
             )
@@ -239,59 +203,91 @@ class HorovodRunner:
     def _attempt(
         self, state: JobState, report: JobReport, attempt: int, cluster, relay: bool
     ) -> list[Any]:
-        """Launch the job once; return every rank's (unpickled) result."""
-        job_id, np, launcher = state.spec.job_id, state.spec.np, report.launcher
-        report.job_id = job_id
+        """Launch the job once: place it, launch it, wait for it, collect what it left;
+        return every rank's (unpickled) result."""
+        report.job_id = state.spec.job_id
         report.outcome = "running"
         secret = wire.new_secret()
+        service = self._place(state, secret, cluster)
+        timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
+        spec = self._launch_spec(state, service, secret, attempt, report, relay, timeline_path)
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, %s", spec.job_id, spec.np, spec.launcher,
+            "on the driver" if cluster is None else "on the cluster",
+        )  # fmt: skip
+        if cluster is None:
+            launch: Launch = LocalLaunch(spec, state)
+        else:
+            launch = (RelayedStage if relay else BarrierStage)(cluster, spec, state)
+        started = time.monotonic()
+        try:
+            self._launch_and_wait(launch, state, report, started)
+        finally:
+            self._collect(launch, service, state, report, started, timeline_path)
+        return [_load_result(r, blob) for r, blob in enumerate(state.results())]
 
+    def _place(self, state: JobState, secret: bytes, cluster) -> DriverService:
+        """Check the cluster can hold the job; start the job's service where the
+        executors (or the local ranks) reach it."""
         if cluster is not None:
-            cluster.check_slots(np, self.start_timeout)
+            cluster.check_slots(state.spec.np, self.options.start_timeout)
             bind_host, advertise_host = cluster.driver_addresses()
         else:
             bind_host = advertise_host = LOCAL_HOST
-        service = DriverService(state, secret, bind_host, advertise_host)
-        timeline_path = timeline.requested_path(self.timeline, os.environ)
-        rank_env = {**tracking.rank_environment(), **self.env, ATTEMPT_ENV: str(attempt)}
+        return DriverService(state, secret, bind_host, advertise_host)
+
+    def _launch_spec(
+        self,
+        state: JobState,
+        service: DriverService,
+        secret: bytes,
+        attempt: int,
+        report: JobReport,
+        relay: bool,
+        timeline_path: str | None,
+    ) -> LaunchSpec:
+        """What every task needs to start its part of this attempt."""
+        opts = self.options
+        rank_env = {
+            **tracking.rank_environment(),
+            **opts.env,
+            job_environment.ATTEMPT: str(attempt),
+        }
         if timeline_path:
-            rank_env[timeline.TIMELINE_ENV] = timeline_path
-        spec = LaunchSpec(
-            job_id=job_id,
-            driver=f"{service.address[0]}:{service.address[1]}",
+            rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
+        plan = RelayPlan(
+            job=state.spec,
+            start_timeout=opts.start_timeout,
+            timeout=opts.timeout,
+            launcher_expected=report.launcher == "mpi",
+            checkpoint_dir=opts.checkpoint_dir,
+        )
+        return LaunchSpec(
+            job_id=state.spec.job_id,
+            driver=join_address(*service.address),
             secret=secret,
-            np=np,
-            launcher=launcher,
-            log_mode=self.driver_log_verbosity,
+            np=state.spec.np,
+            launcher=report.launcher,
+            log_mode=opts.driver_log_verbosity,
             env=rank_env,
-            mpi_args=tuple(self.mpi_args),
-            network_interface=self.network_interface,
+            mpi_args=opts.mpi_args,
+            network_interface=opts.network_interface,
             driver_path=os.environ.get("PATH", ""),
             driver_pythonpath=driver_pythonpath(),
-            relay=RelayPlan(
-                job=state.spec,
-                start_timeout=self.start_timeout,
-                timeout=self.timeout,
-                launcher_expected=launcher == "mpi",
-                checkpoint_dir=self.checkpoint_dir,
-            )
-            if relay
-            else None,
+            relay=plan if relay else None,
         )
-        logger.info(
-            "sparkdist job %s: %d ranks, launcher %s, %s",
-            job_id, np, launcher, "on the driver" if cluster is None else "on the cluster",
-        )  # fmt: skip
-        started = time.monotonic()
-        if cluster is None:
-            launch = LocalLaunch(spec, state)
-        else:
-            launch = (RelayedStage if relay else BarrierStage)(cluster, spec, state)
+
+    def _launch_and_wait(
+        self, launch: Launch, state: JobState, report: JobReport, started: float
+    ) -> None:
+        """Start the job and wait for its end; tell its processes to finish or abort."""
+        opts = self.options
         try:
             launch.start()
             launch.wait(
-                start_deadline=started + self.start_timeout,
-                deadline=started + self.timeout if self.timeout else None,
-                launcher_expected=launcher == "mpi",
+                start_deadline=started + opts.start_timeout,
+                deadline=started + opts.timeout if opts.timeout else None,
+                launcher_expected=report.launcher == "mpi",
             )
             state.stop("finish", "done")
             report.outcome = "succeeded"
@@ -299,28 +295,38 @@ class HorovodRunner:
             report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
             raise
-        finally:
-            leftovers = launch.stop(finished=report.outcome == "succeeded")
-            service.close()
-            report.wall_time_s = time.monotonic() - started
-            report.processes += [p for p in state.processes if p not in report.processes]
-            report.files = dict(state.files)
-            report.frameworks = list(state.frameworks)
-            tracking.log_job(
-                np=self.np,
-                launcher=launcher,
-                backend=",".join(report.frameworks) or "none",
-                wall_time_s=report.wall_time_s,
-                outcome=report.outcome,
-            )
-            try:
-                timeline.save_timeline(report.files, timeline_path)
-            except OSError as exc:
-                logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
-            if leftovers:
-                logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
-            logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
-        return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+    def _collect(
+        self,
+        launch: Launch,
+        service: DriverService,
+        state: JobState,
+        report: JobReport,
+        started: float,
+        timeline_path: str | None,
+    ) -> None:
+        """Stop what the job started, and record what it did (report, MLflow, timeline)."""
+        leftovers = launch.stop(finished=report.outcome == "succeeded")
+        service.close()
+        report.wall_time_s = time.monotonic() - started
+        report.processes += [p for p in state.started_processes() if p not in report.processes]
+        report.files = dict(state.files)
+        report.frameworks = list(state.frameworks)
+        tracking.log_job(
+            np=self.options.np,
+            launcher=report.launcher,
+            backend=",".join(report.frameworks) or "none",
+            wall_time_s=report.wall_time_s,
+            outcome=report.outcome,
+        )
+        try:
+            timeline_file.save_timeline(report.files, timeline_path)
+        except OSError as exc:
+            logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
+        job_id = report.job_id
+        if leftovers:
+            logger.warning("processes of job %s still alive after stop: %s", job_id, leftovers)
+        logger.info("sparkdist job %s %s in %.1fs", job_id, report.outcome, report.wall_time_s)
 
 
 def _resume_point(checkpoints: CheckpointStore | None, directory: str | None) -> str:

@@ -1,5 +1,8 @@
-"""What every launcher shares: the job's launch spec, the ranks' environment, and
-the command lines of mpirun and of a rank's supervisor.
+"""What every launch shares: the job's launch spec, the `Launch` interface that the
+driver-local launch (`local_launch.LocalLaunch`) and the Spark launches
+(`spark_cluster.BarrierStage`, `RelayedStage`) implement, the environment of what a
+task starts, the command lines of mpirun and of a rank's supervisor, and starting a
+launcher process with its output relayed.
 """
 
 from __future__ import annotations
@@ -8,9 +11,12 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from sparkdist.job_environment import DirectRank, TaskEnvironment
+from sparkdist.runner.processes import ProcessRecord, popen_group
 
 SUPERVISOR_MODULE = "sparkdist.runner.supervisor"
 RSH_MODULE = "sparkdist.runner.rsh"
@@ -34,6 +40,31 @@ class LaunchSpec:
     relay: Any = None
     """A `relay.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
     client the executors cannot reach), else None."""
+
+
+class Launch(Protocol):
+    """How a job's processes are started and stopped: on the driver or by Spark."""
+
+    def start(self) -> None:
+        """Start the job's processes (returns once they are on their way)."""
+
+    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
+        """Until the job succeeded (return) or failed or ran out of time (raise)."""
+
+    def stop(self, finished: bool) -> list[ProcessRecord]:
+        """Stop everything the job started; return what could not be stopped. After a job
+        that `finished`, its processes get a moment to exit by themselves."""
+
+
+class LauncherSink(Protocol):
+    """Where a launcher process's record, output and exit are reported: the job's
+    state on the driver, or a task's channel to it."""
+
+    def record(self, record: ProcessRecord) -> None: ...
+
+    def launcher_output(self, lines: list[str]) -> None: ...
+
+    def launcher_exited(self, name: str, exit_code: int) -> None: ...
 
 
 def mpirun_available() -> bool:
@@ -70,38 +101,26 @@ def job_env(
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     env.update(spec.env)
-    env.update(
-        {
-            "SPARKDIST_JOB_ID": spec.job_id,
-            "SPARKDIST_DRIVER": spec.driver,
-            "SPARKDIST_SECRET": spec.secret.hex(),
-            "SPARKDIST_TASK_HOST": task_host,
-            "SPARKDIST_NODE_RANK": str(node_rank),
-            "SPARKDIST_NUM_NODES": str(num_nodes),
-            "SPARKDIST_LOG_MODE": spec.log_mode,
-            "SPARKDIST_LAUNCHER": spec.launcher,
-        }
+    task = TaskEnvironment(
+        job_id=spec.job_id,
+        driver=spec.driver,
+        secret=spec.secret,
+        task_host=task_host,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        log_mode=spec.log_mode,
+        launcher=spec.launcher,
     )
+    env.update(task.to_env())
     if os.geteuid() == 0:
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     return env
 
 
-def direct_rank_env(
-    env: Mapping[str, str], rank: int, world_size: int, local_rank: int, local_size: int
-) -> dict[str, str]:
+def direct_rank_env(env: Mapping[str, str], place: DirectRank) -> dict[str, str]:
     """The environment of one rank's supervisor under the direct launcher."""
-    out = dict(env)
-    out.update(
-        {
-            "SPARKDIST_RANK": str(rank),
-            "SPARKDIST_WORLD_SIZE": str(world_size),
-            "SPARKDIST_LOCAL_RANK": str(local_rank),
-            "SPARKDIST_LOCAL_WORLD_SIZE": str(local_size),
-        }
-    )
-    return out
+    return {**env, **place.to_env()}
 
 
 def supervisor_argv(python: str) -> list[str]:
@@ -169,18 +188,20 @@ def shared_memory_btl() -> tuple[list[str], list[str]]:
     return ["self", "vader", "tcp"], extra
 
 
-def relay_output(
-    proc: subprocess.Popen,
-    on_lines: Callable[[list[str]], None],
-    on_exit: Callable[[int], None],
-) -> threading.Thread:
-    """Feed a launcher's merged output to `on_lines`, then its exit code to `on_exit`."""
+def start_launcher(
+    argv: list[str], env: Mapping[str, str], name: str, role: str, host: str, sink: LauncherSink
+) -> subprocess.Popen:
+    """Start a launcher (mpirun, or a rank's supervisor) in a process group of its own;
+    report it, its merged output and its exit (as `name`) to `sink`."""
+    proc = popen_group(
+        argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    sink.record(ProcessRecord.of(proc.pid, role, host))
 
     def relay() -> None:
         for raw in iter(proc.stdout.readline, b""):
-            on_lines([raw.decode("utf-8", errors="replace").rstrip("\n")])
-        on_exit(proc.wait())
+            sink.launcher_output([raw.decode("utf-8", errors="replace").rstrip("\n")])
+        sink.launcher_exited(name, proc.wait())
 
-    thread = threading.Thread(target=relay, name="sparkdist-launcher-output", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=relay, name="sparkdist-launcher-output", daemon=True).start()
+    return proc

@@ -10,50 +10,38 @@ import os
 import subprocess
 import sys
 
-from sparkdist.backends.gpu import TASK_GPUS_ENV, driver_gpu_addresses
-from sparkdist.runner.driver import JobState
+from sparkdist.job_environment import DirectRank, gpus_to_env
+from sparkdist.runner.job_state import JobState
 from sparkdist.runner.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
     mpirun_argv,
-    relay_output,
     shared_memory_btl,
+    start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.processes import (
-    ProcessRecord,
-    kill_records,
-    popen_group,
-    stop_group,
-    wait_gone,
-)
+from sparkdist.runner.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.spark_gpus import driver_gpu_addresses
 
 LOCAL_HOST = "127.0.0.1"
 
 
 class LocalLaunch:
+    """A `launch.Launch` on the driver."""
+
     def __init__(self, spec: LaunchSpec, state: JobState):
         self.spec = spec
         self.state = state
         self._children: list[subprocess.Popen] = []
 
     def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
-        proc = popen_group(
-            argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        self._children.append(proc)
-        self.state.record(ProcessRecord.of(proc.pid, role, LOCAL_HOST))
-        relay_output(
-            proc, self.state.launcher_output, lambda code: self.state.launcher_exited(name, code)
-        )
+        self._children.append(start_launcher(argv, env, name, role, LOCAL_HOST, self.state))
 
     def start(self) -> None:
         n = self.spec.np
         env = job_env(self.spec, os.environ, task_host=LOCAL_HOST, node_rank=0, num_nodes=1)
-        gpus = driver_gpu_addresses()
-        if gpus:
-            env[TASK_GPUS_ENV] = ",".join(gpus)
+        env.update(gpus_to_env(driver_gpu_addresses()))
         if self.spec.launcher == "mpi":
             btl, btl_args = shared_memory_btl()
             argv = mpirun_argv(
@@ -68,7 +56,7 @@ class LocalLaunch:
             self._start(argv, env, "mpirun", "mpirun")
         else:
             for rank in range(n):
-                rank_env = direct_rank_env(env, rank, n, rank, n)
+                rank_env = direct_rank_env(env, DirectRank(rank, n, rank, n))
                 self._start(
                     supervisor_argv(sys.executable),
                     rank_env,
@@ -77,15 +65,11 @@ class LocalLaunch:
                 )
 
     def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
-        """Until the job succeeded (return) or failed or ran out of time (raise)."""
-        self.state.wait(start_deadline, deadline, launcher_expected)
+        self.state.failures.wait(start_deadline, deadline, launcher_expected)
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
-        """Stop everything the job started here; return what could not be stopped.
-
-        After a job that `finished`, its processes get a moment to exit by themselves.
-        """
         for proc in self._children:
             stop_group(proc, settle_s=5.0 if finished else 0.0)
-        kill_records(self.state.processes)
-        return wait_gone(self.state.processes, timeout_s=5.0)
+        started = self.state.started_processes()
+        kill_records(started)
+        return wait_gone(started, timeout_s=5.0)

@@ -11,13 +11,14 @@ import socket
 import sys
 import traceback
 
-from sparkdist import tracking
+from sparkdist import job_environment, tracking
 from sparkdist.backends import RankContext, prepare_rank
-from sparkdist.runner import rank_channel
+from sparkdist.job_environment import TaskEnvironment
+from sparkdist.runner import messages, rank_channel
 from sparkdist.runner.processes import die_with_parent
 
 
-def rank_context(client: rank_channel.DriverClient, env) -> RankContext:
+def rank_context(client: rank_channel.DriverClient, job: TaskEnvironment, env) -> RankContext:
     """This rank's place in the job, from the variables its supervisor set."""
     return RankContext(
         rank=int(env["RANK"]),
@@ -25,9 +26,9 @@ def rank_context(client: rank_channel.DriverClient, env) -> RankContext:
         local_rank=int(env["LOCAL_RANK"]),
         local_world_size=int(env["LOCAL_WORLD_SIZE"]),
         node_rank=int(env["NODE_RANK"]),
-        num_nodes=int(env.get("SPARKDIST_NUM_NODES", "1")),
-        host=env.get("SPARKDIST_TASK_HOST", socket.gethostname()),
-        launcher=env.get("SPARKDIST_LAUNCHER", "direct"),
+        num_nodes=job.num_nodes,
+        host=job.task_host,
+        launcher=job.launcher,
         rendezvous=client,
         env=env,
     )
@@ -54,19 +55,19 @@ def _failure_reason(exc: BaseException) -> str:
 
 
 def main() -> None:
-    die_with_parent(int(os.environ["SPARKDIST_SUPERVISOR_PID"]))
-    secret = bytes.fromhex(os.environ.pop("SPARKDIST_SECRET"))
+    die_with_parent(int(os.environ[job_environment.SUPERVISOR_PID]))
+    secret = job_environment.take_secret(os.environ)
+    place = TaskEnvironment.from_env(os.environ, secret, socket.gethostname())
     rank = int(os.environ["RANK"])
-    host = os.environ.get("SPARKDIST_TASK_HOST", socket.gethostname())
-    client = rank_channel.connect(os.environ["SPARKDIST_DRIVER"], secret)
-    job = client.request(("rank", rank, {"host": host, "pid": os.getpid()}))
+    client = rank_channel.connect(place.driver, secret)
+    job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
 
     try:
         import cloudpickle
 
-        prepare_rank(rank_context(client, os.environ))
+        prepare_rank(rank_context(client, place, os.environ))
         tracking.setup_rank()
-        fn, kwargs = cloudpickle.loads(job["payload"])
+        fn, kwargs = cloudpickle.loads(job.payload)
         value = fn(**kwargs)
     except SystemExit as exc:
         if exc.code not in (None, 0):
@@ -77,13 +78,13 @@ def main() -> None:
         _report_error(rank, exc)
         _exit_now(1)
 
-    if job["send_result"]:
+    if job.send_result:
         try:
             blob = cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
             _report_error(rank, exc, f"returned a value that cannot be pickled: {exc}")
             _exit_now(1)
-        client.request(("result", blob, frameworks_in_use()))
+        client.request(messages.Result(blob, frameworks_in_use()))
     _exit_now(0)
 
 
@@ -102,7 +103,7 @@ def _report_error(rank: int, exc: BaseException, reason: str | None = None) -> N
     text = "".join(traceback.format_exception(exc))
     sys.stderr.write(text)
     sys.stderr.flush()
-    rank_channel.driver_client().request(("error", text, reason or _failure_reason(exc)))
+    rank_channel.driver_client().request(messages.RankError(text, reason or _failure_reason(exc)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sparkdist.runner import wire
+from sparkdist.network import split_address
+from sparkdist.runner import messages, wire
 
 RENDEZVOUS_TIMEOUT_S = 600.0
 
@@ -17,22 +18,27 @@ class DriverClient:
     """The rank's request/response channel to the driver; safe across threads."""
 
     def __init__(self, address: str, secret: bytes):
-        host, port = address.rsplit(":", 1)
-        self._channel = wire.connect((host, int(port)), secret)
+        self._channel = wire.connect(split_address(address), secret)
         self._lock = threading.Lock()
 
     def request(self, message: Any) -> Any:
+        """Send one `messages` record; its reply (`Ok`, `Missing`, `Failed`, `Welcome`).
+        Raises `messages.RequestRejected` if the driver refused it."""
         with self._lock:
-            return self._channel.request(message)
+            raw = self._channel.request(messages.encode(message))
+        return messages.reply_to(raw, messages.RANK_REPLIES)
 
     def put(self, key: str, value: Any) -> None:
-        self.request(("put", key, value))
+        self.request(messages.KvPut(key, value))
 
     def get(self, key: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> Any:
-        status, value = self.request(("get", key, timeout_s))
-        if status != "ok":
+        reply = self.request(messages.KvGet(key, float(timeout_s)))
+        if not isinstance(reply, messages.Ok):
             raise TimeoutError(f"rendezvous value {key!r} did not arrive within {timeout_s}s")
-        return value
+        return reply.value
+
+    def send_file(self, name: str, data: bytes) -> None:
+        self.request(messages.FileUpload(name, data))
 
 
 _client: DriverClient | None = None
@@ -60,4 +66,4 @@ def log_to_driver(message: str) -> None:
     if _client is None:
         print(message, flush=True)
         return
-    _client.request(("log", str(message)))
+    _client.request(messages.Log(str(message)))

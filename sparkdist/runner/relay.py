@@ -14,18 +14,18 @@ job that opens a TCP connection to the client's service (`probe_reachable`).
 
 from __future__ import annotations
 
-import io
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cloudpickle
 
 from sparkdist.runner.checkpoint_store import CheckpointStore
-from sparkdist.runner.driver import DriverService, JobSpec, JobState
+from sparkdist.runner.console import RecordingConsole
+from sparkdist.runner.driver import DriverService
+from sparkdist.runner.job_state import JobSpec, JobState
 from sparkdist.runner.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -60,35 +60,15 @@ class RelayOutcome:
     frameworks: list[str] = field(default_factory=list)
 
 
-class _Lines(io.TextIOBase):
-    """A text stream that keeps whole lines, tagged with the stream they were for."""
-
-    def __init__(self, stream: str, lines: list[tuple[str, str]], lock: threading.Lock):
-        self.stream = stream
-        self.lines = lines
-        self.lock = lock
-
-    def write(self, text: str) -> int:
-        with self.lock:
-            for line in text.splitlines():
-                self.lines.append((self.stream, line))
-        return len(text)
-
-
 class HostedJob:
     """Task 0's stand-in for the driver: the job's service and its wait, in the cluster."""
 
     def __init__(self, plan: RelayPlan, secret: bytes, host: str):
         self.plan = plan
         self.outcome = RelayOutcome()
-        lock = threading.Lock()
+        self.console = RecordingConsole()
         self.checkpoints = CheckpointStore(plan.checkpoint_dir)
-        self.state = JobState(
-            plan.job,
-            stdout=_Lines("stdout", self.outcome.lines, lock),
-            stderr=_Lines("stderr", self.outcome.lines, lock),
-            checkpoints=self.checkpoints,
-        )
+        self.state = JobState(plan.job, console=self.console, checkpoints=self.checkpoints)
         self.service = DriverService(self.state, secret, host, host)
         self.address = f"{self.service.address[0]}:{self.service.address[1]}"
         self._error: BaseException | None = None
@@ -101,7 +81,7 @@ class HostedJob:
         started = time.monotonic()
         plan = self.plan
         try:
-            self.state.wait(
+            self.state.failures.wait(
                 start_deadline=started + plan.start_timeout,
                 deadline=started + plan.timeout if plan.timeout else None,
                 launcher_expected=plan.launcher_expected,
@@ -121,25 +101,25 @@ class HostedJob:
         """After task 0's own part ended: wait for the others, then pack the outcome."""
         self._thread.join()
         state = self.state
-        expected = len(state.tasks_started - state.tasks_lost.keys())
-        state.wait_tasks_done(min(expected, num_tasks), TASKS_DONE_GRACE_S)
+        state.wait_tasks_done(min(state.live_task_count(), num_tasks), TASKS_DONE_GRACE_S)
         self.service.close()
         self.checkpoints.close()
         outcome = self.outcome
+        outcome.lines = list(self.console.lines)
         outcome.results = state.results()
-        outcome.processes = list(state.processes)
+        outcome.processes = state.started_processes()
         outcome.files = dict(state.files)
         outcome.frameworks = list(state.frameworks)
         if self._error is not None:
             outcome.error = cloudpickle.dumps(self._error)
-            outcome.outside_user_code = state.failure_outside_user_code()
+            outcome.outside_user_code = state.failures.outside_user_code()
         return cloudpickle.dumps(outcome)
 
 
-def replay(outcome: RelayOutcome, state: JobState, write: Callable[[str, str], None]) -> None:
+def replay(outcome: RelayOutcome, state: JobState) -> None:
     """Give the client's `state` what task 0 saw, print the job's lines, raise its error."""
     for stream, line in outcome.lines:
-        write(stream, line)
+        state.console.write(stream, line)
     for process in outcome.processes:
         state.record(process)
     state.files.update(outcome.files)
@@ -150,7 +130,7 @@ def replay(outcome: RelayOutcome, state: JobState, write: Callable[[str, str], N
             state.ranks[rank].has_result = True
     if outcome.error is not None:
         if outcome.outside_user_code:
-            state.note_outside_failure(outcome.outside_user_code)
+            state.failures.note_outside(outcome.outside_user_code)
         raise cloudpickle.loads(outcome.error)
 
 

@@ -10,7 +10,6 @@ never retried: an unpicklable function, too few task slots, a time limit, Ctrl-C
 
 from __future__ import annotations
 
-from sparkdist.runner.driver import JobState
 from sparkdist.runner.errors import (
     JobFailedError,
     JobTimeoutError,
@@ -18,6 +17,7 @@ from sparkdist.runner.errors import (
     PayloadError,
     RankFailedError,
 )
+from sparkdist.runner.job_state import JobState
 
 NEVER_RETRIED = (PayloadError, NotEnoughSlotsError, JobTimeoutError)
 
@@ -26,7 +26,7 @@ def retry_reason(exc: BaseException, state: JobState, retry_on_exception: bool) 
     """Why the job that failed with `exc` may be relaunched, or None if it may not."""
     if not isinstance(exc, JobFailedError) or isinstance(exc, NEVER_RETRIED):
         return None
-    cause = state.failure_outside_user_code()
+    cause = state.failures.outside_user_code()
     if cause:
         return cause
     if not isinstance(exc, RankFailedError):

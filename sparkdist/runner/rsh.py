@@ -3,17 +3,18 @@
 mpirun calls it as it would call `ssh HOST COMMAND` to start its daemon on HOST.
 HOST is a task name (`task-3`); the address of that task's agent and the job
 secret come from the environment mpirun inherited from its Spark task
-(`SPARKDIST_AGENTS`, `SPARKDIST_SECRET`), never from the command line. It relays the
+(`job_environment.AGENTS`, `SECRET`), never from the command line. It relays the
 daemon's output and exits with the daemon's exit code, as ssh would.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from sparkdist.runner import wire
+from sparkdist import job_environment
+from sparkdist.runner import messages, wire
+from sparkdist.runner.errors import exit_status
 from sparkdist.runner.processes import die_with_parent
 
 
@@ -23,23 +24,22 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m sparkdist.runner.rsh TASK-NAME COMMAND...\n")
         return 2
     task, command = argv[0], " ".join(argv[1:])
-    agents = json.loads(os.environ["SPARKDIST_AGENTS"])
+    agents = job_environment.agents_from_env(os.environ)
     if task not in agents:
         sys.stderr.write(f"sparkdist rsh: unknown task {task!r} (known: {sorted(agents)})\n")
         return 255
-    host, port = agents[task]
-    secret = bytes.fromhex(os.environ["SPARKDIST_SECRET"])
-    channel = wire.connect((host, int(port)), secret)
-    channel.send(("orted", command))
+    secret = job_environment.take_secret(os.environ)
+    channel = wire.connect(agents[task], secret)
+    channel.send(messages.encode(messages.OrtedLaunch(command)))
     while True:
-        message = channel.recv()
-        if message[0] == "output":
-            sys.stderr.write(message[1])
+        reply = messages.decode(channel.recv(), messages.AGENT_REPLIES)
+        if isinstance(reply, messages.OrtedOutput):
+            sys.stderr.write(reply.text)
             sys.stderr.flush()
-        elif message[0] == "exit":
-            return message[1] if message[1] >= 0 else 128 - message[1]
-        elif message[0] == "rejected":
-            sys.stderr.write(f"sparkdist rsh: task {task} refused to start orted: {message[1]}\n")
+        elif isinstance(reply, messages.OrtedExit):
+            return exit_status(reply.exit_code)
+        else:
+            sys.stderr.write(f"sparkdist rsh: task {task} refused to start orted: {reply.reason}\n")
             return 255
 
 

@@ -12,7 +12,6 @@ import functools
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +19,10 @@ from typing import Protocol
 
 import cloudpickle
 
-from sparkdist.runner.driver import JobState
+from sparkdist.network import is_local_address, resolve
 from sparkdist.runner.errors import JobTimeoutError, NotEnoughSlotsError, SparkdistError
+from sparkdist.runner.job_state import JobState
 from sparkdist.runner.launch import LaunchSpec
-from sparkdist.runner.network import is_local_address, resolve
 from sparkdist.runner.processes import ProcessRecord, wait_gone
 from sparkdist.runner.spark_task import run_barrier_task
 
@@ -159,7 +158,8 @@ class ClassicSpark:
 
 
 class BarrierStage:
-    """One job's barrier stage, run from a thread so the driver can watch the job."""
+    """A `launch.Launch` by Spark: one job's barrier stage, run from a thread so the
+    driver can watch the job."""
 
     def __init__(self, spark: SparkSide, spec: LaunchSpec, state: JobState):
         self.spark = spark
@@ -182,13 +182,12 @@ class BarrierStage:
         self._thread.start()
 
     def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
-        """Until the job succeeded (return) or failed or ran out of time (raise)."""
-        self.state.wait(start_deadline, deadline, launcher_expected)
+        self.state.failures.wait(start_deadline, deadline, launcher_expected)
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
         # A task whose executor was lost will never say it is done: do not wait for it.
-        expected = len(self.state.tasks_started - self.state.tasks_lost.keys())
+        expected = self.state.live_task_count()
         if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:
             logger.info("cancelling Spark job group %s", self.group)
             self.spark.cancel(self.group)
@@ -197,7 +196,7 @@ class BarrierStage:
 
     def _wait_local_gone(self) -> list[ProcessRecord]:
         """The job's recorded processes on this machine that did not end within 5 s."""
-        local = [p for p in self.state.processes if is_local_address(p.host)]
+        local = [p for p in self.state.started_processes() if is_local_address(p.host)]
         return wait_gone(local, timeout_s=5.0)
 
 
@@ -221,10 +220,9 @@ class RelayedStage(BarrierStage):
                 "cancelled."
             )
         if self.outputs is None:
-            self.state.wait(None, None, False)  # raises the stage's failure
+            self.state.failures.wait(None, None, False)  # raises the stage's failure
             return
-        outcome = cloudpickle.loads(self.outputs[0])
-        replay(outcome, self.state, _print_line)
+        replay(cloudpickle.loads(self.outputs[0]), self.state)
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         if self._thread.is_alive():
@@ -232,12 +230,6 @@ class RelayedStage(BarrierStage):
             self.spark.cancel(self.group)
             self._thread.join(timeout=JOIN_TIMEOUT_S)
         return self._wait_local_gone()
-
-
-def _print_line(stream: str, line: str) -> None:
-    out = sys.stderr if stream == "stderr" else sys.stdout
-    out.write(line + "\n")
-    out.flush()
 
 
 def active_spark() -> SparkSide:

@@ -15,8 +15,8 @@ import socket
 from collections.abc import Iterator
 from functools import partial
 
+from sparkdist.network import resolve
 from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.network import resolve
 from sparkdist.runner.spark_cluster import BarrierTask, check_slot_bound
 
 logger = logging.getLogger(__name__)

@@ -27,24 +27,19 @@ from collections.abc import Iterator
 
 import psutil
 
-from sparkdist.backends.gpu import TASK_GPUS_ENV, gpu_addresses
-from sparkdist.runner import wire
+from sparkdist.job_environment import DirectRank, agents_to_env, gpus_to_env
+from sparkdist.network import address_of_interface, interface_of, resolve, split_address
+from sparkdist.runner import messages, wire
 from sparkdist.runner.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
     mpirun_argv,
-    relay_output,
+    start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.network import address_of_interface, interface_of, resolve
-from sparkdist.runner.processes import (
-    ProcessRecord,
-    kill_records,
-    popen_group,
-    stop_group,
-    wait_gone,
-)
+from sparkdist.runner.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.spark_gpus import gpu_addresses
 from sparkdist.runner.task_agent import TaskAgent
 
 logger = logging.getLogger(__name__)
@@ -61,9 +56,8 @@ class TaskRun:
         self.stop_reason: str | None = None
         self._stopped = threading.Event()
         self._children: list[subprocess.Popen] = []
-        driver_host, driver_port = spec.driver.rsplit(":", 1)
-        self.channel = wire.connect((driver_host, int(driver_port)), spec.secret)
-        self.channel.send(("task", index, {"host": host, "pid": os.getpid()}))
+        self.channel = wire.connect(split_address(spec.driver), spec.secret)
+        self._send(messages.TaskHello(index, host, os.getpid()))
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
         self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
         # Open MPI's session directory, per task: tasks of several jobs (or several
@@ -74,37 +68,43 @@ class TaskRun:
         self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
         self.agent: TaskAgent | None = None
 
+    def _send(self, message) -> None:
+        self.channel.send(messages.encode(message))
+
     def _listen(self) -> None:
+        """Until the driver says finish or abort (or goes away)."""
         try:
-            message = self.channel.recv()
-            self.stop_reason = message[0]
-        except (EOFError, OSError, wire.AuthenticationError):
+            while True:
+                order = messages.decode(self.channel.recv(), messages.ORDERS)
+                if isinstance(order, messages.Rejected):
+                    logger.warning("the driver rejected a report of task %d: %s", self.index,
+                                   order.reason)  # fmt: skip
+                    continue
+                self.stop_reason = "finish" if isinstance(order, messages.Finish) else "abort"
+                break
+        except (EOFError, OSError, wire.AuthenticationError, messages.MalformedMessage):
             self.stop_reason = "driver lost"
         self._stopped.set()
 
-    def report(self, record: ProcessRecord) -> None:
-        self.channel.send(("process", record))
+    # The `launch.LauncherSink` of the processes this task starts: reports to the driver.
+    def record(self, record: ProcessRecord) -> None:
+        self._send(messages.ProcessStarted(record))
+
+    def launcher_output(self, lines: list[str]) -> None:
+        self._send(messages.LauncherOutput(lines))
+
+    def launcher_exited(self, name: str, exit_code: int) -> None:
+        self._send(messages.LauncherExit(name, exit_code))
 
     def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
-        proc = popen_group(
-            argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        self._children.append(proc)
-        self.report(ProcessRecord.of(proc.pid, role, self.host))
-        relay_output(
-            proc,
-            lambda lines: self.channel.send(("launcher_output", lines)),
-            lambda code: self.channel.send(("launcher_exit", name, code)),
-        )
+        self._children.append(start_launcher(argv, env, name, role, self.host, self))
 
     def run(self, ctx) -> None:
         python = sys.executable
         network = interface_of(self.host)[1]
-        gpus = gpu_addresses(ctx.resources())
-        if gpus:
-            self.env[TASK_GPUS_ENV] = ",".join(gpus)
+        self.env.update(gpus_to_env(gpu_addresses(ctx.resources())))
         if self.spec.launcher == "mpi":
-            self.agent = TaskAgent(self.spec.secret, self.host, self.env, self.report)
+            self.agent = TaskAgent(self.spec.secret, self.host, self.env, self.record)
             mine = {"host": self.host, "port": self.agent.port, "network": network}
         else:
             mine = {"host": self.host, "port": 0, "network": network}
@@ -121,14 +121,12 @@ class TaskRun:
                     self.spec.mpi_args,
                     use_rsh_agent=True,
                 )
-                env = dict(self.env)
-                env["SPARKDIST_AGENTS"] = json.dumps(
-                    {f"task-{i}": [p["host"], p["port"]] for i, p in enumerate(peers)}
-                )
+                agents = {f"task-{i}": (p["host"], p["port"]) for i, p in enumerate(peers)}
+                env = {**self.env, **agents_to_env(agents)}
                 self._start(argv, env, "mpirun", "mpirun")
         else:
             rank = self.index
-            env = direct_rank_env(self.env, rank, self.spec.np, 0, 1)
+            env = direct_rank_env(self.env, DirectRank(rank, self.spec.np, 0, 1))
             self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor", "supervisor")
         self._stopped.wait()
 
@@ -147,7 +145,7 @@ class TaskRun:
         still = wait_gone(leftovers, timeout_s=5.0)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         try:
-            self.channel.send(("task_done", [r.pid for r in still]))
+            self._send(messages.TaskDone([r.pid for r in still]))
         except OSError:
             pass
         self.channel.close()
@@ -157,7 +155,7 @@ def task_host(spec: LaunchSpec, executor_address: str) -> str:
     """The address this task offers: the named interface's, else the executor's."""
     if spec.network_interface:
         return address_of_interface(spec.network_interface)
-    return resolve(executor_address.rsplit(":", 1)[0])
+    return resolve(split_address(executor_address)[0])
 
 
 def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:

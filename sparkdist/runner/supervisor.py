@@ -6,7 +6,7 @@ signal and could report nothing itself. A SIGTERM it receives goes on to the ran
 It stays small (no framework imports) so that it starts in milliseconds.
 
 Run as `python -m sparkdist.runner.supervisor`; everything it needs comes in the
-environment (`SPARKDIST_*`, and Open MPI's `OMPI_COMM_WORLD_*` under mpirun).
+environment (`job_environment`, and Open MPI's `OMPI_COMM_WORLD_*` under mpirun).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 
-from sparkdist import native_logs
-from sparkdist.runner import wire
+from sparkdist import job_environment, native_logs
+from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
+from sparkdist.network import split_address
+from sparkdist.runner import messages, wire
+from sparkdist.runner.errors import exit_status
 from sparkdist.runner.processes import (
     ProcessRecord,
     die_with_parent,
@@ -31,31 +34,8 @@ from sparkdist.runner.processes import (
     stop_group,
 )
 
-TAIL_LINES = 40
 BATCH_LINES = 500
 TERM_GRACE_S = 10.0
-
-
-def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
-    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK for this rank.
-
-    Under mpirun they come from Open MPI; under the direct launcher from sparkdist.
-    """
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return {
-            "RANK": env["OMPI_COMM_WORLD_RANK"],
-            "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
-            "LOCAL_RANK": env["OMPI_COMM_WORLD_LOCAL_RANK"],
-            "LOCAL_WORLD_SIZE": env["OMPI_COMM_WORLD_LOCAL_SIZE"],
-            "NODE_RANK": env.get("SPARKDIST_NODE_RANK", env.get("OMPI_COMM_WORLD_NODE_RANK", "0")),
-        }
-    return {
-        "RANK": env["SPARKDIST_RANK"],
-        "WORLD_SIZE": env["SPARKDIST_WORLD_SIZE"],
-        "LOCAL_RANK": env["SPARKDIST_LOCAL_RANK"],
-        "LOCAL_WORLD_SIZE": env["SPARKDIST_LOCAL_WORLD_SIZE"],
-        "NODE_RANK": env.get("SPARKDIST_NODE_RANK", "0"),
-    }
 
 
 def rank_in_own_session(env: Mapping[str, str]) -> bool:
@@ -68,34 +48,38 @@ def rank_in_own_session(env: Mapping[str, str]) -> bool:
     the jobs when its ranks had sessions of their own, and torch's Gloo allreduce lost
     7% when its ranks shared one.
     """
-    return env.get("SPARKDIST_LAUNCHER", "direct") == "direct"
+    launcher = env.get(job_environment.LAUNCHER, job_environment.DEFAULT_LAUNCHER)
+    return launcher == "direct"
 
 
 class Supervisor:
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
-        self.secret = bytes.fromhex(self.env.pop("SPARKDIST_SECRET"))
+        self.secret = take_secret(self.env)
+        self.job = TaskEnvironment.from_env(self.env, self.secret, socket.gethostname())
         self.layout = rank_layout(self.env)
         self.rank = int(self.layout["RANK"])
-        self.host = self.env.get("SPARKDIST_TASK_HOST", socket.gethostname())
-        self.stream_output = self.env.get("SPARKDIST_LOG_MODE", "all") == "all"
+        self.host = self.job.task_host
+        self.stream_output = self.job.log_mode == "all"
         self.quiet = native_logs.below_level(self.env)  # C++ start-up logs, off by default
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.tail: deque[str] = deque(maxlen=messages.TAIL_LINES)
         self.lines: queue.Queue = queue.Queue()
         self.bye = threading.Event()
         self.child = None
-        host, port = self.env["SPARKDIST_DRIVER"].rsplit(":", 1)
-        self.channel = wire.connect((host, int(port)), self.secret)
+        self.channel = wire.connect(split_address(self.job.driver), self.secret)
+
+    def _send(self, message) -> None:
+        self.channel.send(messages.encode(message))
 
     def run(self) -> int:
-        self.channel.send(("supervisor", self.rank, {"host": self.host, "pid": os.getpid()}))
-        self.channel.send(("process", ProcessRecord.of(os.getpid(), "supervisor", self.host)))
+        self._send(messages.SupervisorHello(self.rank, self.host, os.getpid()))
+        self._send(messages.ProcessStarted(ProcessRecord.of(os.getpid(), "supervisor", self.host)))
         threading.Thread(target=self._listen, daemon=True).start()
 
         child_env = dict(self.env)
         child_env.update(self.layout)
-        child_env["SPARKDIST_SECRET"] = self.secret.hex()
-        child_env["SPARKDIST_SUPERVISOR_PID"] = str(os.getpid())
+        child_env[job_environment.SECRET] = self.secret.hex()
+        child_env[job_environment.SUPERVISOR_PID] = str(os.getpid())
         child_env["PYTHONUNBUFFERED"] = "1"
         self.child = popen_group(
             [sys.executable, "-m", "sparkdist.runner.rank"],
@@ -107,7 +91,7 @@ class Supervisor:
             stderr=subprocess.PIPE,
         )
         signal.signal(signal.SIGTERM, self._pass_on_sigterm)
-        self.channel.send(("process", ProcessRecord.of(self.child.pid, "rank", self.host)))
+        self._send(messages.ProcessStarted(ProcessRecord.of(self.child.pid, "rank", self.host)))
         readers = [
             threading.Thread(target=self._read, args=(self.child.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._read, args=(self.child.stderr, "stderr"), daemon=True),
@@ -124,10 +108,10 @@ class Supervisor:
             reader.join(timeout=5)
         self.lines.put(None)
         sender.join(timeout=5)
-        self.channel.send(("exit", exit_code, list(self.tail)))
+        self._send(messages.RankExit(exit_code, list(self.tail)))
         self.bye.wait(timeout=10)
         self.channel.close()
-        return exit_code if exit_code >= 0 else 128 - exit_code
+        return exit_status(exit_code)
 
     def _pass_on_sigterm(self, signum, frame) -> None:
         """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
@@ -159,22 +143,24 @@ class Supervisor:
                 except queue.Empty:
                     break
                 if item is None:
-                    self.channel.send(("output", batch))
+                    self._send(messages.RankOutput(batch))
                     return
                 batch.append(item)
-            self.channel.send(("output", batch))
+            self._send(messages.RankOutput(batch))
 
     def _listen(self) -> None:
         """An abort from the driver, or the driver's loss, ends the rank."""
         try:
             while True:
-                message = self.channel.recv()
-                if message[0] == "bye":
+                order = messages.decode(self.channel.recv(), messages.ORDERS)
+                if isinstance(order, messages.Bye):
                     self.bye.set()
                     return
-                if message[0] == "abort":
+                if isinstance(order, messages.Abort):
                     break
-        except (EOFError, OSError):
+                if isinstance(order, messages.Rejected):
+                    sys.stderr.write(f"sparkdist supervisor: the driver rejected: {order}\n")
+        except (EOFError, OSError, messages.MalformedMessage):
             pass
         if self.child is not None:
             stop_group(self.child, grace_s=1.0)

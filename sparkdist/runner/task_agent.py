@@ -19,7 +19,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 
-from sparkdist.runner import wire
+from sparkdist.runner import messages, wire
 from sparkdist.runner.processes import ProcessRecord, popen_group, stop_group
 
 logger = logging.getLogger(__name__)
@@ -81,18 +81,23 @@ class TaskAgent:
         self._server = wire.Server(secret, self._handle, host=host, name="sparkdist-agent")
         self.port = self._server.address[1]
 
+    def _reply(self, channel: wire.Channel, message) -> None:
+        channel.send(messages.encode(message))
+
     def _handle(self, channel: wire.Channel) -> None:
-        request = channel.recv()
-        if request[0] != "orted":
-            channel.send(("rejected", f"unknown request {request[0]!r}"))
+        try:
+            request = messages.decode(channel.recv(), (messages.OrtedLaunch,))
+        except messages.MalformedMessage as exc:
+            logger.warning("task agent refused a request: %s", exc)
+            self._reply(channel, messages.Rejected(str(exc)))
             return
         try:
-            args = parse_orted_command(request[1])
+            args = parse_orted_command(request.command)
             if self._orted is None:
                 raise RejectedCommand(f"orted is not installed on host {self._host}")
         except RejectedCommand as exc:
             logger.warning("task agent refused a command: %s", exc)
-            channel.send(("rejected", str(exc)))
+            self._reply(channel, messages.Rejected(str(exc)))
             return
         # Spawned from this handler thread, which waits for the daemon: the daemon's
         # parent-death signal is tied to this thread staying alive until it ends.
@@ -110,9 +115,8 @@ class TaskAgent:
         watcher.start()
         try:
             for raw in iter(proc.stdout.readline, b""):
-                channel.send(("output", raw.decode("utf-8", errors="replace")))
-            code = proc.wait()
-            channel.send(("exit", code))
+                self._reply(channel, messages.OrtedOutput(raw.decode("utf-8", errors="replace")))
+            self._reply(channel, messages.OrtedExit(proc.wait()))
         except OSError:
             stop_group(proc)
         finally:

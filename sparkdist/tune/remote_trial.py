@@ -13,7 +13,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from sparkdist.runner import wire
+from sparkdist.runner import messages, wire
+
+_REPLIES = (messages.Ok, messages.Failed)
 
 
 class RemoteTrial:
@@ -50,10 +52,11 @@ class RemoteTrial:
     def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if self._channel is None:
             self._channel = wire.connect(self._address, self._secret)
-        status, value = self._channel.request((self.number, op, args, kwargs))
-        if status == "error":
-            raise value
-        return value
+        call = messages.TrialCall(self.number, op, args, kwargs)
+        reply = messages.reply_to(self._channel.request(messages.encode(call)), _REPLIES)
+        if isinstance(reply, messages.Failed):
+            raise reply.error
+        return reply.value
 
     def _suggest(self, op: str, name: str, *args: Any, **kwargs: Any) -> Any:
         value = self._call(op, name, *args, **kwargs)

@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from sparkdist.runner import wire
+from sparkdist.runner import messages, wire
 from sparkdist.tune.remote_trial import RemoteTrial
 
 logger = logging.getLogger(__name__)
@@ -56,22 +56,28 @@ class TrialService:
 
     def _serve(self, channel: wire.Channel) -> None:
         while True:
-            number, op, args, kwargs = channel.recv()
-            channel.send(self._call(number, op, args, kwargs))
+            raw = channel.recv()
+            try:
+                reply = self._call(messages.decode(raw, (messages.TrialCall,)))
+            except messages.MalformedMessage as exc:
+                logger.warning("sparkdist.tune: refused a request: %s", exc)
+                reply = messages.Rejected(str(exc))
+            channel.send(messages.encode(reply))
 
-    def _call(self, number: int, op: str, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    def _call(self, call: messages.TrialCall) -> Any:
+        number, op = call.number, call.op
         with self._lock:
             trial = self._trials.get(number)
             if trial is None or op not in _OPS:
                 what = f"trial {number} is not running" if trial is None else f"no call {op!r}"
-                return "error", RuntimeError(f"sparkdist.tune: {what}")
+                return messages.Failed(RuntimeError(f"sparkdist.tune: {what}"))
             try:
-                value = getattr(trial, op)(*args, **kwargs)
+                value = getattr(trial, op)(*call.args, **call.kwargs)
             except Exception as exc:  # noqa: BLE001 - raised again in the objective
-                return "error", exc
+                return messages.Failed(exc)
             if op == "should_prune" and value:
                 self._pruned.add(number)
-            return "ok", value
+            return messages.Ok(value)
 
     def close(self) -> None:
         self._server.close()

@@ -1,0 +1,152 @@
+"""The environment contract of a job's processes: every `SPARKDIST_*` variable that the
+launch side (the driver's launch or a Spark task) writes for what it starts, and that
+the supervisor, the rank, mpirun's rsh agent and the backends read.
+
+Names and defaults are declared here once; `TaskEnvironment` and `DirectRank` convert
+to and from the environment. The secret travels here, never on a command line, and
+each reader takes it out of its own environment (`take_secret`) so user code never
+sees it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+
+# What every process a task starts for the job gets (`TaskEnvironment`).
+JOB_ID = "SPARKDIST_JOB_ID"
+DRIVER = "SPARKDIST_DRIVER"
+"""host:port of the job's service (the driver's, or barrier task 0's in relay mode)."""
+SECRET = "SPARKDIST_SECRET"
+TASK_HOST = "SPARKDIST_TASK_HOST"
+"""The address of the task's host that every other task can reach."""
+NODE_RANK = "SPARKDIST_NODE_RANK"
+NUM_NODES = "SPARKDIST_NUM_NODES"
+LOG_MODE = "SPARKDIST_LOG_MODE"
+LAUNCHER = "SPARKDIST_LAUNCHER"
+# A rank's place under the direct launcher (under mpirun, Open MPI's OMPI_COMM_WORLD_*).
+RANK = "SPARKDIST_RANK"
+WORLD_SIZE = "SPARKDIST_WORLD_SIZE"
+LOCAL_RANK = "SPARKDIST_LOCAL_RANK"
+LOCAL_WORLD_SIZE = "SPARKDIST_LOCAL_WORLD_SIZE"
+# Set for some processes only.
+AGENTS = "SPARKDIST_AGENTS"
+"""mpirun's: task name -> (host, port) of that task's agent, for the rsh agent."""
+SUPERVISOR_PID = "SPARKDIST_SUPERVISOR_PID"
+"""A rank's: its supervisor, whose death ends the rank."""
+TASK_GPUS = "SPARKDIST_TASK_GPUS"
+"""The GPU addresses Spark gave the task (or the driver's, for np < 0)."""
+ATTEMPT = "SPARKDIST_ATTEMPT"
+"""0 for a job's first launch, 1 for its first relaunch, ..."""
+HOROVOD_TIMELINE = "SPARKDIST_HOROVOD_TIMELINE"
+"""The driver-side path of a Horovod timeline the job records."""
+
+DEFAULT_LAUNCHER = "direct"
+DEFAULT_LOG_MODE = "all"
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """The job's variables in everything one task starts (and so in its ranks)."""
+
+    job_id: str
+    driver: str
+    secret: bytes = field(repr=False)
+    task_host: str
+    node_rank: int = 0
+    num_nodes: int = 1
+    log_mode: str = DEFAULT_LOG_MODE
+    launcher: str = DEFAULT_LAUNCHER
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            JOB_ID: self.job_id,
+            DRIVER: self.driver,
+            SECRET: self.secret.hex(),
+            TASK_HOST: self.task_host,
+            NODE_RANK: str(self.node_rank),
+            NUM_NODES: str(self.num_nodes),
+            LOG_MODE: self.log_mode,
+            LAUNCHER: self.launcher,
+        }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], secret: bytes, host: str) -> TaskEnvironment:
+        """Read back; `secret` as taken out with `take_secret`, `host` the fallback
+        for a process started outside a task (this host's name)."""
+        return cls(
+            job_id=env.get(JOB_ID, ""),
+            driver=env[DRIVER],
+            secret=secret,
+            task_host=env.get(TASK_HOST, host),
+            node_rank=int(env.get(NODE_RANK, "0")),
+            num_nodes=int(env.get(NUM_NODES, "1")),
+            log_mode=env.get(LOG_MODE, DEFAULT_LOG_MODE),
+            launcher=env.get(LAUNCHER, DEFAULT_LAUNCHER),
+        )
+
+
+def take_secret(env: MutableMapping[str, str]) -> bytes:
+    """The job's secret, removed from `env`."""
+    return bytes.fromhex(env.pop(SECRET))
+
+
+@dataclass(frozen=True)
+class DirectRank:
+    """A rank's place as the direct launcher gives it to the rank's supervisor."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            RANK: str(self.rank),
+            WORLD_SIZE: str(self.world_size),
+            LOCAL_RANK: str(self.local_rank),
+            LOCAL_WORLD_SIZE: str(self.local_world_size),
+        }
+
+
+def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK for this rank.
+
+    Under mpirun they come from Open MPI; under the direct launcher from `DirectRank`.
+    """
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return {
+            "RANK": env["OMPI_COMM_WORLD_RANK"],
+            "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
+            "LOCAL_RANK": env["OMPI_COMM_WORLD_LOCAL_RANK"],
+            "LOCAL_WORLD_SIZE": env["OMPI_COMM_WORLD_LOCAL_SIZE"],
+            "NODE_RANK": env.get(NODE_RANK, env.get("OMPI_COMM_WORLD_NODE_RANK", "0")),
+        }
+    return {
+        "RANK": env[RANK],
+        "WORLD_SIZE": env[WORLD_SIZE],
+        "LOCAL_RANK": env[LOCAL_RANK],
+        "LOCAL_WORLD_SIZE": env[LOCAL_WORLD_SIZE],
+        "NODE_RANK": env.get(NODE_RANK, "0"),
+    }
+
+
+def agents_to_env(agents: Mapping[str, tuple[str, int]]) -> dict[str, str]:
+    return {AGENTS: json.dumps({name: list(address) for name, address in agents.items()})}
+
+
+def agents_from_env(env: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+    return {name: (host, int(port)) for name, (host, port) in json.loads(env[AGENTS]).items()}
+
+
+def gpus_to_env(addresses: list[str]) -> dict[str, str]:
+    return {TASK_GPUS: ",".join(addresses)} if addresses else {}
+
+
+def task_gpus(env: Mapping[str, str]) -> list[str]:
+    return [a.strip() for a in env.get(TASK_GPUS, "").split(",") if a.strip()]
+
+
+def attempt(env: Mapping[str, str]) -> int:
+    return int(env.get(ATTEMPT, "0"))

@@ -1,0 +1,161 @@
+"""Which failure explains a job, when to report it, and whether it was the training
+code's doing (a retry decision).
+
+Failures arrive from every side at about the same time: a rank's traceback, its
+supervisor's exit status, a lost Spark task, mpirun's exit. The first one is kept,
+except that a rank's own failure noticed within `FAILURE_SETTLE_S` replaces a failure
+outside any rank (it explains a lost task or mpirun's exit better). The tracker also
+owns the driver's wait for the job: success, the first failure, or a time limit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sparkdist.runner import errors
+
+if TYPE_CHECKING:
+    from sparkdist.runner.job_state import JobState
+
+# After a rank reports an exception, how long to wait for its exit status and last
+# output lines before reporting the failure anyway.
+FAILURE_SETTLE_S = 3.0
+
+
+@dataclass
+class Failure:
+    rank: int | None
+    reason: str | None
+    noticed_at: float
+    outside_user_code: bool = False
+    """Lost executor or host, or a rank killed by SIGKILL: not the training code's doing."""
+
+
+class FailureTracker:
+    """The failures of one job. Shares its job's lock (`job.cond`)."""
+
+    def __init__(self, job: JobState):
+        self._job = job
+        self._first: Failure | None = None
+        self._noticed: list[Failure] = []
+        self._stopping: str | None = None
+
+    @property
+    def stopping(self) -> str | None:
+        """Why the job is being stopped on purpose, or None."""
+        return self._stopping
+
+    def stop(self, reason: str) -> None:
+        """The job is being aborted: later losses are expected, not failures."""
+        with self._job.cond:
+            self._stopping = reason
+
+    def notice(self, rank: int | None, reason: str | None, outside_user_code: bool = False) -> None:
+        """Remember a failure; the first one (see above) explains the job's."""
+        with self._job.cond:
+            if self._stopping and self._first is None:
+                return  # the job is being stopped on purpose: losses are expected
+            now = time.monotonic()
+            failure = Failure(rank, reason, now, outside_user_code)
+            if not self._stopping:
+                self._noticed.append(failure)
+            first = self._first
+            if first is None or (first.rank is None and rank is not None):
+                if first is None or now - first.noticed_at < FAILURE_SETTLE_S:
+                    self._first = failure
+            self._job.cond.notify_all()
+
+    def note_outside(self, reason: str) -> None:
+        """A failure outside the training code that was seen elsewhere (a relayed job's
+        task 0), so that `outside_user_code` reports it here too."""
+        with self._job.cond:
+            self._noticed.append(Failure(None, reason, time.monotonic(), True))
+
+    def outside_user_code(self) -> str | None:
+        """Why the job's failure was not the training code's doing, or None.
+
+        Looks at every failure noticed until the job was stopped, because the first one
+        reported can be a consequence: when a rank is killed, its peers' collectives
+        raise at about the same moment as its death is reported. A Spark task lost at any
+        time (its executor or host gone) counts, and so does a rank that died of a signal
+        without raising when it was the first failure. Call it after the job stopped.
+        """
+        job = self._job
+        with job.cond:
+            for failure in self._noticed:
+                if failure.outside_user_code:
+                    return self._describe(failure)
+            if job.tasks_lost:
+                # Noticed only while the job was being stopped (a host cut off is
+                # noticed when its connections time out, later than its peers' errors).
+                index = min(job.tasks_lost)
+                return self._describe(Failure(index, job.tasks_lost[index], 0.0))
+            first = self._first
+            if first is not None and first.rank is not None:
+                state = job.ranks[first.rank]
+                code = state.exit_code
+                if state.traceback is None and code is not None and code < 0:
+                    return self._describe(first)
+            return None
+
+    def _describe(self, failure: Failure) -> str:
+        if failure.rank is None:
+            return failure.reason or "unknown"
+        state = self._job.ranks[failure.rank]
+        if failure.reason:
+            return f"rank {failure.rank} on host {state.host}: {failure.reason}"
+        return (
+            f"rank {failure.rank} on host {state.host} ended with "
+            f"{errors.describe_exit(state.exit_code)}"
+        )
+
+    def _ready(self) -> bool:
+        """Whether the first failure can be reported: its rank's exit status (and so its
+        last lines) arrived, or it settled."""
+        failure = self._first
+        if failure is None:
+            return False
+        settled = time.monotonic() - failure.noticed_at >= FAILURE_SETTLE_S
+        if failure.rank is None:
+            return settled
+        return self._job.ranks[failure.rank].exited or settled
+
+    def wait(
+        self, start_deadline: float | None, deadline: float | None, launcher_expected: bool
+    ) -> None:
+        """Block until the job succeeded, failed, or ran out of time; raise on the latter
+        two."""
+        job = self._job
+        with job.cond:
+            while True:
+                if self._ready():
+                    raise self._error()
+                if job.succeeded() and (not launcher_expected or job.launcher_exit == 0):
+                    return
+                now = time.monotonic()
+                if start_deadline and now > start_deadline and not job.all_started():
+                    missing = [r for r, s in job.ranks.items() if not s.started]
+                    raise errors.start_timeout_error(
+                        missing, job.spec.np, sorted(job.tasks_started), job.tails(missing)
+                    )
+                if deadline and now > deadline:
+                    running = [r for r, s in job.ranks.items() if not s.exited]
+                    raise errors.timeout_error(running, job.tails(running))
+                job.cond.wait(0.2)
+
+    def _error(self) -> errors.JobFailedError:
+        failure = self._first
+        assert failure is not None
+        job = self._job
+        if failure.rank is None:
+            return errors.JobFailedError(failure.reason or "unknown", list(job.launcher_tail))
+        state = job.ranks[failure.rank]
+        reason = failure.reason
+        if state.traceback is None and failure.rank in job.tasks_lost:
+            # The rank's task was lost too: its executor (or host) is the better explanation.
+            reason = job.tasks_lost[failure.rank]
+        return errors.rank_failed_error(
+            state.rank, state.host, state.exit_code, state.traceback, list(state.tail), reason
+        )

@@ -1,0 +1,235 @@
+"""What the driver knows about a running job, as its peers' messages build it up:
+the ranks, the Spark tasks, the processes started, results and files, and the
+launcher's end. Shared by the driver's handler threads under one lock (`cond`).
+
+Its parts each have a module of their own: the failures (`failures.FailureTracker`,
+which also owns the wait for the job), the rendezvous store (`rendezvous`), and where
+rank output is printed (`console`). `driver` turns messages into calls on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sparkdist.runner import messages, wire
+from sparkdist.runner.checkpoint_store import CheckpointStore
+from sparkdist.runner.console import Console
+from sparkdist.runner.failures import FailureTracker
+from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.rendezvous import RendezvousStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str = "?"
+    started: bool = False
+    exit_code: int | None = None
+    exited: bool = False
+    traceback: str | None = None
+    result: bytes | None = None
+    has_result: bool = False
+    tail: deque = field(default_factory=lambda: deque(maxlen=messages.TAIL_LINES))
+
+
+@dataclass
+class JobSpec:
+    """What the driver tells every rank when it says hello."""
+
+    job_id: str
+    np: int
+    payload: bytes
+    all_results: bool
+    log_mode: str
+
+
+class JobState:
+    """Everything the driver knows about a running job; safe across handler threads."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        console: Console | None = None,
+        checkpoints: CheckpointStore | None = None,
+    ):
+        self.spec = spec
+        self.console = console or Console()
+        self.checkpoints = checkpoints
+        self.cond = threading.Condition()
+        self.ranks = {r: RankState(r) for r in range(spec.np)}
+        self.processes: list[ProcessRecord] = []
+        self.files: dict[str, bytes] = {}
+        self.launcher_tail: deque = deque(maxlen=messages.TAIL_LINES)
+        self.launcher_exit: int | None = None
+        self.frameworks: list[str] = []
+        self.tasks_started: set[int] = set()
+        self.tasks_done: set[int] = set()
+        self.tasks_lost: dict[int, str] = {}
+        """Spark tasks whose agent connection broke before they finished, with why."""
+        self.rendezvous = RendezvousStore()
+        self.failures = FailureTracker(self)
+        self._peers: dict[tuple[str, int], wire.Channel] = {}
+
+    # --- peers ------------------------------------------------------------------------
+
+    def connected(self, kind: str, number: int, channel: wire.Channel) -> str | None:
+        """A task or supervisor connected; returns why the job is stopping, if it is
+        (the peer is then told to abort at once)."""
+        with self.cond:
+            self._peers[(kind, number)] = channel
+            if kind == "task":
+                self.tasks_started.add(number)
+            return self.failures.stopping
+
+    def disconnected(self, kind: str, number: int) -> None:
+        with self.cond:
+            self._peers.pop((kind, number), None)
+
+    def stop(self, how: str, reason: str) -> None:
+        """Tell every task to finish (`how="finish"`), or every task and supervisor to
+        abort (`how="abort"`)."""
+        if how == "abort":
+            self.failures.stop(reason)
+            self.rendezvous.close()
+        order = messages.Abort(reason) if how == "abort" else messages.Finish(reason)
+        with self.cond:
+            channels = [c for (k, _), c in self._peers.items() if k == "task" or how == "abort"]
+        for channel in channels:
+            try:
+                channel.send(messages.encode(order))
+            except OSError:
+                pass
+
+    # --- state changes ----------------------------------------------------------------
+
+    def record(self, record: ProcessRecord) -> None:
+        with self.cond:
+            if record not in self.processes:
+                self.processes.append(record)
+
+    def task_done(self, index: int) -> None:
+        with self.cond:
+            self.tasks_done.add(index)
+            self.cond.notify_all()
+
+    def task_lost(self, index: int, host: str) -> None:
+        """A task's connection broke before it said it was done."""
+        rank = index if index in self.ranks else None  # task i runs rank i
+        reason = (
+            f"lost contact with Spark task {index} on host {host}: its "
+            "executor died, or the host or its network was lost"
+        )
+        with self.cond:
+            self.tasks_lost[index] = reason
+            if rank is not None and self.ranks[rank].host == "?":
+                self.ranks[rank].host = host
+        self.failures.notice(rank, reason, outside_user_code=True)
+
+    def rank_started(self, rank: int, host: str) -> None:
+        with self.cond:
+            self.ranks[rank].started = True
+            self.ranks[rank].host = host
+            self.cond.notify_all()
+
+    def rank_output(self, rank: int, lines: list[tuple[str, str]]) -> None:
+        with self.cond:
+            self.ranks[rank].tail.extend(line for _, line in lines)
+        if self.spec.log_mode == "all":
+            for stream, line in lines:
+                self.console.write(stream, f"[rank {rank}] {line}")
+
+    def rank_result(self, rank: int, value: bytes, frameworks: list[str]) -> None:
+        with self.cond:
+            self.ranks[rank].result = value
+            self.ranks[rank].has_result = True
+            if rank == 0:
+                self.frameworks = frameworks
+            self.cond.notify_all()
+
+    def rank_error(self, rank: int, traceback: str, reason: str) -> None:
+        with self.cond:
+            self.ranks[rank].traceback = traceback
+        self.failures.notice(rank, reason)
+
+    def rank_exited(self, rank: int, exit_code: int, tail: list[str]) -> None:
+        state = self.ranks[rank]
+        with self.cond:
+            state.exited = True
+            state.exit_code = exit_code
+            if tail:
+                state.tail.extend(line for line in tail if line not in state.tail)
+            self.cond.notify_all()
+        if exit_code != 0:
+            killed = exit_code == -signal.SIGKILL and state.traceback is None
+            self.failures.notice(rank, None, outside_user_code=killed)
+
+    def launcher_output(self, lines: list[str]) -> None:
+        with self.cond:
+            self.launcher_tail.extend(lines)
+        for line in lines:
+            logger.debug("mpirun: %s", line)
+
+    def launcher_exited(self, name: str, exit_code: int) -> None:
+        """mpirun (or a direct launcher's supervisor process) ended."""
+        with self.cond:
+            if name == "mpirun":
+                self.launcher_exit = exit_code
+            self.cond.notify_all()
+        if exit_code != 0:
+            self.failures.notice(None, f"{name} exited with code {exit_code}")
+
+    def fail(self, reason: str) -> None:
+        """A failure seen outside the ranks (e.g. the Spark stage itself failed)."""
+        self.failures.notice(None, reason)
+
+    # --- the driver's view ------------------------------------------------------------
+
+    def succeeded(self) -> bool:
+        needed = self.ranks.values() if self.spec.all_results else [self.ranks[0]]
+        return (
+            all(s.exited and s.exit_code == 0 for s in self.ranks.values())
+            and all(s.has_result for s in needed)
+            and self.launcher_exit in (None, 0)
+        )
+
+    def all_started(self) -> bool:
+        return all(s.started for s in self.ranks.values())
+
+    def tails(self, ranks: list[int]) -> str:
+        """The last lines of each of `ranks`, for an error message."""
+        parts = []
+        for rank in ranks:
+            tail = list(self.ranks[rank].tail)[-10:]
+            if tail:
+                parts.append(f"\nLast lines of rank {rank}:\n" + "\n".join(f"  {t}" for t in tail))
+        return "".join(parts)
+
+    def started_processes(self) -> list[ProcessRecord]:
+        """Every process the job reported starting, so far."""
+        with self.cond:
+            return list(self.processes)
+
+    def live_task_count(self) -> int:
+        """How many Spark tasks connected and were not lost: those whose end to await."""
+        with self.cond:
+            return len(self.tasks_started - self.tasks_lost.keys())
+
+    def results(self) -> list[bytes | None]:
+        return [self.ranks[r].result for r in range(self.spec.np)]
+
+    def wait_tasks_done(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while len(self.tasks_done) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(min(remaining, 0.2))
+        return True

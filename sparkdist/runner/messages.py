@@ -1,0 +1,309 @@
+"""Every message of a job's control channels, declared once.
+
+A message is a typed record (a NamedTuple). On the wire it is a tuple tagged with
+its kind, `(tag, *fields)`, pickled inside an authenticated `wire` frame. `encode`
+makes that tuple; `decode` turns a received one back into its record, and raises
+`MalformedMessage` for anything that is not one of the kinds a channel expects, with
+the right number of fields of the right basic types. Every server answers such a
+request with `Rejected` instead of leaving its peer waiting.
+
+The channels (see docs/architecture.md):
+
+* to the driver's service, first a hello (`TaskHello`, `SupervisorHello`, `RankHello`);
+  then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
+  sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
+  the driver sends `Finish` or `Abort` to tasks and supervisors, `Bye` to a supervisor
+  whose exit it recorded, and `Welcome` to a rank;
+* mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
+  and `OrtedExit`, or `Rejected`;
+* a remote trial to the tune service: `TrialCall`, answered by `Ok` or `Failed`.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from typing import Any, NamedTuple
+
+from sparkdist.runner.processes import ProcessRecord
+
+TAIL_LINES = 40
+"""How many of a rank's last output lines its supervisor keeps and sends with its exit
+(and the driver keeps, for the error that reports the rank's failure)."""
+
+
+class MalformedMessage(ValueError):
+    """A received message that is not one of the kinds its channel expects."""
+
+
+class RequestRejected(RuntimeError):
+    """The server answered a request with `Rejected`."""
+
+
+_KINDS: dict[str, type] = {}
+
+
+def _kind(tag: str):
+    """Register a record class under its wire tag."""
+
+    def register(cls: type) -> type:
+        cls.tag = tag
+        _KINDS[tag] = cls
+        return cls
+
+    return register
+
+
+# --- hellos: the first message on a connection to the driver ------------------------
+
+
+@_kind("task")
+class TaskHello(NamedTuple):
+    index: int
+    host: str
+    pid: int
+
+
+@_kind("supervisor")
+class SupervisorHello(NamedTuple):
+    rank: int
+    host: str
+    pid: int
+
+
+@_kind("rank")
+class RankHello(NamedTuple):
+    rank: int
+    host: str
+    pid: int
+
+
+# --- a task's and a supervisor's reports (one-way) -----------------------------------
+
+
+@_kind("process")
+class ProcessStarted(NamedTuple):
+    record: ProcessRecord
+
+
+@_kind("launcher_output")
+class LauncherOutput(NamedTuple):
+    lines: list
+
+
+@_kind("launcher_exit")
+class LauncherExit(NamedTuple):
+    name: str
+    exit_code: int
+
+
+@_kind("task_done")
+class TaskDone(NamedTuple):
+    leftover_pids: list
+
+
+@_kind("output")
+class RankOutput(NamedTuple):
+    lines: list
+    """(stream, line) pairs, stream "stdout" or "stderr"."""
+
+
+@_kind("rank_exit")
+class RankExit(NamedTuple):
+    exit_code: int
+    tail: list
+
+
+# --- the driver's orders ------------------------------------------------------------
+
+
+@_kind("finish")
+class Finish(NamedTuple):
+    reason: str
+
+
+@_kind("abort")
+class Abort(NamedTuple):
+    reason: str
+
+
+@_kind("bye")
+class Bye(NamedTuple):
+    pass
+
+
+@_kind("welcome")
+class Welcome(NamedTuple):
+    payload: bytes
+    send_result: bool
+    job_id: str
+
+
+# --- a rank's requests --------------------------------------------------------------
+
+
+@_kind("put")
+class KvPut(NamedTuple):
+    key: str
+    value: Any
+
+
+@_kind("get")
+class KvGet(NamedTuple):
+    key: str
+    timeout_s: float
+
+
+@_kind("log")
+class Log(NamedTuple):
+    text: str
+
+
+@_kind("file")
+class FileUpload(NamedTuple):
+    name: str
+    data: bytes
+
+
+@_kind("result")
+class Result(NamedTuple):
+    value: bytes
+    frameworks: list
+
+
+@_kind("error")
+class RankError(NamedTuple):
+    traceback: str
+    reason: str
+
+
+@_kind("checkpoint_save")
+class CheckpointSave(NamedTuple):
+    step: int
+    blob: bytes
+
+
+@_kind("checkpoint_latest")
+class CheckpointLatest(NamedTuple):
+    pass
+
+
+# --- mpirun's rsh agent and a task agent --------------------------------------------
+
+
+@_kind("orted")
+class OrtedLaunch(NamedTuple):
+    command: str
+
+
+@_kind("orted_output")
+class OrtedOutput(NamedTuple):
+    text: str
+
+
+@_kind("orted_exit")
+class OrtedExit(NamedTuple):
+    exit_code: int
+
+
+# --- a remote trial and the tune service --------------------------------------------
+
+
+@_kind("trial_call")
+class TrialCall(NamedTuple):
+    number: int
+    op: str
+    args: tuple
+    kwargs: dict
+
+
+# --- replies ------------------------------------------------------------------------
+
+
+@_kind("ok")
+class Ok(NamedTuple):
+    value: Any = None
+
+
+@_kind("missing")
+class Missing(NamedTuple):
+    key: str
+
+
+@_kind("failed")
+class Failed(NamedTuple):
+    """The request was understood but could not be carried out."""
+
+    error: Any
+
+
+@_kind("rejected")
+class Rejected(NamedTuple):
+    """The request was not understood (unknown kind, wrong fields) or is refused."""
+
+    reason: str
+
+
+HELLOS = (TaskHello, SupervisorHello, RankHello)
+TASK_REPORTS = (ProcessStarted, LauncherOutput, LauncherExit, TaskDone)
+SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
+RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave, CheckpointLatest)
+ORDERS = (Finish, Abort, Bye, Rejected)
+RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
+AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)
+
+
+def encode(message: NamedTuple) -> tuple:
+    """The wire form of `message`: its tag, then its fields."""
+    return (message.tag, *message)
+
+
+def decode(raw: Any, expected: tuple[type, ...]) -> Any:
+    """The record that `raw` encodes, if it is one of the `expected` kinds."""
+    if not isinstance(raw, tuple) or not raw or not isinstance(raw[0], str):
+        raise MalformedMessage(f"not a tagged message: {_short(raw)}")
+    cls = _KINDS.get(raw[0])
+    if cls not in expected:
+        names = ", ".join(k.tag for k in expected)
+        raise MalformedMessage(f"unknown request {raw[0]!r} here (expected one of: {names})")
+    fields = raw[1:]
+    required = len(cls._fields) - len(cls._field_defaults)
+    if not required <= len(fields) <= len(cls._fields):
+        raise MalformedMessage(
+            f"{raw[0]!r} takes {len(cls._fields)} fields {cls._fields}, got {len(fields)}"
+        )
+    record = cls(*fields)
+    for name, (type_name, kinds) in _basic_types(cls).items():
+        value = getattr(record, name)
+        if not isinstance(value, kinds) or (type_name == "int" and isinstance(value, bool)):
+            raise MalformedMessage(f"{raw[0]!r}: field {name} must be {type_name}")
+    return record
+
+
+_BASIC = {"int": int, "str": str, "bytes": bytes, "bool": bool, "list": list, "tuple": tuple,
+          "dict": dict, "float": (int, float)}  # fmt: skip
+
+
+@functools.cache
+def _basic_types(cls: type) -> dict[str, tuple[str, Any]]:
+    """The fields of `cls` annotated with a plain built-in type, checked on decode."""
+    hints = typing.get_type_hints(cls)
+    checks = {}
+    for name in cls._fields:
+        type_name = getattr(hints.get(name), "__name__", None)
+        if type_name in _BASIC:
+            checks[name] = (type_name, _BASIC[type_name])
+    return checks
+
+
+def reply_to(raw: Any, expected: tuple[type, ...]) -> Any:
+    """Decode a server's reply; raise `RequestRejected` when it refused the request."""
+    reply = decode(raw, expected + (Rejected,))
+    if isinstance(reply, Rejected):
+        raise RequestRejected(reply.reason)
+    return reply
+
+
+def _short(raw: Any) -> str:
+    text = repr(raw)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,112 @@
+"""A runner's options, checked once: `HorovodRunner`'s (and so `TorchDistributor`'s and
+`sparkdist.tune`'s) settings as one frozen value from which each job's specs are built.
+
+`np` keeps its sign as the user gave it (`np < 0`: ranks on the driver); the number of
+ranks is `num_ranks`, always positive.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sparkdist.runner.launch import mpirun_available
+
+LOG_MODES = ("all", "log_callback_only")
+LAUNCHERS = ("auto", "mpi", "direct")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """See `HorovodRunner` for what each option means."""
+
+    np: int
+    driver_log_verbosity: str = "all"
+    launcher: str = "auto"
+    start_timeout: float = 600.0
+    timeout: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    mpi_args: tuple[str, ...] = ()
+    network_interface: str | None = None
+    timeline: str | None = None
+    max_failures: int = 0
+    retry_on_exception: bool = False
+    checkpoint_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_np(self.np)
+        if self.driver_log_verbosity not in LOG_MODES:
+            raise ValueError(
+                f"driver_log_verbosity must be one of {LOG_MODES}, "
+                f"got {self.driver_log_verbosity!r}"
+            )
+        _check_launcher(self.launcher)
+        for name in ("start_timeout", "timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        env = dict(self.env or {})
+        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"env must map str to str; bad entries: {bad}")
+        mpi_args = self.mpi_args
+        if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
+            raise ValueError(
+                "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
+            )
+        failures = self.max_failures
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+            raise ValueError(
+                f"max_failures must be an int >= 0 (relaunches allowed), got {failures!r}"
+            )
+        normalised = {
+            "start_timeout": float(self.start_timeout),
+            "env": env,
+            "mpi_args": tuple(mpi_args),
+            "retry_on_exception": bool(self.retry_on_exception),
+            "timeline": _path(self.timeline),
+            "checkpoint_dir": _path(self.checkpoint_dir),
+        }
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def num_ranks(self) -> int:
+        """How many ranks the job has."""
+        return abs(self.np)
+
+    @property
+    def on_driver(self) -> bool:
+        """Whether the ranks run as subprocesses of the driver (`np < 0`)."""
+        return self.np < 0
+
+    def resolved_launcher(self) -> str:
+        """ "mpi" or "direct": "auto" is mpi when mpirun is installed."""
+        if self.launcher != "auto":
+            return self.launcher
+        return "mpi" if mpirun_available() else "direct"
+
+
+def _check_np(np: int) -> None:
+    if isinstance(np, bool) or not isinstance(np, int):
+        raise ValueError(f"np must be an int, got {np!r}")
+    if np == 0:
+        raise ValueError(
+            "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
+            "for -np ranks on the driver"
+        )
+
+
+def _check_launcher(launcher: str) -> None:
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    if launcher == "mpi" and not mpirun_available():
+        raise ValueError(
+            "launcher='mpi' needs Open MPI's mpirun on PATH: install it (e.g. "
+            "`bash init_scripts/install_system.sh`) or use launcher='direct'"
+        )
+
+
+def _path(value: str | os.PathLike | None) -> str | None:
+    return os.fspath(value) if value is not None else None
