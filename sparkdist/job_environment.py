@@ -47,43 +47,54 @@ DEFAULT_LOG_MODE = "all"
 
 
 @dataclass(frozen=True)
-class TaskEnvironment:
-    """The job's variables in everything one task starts (and so in its ranks)."""
+class JobEnvironment:
+    """What every process of a job shares, wherever it runs."""
 
     job_id: str
     driver: str
     secret: bytes = field(repr=False)
-    task_host: str
-    node_rank: int = 0
-    num_nodes: int = 1
     log_mode: str = DEFAULT_LOG_MODE
     launcher: str = DEFAULT_LAUNCHER
 
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """The job's variables in everything one task starts (and so in its ranks)."""
+
+    job: JobEnvironment
+    task_host: str
+    node_rank: int = 0
+    num_nodes: int = 1
+
     def to_env(self) -> dict[str, str]:
+        job = self.job
         return {
-            JOB_ID: self.job_id,
-            DRIVER: self.driver,
-            SECRET: self.secret.hex(),
+            JOB_ID: job.job_id,
+            DRIVER: job.driver,
+            SECRET: job.secret.hex(),
+            LOG_MODE: job.log_mode,
+            LAUNCHER: job.launcher,
             TASK_HOST: self.task_host,
             NODE_RANK: str(self.node_rank),
             NUM_NODES: str(self.num_nodes),
-            LOG_MODE: self.log_mode,
-            LAUNCHER: self.launcher,
         }
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], secret: bytes, host: str) -> TaskEnvironment:
         """Read back; `secret` as taken out with `take_secret`, `host` the fallback
         for a process started outside a task (this host's name)."""
-        return cls(
+        job = JobEnvironment(
             job_id=env.get(JOB_ID, ""),
             driver=env[DRIVER],
             secret=secret,
+            log_mode=env.get(LOG_MODE, DEFAULT_LOG_MODE),
+            launcher=env.get(LAUNCHER, DEFAULT_LAUNCHER),
+        )
+        return cls(
+            job=job,
             task_host=env.get(TASK_HOST, host),
             node_rank=int(env.get(NODE_RANK, "0")),
             num_nodes=int(env.get(NUM_NODES, "1")),
-            log_mode=env.get(LOG_MODE, DEFAULT_LOG_MODE),
-            launcher=env.get(LAUNCHER, DEFAULT_LAUNCHER),
         )
 
 

@@ -48,9 +48,9 @@ class DriverService:
             _reject(channel, exc)
             return
         if isinstance(hello, messages.TaskHello):
-            _TaskPeer(self.state, channel, hello).serve()
+            _TaskPeer(self.state, channel, hello.index, hello.host).serve()
         elif isinstance(hello, messages.SupervisorHello):
-            _SupervisorPeer(self.state, channel, hello).serve()
+            _SupervisorPeer(self.state, channel, hello.rank, hello.host).serve()
         else:
             _RankPeer(self.state, channel, hello).serve()
 
@@ -59,35 +59,51 @@ def _reject(channel: wire.Channel, exc: MalformedMessage) -> None:
     channel.send(messages.encode(messages.Rejected(str(exc))))
 
 
-class _TaskPeer:
-    """A barrier task: process records and its launcher's output and exit."""
+class _StreamPeer:
+    """A task or a supervisor: one-way reports until its last one, then it is gone. If
+    the connection breaks before that, the peer was lost (`lost`)."""
 
-    def __init__(self, state: JobState, channel: wire.Channel, hello: messages.TaskHello):
-        self.state, self.channel, self.hello = state, channel, hello
+    kind = ""
+    reports: tuple[type, ...] = ()
+
+    def __init__(self, state: JobState, channel: wire.Channel, number: int, host: str):
+        self.state, self.channel, self.number, self.host = state, channel, number, host
 
     def serve(self) -> None:
-        state, index = self.state, self.hello.index
-        stopping = state.connected("task", index, self.channel)
+        stopping = self.state.connected(self.kind, self.number, self.channel)
         if stopping:
             self.channel.send(messages.encode(messages.Abort(stopping)))
         finished = False
         try:
             while not finished:
-                finished = self._handle(self.channel.recv())
+                try:
+                    report = messages.decode(self.channel.recv(), self.reports)
+                except MalformedMessage as exc:
+                    logger.warning("%s %d sent %s", self.kind, self.number, exc)
+                    _reject(self.channel, exc)
+                    continue
+                finished = self.handle(report)
         finally:
-            state.disconnected("task", index)
+            self.state.disconnected(self.kind, self.number)
             if not finished:
-                state.task_lost(index, self.hello.host)
+                self.lost()
 
-    def _handle(self, raw) -> bool:
-        """Act on one report; True once the task is done."""
-        try:
-            message = messages.decode(raw, messages.TASK_REPORTS)
-        except MalformedMessage as exc:
-            logger.warning("task %d sent %s", self.hello.index, exc)
-            _reject(self.channel, exc)
-            return False
-        match message:
+    def handle(self, report) -> bool:
+        """Act on one report; True after the peer's last one."""
+        raise NotImplementedError
+
+    def lost(self) -> None:
+        raise NotImplementedError
+
+
+class _TaskPeer(_StreamPeer):
+    """A barrier task: process records and its launcher's output and exit."""
+
+    kind = "task"
+    reports = messages.TASK_REPORTS
+
+    def handle(self, report) -> bool:
+        match report:
             case messages.ProcessStarted(record):
                 self.state.record(record)
             case messages.LauncherOutput(lines):
@@ -95,56 +111,47 @@ class _TaskPeer:
             case messages.LauncherExit(name, code):
                 self.state.launcher_exited(name, code)
             case messages.TaskDone():
-                self.state.task_done(self.hello.index)
+                self.state.task_done(self.number)
                 return True
         return False
 
+    def lost(self) -> None:
+        self.state.task_lost(self.number, self.host)
 
-class _SupervisorPeer:
+
+class _SupervisorPeer(_StreamPeer):
     """A rank's supervisor: the rank's output lines and exit status."""
 
-    def __init__(self, state: JobState, channel: wire.Channel, hello: messages.SupervisorHello):
-        self.state, self.channel, self.hello = state, channel, hello
+    kind = "supervisor"
+    reports = messages.SUPERVISOR_REPORTS
 
     def serve(self) -> None:
-        state, rank = self.state, self.hello.rank
-        with state.cond:
-            state.ranks[rank].host = self.hello.host
-        stopping = state.connected("supervisor", rank, self.channel)
-        if stopping:
-            self.channel.send(messages.encode(messages.Abort(stopping)))
-        try:
-            while not self._handle(self.channel.recv()):
-                pass
-        finally:
-            state.disconnected("supervisor", rank)
-            with state.cond:
-                exited = state.ranks[rank].exited
-            if not exited:
-                state.failures.notice(
-                    rank,
-                    f"lost contact with rank {rank} (its supervisor process died, or its host "
-                    "or network was lost)",
-                )
+        with self.state.cond:
+            self.state.ranks[self.number].host = self.host
+        super().serve()
 
-    def _handle(self, raw) -> bool:
-        """Act on one report; True once the rank's exit is recorded."""
-        try:
-            message = messages.decode(raw, messages.SUPERVISOR_REPORTS)
-        except MalformedMessage as exc:
-            logger.warning("rank %d's supervisor sent %s", self.hello.rank, exc)
-            _reject(self.channel, exc)
-            return False
-        match message:
+    def handle(self, report) -> bool:
+        match report:
             case messages.ProcessStarted(record):
                 self.state.record(record)
             case messages.RankOutput(lines):
-                self.state.rank_output(self.hello.rank, lines)
+                self.state.rank_output(self.number, lines)
             case messages.RankExit(code, tail):
-                self.state.rank_exited(self.hello.rank, code, tail)
+                self.state.rank_exited(self.number, code, tail)
                 self.channel.send(messages.encode(messages.Bye()))
                 return True
         return False
+
+    def lost(self) -> None:
+        rank = self.number
+        with self.state.cond:
+            exited = self.state.ranks[rank].exited
+        if not exited:
+            self.state.failures.notice(
+                rank,
+                f"lost contact with rank {rank} (its supervisor process died, or its host "
+                "or network was lost)",
+            )
 
 
 class _RankPeer:

@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 
 from sparkdist import job_environment, tracking
+from sparkdist.job_environment import JobEnvironment
 from sparkdist.network import join_address
 from sparkdist.runner import payload, retry, timeline_file, wire
 from sparkdist.runner.checkpoint_store import CheckpointStore
@@ -211,9 +212,10 @@ class HorovodRunner:
         service = self._place(state, secret, cluster)
         timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
         spec = self._launch_spec(state, service, secret, attempt, report, relay, timeline_path)
+        where = "on the driver" if cluster is None else "on the cluster"
         logger.info(
-            "sparkdist job %s: %d ranks, launcher %s, %s", spec.job_id, spec.np, spec.launcher,
-            "on the driver" if cluster is None else "on the cluster",
+            "sparkdist job %s: %d ranks, launcher %s, %s",
+            report.job_id, spec.np, report.launcher, where,
         )  # fmt: skip
         if cluster is None:
             launch: Launch = LocalLaunch(spec, state)
@@ -262,13 +264,16 @@ class HorovodRunner:
             launcher_expected=report.launcher == "mpi",
             checkpoint_dir=opts.checkpoint_dir,
         )
-        return LaunchSpec(
+        job = JobEnvironment(
             job_id=state.spec.job_id,
             driver=join_address(*service.address),
             secret=secret,
-            np=state.spec.np,
-            launcher=report.launcher,
             log_mode=opts.driver_log_verbosity,
+            launcher=report.launcher,
+        )
+        return LaunchSpec(
+            job=job,
+            np=state.spec.np,
             env=rank_env,
             mpi_args=opts.mpi_args,
             network_interface=opts.network_interface,

@@ -12,10 +12,10 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sparkdist.job_environment import DirectRank, TaskEnvironment
+from sparkdist.job_environment import DirectRank, JobEnvironment, TaskEnvironment
 from sparkdist.runner.processes import ProcessRecord, popen_group
 
 SUPERVISOR_MODULE = "sparkdist.runner.supervisor"
@@ -26,12 +26,8 @@ RSH_MODULE = "sparkdist.runner.rsh"
 class LaunchSpec:
     """Everything a task needs to start its part of a job (sent in the task closure)."""
 
-    job_id: str
-    driver: str
-    secret: bytes = field(repr=False)
+    job: JobEnvironment
     np: int
-    launcher: str
-    log_mode: str
     env: Mapping[str, str]
     mpi_args: Sequence[str]
     network_interface: str | None
@@ -101,16 +97,7 @@ def job_env(
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     env.update(spec.env)
-    task = TaskEnvironment(
-        job_id=spec.job_id,
-        driver=spec.driver,
-        secret=spec.secret,
-        task_host=task_host,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        log_mode=spec.log_mode,
-        launcher=spec.launcher,
-    )
+    task = TaskEnvironment(spec.job, task_host=task_host, node_rank=node_rank, num_nodes=num_nodes)
     env.update(task.to_env())
     if os.geteuid() == 0:
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"

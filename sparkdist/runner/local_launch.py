@@ -42,7 +42,7 @@ class LocalLaunch:
         n = self.spec.np
         env = job_env(self.spec, os.environ, task_host=LOCAL_HOST, node_rank=0, num_nodes=1)
         env.update(gpus_to_env(driver_gpu_addresses()))
-        if self.spec.launcher == "mpi":
+        if self.spec.job.launcher == "mpi":
             btl, btl_args = shared_memory_btl()
             argv = mpirun_argv(
                 sys.executable,

@@ -18,7 +18,7 @@ from sparkdist.runner import messages, rank_channel
 from sparkdist.runner.processes import die_with_parent
 
 
-def rank_context(client: rank_channel.DriverClient, job: TaskEnvironment, env) -> RankContext:
+def rank_context(client: rank_channel.DriverClient, place: TaskEnvironment, env) -> RankContext:
     """This rank's place in the job, from the variables its supervisor set."""
     return RankContext(
         rank=int(env["RANK"]),
@@ -26,9 +26,9 @@ def rank_context(client: rank_channel.DriverClient, job: TaskEnvironment, env) -
         local_rank=int(env["LOCAL_RANK"]),
         local_world_size=int(env["LOCAL_WORLD_SIZE"]),
         node_rank=int(env["NODE_RANK"]),
-        num_nodes=job.num_nodes,
-        host=job.task_host,
-        launcher=job.launcher,
+        num_nodes=place.num_nodes,
+        host=place.task_host,
+        launcher=place.job.launcher,
         rendezvous=client,
         env=env,
     )
@@ -59,7 +59,7 @@ def main() -> None:
     secret = job_environment.take_secret(os.environ)
     place = TaskEnvironment.from_env(os.environ, secret, socket.gethostname())
     rank = int(os.environ["RANK"])
-    client = rank_channel.connect(place.driver, secret)
+    client = rank_channel.connect(place.job.driver, secret)
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
 
     try:

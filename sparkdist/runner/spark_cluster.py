@@ -165,7 +165,7 @@ class BarrierStage:
         self.spark = spark
         self.spec = spec
         self.state = state
-        self.group = f"sparkdist-{spec.job_id}"
+        self.group = f"sparkdist-{spec.job.job_id}"
         self.error: BaseException | None = None
         self.outputs: list[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)

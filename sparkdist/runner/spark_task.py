@@ -56,7 +56,7 @@ class TaskRun:
         self.stop_reason: str | None = None
         self._stopped = threading.Event()
         self._children: list[subprocess.Popen] = []
-        self.channel = wire.connect(split_address(spec.driver), spec.secret)
+        self.channel = wire.connect(split_address(spec.job.driver), spec.job.secret)
         self._send(messages.TaskHello(index, host, os.getpid()))
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
         self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
@@ -64,7 +64,7 @@ class TaskRun:
         # "hosts" sharing one /tmp, as executors on one machine do) otherwise share
         # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
         # creating its files there ("orte_session_dir failed").
-        self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job_id}-task{index}-")
+        self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job.job_id}-task{index}-")
         self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
         self.agent: TaskAgent | None = None
 
@@ -103,14 +103,14 @@ class TaskRun:
         python = sys.executable
         network = interface_of(self.host)[1]
         self.env.update(gpus_to_env(gpu_addresses(ctx.resources())))
-        if self.spec.launcher == "mpi":
-            self.agent = TaskAgent(self.spec.secret, self.host, self.env, self.record)
+        if self.spec.job.launcher == "mpi":
+            self.agent = TaskAgent(self.spec.job.secret, self.host, self.env, self.record)
             mine = {"host": self.host, "port": self.agent.port, "network": network}
         else:
             mine = {"host": self.host, "port": 0, "network": network}
         peers = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
 
-        if self.spec.launcher == "mpi":
+        if self.spec.job.launcher == "mpi":
             if self.index == 0:
                 hosts = [(f"task-{i}", 1) for i in range(len(peers))]
                 argv = mpirun_argv(
@@ -172,10 +172,10 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
         from sparkdist.runner.relay import HostedJob
 
         if index == 0:
-            hosted = HostedJob(spec.relay, spec.secret, host)
+            hosted = HostedJob(spec.relay, spec.job.secret, host)
             hosted.start()
         service = ctx.allGather(hosted.address if hosted else "")[0]
-        spec = dataclasses.replace(spec, driver=service)
+        spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, driver=service))
     try:
         task = TaskRun(spec, index, len(infos), host)
         try:

@@ -56,17 +56,17 @@ class Supervisor:
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
         self.secret = take_secret(self.env)
-        self.job = TaskEnvironment.from_env(self.env, self.secret, socket.gethostname())
+        self.place = TaskEnvironment.from_env(self.env, self.secret, socket.gethostname())
         self.layout = rank_layout(self.env)
         self.rank = int(self.layout["RANK"])
-        self.host = self.job.task_host
-        self.stream_output = self.job.log_mode == "all"
+        self.host = self.place.task_host
+        self.stream_output = self.place.job.log_mode == "all"
         self.quiet = native_logs.below_level(self.env)  # C++ start-up logs, off by default
         self.tail: deque[str] = deque(maxlen=messages.TAIL_LINES)
         self.lines: queue.Queue = queue.Queue()
         self.bye = threading.Event()
         self.child = None
-        self.channel = wire.connect(split_address(self.job.driver), self.secret)
+        self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
     def _send(self, message) -> None:
         self.channel.send(messages.encode(message))
