@@ -162,7 +162,7 @@ class _RankPeer:
         self.host = hello.host
 
     def serve(self) -> None:
-        state, spec = self.state, self.state.spec
+        state, spec = self.state, self.state.job
         state.rank_started(self.rank, self.host)
         welcome = messages.Welcome(spec.payload, spec.all_results or self.rank == 0, spec.job_id)
         self.channel.send(messages.encode(welcome))

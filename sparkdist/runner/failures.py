@@ -138,7 +138,7 @@ class FailureTracker:
                 if start_deadline and now > start_deadline and not job.all_started():
                     missing = [r for r, s in job.ranks.items() if not s.started]
                     raise errors.start_timeout_error(
-                        missing, job.spec.np, sorted(job.tasks_started), job.tails(missing)
+                        missing, job.job.num_ranks, sorted(job.tasks_started), job.tails(missing)
                     )
                 if deadline and now > deadline:
                     running = [r for r, s in job.ranks.items() if not s.exited]

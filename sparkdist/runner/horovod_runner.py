@@ -206,21 +206,23 @@ class HorovodRunner:
     ) -> list[Any]:
         """Launch the job once: place it, launch it, wait for it, collect what it left;
         return every rank's (unpickled) result."""
-        report.job_id = state.spec.job_id
+        report.job_id = state.job.job_id
         report.outcome = "running"
         secret = wire.new_secret()
         service = self._place(state, secret, cluster)
         timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
-        spec = self._launch_spec(state, service, secret, attempt, report, relay, timeline_path)
+        launch_spec = self._launch_spec(
+            state, service, secret, attempt, report, relay, timeline_path
+        )
         where = "on the driver" if cluster is None else "on the cluster"
         logger.info(
             "sparkdist job %s: %d ranks, launcher %s, %s",
-            report.job_id, spec.np, report.launcher, where,
+            report.job_id, launch_spec.num_ranks, report.launcher, where,
         )  # fmt: skip
         if cluster is None:
-            launch: Launch = LocalLaunch(spec, state)
+            launch: Launch = LocalLaunch(launch_spec, state)
         else:
-            launch = (RelayedStage if relay else BarrierStage)(cluster, spec, state)
+            launch = (RelayedStage if relay else BarrierStage)(cluster, launch_spec, state)
         started = time.monotonic()
         try:
             self._launch_and_wait(launch, state, report, started)
@@ -232,7 +234,7 @@ class HorovodRunner:
         """Check the cluster can hold the job; start the job's service where the
         executors (or the local ranks) reach it."""
         if cluster is not None:
-            cluster.check_slots(state.spec.np, self.options.start_timeout)
+            cluster.check_slots(state.job.num_ranks, self.options.start_timeout)
             bind_host, advertise_host = cluster.driver_addresses()
         else:
             bind_host = advertise_host = LOCAL_HOST
@@ -258,14 +260,14 @@ class HorovodRunner:
         if timeline_path:
             rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
         plan = RelayPlan(
-            job=state.spec,
+            job=state.job,
             start_timeout=opts.start_timeout,
             timeout=opts.timeout,
             launcher_expected=report.launcher == "mpi",
             checkpoint_dir=opts.checkpoint_dir,
         )
         job = JobEnvironment(
-            job_id=state.spec.job_id,
+            job_id=state.job.job_id,
             driver=join_address(*service.address),
             secret=secret,
             log_mode=opts.driver_log_verbosity,
@@ -273,7 +275,7 @@ class HorovodRunner:
         )
         return LaunchSpec(
             job=job,
-            np=state.spec.np,
+            num_ranks=state.job.num_ranks,
             env=rank_env,
             mpi_args=opts.mpi_args,
             network_interface=opts.network_interface,

@@ -44,7 +44,7 @@ class JobSpec:
     """What the driver tells every rank when it says hello."""
 
     job_id: str
-    np: int
+    num_ranks: int
     payload: bytes
     all_results: bool
     log_mode: str
@@ -55,15 +55,15 @@ class JobState:
 
     def __init__(
         self,
-        spec: JobSpec,
+        job: JobSpec,
         console: Console | None = None,
         checkpoints: CheckpointStore | None = None,
     ):
-        self.spec = spec
+        self.job = job
         self.console = console or Console()
         self.checkpoints = checkpoints
         self.cond = threading.Condition()
-        self.ranks = {r: RankState(r) for r in range(spec.np)}
+        self.ranks = {r: RankState(r) for r in range(job.num_ranks)}
         self.processes: list[ProcessRecord] = []
         self.files: dict[str, bytes] = {}
         self.launcher_tail: deque = deque(maxlen=messages.TAIL_LINES)
@@ -141,7 +141,7 @@ class JobState:
     def rank_output(self, rank: int, lines: list[tuple[str, str]]) -> None:
         with self.cond:
             self.ranks[rank].tail.extend(line for _, line in lines)
-        if self.spec.log_mode == "all":
+        if self.job.log_mode == "all":
             for stream, line in lines:
                 self.console.write(stream, f"[rank {rank}] {line}")
 
@@ -192,7 +192,7 @@ class JobState:
     # --- the driver's view ------------------------------------------------------------
 
     def succeeded(self) -> bool:
-        needed = self.ranks.values() if self.spec.all_results else [self.ranks[0]]
+        needed = self.ranks.values() if self.job.all_results else [self.ranks[0]]
         return (
             all(s.exited and s.exit_code == 0 for s in self.ranks.values())
             and all(s.has_result for s in needed)
@@ -222,7 +222,7 @@ class JobState:
             return len(self.tasks_started - self.tasks_lost.keys())
 
     def results(self) -> list[bytes | None]:
-        return [self.ranks[r].result for r in range(self.spec.np)]
+        return [self.ranks[r].result for r in range(self.job.num_ranks)]
 
     def wait_tasks_done(self, count: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

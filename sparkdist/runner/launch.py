@@ -27,7 +27,7 @@ class LaunchSpec:
     """Everything a task needs to start its part of a job (sent in the task closure)."""
 
     job: JobEnvironment
-    np: int
+    num_ranks: int
     env: Mapping[str, str]
     mpi_args: Sequence[str]
     network_interface: str | None

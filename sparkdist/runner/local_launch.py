@@ -39,7 +39,7 @@ class LocalLaunch:
         self._children.append(start_launcher(argv, env, name, role, LOCAL_HOST, self.state))
 
     def start(self) -> None:
-        n = self.spec.np
+        n = self.spec.num_ranks
         env = job_env(self.spec, os.environ, task_host=LOCAL_HOST, node_rank=0, num_nodes=1)
         env.update(gpus_to_env(driver_gpu_addresses()))
         if self.spec.job.launcher == "mpi":

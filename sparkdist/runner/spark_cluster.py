@@ -173,7 +173,7 @@ class BarrierStage:
     def _run(self) -> None:
         try:
             task = functools.partial(run_barrier_task, self.spec)
-            self.outputs = self.spark.run_barrier_stage(self.spec.np, task, self.group)
+            self.outputs = self.spark.run_barrier_stage(self.spec.num_ranks, task, self.group)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
@@ -188,7 +188,10 @@ class BarrierStage:
         """Let the tasks end; cancel the job group if they do not end in time."""
         # A task whose executor was lost will never say it is done: do not wait for it.
         expected = self.state.live_task_count()
-        if not self.state.wait_tasks_done(expected, CANCEL_GRACE_S) or expected < self.spec.np:
+        if (
+            not self.state.wait_tasks_done(expected, CANCEL_GRACE_S)
+            or expected < self.spec.num_ranks
+        ):
             logger.info("cancelling Spark job group %s", self.group)
             self.spark.cancel(self.group)
         self._thread.join(timeout=JOIN_TIMEOUT_S)

@@ -115,7 +115,7 @@ class TaskRun:
                 hosts = [(f"task-{i}", 1) for i in range(len(peers))]
                 argv = mpirun_argv(
                     python,
-                    self.spec.np,
+                    self.spec.num_ranks,
                     hosts,
                     [p["network"] for p in peers],
                     self.spec.mpi_args,
@@ -126,7 +126,7 @@ class TaskRun:
                 self._start(argv, env, "mpirun", "mpirun")
         else:
             rank = self.index
-            env = direct_rank_env(self.env, DirectRank(rank, self.spec.np, 0, 1))
+            env = direct_rank_env(self.env, DirectRank(rank, self.spec.num_ranks, 0, 1))
             self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor", "supervisor")
         self._stopped.wait()
 
