@@ -105,9 +105,12 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
 def stop_session(spark, drain_timeout_s: float = 10.0) -> None:
     """Stop `spark` cleanly (see above): once no executor runs a task, or after
     `drain_timeout_s`, whichever comes first."""
-    deadline = time.monotonic() + drain_timeout_s
-    while _running_tasks(spark) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    from sparkdist.connect import is_connect_session
+
+    if not is_connect_session(spark):  # a Connect client has no executors of its own
+        deadline = time.monotonic() + drain_timeout_s
+        while _running_tasks(spark) and time.monotonic() < deadline:
+            time.sleep(0.1)
     spark.stop()
 
 
