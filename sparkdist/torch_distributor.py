@@ -12,26 +12,83 @@ extras passed through to `HorovodRunner`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import sys
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from sparkdist.runner.script import ScriptMain
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class _Call:
-    """`fn(*args, **kwargs)` as a payload the runner calls with no arguments."""
+class _DeepspeedConfig:
+    """A DeepSpeed config as the ranks get it: the JSON text (a dict dumped, or the
+    file read on the driver) written to a file on each rank, or a path the driver
+    cannot see, passed on as it is."""
+
+    text: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def of(cls, config: str | os.PathLike | dict[str, Any] | None) -> _DeepspeedConfig:
+        import json
+
+        if config is None:
+            return cls()
+        if isinstance(config, dict):
+            return cls(text=json.dumps(config))
+        if not isinstance(config, (str, os.PathLike)):
+            raise TypeError(
+                "deepspeedConfig must be a dict of DeepSpeed settings, the path of a JSON "
+                f"config file, or None; got {type(config).__name__}"
+            )
+        path = os.fspath(config)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return cls(text=f.read())
+        return cls(path=path)
+
+    def flags(self, directory: str) -> list[str]:
+        """pyspark's `--deepspeed [--deepspeed_config PATH]` for this rank."""
+        if self.text is None and not self.path:
+            return ["--deepspeed"]
+        path = self.path
+        if self.text is not None:
+            path = os.path.join(directory, "deepspeed_config.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(self.text)
+        return ["--deepspeed", "--deepspeed_config", path]
+
+
+@dataclass(frozen=True)
+class _RankMain:
+    """What every rank runs: `fn(*args, **kwargs)` (a function, or a script as
+    `ScriptMain`), in the environment pyspark's distributor gives it: no GPUs for
+    `use_gpu=False` on the cluster, and DeepSpeed's command-line flags."""
 
     fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+    hide_gpus: bool = False
+    deepspeed: _DeepspeedConfig | None = None
 
     def __call__(self) -> Any:
-        return self.fn(*self.args, **self.kwargs)
+        if self.hide_gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if self.deepspeed is None:
+            return self.fn(*self.args, **(self.kwargs or {}))
+        with tempfile.TemporaryDirectory(prefix="sparkdist-deepspeed-") as directory:
+            flags = self.deepspeed.flags(directory)
+            if isinstance(self.fn, ScriptMain):
+                return replace(self.fn, args=(*self.fn.args, *flags))()
+            # pyspark runs a function from a generated script given these flags.
+            sys.argv = [sys.argv[0], *flags]
+            return self.fn(*self.args, **(self.kwargs or {}))
 
 
 def _conf(spark: Any, key: str, default: str) -> str:
@@ -43,7 +100,8 @@ class TorchDistributor:
 
     `local_mode=True` runs the ranks on the driver, `False` on the executors (one
     Spark task per rank). With `use_gpu`, each rank sees the GPUs Spark gave its task
-    (or a share of the driver's) in CUDA_VISIBLE_DEVICES.
+    (or a share of the driver's) in CUDA_VISIBLE_DEVICES; without it, ranks on the
+    cluster see none, as under pyspark.
     """
 
     def __init__(
@@ -63,6 +121,7 @@ class TorchDistributor:
         self.num_tasks = self._get_num_tasks()
         if self.num_processes <= 0:
             raise ValueError("num_processes has to be a positive integer")
+        self._runner()  # sparkdist's own options: a bad one fails here, not at run
 
     def _get_num_tasks(self) -> int:
         """pyspark's checks of the GPU configuration, with its messages."""
@@ -102,25 +161,41 @@ class TorchDistributor:
         np = -self.num_processes if self.local_mode else self.num_processes
         return HorovodRunner(np=np, **self.runner_options)
 
-    def _script_args(self, args: tuple[Any, ...]) -> list[str]:
-        return [str(a) for a in args]
+    def _deepspeed(self) -> _DeepspeedConfig | None:
+        return None
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value,
-        or run the script at path `train_object` with `args` as its command line
-        (then return None)."""
-        if isinstance(train_object, str):
+        or run the script at path `train_object` with `args` (made strings) as its
+        command line, and return None."""
+        if isinstance(train_object, (str, os.PathLike)):
             if kwargs:
-                raise ValueError("Running pytorch file does not support key-word type arguments.")
-            self._runner().run(train_object, args=self._script_args(args))
-            return None
-        return self._runner().run(_Call(train_object, args, kwargs))
+                raise ValueError(self._script_kwargs_error)
+            fn: Callable[..., Any] = ScriptMain.from_file(train_object, [str(a) for a in args])
+            args = ()
+        elif callable(train_object):
+            fn = train_object
+        else:
+            raise TypeError(
+                "train_object must be a function (run on every rank; rank 0's return value "
+                "is returned) or the path of a Python script (run on every rank with the "
+                f"other arguments as its command line), not {type(train_object).__name__}"
+            )
+        main = _RankMain(
+            fn, args, kwargs, hide_gpus=not self.use_gpu and not self.local_mode,
+            deepspeed=self._deepspeed(),
+        )  # fmt: skip
+        return self._runner().run(main)
+
+    _script_kwargs_error = "Running pytorch file does not support key-word type arguments."
 
 
 class DeepspeedTorchDistributor(TorchDistributor):
-    """pyspark's DeepSpeed distributor: `numGpus * nnodes` ranks; a script gets
-    `--deepspeed --deepspeed_config PATH` after its own arguments, as under pyspark.
-    A dict config is written to a JSON file first, as pyspark does."""
+    """pyspark's DeepSpeed distributor: `numGpus * nnodes` ranks; each rank's command
+    line (a script's, or `sys.argv` around a function) ends with `--deepspeed
+    --deepspeed_config PATH`, as under pyspark, so `deepspeed.add_config_arguments`
+    and `deepspeed.initialize(args=...)` find the config. A dict config, or a config
+    file the driver can read, is written to a file on every rank."""
 
     def __init__(
         self,
@@ -132,28 +207,12 @@ class DeepspeedTorchDistributor(TorchDistributor):
         **runner_options: Any,
     ):
         self.deepspeed_config = deepspeedConfig
+        self._config = _DeepspeedConfig.of(deepspeedConfig)
         super().__init__(numGpus * nnodes, localMode, useGpu, **runner_options)
 
-    def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(train_object, str) and kwargs:
-            raise ValueError(
-                "DeepspeedTorchDistributor with pytorch file doesn't support keyword arguments"
-            )
-        return super().run(train_object, *args, **kwargs)
+    def _deepspeed(self) -> _DeepspeedConfig:
+        return self._config
 
-    def _script_args(self, args: tuple[Any, ...]) -> list[str]:
-        out = [*super()._script_args(args), "--deepspeed"]
-        config = self.deepspeed_config
-        if isinstance(config, dict):
-            config = _write_config(config)
-        if config:
-            out += ["--deepspeed_config", os.fspath(config)]
-        return out
-
-
-def _write_config(config: dict[str, Any]) -> str:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
-        json.dump(config, f)
-    return f.name
+    _script_kwargs_error = (
+        "DeepspeedTorchDistributor with pytorch file doesn't support keyword arguments"
+    )
