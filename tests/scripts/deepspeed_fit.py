@@ -22,7 +22,7 @@ def fit(out: str, steps: int = 6) -> dict:
     args, _ = parser.parse_known_args()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
     engine, *_ = deepspeed.initialize(args=args, model=model, optimizer=optimizer)
     rank = engine.global_rank
     x = torch.randn(32, 4, generator=torch.Generator().manual_seed(rank + 1))
