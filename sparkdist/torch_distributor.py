@@ -92,7 +92,17 @@ class _RankMain:
 
 
 def _conf(spark: Any, key: str, default: str) -> str:
-    return spark.sparkContext.getConf().get(key, default)
+    """A Spark setting, read as pyspark's distributor reads it (also on Spark Connect)."""
+    return spark.conf.get(key, default)
+
+
+def _resources(spark: Any) -> dict[str, Any]:
+    """The driver's Spark resources, from the SparkContext or, on Spark Connect, the
+    server, as pyspark's distributor finds them."""
+    try:
+        return spark.sparkContext.resources
+    except Exception:  # noqa: BLE001 - a Connect session has no SparkContext
+        return spark._client._resources()
 
 
 class TorchDistributor:
@@ -140,7 +150,7 @@ class TorchDistributor:
                 )
             return self.num_processes // task_gpu_amount
         key = "spark.driver.resource.gpu.amount"
-        if "gpu" not in self.spark.sparkContext.resources:
+        if "gpu" not in _resources(self.spark):
             raise RuntimeError("GPUs were unable to be found on the driver.")
         available = int(float(_conf(self.spark, key, "0")))
         if available == 0:
