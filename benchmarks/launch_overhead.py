@@ -4,6 +4,7 @@ On one warm local-cluster[2,1,1024] session, times REPEAT runs each of a job tha
 initialises the process group, does one allreduce and returns a float, with:
 
 * sparkdist HorovodRunner: mpi and direct launchers, np=2 (cluster) and np=-2 (driver);
+* sparkdist.TorchDistributor (pyspark's API on HorovodRunner), local_mode False and True;
 * pyspark's TorchDistributor, local_mode False and True;
 * horovod.spark.run (Gloo), where Horovod is installed;
 * through a Spark Connect session (a LocalConnectServer over the same local-cluster shape,
@@ -11,9 +12,12 @@ initialises the process group, does one allreduce and returns a float, with:
   client and in relay mode, and pyspark's TorchDistributor on the same Connect session.
 
 Prints the median and min per launcher and the ratio to TorchDistributor(local_mode=False)
-of the same kind of session.
+of the same kind of session, and how far sparkdist.TorchDistributor is from the
+HorovodRunner it runs on. Then a second table: a short PyTorch Lightning fit (2 ranks, DDP)
+through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each.
 
-    .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--no-connect]
+    .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--lightning-repeat 3]
+        [--no-connect]
 """
 
 from __future__ import annotations
@@ -41,6 +45,35 @@ def torch_job() -> float:
     return value.item()
 
 
+def lightning_job() -> int:
+    """Two epochs of a linear regression with Lightning's DDP; returns the world size."""
+    import pytorch_lightning as pl
+    import torch
+
+    class Regression(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 4)
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", max_epochs=2,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=32))
+    return trainer.world_size
+
+
 def horovod_job() -> float:
     import horovod.torch as hvd
     import torch
@@ -61,6 +94,16 @@ def contenders(spark):
     yield "sparkdist direct np=2", sparkdist_run(2, "direct")
     yield "sparkdist mpi np=-2", sparkdist_run(-2, "mpi")
     yield "sparkdist direct np=-2", sparkdist_run(-2, "direct")
+
+    import sparkdist
+
+    def sparkdist_distributor(local_mode):
+        return lambda: sparkdist.TorchDistributor(2, local_mode=local_mode, use_gpu=False).run(
+            torch_job
+        )
+
+    yield "sparkdist TorchDistributor local_mode=False", sparkdist_distributor(False)
+    yield "sparkdist TorchDistributor local_mode=True", sparkdist_distributor(True)
 
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -138,7 +181,24 @@ def connect_rows(repeat: int) -> list[tuple[str, float | None, float | None]]:
     return rows
 
 
-def measure(fn, repeat: int) -> list[float]:
+def lightning_contenders():
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    import sparkdist
+
+    yield (
+        "sparkdist TorchDistributor local_mode=False",
+        lambda: sparkdist.TorchDistributor(2, local_mode=False, use_gpu=False).run(lightning_job),
+    )
+    yield (
+        "TorchDistributor local_mode=False",
+        lambda: TorchDistributor(2, local_mode=False, use_gpu=False).run(lightning_job),
+    )
+
+
+def measure(fn, repeat: int, expected=(3.0, [3.0, 3.0])) -> list[float]:
+    """Wall times of `repeat` runs after a warm-up; each must return one of `expected`
+    (the allreduce's sum by default)."""
     fn()  # warm-up: imports, JIT of Spark's code paths
     times = []
     for _ in range(repeat):
@@ -146,14 +206,15 @@ def measure(fn, repeat: int) -> list[float]:
         with contextlib.redirect_stdout(io.StringIO()):
             value = fn()
         times.append(time.perf_counter() - started)
-        if value not in (3.0, [3.0, 3.0]):
-            raise AssertionError(f"wrong allreduce result {value!r}")
+        if value not in expected:
+            raise AssertionError(f"wrong result {value!r}, expected one of {expected!r}")
     return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--lightning-repeat", type=int, default=3)
     parser.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
     parser.add_argument("--connect-client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,6 +234,11 @@ def main() -> None:
         times = measure(fn, args.repeat)
         rows.append((name, statistics.median(times), min(times)))
         print(f"  measured {name}: median {statistics.median(times):.2f}s", flush=True)
+    lightning_rows = []
+    for name, fn in lightning_contenders():
+        times = measure(fn, args.lightning_repeat, expected=(2,))
+        lightning_rows.append((name, statistics.median(times), min(times)))
+        print(f"  measured Lightning, {name}: median {statistics.median(times):.2f}s", flush=True)
 
     spark.stop()
     if not args.no_connect:
@@ -190,6 +256,23 @@ def main() -> None:
         baseline = medians.get(f"{prefix}TorchDistributor local_mode=False")
         ratio = f"{median / baseline:.2f}x" if baseline else "n/a"
         print(f"{name:<46} {median:>9.2f} {best:>7.2f} {ratio:>19}")
+
+    for mode, runner in (("False", "sparkdist mpi np=2"), ("True", "sparkdist mpi np=-2")):
+        ours = medians[f"sparkdist TorchDistributor local_mode={mode}"]
+        print(
+            f"sparkdist TorchDistributor local_mode={mode} vs HorovodRunner ({runner[10:]}): "
+            f"{100 * (ours / medians[runner] - 1):+.1f}%"
+        )
+
+    print()
+    print(
+        f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {args.lightning_repeat} runs each, "
+        "same session"
+    )
+    print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}")
+    baseline = lightning_rows[-1][1]
+    for name, median, best in lightning_rows:
+        print(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
 
 
 if __name__ == "__main__":

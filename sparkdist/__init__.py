@@ -2,6 +2,7 @@
 
 * `HorovodRunner(np=N).run(main, **kwargs)`: run `main` on N ranks of a Spark barrier
   stage (Horovod, torch.distributed, TensorFlow or MPI inside).
+* `TorchDistributor` / `DeepspeedTorchDistributor`: pyspark's API on the same runner.
 * `sparkdist.ensemble.PartitionEnsemble`: one scikit-learn/XGBoost model per partition.
 
 Names are imported on first use, so that the processes a job starts on every rank
@@ -25,9 +26,12 @@ _EXPORTS = {
     "RankFailedError": "sparkdist.runner.errors",
     "SparkdistError": "sparkdist.runner.errors",
     "log_to_driver": "sparkdist.runner.rank_channel",
+    "TorchDistributor": "sparkdist.torch_distributor",
+    "DeepspeedTorchDistributor": "sparkdist.torch_distributor",
 }
 
 __all__ = [
+    "DeepspeedTorchDistributor",
     "HorovodRunner",
     "JobFailedError",
     "JobReport",
@@ -36,6 +40,7 @@ __all__ = [
     "PayloadError",
     "RankFailedError",
     "SparkdistError",
+    "TorchDistributor",
     "log_to_driver",
 ]
 
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
     )
     from sparkdist.runner.horovod_runner import HorovodRunner, JobReport
     from sparkdist.runner.rank_channel import log_to_driver
+    from sparkdist.torch_distributor import DeepspeedTorchDistributor, TorchDistributor
 
 
 def __getattr__(name: str) -> Any:

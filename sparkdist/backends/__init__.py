@@ -14,10 +14,12 @@ from sparkdist.backends.mpi import MpiBackend
 from sparkdist.backends.tensorflow import TensorFlowBackend
 from sparkdist.backends.timeline import TimelineBackend
 from sparkdist.backends.torch import TorchBackend
+from sparkdist.backends.torchrun import TorchrunBackend
 
 BACKENDS: list[Backend] = [
     GpuBackend(),
     TorchBackend(),
+    TorchrunBackend(),
     TensorFlowBackend(),
     HorovodBackend(),
     TimelineBackend(),

@@ -1,7 +1,7 @@
 """torch.distributed: what `init_process_group("gloo")` with no arguments reads.
 
 Rank 0 reserves a free port on its own host and publishes it through the driver;
-the others wait for it. Gloo (and NCCL) are pinned to the interface that carries
+the others wait for it. Gloo, NCCL and RPC's TensorPipe are pinned to the interface that carries
 the task's address, unless the user chose one.
 """
 
@@ -32,5 +32,7 @@ class TorchBackend:
         if ifname:
             env.setdefault("GLOO_SOCKET_IFNAME", ifname)
             env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+            # torch.distributed.rpc's TensorPipe transport picks its own otherwise.
+            env.setdefault("TP_SOCKET_IFNAME", ifname)
         if reservation is not None:
             reservation.close()

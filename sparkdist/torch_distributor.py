@@ -1,0 +1,228 @@
+"""pyspark's `TorchDistributor` and `DeepspeedTorchDistributor`, on sparkdist's runner.
+
+Same constructors, same `run(train_object, *args, **kwargs)`, same validation errors:
+changing the import is the whole migration. Underneath is `HorovodRunner` (np > 0 on
+the cluster for `local_mode=False`, np < 0 on the driver for `local_mode=True`), so a
+job gets live rank-prefixed logs, the first failing rank's traceback, nothing left
+running, retries and MLflow. Ranks see torchrun's environment (the torchrun backend),
+which is what code written for TorchDistributor reads. sparkdist's own runner options
+(`timeout`, `max_failures`, `launcher`, `network_interface`, ...) are keyword-only
+extras passed through to `HorovodRunner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sparkdist.runner.script import ScriptMain
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _DeepspeedConfig:
+    """A DeepSpeed config as the ranks get it: the JSON text (a dict dumped, or the
+    file read on the driver) written to a file on each rank, or a path the driver
+    cannot see, passed on as it is."""
+
+    text: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def of(cls, config: str | os.PathLike | dict[str, Any] | None) -> _DeepspeedConfig:
+        import json
+
+        if config is None:
+            return cls()
+        if isinstance(config, dict):
+            return cls(text=json.dumps(config))
+        if not isinstance(config, (str, os.PathLike)):
+            raise TypeError(
+                "deepspeedConfig must be a dict of DeepSpeed settings, the path of a JSON "
+                f"config file, or None; got {type(config).__name__}"
+            )
+        path = os.fspath(config)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return cls(text=f.read())
+        return cls(path=path)
+
+    def flags(self, directory: str) -> list[str]:
+        """pyspark's `--deepspeed [--deepspeed_config PATH]` for this rank."""
+        if self.text is None and not self.path:
+            return ["--deepspeed"]
+        path = self.path
+        if self.text is not None:
+            path = os.path.join(directory, "deepspeed_config.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(self.text)
+        return ["--deepspeed", "--deepspeed_config", path]
+
+
+@dataclass(frozen=True)
+class _RankMain:
+    """What every rank runs: `fn(*args, **kwargs)` (a function, or a script as
+    `ScriptMain`), in the environment pyspark's distributor gives it: no GPUs for
+    `use_gpu=False` on the cluster, and DeepSpeed's command-line flags."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+    hide_gpus: bool = False
+    deepspeed: _DeepspeedConfig | None = None
+
+    def __call__(self) -> Any:
+        if self.hide_gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if self.deepspeed is None:
+            return self.fn(*self.args, **(self.kwargs or {}))
+        with tempfile.TemporaryDirectory(prefix="sparkdist-deepspeed-") as directory:
+            flags = self.deepspeed.flags(directory)
+            if isinstance(self.fn, ScriptMain):
+                return replace(self.fn, args=(*self.fn.args, *flags))()
+            # pyspark runs a function from a generated script given these flags.
+            sys.argv = [sys.argv[0], *flags]
+            return self.fn(*self.args, **(self.kwargs or {}))
+
+
+def _conf(spark: Any, key: str, default: str) -> str:
+    """A Spark setting, read as pyspark's distributor reads it (also on Spark Connect)."""
+    return spark.conf.get(key, default)
+
+
+def _resources(spark: Any) -> dict[str, Any]:
+    """The driver's Spark resources, from the SparkContext or, on Spark Connect, the
+    server, as pyspark's distributor finds them."""
+    try:
+        return spark.sparkContext.resources
+    except Exception:  # noqa: BLE001 - a Connect session has no SparkContext
+        return spark._client._resources()
+
+
+class TorchDistributor:
+    """Run a torch function or script on `num_processes` ranks, as pyspark's does.
+
+    `local_mode=True` runs the ranks on the driver, `False` on the executors (one
+    Spark task per rank). With `use_gpu`, each rank sees the GPUs Spark gave its task
+    (or a share of the driver's) in CUDA_VISIBLE_DEVICES; without it, ranks on the
+    cluster see none, as under pyspark.
+    """
+
+    def __init__(
+        self,
+        num_processes: int = 1,
+        local_mode: bool = True,
+        use_gpu: bool = True,
+        **runner_options: Any,
+    ):
+        from pyspark.sql import SparkSession
+
+        self.spark = SparkSession.active()
+        self.num_processes = num_processes
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+        self.runner_options = runner_options
+        self.num_tasks = self._get_num_tasks()
+        if self.num_processes <= 0:
+            raise ValueError("num_processes has to be a positive integer")
+        self._runner()  # sparkdist's own options: a bad one fails here, not at run
+
+    def _get_num_tasks(self) -> int:
+        """pyspark's checks of the GPU configuration, with its messages."""
+        if not self.use_gpu:
+            return self.num_processes
+        if not self.local_mode:
+            key = "spark.task.resource.gpu.amount"
+            task_gpu_amount = int(float(_conf(self.spark, key, "0")))
+            if task_gpu_amount < 1:
+                raise RuntimeError(f"'{key}' was unset, so gpu usage is unavailable.")
+            if task_gpu_amount > 1 and self.num_processes % task_gpu_amount != 0:
+                raise RuntimeError(
+                    f"TorchDistributor 'num_processes' value ({self.num_processes}) "
+                    "must be a multiple of 'spark.task.resource.gpu.amount' "
+                    f"({task_gpu_amount}) value."
+                )
+            return self.num_processes // task_gpu_amount
+        key = "spark.driver.resource.gpu.amount"
+        if "gpu" not in _resources(self.spark):
+            raise RuntimeError("GPUs were unable to be found on the driver.")
+        available = int(float(_conf(self.spark, key, "0")))
+        if available == 0:
+            raise RuntimeError("GPU resources were not configured properly on the driver.")
+        if self.num_processes > available:
+            logger.warning(
+                "'num_processes' cannot be set to a value greater than the number of available "
+                "GPUs on the driver, which is %d. 'num_processes' was reset to be equal to the "
+                "number of available GPUs.",
+                available,
+            )
+            self.num_processes = available
+        return self.num_processes
+
+    def _runner(self):
+        from sparkdist.runner.horovod_runner import HorovodRunner
+
+        np = -self.num_processes if self.local_mode else self.num_processes
+        return HorovodRunner(np=np, **self.runner_options)
+
+    def _deepspeed(self) -> _DeepspeedConfig | None:
+        return None
+
+    def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
+        """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value,
+        or run the script at path `train_object` with `args` (made strings) as its
+        command line, and return None."""
+        if isinstance(train_object, (str, os.PathLike)):
+            if kwargs:
+                raise ValueError(self._script_kwargs_error)
+            fn: Callable[..., Any] = ScriptMain.from_file(train_object, [str(a) for a in args])
+            args = ()
+        elif callable(train_object):
+            fn = train_object
+        else:
+            raise TypeError(
+                "train_object must be a function (run on every rank; rank 0's return value "
+                "is returned) or the path of a Python script (run on every rank with the "
+                f"other arguments as its command line), not {type(train_object).__name__}"
+            )
+        main = _RankMain(
+            fn, args, kwargs, hide_gpus=not self.use_gpu and not self.local_mode,
+            deepspeed=self._deepspeed(),
+        )  # fmt: skip
+        return self._runner().run(main)
+
+    _script_kwargs_error = "Running pytorch file does not support key-word type arguments."
+
+
+class DeepspeedTorchDistributor(TorchDistributor):
+    """pyspark's DeepSpeed distributor: `numGpus * nnodes` ranks; each rank's command
+    line (a script's, or `sys.argv` around a function) ends with `--deepspeed
+    --deepspeed_config PATH`, as under pyspark, so `deepspeed.add_config_arguments`
+    and `deepspeed.initialize(args=...)` find the config. A dict config, or a config
+    file the driver can read, is written to a file on every rank."""
+
+    def __init__(
+        self,
+        numGpus: int = 1,  # noqa: N803 - pyspark's names
+        nnodes: int = 1,
+        localMode: bool = True,  # noqa: N803
+        useGpu: bool = True,  # noqa: N803
+        deepspeedConfig: str | dict[str, Any] | None = None,  # noqa: N803
+        **runner_options: Any,
+    ):
+        self.deepspeed_config = deepspeedConfig
+        self._config = _DeepspeedConfig.of(deepspeedConfig)
+        super().__init__(numGpus * nnodes, localMode, useGpu, **runner_options)
+
+    def _deepspeed(self) -> _DeepspeedConfig:
+        return self._config
+
+    _script_kwargs_error = (
+        "DeepspeedTorchDistributor with pytorch file doesn't support keyword arguments"
+    )
