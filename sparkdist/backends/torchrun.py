@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
+from sparkdist import job_environment
 from sparkdist.backends.base import RankContext
-from sparkdist.checkpoint import ATTEMPT_ENV
 
 ROLE_NAME = "default"
 
@@ -47,6 +47,6 @@ class TorchrunBackend:
 
     def prepare(self, ctx: RankContext) -> None:
         env = ctx.env
-        run_id = env.get("SPARKDIST_JOB_ID") or f"sparkdist-{os.getpid()}"
-        env.update(torchrun_env(ctx, run_id, int(env.get(ATTEMPT_ENV, "0"))))
+        run_id = env.get(job_environment.JOB_ID) or f"sparkdist-{os.getpid()}"
+        env.update(torchrun_env(ctx, run_id, job_environment.attempt(env)))
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
