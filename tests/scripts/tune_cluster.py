@@ -22,6 +22,7 @@ from conftest import build_spark  # noqa: E402
 import sparkdist.tune  # noqa: E402
 
 MARKERS = sys.argv[1]
+STARTED = MARKERS + "-started"  # phase 1: one file per trial that has started
 
 
 class PruneTrialOne(optuna.pruners.BasePruner):
@@ -42,6 +43,7 @@ def ddp_objective(trial):
     trial.set_user_attr(f"pid{rank}", os.getpid())
     if rank == 0:
         trial.set_user_attr("start", time.time())
+        open(os.path.join(STARTED, str(trial.number)), "w").close()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -60,6 +62,11 @@ def ddp_objective(trial):
                 trial.set_user_attr("end", time.time())
                 raise optuna.TrialPruned()
     if rank == 0:
+        # Both trials must be seen running at once: trial 0 does not end before trial 1 has
+        # started (or two minutes passed, when they could not run together).
+        deadline = time.monotonic() + 120
+        while len(os.listdir(STARTED)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         trial.set_user_attr("end", time.time())
     dist.barrier()
     return loss.item()
@@ -80,6 +87,7 @@ def main() -> None:
     spark = build_spark("local-cluster[2,2,1024]")
     sc = spark.sparkContext
 
+    os.makedirs(STARTED, exist_ok=True)
     study = optuna.create_study(pruner=PruneTrialOne())
     t0 = time.monotonic()
     sparkdist.tune.optimize(study, ddp_objective, n_trials=2, np=2, parallelism=2)
