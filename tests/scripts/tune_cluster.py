@@ -32,6 +32,15 @@ class PruneTrialOne(optuna.pruners.BasePruner):
         return trial.number == 1 and max(trial.intermediate_values, default=-1) >= 1
 
 
+def _wait_until_both_started() -> None:
+    """Neither trial ends before the other has started (or two minutes passed, when
+    they could not run together): whether they ran at once is then decided by the
+    scheduling alone, not by how fast each job starts on a loaded machine."""
+    deadline = time.monotonic() + 120
+    while len(os.listdir(STARTED)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def ddp_objective(trial):
     import time
 
@@ -59,14 +68,11 @@ def ddp_objective(trial):
         if rank == 0:
             trial.report(loss.item(), step)
             if trial.should_prune():
+                _wait_until_both_started()
                 trial.set_user_attr("end", time.time())
                 raise optuna.TrialPruned()
     if rank == 0:
-        # Both trials must be seen running at once: trial 0 does not end before trial 1 has
-        # started (or two minutes passed, when they could not run together).
-        deadline = time.monotonic() + 120
-        while len(os.listdir(STARTED)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_until_both_started()
         trial.set_user_attr("end", time.time())
     dist.barrier()
     return loss.item()
