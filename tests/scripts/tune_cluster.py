@@ -22,6 +22,7 @@ from conftest import build_spark  # noqa: E402
 import sparkdist.tune  # noqa: E402
 
 MARKERS = sys.argv[1]
+STARTED = MARKERS + "-started"  # phase 1: one file per trial that has started
 
 
 class PruneTrialOne(optuna.pruners.BasePruner):
@@ -29,6 +30,15 @@ class PruneTrialOne(optuna.pruners.BasePruner):
 
     def prune(self, study, trial) -> bool:
         return trial.number == 1 and max(trial.intermediate_values, default=-1) >= 1
+
+
+def _wait_until_both_started() -> None:
+    """Neither trial ends before the other has started (or two minutes passed, when
+    they could not run together): whether they ran at once is then decided by the
+    scheduling alone, not by how fast each job starts on a loaded machine."""
+    deadline = time.monotonic() + 120
+    while len(os.listdir(STARTED)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def ddp_objective(trial):
@@ -42,6 +52,7 @@ def ddp_objective(trial):
     trial.set_user_attr(f"pid{rank}", os.getpid())
     if rank == 0:
         trial.set_user_attr("start", time.time())
+        open(os.path.join(STARTED, str(trial.number)), "w").close()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -57,9 +68,11 @@ def ddp_objective(trial):
         if rank == 0:
             trial.report(loss.item(), step)
             if trial.should_prune():
+                _wait_until_both_started()
                 trial.set_user_attr("end", time.time())
                 raise optuna.TrialPruned()
     if rank == 0:
+        _wait_until_both_started()
         trial.set_user_attr("end", time.time())
     dist.barrier()
     return loss.item()
@@ -80,6 +93,7 @@ def main() -> None:
     spark = build_spark("local-cluster[2,2,1024]")
     sc = spark.sparkContext
 
+    os.makedirs(STARTED, exist_ok=True)
     study = optuna.create_study(pruner=PruneTrialOne())
     t0 = time.monotonic()
     sparkdist.tune.optimize(study, ddp_objective, n_trials=2, np=2, parallelism=2)
