@@ -116,6 +116,40 @@ def fit_span(stats: pd.DataFrame) -> float:
     return total
 
 
+def phases(model, stats: pd.DataFrame, e2e_seconds: float) -> dict:
+    """Where sparkdist's end-to-end seconds went, in order; they add up to e2e_seconds.
+
+    checks: input checks and class discovery (one Spark job) and planning, on the driver;
+    spread: from submitting the training job to the first training task starting (reading
+    the source, the random spread's shuffle write, scheduling); load: until the first model
+    started fitting (shuffle read, Arrow transfer, building the matrix); fit: the union of
+    the fit intervals; gaps: moments inside the training job with no fit running (later
+    tasks loading, serializing); tail: last fit's end to the end of fit (serializing the
+    last models, collect, assembling the model on the driver).
+    """
+    timings = model.fit_timings_
+    job_start = timings["training_job_started"]
+    first_task = float(stats["task_started"].min()) - job_start
+    first_fit = float(stats["fit_started"].min()) - job_start
+    last_fit_end = float((stats["fit_started"] + stats["fit_seconds"]).max()) - job_start
+    fit = fit_span(stats)
+    return {
+        "ph_checks": timings["checks_seconds"],
+        "ph_spread": first_task,
+        "ph_load": first_fit - first_task,
+        "ph_fit": fit,
+        "ph_gaps": last_fit_end - first_fit - fit,
+        "ph_tail": e2e_seconds - timings["checks_seconds"] - last_fit_end,
+        "rss_before_mb": float(stats["worker_rss_before_bytes"].max()) / 2**20,
+        "task_growth_x": float(
+            (
+                (stats["worker_peak_rss_bytes"] - stats["worker_rss_before_bytes"])
+                / stats["partition_bytes"]
+            ).max()
+        ),
+    }
+
+
 def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
     """The K models one after another in this process, on K random shares of the rows.
 
@@ -153,6 +187,7 @@ def sparkdist_models(df, columns: list[str], X_test, y_test, k: int) -> dict:
     return {
         "spark_e2e_s": seconds,
         "spark_fit_s": fit_span(stats),
+        **phases(model, stats, seconds),
         "fit_cpu_sum": float(stats["fit_cpu_seconds"].sum()),
         "fit_wall_sum": float(stats["fit_seconds"].sum()),
         "load_s_max": float(stats["load_seconds"].max()),
@@ -223,6 +258,9 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
                 "xgb_spark_s": xgb["xgb_spark_s"],
                 "xgb_spark_acc": xgb["xgb_spark_acc"],
                 "task_peak_mb": median["task_peak_mb"],
+                "rss_before_mb": median["rss_before_mb"],
+                "task_growth_x": median["task_growth_x"],
+                **{key: median[key] for key in PHASES},
                 "partition_mb": median["partition_mb"],
                 "load1": median["load1"],
             }
@@ -250,8 +288,14 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+PHASES = ["ph_checks", "ph_spread", "ph_load", "ph_fit", "ph_gaps", "ph_tail"]
+
+
 def print_table(results: list[dict], repeats: int) -> None:
     table = pd.DataFrame(results)
+    breakdown = table[["rows", "K", "spark_e2e_s", *PHASES]].copy()
+    main_columns = [c for c in table.columns if c not in PHASES]
+    table = table[main_columns]
     formats = {
         "seq_fit_s": "{:.1f}",
         "spark_fit_s": "{:.1f}",
@@ -268,6 +312,8 @@ def print_table(results: list[dict], repeats: int) -> None:
         "xgb_spark_s": "{:.1f}",
         "xgb_spark_acc": "{:.4f}",
         "task_peak_mb": "{:.0f}",
+        "rss_before_mb": "{:.0f}",
+        "task_growth_x": "{:.2f}x",
         "partition_mb": "{:.1f}",
         "load1": "{:.1f}",
     }
@@ -275,6 +321,11 @@ def print_table(results: list[dict], repeats: int) -> None:
         table[column] = table[column].map(fmt.format)
     print(f"medians of {repeats} interleaved round(s); {os.cpu_count()} cores")
     print(table.to_string(index=False))
+    print()
+    print("where sparkdist's end-to-end seconds went (medians; see phases())")
+    for column in ["spark_e2e_s", *PHASES]:
+        breakdown[column] = breakdown[column].map("{:.2f}".format)
+    print(breakdown.to_string(index=False))
     print()
     for note in NOTES:
         print(note)
@@ -291,7 +342,11 @@ NOTES = [
     "  (CPU well below spark_fit_s x 2 means the tasks waited for a core: a busy host)",
     "load_s_max: the longest a task spent receiving its rows and building its matrix",
     "xgb_spark: SparkXGBClassifier(num_workers=2) on the same rows (2 slots for barrier mode)",
-    "task_peak_mb: peak RSS of the Python worker that trained a partition (max over tasks)",
+    "task_peak_mb: peak RSS of the Python worker while it trained a partition (max over tasks)",
+    "rss_before_mb: the worker's RSS before it received rows; task_growth_x: (peak - before)",
+    "  / partition bytes (max over tasks)",
+    "ph_*: checks, spread (source read + shuffle write), load (rows to the first fit), fit",
+    "  (fit window), gaps (no fit running inside the job), tail (serialize, collect, assemble)",
     "partition_mb: feature and label bytes one task held (float32 features for XGBoost)",
     "load1: the host's 1-minute load average when the round started",
 ]

@@ -1,6 +1,6 @@
 """Partition ensembles: one scikit-learn or XGBoost model per Spark partition."""
 
-from sparkdist.ensemble.model import PartitionEnsembleModel
+from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
 from sparkdist.ensemble.partition_ensemble import PartitionEnsemble
 from sparkdist.ensemble.serialization import VersionMismatchError
 from sparkdist.ensemble.spark_ml import SparkPartitionEnsemble, SparkPartitionEnsembleModel
@@ -13,4 +13,5 @@ __all__ = [
     "SparkPartitionEnsemble",
     "SparkPartitionEnsembleModel",
     "VersionMismatchError",
+    "load_model",
 ]

@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from sparkdist.ensemble.features import FeatureSpec, rows_to_matrix
+from sparkdist.ensemble.persistence import read_model, save_model
 from sparkdist.ensemble.training import EstimatorStats
+from sparkdist.ensemble.validation import resolve_features
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +121,6 @@ class PartitionEnsembleModel:
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        from sparkdist.ensemble.validation import resolve_features
-
         spec = self.features_
         resolve_features(
             df.schema, spec.features_col if spec.features_col else list(spec.feature_cols)
@@ -155,16 +155,12 @@ class PartitionEnsembleModel:
 
     def save(self, path: str, *, overwrite: bool = False, spark: Any = None) -> None:
         """Save to a directory: local, or any filesystem Spark can write (hdfs://, dbfs:/...)."""
-        from sparkdist.ensemble.persistence import save_model
-
         save_model(self, path, overwrite=overwrite, spark=spark)
 
     @classmethod
     def load(cls, path: str, *, spark: Any = None) -> PartitionEnsembleModel:
         """Load a model saved with `save`."""
-        from sparkdist.ensemble.persistence import load_model
-
-        return load_model(path, spark=spark)
+        return cls(**read_model(path, spark=spark))
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes_)} classes" if self.is_classifier else "regression"
@@ -202,6 +198,11 @@ class PartitionEnsembleModel:
             self.weights_,
             strict=True,
         )
+
+
+def load_model(path: str, *, spark: Any = None) -> PartitionEnsembleModel:
+    """Load a model saved with `PartitionEnsembleModel.save`."""
+    return PartitionEnsembleModel.load(path, spark=spark)
 
 
 def combination_weights(stats: Sequence[EstimatorStats], weighting: str) -> np.ndarray:

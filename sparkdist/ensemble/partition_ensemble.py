@@ -31,6 +31,7 @@ from sparkdist.ensemble.training import (
     train_partition,
 )
 from sparkdist.ensemble.validation import (
+    DEFAULTS,
     DataSummary,
     Settings,
     check_label_type,
@@ -69,12 +70,12 @@ class PartitionEnsemble(BaseEstimator):
         self,
         estimator: Any = None,
         *,
-        n_estimators: int = 8,
-        max_samples: float = 1.0,
-        bootstrap: bool = False,
-        max_features: float | int = 1.0,
-        voting: str = "soft",
-        weights: str = "uniform",
+        n_estimators: int = DEFAULTS.n_estimators,
+        max_samples: float = DEFAULTS.max_samples,
+        bootstrap: bool = DEFAULTS.bootstrap,
+        max_features: float | int = DEFAULTS.max_features,
+        voting: str = DEFAULTS.voting,
+        weights: str = DEFAULTS.weights,
         validation_fraction: float | None = None,
         random_state: int | None = None,
     ) -> None:
@@ -116,6 +117,7 @@ class PartitionEnsemble(BaseEstimator):
             self.weights,
             self.validation_fraction,
         )
+        fit_started = time.perf_counter()
         seed = self._seed()
         spec = resolve_features(df.schema, features_col)
         label_is_numeric = check_label_type(df.schema, label_col, settings.is_classifier)
@@ -143,15 +145,24 @@ class PartitionEnsemble(BaseEstimator):
         )
         element = summary.features.training_element(df.schema, self.estimator)
         started = time.perf_counter()
+        training_started = time.time()
         rows = (
             _training_input(df, summary, settings.n_estimators, seed, element)
             .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
             .collect()
         )
-        logger.info("trained %d models in %.1fs", len(rows), time.perf_counter() - started)
+        trained = time.perf_counter()
+        logger.info("trained %d models in %.1fs", len(rows), trained - started)
         params = _json_params(self.get_params(deep=False))
         params["random_state"] = seed
-        return assemble_model(rows, summary, settings, features_per_model, params)
+        model = assemble_model(rows, summary, settings, features_per_model, params)
+        model.fit_timings_ = {
+            "checks_seconds": started - fit_started,
+            "training_job_seconds": trained - started,
+            "training_job_started": training_started,
+            "assemble_seconds": time.perf_counter() - trained,
+        }
+        return model
 
     def _seed(self) -> int:
         if self.random_state is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -27,9 +27,6 @@ from sparkdist.ensemble.serialization import (
 from sparkdist.ensemble.storage import open_storage
 from sparkdist.ensemble.training import EstimatorStats
 
-if TYPE_CHECKING:
-    from sparkdist.ensemble.model import PartitionEnsembleModel
-
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -38,10 +35,9 @@ FORMAT_VERSION = 1
 _SUFFIX = {XGBOOST_JSON: "json", SKLEARN_PICKLE: "pkl"}
 
 
-def save_model(
-    model: PartitionEnsembleModel, path: str, *, overwrite: bool = False, spark: Any = None
-) -> None:
-    """Write `model` to the directory `path` (local, or any filesystem Spark can write)."""
+def save_model(model: Any, path: str, *, overwrite: bool = False, spark: Any = None) -> None:
+    """Write the PartitionEnsembleModel `model` to the directory `path` (local, or any
+    filesystem Spark can write). The model module calls this; this one never imports it."""
     storage = open_storage(path, spark)
     if storage.exists():
         if not overwrite:
@@ -83,10 +79,8 @@ def save_model(
     logger.info("saved %d models to %s", len(entries), path)
 
 
-def load_model(path: str, *, spark: Any = None) -> PartitionEnsembleModel:
-    """Read a model written by `save_model`."""
-    from sparkdist.ensemble.model import PartitionEnsembleModel
-
+def read_model(path: str, *, spark: Any = None) -> dict[str, Any]:
+    """The PartitionEnsembleModel constructor arguments of a model written by `save_model`."""
     storage = open_storage(path, spark)
     if not storage.exists():
         raise FileNotFoundError(f"no saved partition ensemble at {path}")
@@ -111,7 +105,7 @@ def load_model(path: str, *, spark: Any = None) -> PartitionEnsembleModel:
         for entry in entries
     ]
     classes = manifest["classes"]
-    return PartitionEnsembleModel(
+    return dict(
         estimators=estimators,
         estimators_features=[np.asarray(entry["features"], dtype=np.int64) for entry in entries],
         estimators_stats=[EstimatorStats.from_dict(entry["stats"]) for entry in entries],

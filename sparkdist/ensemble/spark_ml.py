@@ -33,11 +33,11 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from sparkdist.ensemble.model import PartitionEnsembleModel
+from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
 from sparkdist.ensemble.partition_ensemble import PartitionEnsemble
-from sparkdist.ensemble.persistence import load_model
 from sparkdist.ensemble.serialization import check_sklearn_version, library_versions
 from sparkdist.ensemble.storage import open_storage
+from sparkdist.ensemble.validation import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +111,12 @@ class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, Ha
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
-            nEstimators=8,
-            maxSamples=1.0,
-            bootstrap=False,
-            maxFeatures=1.0,
-            voting="soft",
-            weights="uniform",
+            nEstimators=DEFAULTS.n_estimators,
+            maxSamples=DEFAULTS.max_samples,
+            bootstrap=DEFAULTS.bootstrap,
+            maxFeatures=DEFAULTS.max_features,
+            voting=DEFAULTS.voting,
+            weights=DEFAULTS.weights,
         )
 
     def getEstimator(self) -> Any:
@@ -173,12 +173,12 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        nEstimators: int = 8,
-        maxSamples: float = 1.0,
-        bootstrap: bool = False,
-        maxFeatures: float = 1.0,
-        voting: str = "soft",
-        weights: str = "uniform",
+        nEstimators: int = DEFAULTS.n_estimators,
+        maxSamples: float = DEFAULTS.max_samples,
+        bootstrap: bool = DEFAULTS.bootstrap,
+        maxFeatures: float = DEFAULTS.max_features,
+        voting: str = DEFAULTS.voting,
+        weights: str = DEFAULTS.weights,
         validationFraction: float | None = None,
         seed: int | None = None,
     ) -> None:
@@ -195,12 +195,12 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        nEstimators: int = 8,
-        maxSamples: float = 1.0,
-        bootstrap: bool = False,
-        maxFeatures: float = 1.0,
-        voting: str = "soft",
-        weights: str = "uniform",
+        nEstimators: int = DEFAULTS.n_estimators,
+        maxSamples: float = DEFAULTS.max_samples,
+        bootstrap: bool = DEFAULTS.bootstrap,
+        maxFeatures: float = DEFAULTS.max_features,
+        voting: str = DEFAULTS.voting,
+        weights: str = DEFAULTS.weights,
         validationFraction: float | None = None,
         seed: int | None = None,
     ) -> SparkPartitionEnsemble:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from sparkdist.ensemble.serialization import dump_estimator, library_versions
 
@@ -24,9 +25,16 @@ logger = logging.getLogger(__name__)
 
 FEATURES_COL = "__sparkdist_features"
 LABEL_COL = "__sparkdist_label"
-RESULT_SCHEMA = (
-    "model_index int, model_format string, model_class string, model_bytes binary, stats string"
+# One training task's result rows: (name, Spark SQL type, Arrow type) of each column.
+_RESULT_COLUMNS = (
+    ("model_index", "int", pa.int32()),
+    ("model_format", "string", pa.string()),
+    ("model_class", "string", pa.string()),
+    ("model_bytes", "binary", pa.binary()),
+    ("stats", "string", pa.string()),
 )
+RESULT_SCHEMA = ", ".join(f"{name} {sql_type}" for name, sql_type, _ in _RESULT_COLUMNS)
+_RESULT_ARROW_SCHEMA = pa.schema([(name, arrow_type) for name, _, arrow_type in _RESULT_COLUMNS])
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,12 @@ class EstimatorStats:
     fit_seconds: float = 0.0
     fit_cpu_seconds: float = 0.0
     fit_started: float = 0.0  # Unix time, to line the models' fits up on one timeline
+    task_started: float = 0.0  # Unix time the task's Python function started
     load_seconds: float = 0.0  # receiving the partition's rows and building its matrix
+    dump_seconds: float = 0.0  # serializing the fitted model for the driver
     partition_bytes: int = 0
-    worker_peak_rss_bytes: int = 0
+    worker_peak_rss_bytes: int = 0  # peak while this task ran (the worker's, if not resettable)
+    worker_rss_before_bytes: int = 0  # the worker's resident memory before it received rows
     versions: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,8 +89,8 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
 
     An empty partition yields nothing; the driver notices the missing model and warns.
     """
-    import pyarrow as pa
-
+    task_started = time.time()
+    rss_before = _reset_peak_rss()
     started = time.perf_counter()
     indexes, features, labels = [], [], []
     for batch in batches:
@@ -104,10 +115,14 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             rows = index == model_index
             X_model, y_model = X[rows], y[rows]
         estimator, stats = fit_one(plan, int(model_index), X_model, y_model)
+        stats.task_started = task_started
         stats.partition_bytes = partition_bytes
         stats.load_seconds = load_seconds
+        stats.worker_rss_before_bytes = rss_before
         stats.worker_peak_rss_bytes = _peak_rss_bytes()
+        dump_started = time.perf_counter()
         model_format, model_class, data = dump_estimator(estimator)
+        stats.dump_seconds = time.perf_counter() - dump_started
         yield pa.RecordBatch.from_pydict(
             {
                 "model_index": [int(model_index)],
@@ -116,15 +131,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
                 "model_bytes": [data],
                 "stats": [_stats_json(stats)],
             },
-            schema=pa.schema(
-                [
-                    ("model_index", pa.int32()),
-                    ("model_format", pa.string()),
-                    ("model_class", pa.string()),
-                    ("model_bytes", pa.binary()),
-                    ("stats", pa.string()),
-                ]
-            ),
+            schema=_RESULT_ARROW_SCHEMA,
         )
 
 
@@ -291,6 +298,29 @@ def _task_cpus() -> int:
     return 1 if context is None else max(1, context.cpus())
 
 
+def _reset_peak_rss() -> int:
+    """This worker's resident bytes now, after resetting its peak so `_peak_rss_bytes` is
+    this task's peak even in a reused worker (Linux: /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
 def _peak_rss_bytes() -> int:
-    """Peak resident memory of this Python worker so far (per task when workers are not reused)."""
+    """Peak resident bytes of this worker since `_reset_peak_rss` (since its start where the
+    peak cannot be reset)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.training import LABEL_COL
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,22 @@ MAX_CLASSES = 1000
 
 VOTING = ("soft", "hard")
 WEIGHTS = ("uniform", "validation")
-_LABEL = "__sparkdist_label"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The ensemble's parameter defaults, shared by PartitionEnsemble and its Spark ML
+    wrapper (validation_fraction's default depends on weights: see check_settings)."""
+
+    n_estimators: int = 8
+    max_samples: float = 1.0
+    bootstrap: bool = False
+    max_features: float = 1.0
+    voting: str = "soft"
+    weights: str = "uniform"
+
+
+DEFAULTS = Defaults()
 
 
 @dataclass(frozen=True)
@@ -206,7 +222,7 @@ def summarize(
     label = F.col(label_col).cast("double") if label_is_numeric else F.col(label_col)
     if settings.is_classifier:
         # Two groups beyond MAX_CLASSES leave room for null and NaN before "too many".
-        grouped = df.groupBy(label.alias(_LABEL)).agg(*aggregates)
+        grouped = df.groupBy(label.alias(LABEL_COL)).agg(*aggregates)
         groups = grouped.limit(MAX_CLASSES + 3).collect()
     else:
         bad = F.col(label_col).isNull() | (F.isnan(label) if label_is_numeric else F.lit(False))
@@ -223,7 +239,7 @@ def _summary_from_groups(
     label_is_numeric: bool,
 ) -> DataSummary:
     """Totals, checks and classes from the per-label (or the one global) aggregate rows."""
-    good = [g for g in groups if not _is_missing(g[_LABEL])] if settings.is_classifier else []
+    good = [g for g in groups if not _is_missing(g[LABEL_COL])] if settings.is_classifier else []
     if len(good) > MAX_CLASSES:
         raise ValueError(
             f"label column '{label_col}' has more than {MAX_CLASSES} distinct values; is it a "
@@ -252,7 +268,7 @@ def _summary_from_groups(
         )
     classes = None
     if settings.is_classifier:
-        classes = np.array(sorted(g[_LABEL] for g in good))
+        classes = np.array(sorted(g[LABEL_COL] for g in good))
         if len(classes) < 2:
             raise ValueError(
                 f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
