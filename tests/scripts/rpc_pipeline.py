@@ -29,9 +29,9 @@ def _train(stages, parameters, x, y, steps: int, distributed: bool) -> list[floa
     from torch.distributed.optim import DistributedOptimizer
 
     if distributed:
-        optimizer = DistributedOptimizer(torch.optim.SGD, parameters, lr=0.05)
+        optimizer = DistributedOptimizer(torch.optim.SGD, parameters, lr=0.2)
     else:
-        optimizer = torch.optim.SGD(parameters, lr=0.05)
+        optimizer = torch.optim.SGD(parameters, lr=0.2)
     losses = []
     for _ in range(steps):
         if distributed:
@@ -50,7 +50,7 @@ def _train(stages, parameters, x, y, steps: int, distributed: bool) -> list[floa
             loss = torch.nn.functional.mse_loss(out, y)
             loss.backward()
             optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -81,7 +81,7 @@ def _driver(world_size: int, steps: int) -> dict:
 
     torch.manual_seed(1)
     x = torch.randn(64, 8)
-    y = torch.sin(x.sum(dim=1, keepdim=True))
+    y = x.sum(dim=1, keepdim=True) / 4
     reference = _stages(world_size)
     first = copy.deepcopy(reference[0])
     remote = [
