@@ -48,6 +48,7 @@ def test_notebooks_are_all_tested():
         "03_partition_ensembles.py",
         "04_horovod_timeline.py",
         "05_hyperparameter_search.py",
+        "06_torch_frameworks.py",
     }
     assert {p.name for p in NOTEBOOKS.glob("*.py")} == tested
 
@@ -140,3 +141,22 @@ def test_05_hyperparameter_search(spark, tmp_path, embedded_mlflow):
     assert len(good.intermediate_values) == 4
     assert poor.state.name == "PRUNED" and len(poor.intermediate_values) < 4
     assert len(ns["resumed"].trials) == 2
+
+
+def test_06_torch_frameworks(spark, tmp_path):
+    ns = run_notebook("06_torch_frameworks.py", spark, tmp_path)
+    initial = ns["initial_loss"]
+    lightning = ns["lightning_result"]
+    assert lightning["world_size"] == 2 and lightning["environment"] == "TorchElasticEnvironment"
+    assert lightning["loss"] < initial / 4
+    # FSDP: every parameter split in two along dim 0; the gathered model was saved and trained.
+    shards = ns["fsdp_ranks"][0]["shards"]
+    assert set(shards) == {f"{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
+    for local, full in shards.values():
+        assert local == (full[0] // 2, *full[1:])
+    assert [r["shards"] for r in ns["fsdp_ranks"]] == [shards, shards]
+    assert (tmp_path / "fsdp_model.pt").exists()
+    assert ns["fsdp_loss"] < initial / 4
+    deepspeed = ns["deepspeed_result"]
+    assert deepspeed["world_size"] == 2 and deepspeed["zero_stage"] == 1
+    assert deepspeed["loss"] < initial / 4

@@ -10,7 +10,9 @@ group) is one Spark task, as NODE_RANK and LOCAL_RANK already are.
 TORCHELASTIC_USE_AGENT_STORE is "False": there is no agent-hosted TCPStore, rank 0
 hosts it (MASTER_ADDR/MASTER_PORT from the torch backend). TORCHELASTIC_ERROR_FILE is
 not set: sparkdist reports the failing rank's traceback itself, and `@record` without
-it logs the error as usual.
+it logs the error as usual. A rank without GPUs from Spark gets ACCELERATE_USE_CPU, as
+`accelerate launch --cpu` sets it: Accelerate then joins the Gloo world instead of
+training alone.
 """
 
 from __future__ import annotations
@@ -50,3 +52,7 @@ class TorchrunBackend:
         run_id = env.get(job_environment.JOB_ID) or f"sparkdist-{os.getpid()}"
         env.update(torchrun_env(ctx, run_id, job_environment.attempt(env)))
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if not job_environment.task_gpus(env):
+            # Without CUDA, Accelerate's `Accelerator()` makes every rank a world of one
+            # unless told the job is on CPU, as `accelerate launch --cpu` tells it.
+            env.setdefault("ACCELERATE_USE_CPU", "true")

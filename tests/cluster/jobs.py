@@ -237,3 +237,16 @@ def resumable_main(epochs: int, progress_dir: str, epoch_s: float = 0.3) -> dict
         "loss": final,
         "attempt": checkpoint.attempt(),
     }
+
+
+def rpc_pipeline_main(steps: int = 20) -> dict[str, Any]:
+    """tests/scripts/rpc_pipeline.py's model-parallel pipeline: one stage per rank (so per
+    host), a RemoteModule on every rank but 0."""
+    import sys
+
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from rpc_pipeline import pipeline
+
+    return pipeline(steps)
