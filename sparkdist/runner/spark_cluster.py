@@ -46,22 +46,31 @@ def slots_upper_bound(master: str, task_cpus: int) -> int | None:
     return None
 
 
-def check_slot_bound(np: int, master: str, conf_get: Callable[..., str | None]) -> None:
-    """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run `np` tasks at
-    once (reading only configuration, so it works on any kind of session)."""
+def configured_slots(master: str, conf_get: Callable[..., str | None]) -> int | None:
+    """The task slots a fixed-size cluster has once all its executors registered, from
+    its configuration alone (right after start-up fewer may have registered); None when
+    unknown or when dynamic allocation can grow it."""
     task_cpus = int(conf_get("spark.task.cpus", None) or "1")
     if (conf_get("spark.dynamicAllocation.enabled", None) or "false").lower() == "true":
-        return
+        return None
     bound = slots_upper_bound(master, task_cpus)
     if bound is None:
         instances = conf_get("spark.executor.instances", None)
         cores = conf_get("spark.executor.cores", None)
         if instances and cores:
             bound = int(instances) * (int(cores) // task_cpus)
+    return bound
+
+
+def check_slot_bound(np: int, master: str, conf_get: Callable[..., str | None]) -> None:
+    """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run `np` tasks at
+    once (reading only configuration, so it works on any kind of session)."""
+    bound = configured_slots(master, conf_get)
     if bound is not None and np > bound:
         raise NotEnoughSlotsError(
             f"np={np} ranks need {np} task slots at once, but this Spark ({master}, "
-            f"spark.task.cpus={task_cpus}) has {bound} task slots. Lower np, or give the "
+            f"spark.task.cpus={conf_get('spark.task.cpus', None) or '1'}) has {bound} task "
+            "slots. Lower np, or give the "
             "cluster more executors or cores."
         )
 

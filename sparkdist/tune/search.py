@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.spark_cluster import active_spark
+from sparkdist.runner.spark_cluster import active_spark, configured_slots
 from sparkdist.tune.distributed import DistributedTrial
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.service import TrialService
@@ -90,7 +90,9 @@ def optimize(
             "search from a classic session (a notebook on a dedicated cluster, spark-submit)."
         )
     sc = cluster.sc
-    slots = sc.defaultParallelism
+    # Right after start-up not every executor has registered: count the slots the
+    # cluster is configured to have, so that trials are not run one at a time for good.
+    slots = configured_slots(sc.master, sc.getConf().get) or sc.defaultParallelism
     per_trial = np or 1
     if per_trial > slots:
         raise SparkdistError(
