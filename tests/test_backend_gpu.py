@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import FAKE_GPU_DISCOVERY, run_with_fake_gpus
 
 from sparkdist.backends.gpu import owned_devices, split_by_local_rank
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE_DISCOVERY = REPO / "tests" / "fake_gpu_discovery.sh"
 REAL_DISCOVERY = REPO / "conf" / "gpu_discovery.sh"
 
 CHILD = textwrap.dedent(
@@ -70,23 +69,7 @@ CHILD = textwrap.dedent(
 
 
 def test_ranks_see_their_own_gpus_on_local_cluster(tmp_path):
-    script = tmp_path / "gpu_job.py"
-    script.write_text(CHILD)
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)  # the driver's own view: no restriction
-    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    proc = subprocess.run(
-        [sys.executable, str(script), str(FAKE_DISCOVERY)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=400,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = json.loads(lines[-1][len("RESULT ") :])
+    results = run_with_fake_gpus(CHILD, tmp_path)
 
     for key in ("2/mpi", "2/direct"):
         ranks = results[key]
@@ -150,6 +133,6 @@ def test_real_discovery_script_reports_indices_into_visible_devices():
 def test_fake_discovery_script_format():
     env = dict(os.environ, SPARKDIST_FAKE_GPUS="0,1,2")
     out = subprocess.run(
-        ["bash", str(FAKE_DISCOVERY)], capture_output=True, text=True, env=env, check=True
+        ["bash", str(FAKE_GPU_DISCOVERY)], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert json.loads(out) == {"name": "gpu", "addresses": ["0", "1", "2"]}

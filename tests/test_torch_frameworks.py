@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_with_fake_gpus
 
 from sparkdist import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor
 
@@ -26,7 +27,6 @@ SCRIPTS = Path(__file__).parent / "scripts"
 LIGHTNING = SCRIPTS / "lightning_fit.py"
 DDP = SCRIPTS / "ddp_fit.py"
 DEEPSPEED = SCRIPTS / "deepspeed_fit.py"
-FAKE_DISCOVERY = Path(__file__).parent / "fake_gpu_discovery.sh"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -249,19 +249,7 @@ GPU_CHILD = textwrap.dedent(
 
 def test_gpus_from_spark_task_resources(tmp_path):
     """Its own Spark with (fake) GPUs, in a child process, as in test_backend_gpu."""
-    script = tmp_path / "gpu_job.py"
-    script.write_text(GPU_CHILD)
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    proc = subprocess.run(
-        [sys.executable, str(script), str(FAKE_DISCOVERY)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400,
-    )  # fmt: skip
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = run_with_fake_gpus(GPU_CHILD, tmp_path)
     # One Spark GPU per task, as pyspark's distributor gives them.
     assert sorted(out["cluster"]) == sorted(out["pyspark cluster"]) == ["0", "1"]
     assert out["driver"] == ["0", "1"]  # the driver's two GPUs, one per rank
