@@ -35,8 +35,6 @@ import cloudpickle
 from sparkdist import job_environment
 from sparkdist.runner import messages, rank_channel
 
-ATTEMPT_ENV = job_environment.ATTEMPT
-
 
 def _client() -> rank_channel.DriverClient:
     client = rank_channel.driver_client()
