@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_GPU_DISCOVERY, run_with_fake_gpus
+from fake_gpus import FAKE_GPU_DISCOVERY, run_with_fake_gpus
 
 from sparkdist.backends.gpu import owned_devices, split_by_local_rank
 

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_with_fake_gpus
+from fake_gpus import run_with_fake_gpus
 
 from sparkdist import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor
 
