@@ -37,6 +37,10 @@ SUPERVISOR_PID = "SPARKDIST_SUPERVISOR_PID"
 """A rank's: its supervisor, whose death ends the rank."""
 TASK_GPUS = "SPARKDIST_TASK_GPUS"
 """The GPU addresses Spark gave the task (or the driver's, for np < 0)."""
+GPUS_PER = "SPARKDIST_GPUS_PER"
+""""rank" (default): the ranks of a task split its GPUs, each sees its own share;
+"task": each rank sees all of its task's GPUs and picks one by LOCAL_RANK, as under
+torchrun (what TorchDistributor code expects)."""
 ATTEMPT = "SPARKDIST_ATTEMPT"
 """0 for a job's first launch, 1 for its first relaunch, ..."""
 HOROVOD_TIMELINE = "SPARKDIST_HOROVOD_TIMELINE"
@@ -153,6 +157,13 @@ def agents_from_env(env: Mapping[str, str]) -> dict[str, tuple[str, int]]:
 
 def gpus_to_env(addresses: list[str]) -> dict[str, str]:
     return {TASK_GPUS: ",".join(addresses)} if addresses else {}
+
+
+def gpus_shared_by_task(env: Mapping[str, str]) -> bool:
+    value = env.get(GPUS_PER, "rank")
+    if value not in ("rank", "task"):
+        raise ValueError(f'{GPUS_PER} must be "rank" or "task", not {value!r}')
+    return value == "task"
 
 
 def task_gpus(env: Mapping[str, str]) -> list[str]:

@@ -108,10 +108,11 @@ def _resources(spark: Any) -> dict[str, Any]:
 class TorchDistributor:
     """Run a torch function or script on `num_processes` ranks, as pyspark's does.
 
-    `local_mode=True` runs the ranks on the driver, `False` on the executors (one
-    Spark task per rank). With `use_gpu`, each rank sees the GPUs Spark gave its task
-    (or a share of the driver's) in CUDA_VISIBLE_DEVICES; without it, ranks on the
-    cluster see none, as under pyspark.
+    `local_mode=True` runs the ranks on the driver, `False` on the executors. With
+    `use_gpu`, as under pyspark: one Spark task per `spark.task.resource.gpu.amount`
+    ranks, and every rank of a task (or of the driver) sees all its GPUs in
+    CUDA_VISIBLE_DEVICES and picks one by LOCAL_RANK, as under torchrun. Without it,
+    one task per rank, and ranks on the cluster see no GPU.
     """
 
     def __init__(
@@ -166,10 +167,16 @@ class TorchDistributor:
         return self.num_processes
 
     def _runner(self):
+        from sparkdist import job_environment
         from sparkdist.runner.horovod_runner import HorovodRunner
 
-        np = -self.num_processes if self.local_mode else self.num_processes
-        return HorovodRunner(np=np, **self.runner_options)
+        options = dict(self.runner_options)
+        # torchrun's way: a task's ranks all see its GPUs (the user's env may say otherwise).
+        options["env"] = {job_environment.GPUS_PER: "task", **(options.get("env") or {})}
+        if self.local_mode:
+            return HorovodRunner(np=-self.num_processes, **options)
+        per_task = self.num_processes // self.num_tasks
+        return HorovodRunner(np=self.num_processes, ranks_per_task=per_task, **options)
 
     def _deepspeed(self) -> _DeepspeedConfig | None:
         return None

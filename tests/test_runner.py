@@ -330,6 +330,12 @@ def test_invalid_options():
         HorovodRunner(np=2, env={"A": 1})
     with pytest.raises(ValueError, match="mpi_args"):
         HorovodRunner(np=2, mpi_args="--mca btl tcp")
+    with pytest.raises(ValueError, match="ranks_per_task must be an int >= 1"):
+        HorovodRunner(np=2, ranks_per_task=0)
+    with pytest.raises(ValueError, match="np=3 must be a multiple of ranks_per_task=2"):
+        HorovodRunner(np=3, ranks_per_task=2)
+    with pytest.raises(ValueError, match="use np > 0"):
+        HorovodRunner(np=-2, ranks_per_task=2)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

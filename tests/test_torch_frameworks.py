@@ -233,6 +233,7 @@ GPU_CHILD = textwrap.dedent(
     out = {
         "pyspark cluster": PysparkTorch(2, local_mode=False, use_gpu=True).run(devices),
         "cluster": TorchDistributor(2, local_mode=False, use_gpu=True).run(devices),
+        "pyspark driver": PysparkTorch(2, local_mode=True, use_gpu=True).run(devices),
         "driver": TorchDistributor(2, local_mode=True, use_gpu=True).run(devices),
         "cluster, no gpu": TorchDistributor(2, local_mode=False, use_gpu=False).run(devices),
     }
@@ -252,9 +253,84 @@ def test_gpus_from_spark_task_resources(tmp_path):
     out = run_with_fake_gpus(GPU_CHILD, tmp_path)
     # One Spark GPU per task, as pyspark's distributor gives them.
     assert sorted(out["cluster"]) == sorted(out["pyspark cluster"]) == ["0", "1"]
-    assert out["driver"] == ["0", "1"]  # the driver's two GPUs, one per rank
+    # On the driver every rank sees the driver's GPUs, as torchrun's processes do.
+    assert out["driver"] == out["pyspark driver"] == ["0,1", "0,1"]
     assert out["cluster, no gpu"] == ["", ""]
     assert out["driver, 3 ranks"] == [2, 2]
+
+
+TWO_GPU_TASKS_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from pyspark.sql import SparkSession
+    from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorch
+    from sparkdist import HorovodRunner, NotEnoughSlotsError, TorchDistributor
+
+    fake = sys.argv[1]
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.worker.resource.gpu.amount", "2")
+        .config("spark.worker.resource.gpu.discoveryScript", fake)
+        .config("spark.executor.resource.gpu.amount", "2")
+        .config("spark.task.resource.gpu.amount", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def place():
+        import os
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        ranks = torch.tensor([int(os.environ["RANK"])])
+        dist.all_reduce(ranks)
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "GROUP_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+        mine = {k: os.environ.get(k) for k in keys}
+        mine["rank_sum"] = int(ranks.item())
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, mine)
+        dist.destroy_process_group()
+        return seen
+
+    out = {"pyspark": PysparkTorch(4, local_mode=False, use_gpu=True).run(place)}
+    for launcher in ("direct", "mpi"):
+        ours = TorchDistributor(4, local_mode=False, use_gpu=True, launcher=launcher)
+        out[launcher] = ours.run(place)
+        runner = ours._runner()
+        out[launcher + " tasks"] = runner.options.ranks_per_task
+    try:
+        HorovodRunner(np=6, ranks_per_task=2, start_timeout=5).run(place)
+    except NotEnoughSlotsError as exc:
+        out["slots"] = str(exc)
+    print("RESULT " + json.dumps(out), flush=True)
+    spark.stop()
+    """
+)
+
+
+def test_two_gpus_per_task_run_two_ranks_per_task(tmp_path):
+    """spark.task.resource.gpu.amount=2: pyspark's TorchDistributor runs 4 processes as
+    2 tasks of 2 (torchrun's nproc_per_node=2); so does sparkdist's, under both
+    launchers, with the same rank layout and GPUs."""
+    out = run_with_fake_gpus(TWO_GPU_TASKS_CHILD, tmp_path)
+    expected = [
+        {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2),
+         "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2), "GROUP_WORLD_SIZE": "2",
+         "CUDA_VISIBLE_DEVICES": "0,1", "rank_sum": 6}
+        for rank in range(4)
+    ]  # fmt: skip
+    assert out["pyspark"] == expected
+    assert out["direct"] == out["mpi"] == expected
+    assert out["direct tasks"] == out["mpi tasks"] == 2
+    assert "np=6 ranks (2 per task) need 3 task slots" in out["slots"]
+    assert "has 2 task slots" in out["slots"]
 
 
 # --- DeepSpeed ------------------------------------------------------------------------

@@ -12,7 +12,9 @@ can initialise CUDA:
   respected: Spark's addresses are then indices into it, as in pyspark's
   TorchDistributor;
 * several ranks sharing one task (or the driver) split its GPUs by local rank, in
-  contiguous blocks; with fewer GPUs than ranks, ranks share them round robin;
+  contiguous blocks; with fewer GPUs than ranks, ranks share them round robin. Or,
+  with SPARKDIST_GPUS_PER=task (as `sparkdist.TorchDistributor` sets it), each sees
+  all of them and picks one by LOCAL_RANK, as under torchrun;
 * CUDA_DEVICE_ORDER defaults to PCI_BUS_ID, so CUDA numbers devices as nvidia-smi (and
   so the discovery script) does.
 
@@ -83,7 +85,10 @@ class GpuBackend:
         if not addresses:
             return
         devices = owned_devices(addresses, env.get("CUDA_VISIBLE_DEVICES"))
-        mine = split_by_local_rank(devices, ctx.local_rank, ctx.local_world_size)
+        if job_environment.gpus_shared_by_task(env):
+            mine = devices
+        else:
+            mine = split_by_local_rank(devices, ctx.local_rank, ctx.local_world_size)
         if ctx.local_world_size > len(devices):
             logger.warning(
                 "%d ranks share %d GPUs on %s: rank %d uses %s",

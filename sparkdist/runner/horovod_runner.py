@@ -62,7 +62,8 @@ class HorovodRunner:
     """Run a training function on `np` ranks placed by a Spark barrier stage.
 
     Args:
-        np: number of ranks. `np > 0`: one Spark barrier task per rank on the cluster.
+        np: number of ranks. `np > 0`: on the cluster, one Spark barrier task per rank
+            (or per `ranks_per_task` ranks).
             `np < 0`: `-np` ranks as subprocesses of the driver (for debugging).
         driver_log_verbosity: "all" streams every rank's stdout/stderr to the driver,
             each line prefixed with its rank; "log_callback_only" shows only
@@ -88,6 +89,10 @@ class HorovodRunner:
         checkpoint_dir: a directory on the driver for the checkpoints ranks save with
             `sparkdist.checkpoint.save`; kept, so a later run resumes from it. By
             default a temporary directory, removed when `run` returns.
+        ranks_per_task: ranks each Spark barrier task starts (`np > 0`; np must be a
+            multiple). Ranks of one task share its resources: with
+            `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
+            ranks split its four GPUs. Local ranks count within a task.
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class HorovodRunner:
         max_failures: int = 0,
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
+        ranks_per_task: int = 1,
     ):
         self.options = RunnerOptions(
             np=np,
@@ -119,6 +125,7 @@ class HorovodRunner:
             max_failures=max_failures,
             retry_on_exception=retry_on_exception,
             checkpoint_dir=checkpoint_dir,
+            ranks_per_task=ranks_per_task,
         )
         self.last_job: JobReport | None = None
 
@@ -234,7 +241,8 @@ class HorovodRunner:
         """Check the cluster can hold the job; start the job's service where the
         executors (or the local ranks) reach it."""
         if cluster is not None:
-            cluster.check_slots(state.job.num_ranks, self.options.start_timeout)
+            opts = self.options
+            cluster.check_slots(state.job.num_ranks, opts.ranks_per_task, opts.start_timeout)
             bind_host, advertise_host = cluster.driver_addresses()
         else:
             bind_host = advertise_host = LOCAL_HOST
@@ -282,6 +290,7 @@ class HorovodRunner:
             driver_path=os.environ.get("PATH", ""),
             driver_pythonpath=driver_pythonpath(),
             relay=plan if relay else None,
+            ranks_per_task=opts.ranks_per_task,
         )
 
     def _launch_and_wait(

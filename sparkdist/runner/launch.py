@@ -36,6 +36,14 @@ class LaunchSpec:
     relay: Any = None
     """A `relay.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
     client the executors cannot reach), else None."""
+    ranks_per_task: int = 1
+    """Ranks each barrier task starts (one per GPU of the task, as torchrun's
+    nproc_per_node); consecutive ranks share a task."""
+
+    @property
+    def num_tasks(self) -> int:
+        """How many barrier tasks the job's stage has."""
+        return self.num_ranks // self.ranks_per_task
 
 
 class Launch(Protocol):

@@ -33,9 +33,11 @@ class RunnerOptions:
     max_failures: int = 0
     retry_on_exception: bool = False
     checkpoint_dir: str | None = None
+    ranks_per_task: int = 1
 
     def __post_init__(self) -> None:
         _check_np(self.np)
+        _check_ranks_per_task(self.ranks_per_task, self.np)
         if self.driver_log_verbosity not in LOG_MODES:
             raise ValueError(
                 f"driver_log_verbosity must be one of {LOG_MODES}, "
@@ -95,6 +97,23 @@ def _check_np(np: int) -> None:
         raise ValueError(
             "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
             "for -np ranks on the driver"
+        )
+
+
+def _check_ranks_per_task(per_task: int, np: int) -> None:
+    if isinstance(per_task, bool) or not isinstance(per_task, int) or per_task < 1:
+        raise ValueError(f"ranks_per_task must be an int >= 1, got {per_task!r}")
+    if per_task == 1:
+        return
+    if np < 0:
+        raise ValueError(
+            f"ranks_per_task={per_task} places ranks in Spark tasks, but np={np} runs every "
+            "rank on the driver: use np > 0, or leave ranks_per_task at 1"
+        )
+    if np % per_task:
+        raise ValueError(
+            f"np={np} must be a multiple of ranks_per_task={per_task} (every Spark task "
+            "starts the same number of ranks)"
         )
 
 

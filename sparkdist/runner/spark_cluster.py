@@ -62,16 +62,24 @@ def configured_slots(master: str, conf_get: Callable[..., str | None]) -> int | 
     return bound
 
 
-def check_slot_bound(np: int, master: str, conf_get: Callable[..., str | None]) -> None:
-    """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run `np` tasks at
-    once (reading only configuration, so it works on any kind of session)."""
+def slots_needed(np: int, ranks_per_task: int = 1) -> str:
+    """How a slot error states the need, e.g. "np=4 ranks (2 per task) need 2 task slots"."""
+    per_task = f" ({ranks_per_task} per task)" if ranks_per_task > 1 else ""
+    return f"np={np} ranks{per_task} need {np // ranks_per_task} task slots at once"
+
+
+def check_slot_bound(
+    np: int, master: str, conf_get: Callable[..., str | None], ranks_per_task: int = 1
+) -> None:
+    """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run the job's
+    barrier tasks at once (reading only configuration, so it works on any kind of
+    session)."""
     bound = configured_slots(master, conf_get)
-    if bound is not None and np > bound:
+    if bound is not None and np // ranks_per_task > bound:
         raise NotEnoughSlotsError(
-            f"np={np} ranks need {np} task slots at once, but this Spark ({master}, "
+            f"{slots_needed(np, ranks_per_task)}, but this Spark ({master}, "
             f"spark.task.cpus={conf_get('spark.task.cpus', None) or '1'}) has {bound} task "
-            "slots. Lower np, or give the "
-            "cluster more executors or cores."
+            "slots. Lower np, or give the cluster more executors or cores."
         )
 
 
@@ -85,8 +93,9 @@ class SparkSide(Protocol):
     kind: str
     """"classic" (a SparkContext in this process) or "connect" (a Spark Connect client)."""
 
-    def check_slots(self, np: int, timeout_s: float) -> None:
-        """Raise `NotEnoughSlotsError` (with both numbers) rather than hang."""
+    def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
+        """Raise `NotEnoughSlotsError` (with both numbers) rather than hang, when the
+        cluster cannot run the job's np // ranks_per_task barrier tasks at once."""
 
     def driver_addresses(self) -> tuple[str, str]:
         """(address to bind the job's service to, address executors reach it at)."""
@@ -94,9 +103,9 @@ class SparkSide(Protocol):
     def executors_reach_client(self) -> bool:
         """Whether executors can open connections to this process (else: relay mode)."""
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
-        """Run `task` in `np` barrier tasks tagged `tag`; block until the stage ends and
-        return what each task yielded."""
+    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
+        """Run `task` in `num_tasks` barrier tasks tagged `tag`; block until the stage
+        ends and return what each task yielded."""
 
     def cancel(self, tag: str) -> None:
         """Cancel the Spark jobs tagged `tag` (from any thread)."""
@@ -126,21 +135,21 @@ class ClassicSpark:
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))
 
-    def check_slots(self, np: int, timeout_s: float) -> None:
-        """Fail now, with both numbers, if the cluster cannot run `np` tasks at once.
+    def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
+        """Fail now, with both numbers, if the cluster cannot run the job's tasks at once.
 
         Executors may still be registering right after start-up, so wait for them up
         to `timeout_s` when the cluster could grow to enough slots.
         """
         conf = self.sc.getConf()
-        check_slot_bound(np, self.sc.master, conf.get)
+        check_slot_bound(np, self.sc.master, conf.get, ranks_per_task)
         deadline = time.monotonic() + timeout_s
         slots = self._slots()
-        while slots < np:
+        while slots < np // ranks_per_task:
             if time.monotonic() > deadline:
                 raise NotEnoughSlotsError(
-                    f"np={np} ranks need {np} task slots at once, but the cluster has {slots} "
-                    f"task slots (waited {timeout_s:.0f}s for executors). Lower np, or add "
+                    f"{slots_needed(np, ranks_per_task)}, but the cluster has {slots} task "
+                    f"slots (waited {timeout_s:.0f}s for executors). Lower np, or add "
                     "executors or cores."
                 )
             time.sleep(0.2)
@@ -156,10 +165,10 @@ class ClassicSpark:
     def executors_reach_client(self) -> bool:
         return True  # the driver's own address is one every executor reaches
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
-        """Run `task` in `np` barrier tasks, in job group `tag`; block until done."""
+    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
+        """Run `task` in `num_tasks` barrier tasks, in job group `tag`; block until done."""
         self.sc.setJobGroup(tag, f"sparkdist job {tag}", True)
-        rdd = self.sc.parallelize(range(np), np)
+        rdd = self.sc.parallelize(range(num_tasks), num_tasks)
         return rdd.barrier().mapPartitions(task).collect()
 
     def cancel(self, tag: str) -> None:
@@ -182,7 +191,7 @@ class BarrierStage:
     def _run(self) -> None:
         try:
             task = functools.partial(run_barrier_task, self.spec)
-            self.outputs = self.spark.run_barrier_stage(self.spec.num_ranks, task, self.group)
+            self.outputs = self.spark.run_barrier_stage(self.spec.num_tasks, task, self.group)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
@@ -199,7 +208,7 @@ class BarrierStage:
         expected = self.state.live_task_count()
         if (
             not self.state.wait_tasks_done(expected, CANCEL_GRACE_S)
-            or expected < self.spec.num_ranks
+            or expected < self.spec.num_tasks
         ):
             logger.info("cancelling Spark job group %s", self.group)
             self.spark.cancel(self.group)

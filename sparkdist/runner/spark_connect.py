@@ -73,8 +73,8 @@ class ConnectSpark:
             return default
         return default if value is None else value
 
-    def check_slots(self, np: int, timeout_s: float) -> None:
-        check_slot_bound(np, self._conf("spark.master", "") or "", self._conf)
+    def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
+        check_slot_bound(np, self._conf("spark.master", "") or "", self._conf, ranks_per_task)
 
     def driver_addresses(self) -> tuple[str, str]:
         address = route_address(self.session.client.host)
@@ -101,11 +101,11 @@ class ConnectSpark:
                         "cannot reach", host)  # fmt: skip
         return _REACHABLE[key]
 
-    def run_barrier_stage(self, np: int, task: BarrierTask, tag: str) -> list[bytes]:
+    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
         # Tags belong to the thread that adds them: this thread runs only this stage.
         self.session.addTag(tag)
         try:
-            frame = self.session.range(0, np, 1, np)
+            frame = self.session.range(0, num_tasks, 1, num_tasks)
             stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
             return [row.outcome for row in stage.collect()]
         finally:

@@ -4,7 +4,7 @@
 2. start its task agent (mpi launcher) and publish (host, agent port, network)
    to the other tasks with `BarrierTaskContext.allGather`;
 3. task 0 runs mpirun over all tasks (mpi), or every task starts its own ranks
-   (direct);
+   (direct): `ranks_per_task` consecutive ranks per task, one by default;
 4. wait until the driver says finish or abort (or goes away), then stop everything
    it started: its process groups, then any descendant still alive.
 
@@ -110,9 +110,10 @@ class TaskRun:
             mine = {"host": self.host, "port": 0, "network": network}
         peers = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
 
+        per_task = self.spec.ranks_per_task
         if self.spec.job.launcher == "mpi":
             if self.index == 0:
-                hosts = [(f"task-{i}", 1) for i in range(len(peers))]
+                hosts = [(f"task-{i}", per_task) for i in range(len(peers))]
                 argv = mpirun_argv(
                     python,
                     self.spec.num_ranks,
@@ -125,9 +126,12 @@ class TaskRun:
                 env = {**self.env, **agents_to_env(agents)}
                 self._start(argv, env, "mpirun", "mpirun")
         else:
-            rank = self.index
-            env = direct_rank_env(self.env, DirectRank(rank, self.spec.num_ranks, 0, 1))
-            self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor", "supervisor")
+            for local_rank in range(per_task):
+                rank = self.index * per_task + local_rank
+                place = DirectRank(rank, self.spec.num_ranks, local_rank, per_task)
+                env = direct_rank_env(self.env, place)
+                self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor",
+                            "supervisor")  # fmt: skip
         self._stopped.wait()
 
     def close(self) -> None:
