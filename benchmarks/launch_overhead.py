@@ -17,7 +17,10 @@ HorovodRunner it runs on. Then a second table: a short PyTorch Lightning fit (2 
 through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--lightning-repeat 3]
-        [--no-connect]
+        [--no-connect] [--only REGEX]
+
+`--only 'np=2|local_mode=False'` measures just the rows whose name matches (here the
+cluster rows and their baselines, classic and Connect), without the Lightning table.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import io
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -151,25 +155,27 @@ def connect_contenders():
     )
 
 
-def connect_client(url: str, repeat: int) -> None:
+def connect_client(url: str, repeat: int, only: str | None) -> None:
     from pyspark.sql import SparkSession
 
     SparkSession.builder.remote(url).getOrCreate()
     for name, fn in connect_contenders():
+        if only and not re.search(only, name):
+            continue
         times = measure(fn, repeat)
         print("ROW " + json.dumps([name, statistics.median(times), min(times)]), flush=True)
 
 
-def connect_rows(repeat: int) -> list[tuple[str, float | None, float | None]]:
+def connect_rows(repeat: int, only: str | None) -> list[tuple[str, float | None, float | None]]:
     """Start a Connect server and measure the Connect rows from a client process."""
     from sparkdist.connect_server import LocalConnectServer
 
     rows = []
     with LocalConnectServer() as server:
+        argv = [sys.executable, __file__, "--connect-client", server.url, "--repeat", str(repeat)]
         proc = subprocess.run(
-            [sys.executable, __file__, "--connect-client", server.url, "--repeat", str(repeat)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            argv + (["--only", only] if only else []), capture_output=True, text=True
+        )
     for line in proc.stdout.splitlines():
         if line.startswith("ROW "):
             name, median, best = json.loads(line[4:])
@@ -216,11 +222,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--lightning-repeat", type=int, default=3)
     parser.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
+    parser.add_argument(
+        "--only", metavar="REGEX", help="only the rows whose name matches; no Lightning table"
+    )
     parser.add_argument("--connect-client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.connect_client:
-        connect_client(args.connect_client, args.repeat)
+        connect_client(args.connect_client, args.repeat, args.only)
         return
 
     from sparkdist.session import embedded_spark
@@ -228,6 +237,8 @@ def main() -> None:
     spark = embedded_spark(executors=2, app_name="sparkdist-bench")
     rows = []
     for name, fn in contenders(spark):
+        if args.only and not re.search(args.only, name):
+            continue
         if fn is None:
             rows.append((name, None, None))
             continue
@@ -235,14 +246,14 @@ def main() -> None:
         rows.append((name, statistics.median(times), min(times)))
         print(f"  measured {name}: median {statistics.median(times):.2f}s", flush=True)
     lightning_rows = []
-    for name, fn in lightning_contenders():
+    for name, fn in lightning_contenders() if not args.only else ():
         times = measure(fn, args.lightning_repeat, expected=(2,))
         lightning_rows.append((name, statistics.median(times), min(times)))
         print(f"  measured Lightning, {name}: median {statistics.median(times):.2f}s", flush=True)
 
     spark.stop()
     if not args.no_connect:
-        rows += connect_rows(args.repeat)
+        rows += connect_rows(args.repeat, args.only)
 
     medians = {n: m for n, m, _ in rows}
     print()
@@ -258,12 +269,16 @@ def main() -> None:
         print(f"{name:<46} {median:>9.2f} {best:>7.2f} {ratio:>19}")
 
     for mode, runner in (("False", "sparkdist mpi np=2"), ("True", "sparkdist mpi np=-2")):
-        ours = medians[f"sparkdist TorchDistributor local_mode={mode}"]
+        ours = medians.get(f"sparkdist TorchDistributor local_mode={mode}")
+        if ours is None or runner not in medians:
+            continue
         print(
             f"sparkdist TorchDistributor local_mode={mode} vs HorovodRunner ({runner[10:]}): "
             f"{100 * (ours / medians[runner] - 1):+.1f}%"
         )
 
+    if not lightning_rows:
+        return
     print()
     print(
         f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {args.lightning_repeat} runs each, "

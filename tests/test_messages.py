@@ -90,6 +90,20 @@ def test_malformed_supervisor_report_is_rejected_and_the_stream_goes_on(driver):
     assert state.ranks[0].exited and list(state.ranks[0].tail) == ["hello"]
 
 
+def test_task_0_gets_every_agent_place_in_task_order_once_all_arrived(driver):
+    state, secret, service = driver
+    tasks = [_connect(service.address, secret) for _ in range(2)]
+    places = [messages.AgentPlace("127.0.0.1", 4000 + i, "127.0.0.0/8") for i in range(2)]
+    for index in (1, 0):  # task 0 hears nothing until task 1's place (sent first) and its own
+        tasks[index].send(messages.encode(messages.TaskHello(index, "127.0.0.1", os.getpid())))
+    tasks[1].send(messages.encode(places[1]))
+    tasks[0].send(messages.encode(places[0]))
+    order = messages.decode(tasks[0].recv(), messages.TASK_ORDERS)
+    assert order == messages.AgentPlaces(places)
+    state.stop("finish", "done")
+    assert messages.decode(tasks[1].recv(), messages.TASK_ORDERS) == messages.Finish("done")
+
+
 def test_task_agent_rejects_unknown_request():
     secret = wire.new_secret()
     records: list[ProcessRecord] = []

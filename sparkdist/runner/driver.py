@@ -4,8 +4,9 @@ and rank talks to, turning their messages (`messages`) into the job's state
 
 Three kinds of peers connect, each saying first who it is:
 
-* a Spark barrier task (`TaskHello`): reports the processes it started and how its
-  launcher (mpirun) ended; the driver tells it when to finish or abort;
+* a Spark barrier task (`TaskHello`): reports where its agent listens, the processes
+  it started and how its launcher (mpirun) ended; the driver gives task 0 every task's
+  agent, and tells each task when to finish or abort;
 * a rank's supervisor (`SupervisorHello`): streams the rank's output and its exit
   status;
 * a rank itself (`RankHello`): fetches the payload, publishes and reads rendezvous
@@ -106,6 +107,8 @@ class _TaskPeer(_StreamPeer):
         match report:
             case messages.ProcessStarted(record):
                 self.state.record(record)
+            case messages.AgentPlace():
+                self.state.agent_placed(self.number, report)
             case messages.LauncherOutput(lines):
                 self.state.launcher_output(lines)
             case messages.LauncherExit(name, code):

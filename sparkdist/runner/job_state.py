@@ -73,6 +73,7 @@ class JobState:
         self.tasks_done: set[int] = set()
         self.tasks_lost: dict[int, str] = {}
         """Spark tasks whose agent connection broke before they finished, with why."""
+        self.agent_places: dict[int, messages.AgentPlace] = {}
         self.rendezvous = RendezvousStore()
         self.failures = FailureTracker(self)
         self._peers: dict[tuple[str, int], wire.Channel] = {}
@@ -113,6 +114,21 @@ class JobState:
         with self.cond:
             if record not in self.processes:
                 self.processes.append(record)
+
+    def agent_placed(self, index: int, place: messages.AgentPlace) -> None:
+        """Task `index`'s agent listens at `place`; once every task's does, task 0 gets
+        them all (one task per rank) and starts mpirun over them."""
+        with self.cond:
+            self.agent_places[index] = place
+            if sorted(self.agent_places) != list(range(self.job.num_ranks)):
+                return
+            places = [self.agent_places[i] for i in range(self.job.num_ranks)]
+            task0 = self._peers.get(("task", 0))
+        if task0 is not None:
+            try:
+                task0.send(messages.encode(messages.AgentPlaces(places)))
+            except OSError:
+                pass  # task 0 is gone: its loss fails the job
 
     def task_done(self, index: int) -> None:
         with self.cond:

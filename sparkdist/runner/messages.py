@@ -12,8 +12,8 @@ The channels (see docs/architecture.md):
 * to the driver's service, first a hello (`TaskHello`, `SupervisorHello`, `RankHello`);
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
-  the driver sends `Finish` or `Abort` to tasks and supervisors, `Bye` to a supervisor
-  whose exit it recorded, and `Welcome` to a rank;
+  the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
+  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank;
 * mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
   and `OrtedExit`, or `Rejected`;
 * a remote trial to the tune service: `TrialCall`, answered by `Ok` or `Failed`.
@@ -97,6 +97,15 @@ class LauncherExit(NamedTuple):
     exit_code: int
 
 
+@_kind("agent_place")
+class AgentPlace(NamedTuple):
+    """Where a task's agent listens (mpi launcher), for task 0's mpirun."""
+
+    host: str
+    port: int
+    network: str
+
+
 @_kind("task_done")
 class TaskDone(NamedTuple):
     leftover_pids: list
@@ -130,6 +139,15 @@ class Abort(NamedTuple):
 @_kind("bye")
 class Bye(NamedTuple):
     pass
+
+
+@_kind("agent_places")
+class AgentPlaces(NamedTuple):
+    """Every task's `AgentPlace` in task order, to task 0 once all have arrived: the
+    driver gathers them, as Spark's `allGather` would at a cost of a second or more
+    (its tasks poll the barrier's answer once a second)."""
+
+    places: list
 
 
 @_kind("welcome")
@@ -245,10 +263,11 @@ class Rejected(NamedTuple):
 
 
 HELLOS = (TaskHello, SupervisorHello, RankHello)
-TASK_REPORTS = (ProcessStarted, LauncherOutput, LauncherExit, TaskDone)
+TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone)
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave, CheckpointLatest)
 ORDERS = (Finish, Abort, Bye, Rejected)
+TASK_ORDERS = ORDERS + (AgentPlaces,)
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)
 

@@ -1,21 +1,24 @@
 """What each Spark barrier task of a job does, on its executor.
 
 1. connect to the driver and say which task it is;
-2. start its task agent (mpi launcher) and publish (host, agent port, network)
-   to the other tasks with `BarrierTaskContext.allGather`;
-3. task 0 runs mpirun over all tasks (mpi), or every task starts its own ranks
-   (direct): `ranks_per_task` consecutive ranks per task, one by default;
-4. wait until the driver says finish or abort (or goes away), then stop everything
+2. mpi launcher: start its task agent and tell the driver where it listens (host,
+   port, network); the driver hands task 0 every task's, and task 0 runs mpirun over
+   all tasks. Direct launcher: every task starts its own ranks at once. A task holds
+   `ranks_per_task` consecutive ranks (one by default);
+3. wait until the driver says finish or abort (or goes away), then stop everything
    it started: its process groups, then any descendant still alive.
 
-In relay mode (`relay.py`) task 0 first starts the job's service in its own process and
-tells the other tasks its address; everything else is the same.
+The driver gathers the agents rather than Spark's `BarrierTaskContext.allGather`,
+whose tasks check for the answer once a second: a second or more per job.
+
+In relay mode (`relay.py`) task 0 first starts the job's service (a thread of its
+Python worker) and tells the other tasks its address with the one `allGather` of the
+job; everything else is the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -55,6 +58,9 @@ class TaskRun:
         self.host = host
         self.stop_reason: str | None = None
         self._stopped = threading.Event()
+        self.agent_places: list[messages.AgentPlace] | None = None
+        self._news = threading.Event()
+        """Set when every task's agent place arrived (task 0, mpi), or on the stop order."""
         self._children: list[subprocess.Popen] = []
         self.channel = wire.connect(split_address(spec.job.driver), spec.job.secret)
         self._send(messages.TaskHello(index, host, os.getpid()))
@@ -75,16 +81,21 @@ class TaskRun:
         """Until the driver says finish or abort (or goes away)."""
         try:
             while True:
-                order = messages.decode(self.channel.recv(), messages.ORDERS)
+                order = messages.decode(self.channel.recv(), messages.TASK_ORDERS)
                 if isinstance(order, messages.Rejected):
                     logger.warning("the driver rejected a report of task %d: %s", self.index,
                                    order.reason)  # fmt: skip
+                    continue
+                if isinstance(order, messages.AgentPlaces):
+                    self.agent_places = order.places
+                    self._news.set()
                     continue
                 self.stop_reason = "finish" if isinstance(order, messages.Finish) else "abort"
                 break
         except (EOFError, OSError, wire.AuthenticationError, messages.MalformedMessage):
             self.stop_reason = "driver lost"
         self._stopped.set()
+        self._news.set()
 
     # The `launch.LauncherSink` of the processes this task starts: reports to the driver.
     def record(self, record: ProcessRecord) -> None:
@@ -100,39 +111,37 @@ class TaskRun:
         self._children.append(start_launcher(argv, env, name, role, self.host, self))
 
     def run(self, ctx) -> None:
-        python = sys.executable
-        network = interface_of(self.host)[1]
         self.env.update(gpus_to_env(gpu_addresses(ctx.resources())))
         if self.spec.job.launcher == "mpi":
             self.agent = TaskAgent(self.spec.job.secret, self.host, self.env, self.record)
-            mine = {"host": self.host, "port": self.agent.port, "network": network}
-        else:
-            mine = {"host": self.host, "port": 0, "network": network}
-        peers = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
-
-        per_task = self.spec.ranks_per_task
-        if self.spec.job.launcher == "mpi":
+            network = interface_of(self.host)[1]
+            self._send(messages.AgentPlace(self.host, self.agent.port, network))
             if self.index == 0:
-                hosts = [(f"task-{i}", per_task) for i in range(len(peers))]
-                argv = mpirun_argv(
-                    python,
-                    self.spec.num_ranks,
-                    hosts,
-                    [p["network"] for p in peers],
-                    self.spec.mpi_args,
-                    use_rsh_agent=True,
-                )
-                agents = {f"task-{i}": (p["host"], p["port"]) for i, p in enumerate(peers)}
-                env = {**self.env, **agents_to_env(agents)}
-                self._start(argv, env, "mpirun", "mpirun")
+                self._news.wait()
+                if self.agent_places is not None and not self._stopped.is_set():
+                    self._start_mpirun(self.agent_places)
         else:
+            per_task = self.spec.ranks_per_task
             for local_rank in range(per_task):
                 rank = self.index * per_task + local_rank
                 place = DirectRank(rank, self.spec.num_ranks, local_rank, per_task)
                 env = direct_rank_env(self.env, place)
-                self._start(supervisor_argv(python), env, f"rank {rank}'s supervisor",
-                            "supervisor")  # fmt: skip
+                argv = supervisor_argv(sys.executable)
+                self._start(argv, env, f"rank {rank}'s supervisor", "supervisor")
         self._stopped.wait()
+
+    def _start_mpirun(self, places: list[messages.AgentPlace]) -> None:
+        """Task 0: mpirun over every task's agent (`ranks_per_task` slots each)."""
+        argv = mpirun_argv(
+            sys.executable,
+            self.spec.num_ranks,
+            [(f"task-{i}", self.spec.ranks_per_task) for i in range(len(places))],
+            [p.network for p in places],
+            self.spec.mpi_args,
+            use_rsh_agent=True,
+        )
+        agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
+        self._start(argv, {**self.env, **agents_to_env(agents)}, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
