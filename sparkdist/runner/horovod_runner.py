@@ -169,7 +169,7 @@ class HorovodRunner:
             while True:
                 job = JobSpec(
                     uuid.uuid4().hex[:12], opts.num_ranks, blob, all_results,
-                    opts.driver_log_verbosity,
+                    opts.driver_log_verbosity, opts.ranks_per_task,
                 )  # fmt: skip
                 state = JobState(job, checkpoints=checkpoints)
                 report.attempts = attempt + 1

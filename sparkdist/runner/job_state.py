@@ -48,6 +48,12 @@ class JobSpec:
     payload: bytes
     all_results: bool
     log_mode: str
+    ranks_per_task: int = 1
+    """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_ranks // self.ranks_per_task
 
 
 class JobState:
@@ -137,7 +143,8 @@ class JobState:
 
     def task_lost(self, index: int, host: str) -> None:
         """A task's connection broke before it said it was done."""
-        rank = index if index in self.ranks else None  # task i runs rank i
+        first = index * self.job.ranks_per_task  # the task's first rank
+        rank = first if first in self.ranks else None
         reason = (
             f"lost contact with Spark task {index} on host {host}: its "
             "executor died, or the host or its network was lost"
