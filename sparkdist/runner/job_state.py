@@ -123,12 +123,12 @@ class JobState:
 
     def agent_placed(self, index: int, place: messages.AgentPlace) -> None:
         """Task `index`'s agent listens at `place`; once every task's does, task 0 gets
-        them all (one task per rank) and starts mpirun over them."""
+        them all and starts mpirun over them."""
         with self.cond:
             self.agent_places[index] = place
-            if sorted(self.agent_places) != list(range(self.job.num_ranks)):
+            if sorted(self.agent_places) != list(range(self.job.num_tasks)):
                 return
-            places = [self.agent_places[i] for i in range(self.job.num_ranks)]
+            places = [self.agent_places[i] for i in range(self.job.num_tasks)]
             task0 = self._peers.get(("task", 0))
         if task0 is not None:
             try:
