@@ -648,9 +648,8 @@ def test_fit_takes_a_spark_dataframe():
 
 def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
     """What the spread sends to the training tasks, cut from two source batches."""
-    names = list(spec.feature_cols)
-    columns = [pa.array(X[:, i], pa.float64()) for i in range(X.shape[1])]
-    batch = pa.RecordBatch.from_arrays([*columns, pa.array(y, pa.float64())], [*names, "y"])
+    features = pa.array(list(X), pa.list_(pa.float64()))
+    batch = pa.RecordBatch.from_arrays([features, pa.array(y, pa.float64())], ["x", "y"])
     plan = SpreadPlan(
         keys=tuple(range(100, 100 + n_models)),
         seed=0,
@@ -658,7 +657,6 @@ def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
         element="double",
         is_classifier=True,
         label_is_numeric=True,
-        plain_columns=True,
     )
     half = len(y) // 2
     return pa.Table.from_batches(

@@ -145,7 +145,6 @@ class PartitionEnsemble(BaseEstimator):
             element=element,
             is_classifier=settings.is_classifier,
             label_is_numeric=label_is_numeric,
-            plain_columns=spec.feature_cols is not None,
         )
         started = time.perf_counter()
         training_started = time.time()

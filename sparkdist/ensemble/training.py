@@ -100,6 +100,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
     dtype = np.float32 if plan.element == "float" else np.float64
     models: dict[int, _Rows] = {}
     reports: dict[int, str] = {}
+    pool = pa.default_memory_pool()
     for batch in batches:
         chunks, batch_reports = read_chunks(batch)
         reports.update(batch_reports)  # one per source task, even if it arrived twice
@@ -107,6 +108,9 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             rows = models.setdefault(model_index, _Rows(dtype, plan.features.n_features))
             rows.add(data, labels)
         del batch, chunks
+        # Arrow's allocator keeps freed batches for reuse; without this the task holds
+        # its partition about 1.5 times while loading (measured: 1.46x, then 1.0x).
+        pool.release_unused()
     if not reports and not models:
         return
     report = DataReport.combined(DataReport.from_dict(json.loads(r)) for r in reports.values())
@@ -172,7 +176,7 @@ class _Rows:
         self.n_features = n_features  # 0 until the first chunk says, for a vector column
         self.X = np.empty(0, dtype=self.dtype)
         self.n_rows = 0
-        self.labels: list[pa.Array] = []
+        self.labels: list[np.ndarray] = []
 
     def add(self, data: np.ndarray, labels: pa.Array) -> None:
         """Append a chunk: its features as bytes (rows x n_features values) and labels.
@@ -189,15 +193,16 @@ class _Rows:
         self.X.resize(size + n_rows * self.n_features, refcheck=False)
         self.X[size:] = data.view(self.dtype)
         self.n_rows += n_rows
-        self.labels.append(labels)
+        # A copy: a slice of the batch's labels would keep the whole Arrow message (the
+        # features too, one buffer) alive, and the task would hold its partition twice.
+        self.labels.append(np.array(labels.to_numpy(zero_copy_only=False), copy=True))
 
     def arrays(self, classes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """(X, y): a classifier's labels as indexes into the global `classes` (int32)."""
         X = self.X.reshape(self.n_rows, self.n_features)
         self.X = np.empty(0, dtype=self.dtype)
-        labels = pa.concat_arrays(self.labels) if self.labels else pa.array([], pa.float64())
+        y = np.concatenate(self.labels) if self.labels else np.empty(0)
         self.labels = []
-        y = labels.to_numpy(zero_copy_only=False)
         if classes is not None:
             y = np.searchsorted(classes, y).astype(np.int32)
         return X, y
