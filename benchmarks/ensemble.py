@@ -287,7 +287,8 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
             log(
                 f"{n_rows} rows, K={k}, round {round_ + 1}: sequential fit "
                 f"{sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end to end "
-                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}"
+                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}; "
+                + ", ".join(f"{key} {sample[key]:.2f}" for key in [*PHASES, "task_growth_x"])
             )
             samples[k].append(sample)
         if n_rows <= 2_000_000:
