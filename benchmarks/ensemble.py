@@ -16,6 +16,7 @@ Accuracy is measured on held-out rows; "task peak" is the peak RSS of the Python
 that trained a partition (max over tasks) and "partition" the feature bytes it held.
 
     .venv/bin/python benchmarks/ensemble.py            # 1e5 and 1e6 rows, K = 2, 8, 32
+    .venv/bin/python benchmarks/ensemble.py --rows 10000000 --models 8 32 --repeats 1
     .venv/bin/python benchmarks/ensemble.py --quick    # small smoke run
 """
 
@@ -92,6 +93,53 @@ def write_parquet(X: np.ndarray, y: np.ndarray, path: str) -> list[str]:
     return columns
 
 
+class ChunkedClassification:
+    """make_classification's recipe (2 classes, 2 clusters per class on hypercube vertices,
+    20 informative features each cluster's own linear mix, 10 redundant mixes, 20 noise,
+    2% flipped labels), generated a million rows at a time: 1e7 rows at once would need
+    several GB of doubles on a shared 24 GB host."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.centroids = rng.choice([-1.0, 1.0], size=(4, 20))
+        self.mixes = 2 * rng.random((4, 20, 20)) - 1
+        self.redundant = 2 * rng.random((20, 10)) - 1
+        self.seed = seed
+
+    def rows(self, n_rows: int, part: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.seed, part])
+        cluster = rng.integers(0, 4, n_rows)
+        informative = rng.standard_normal((n_rows, 20))
+        for c in range(4):
+            chosen = cluster == c
+            informative[chosen] = informative[chosen] @ self.mixes[c] + self.centroids[c]
+        X = np.hstack(
+            [informative, informative @ self.redundant, rng.standard_normal((n_rows, 20))]
+        )
+        y = cluster % 2
+        flipped = rng.random(n_rows) < 0.02
+        y[flipped] = rng.integers(0, 2, int(flipped.sum()))
+        return X, y
+
+
+def write_data(n_rows: int, path: str):
+    """(feature columns, X_test, y_test, (X, y) or None): the training rows go to `path`;
+    beyond 2e6 rows they are generated in chunks and not kept in memory."""
+    if n_rows <= 2_000_000:
+        X, y, X_test, y_test = make_data(n_rows)
+        return write_parquet(X, y, path), X_test, y_test, (X, y)
+    data = ChunkedClassification()
+    columns = [f"f{i}" for i in range(N_FEATURES)]
+    schema = pa.schema([(c, pa.float64()) for c in columns] + [("label", pa.float64())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for part, start in enumerate(range(0, n_rows, 1_000_000)):
+            X, y = data.rows(min(1_000_000, n_rows - start), part)
+            arrays = [pa.array(X[:, i]) for i in range(N_FEATURES)] + [pa.array(y, pa.float64())]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=50_000)
+    X_test, y_test = data.rows(N_TEST, part=10**6)  # a part no training chunk uses
+    return columns, X_test, y_test, None
+
+
 def xgb_classifier():
     from xgboost import XGBClassifier
 
@@ -119,9 +167,10 @@ def fit_span(stats: pd.DataFrame) -> float:
 def phases(model, stats: pd.DataFrame, e2e_seconds: float) -> dict:
     """Where sparkdist's end-to-end seconds went, in order; they add up to e2e_seconds.
 
-    checks: input checks and class discovery (one Spark job) and planning, on the driver;
-    spread: from submitting the training job to the first training task starting (reading
-    the source, the random spread's shuffle write, scheduling); load: until the first model
+    checks: parameter and schema checks and planning, on the driver (the data's checks and
+    class discovery ride on the spread); spread: from submitting the training job to the
+    first training task starting (reading the source, cutting it into chunks, the shuffle
+    write, scheduling); load: until the first model
     started fitting (shuffle read, Arrow transfer, building the matrix); fit: the union of
     the fit intervals; gaps: moments inside the training job with no fit running (later
     tasks loading, serializing); tail: last fit's end to the end of fit (serializing the
@@ -158,11 +207,15 @@ def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
     """
     started = time.perf_counter()
     table = pq.read_table(path)
-    X_read = np.column_stack([table.column(c).to_numpy() for c in table.column_names[:-1]])
+    # float32, as XGBoost trains on it (and as sparkdist ships it): half the memory at 1e7.
+    X_read = np.empty((table.num_rows, table.num_columns - 1), dtype=np.float32)
+    for i, name in enumerate(table.column_names[:-1]):
+        X_read[:, i] = table.column(name).to_numpy()
     y_read = table.column("label").to_numpy()
+    del table
     share = np.random.default_rng(seed).integers(0, k, size=len(y_read))
     shares = [(X_read[share == j], y_read[share == j]) for j in range(k)]
-    del table, X_read, y_read
+    del X_read, y_read
     read_seconds = time.perf_counter() - started
 
     started_cpu = time.process_time()
@@ -209,15 +262,20 @@ def xgboost_spark(df, columns: list[str], X_test, y_test) -> dict:
 
 
 def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> list[dict]:
-    """Rounds of (sequential, sparkdist) per K plus xgboost.spark, interleaved; medians."""
-    X, y, X_test, y_test = make_data(n_rows)
+    """Rounds of (sequential, sparkdist) per K plus xgboost.spark, interleaved; medians.
+
+    Beyond 2e6 rows one model on all rows and xgboost.spark are not run (single-threaded
+    minutes, and several GB on a shared host); their columns show nan.
+    """
     path = os.path.join(workdir, f"train-{n_rows}.parquet")
-    columns = write_parquet(X, y, path)
+    columns, X_test, y_test, train = write_data(n_rows, path)
     df = spark.read.parquet(path)
 
-    one, one_seconds = timed(lambda: xgb_classifier().fit(X, y))
-    one_accuracy = float((one.predict(X_test) == y_test).mean())
-    log(f"{n_rows} rows: one model {one_seconds:.1f}s, accuracy {one_accuracy:.4f}")
+    one_accuracy = float("nan")
+    if train is not None:
+        one, one_seconds = timed(lambda: xgb_classifier().fit(*train))
+        one_accuracy = float((one.predict(X_test) == y_test).mean())
+        log(f"{n_rows} rows: one model {one_seconds:.1f}s, accuracy {one_accuracy:.4f}")
 
     samples: dict[int, list[dict]] = {k: [] for k in ks}
     xgb_samples = []
@@ -229,11 +287,15 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
             log(
                 f"{n_rows} rows, K={k}, round {round_ + 1}: sequential fit "
                 f"{sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end to end "
-                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}"
+                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}; "
+                + ", ".join(f"{key} {sample[key]:.2f}" for key in [*PHASES, "task_growth_x"])
             )
             samples[k].append(sample)
-        xgb_samples.append(xgboost_spark(df, columns, X_test, y_test))
-        log(f"{n_rows} rows: xgboost.spark {xgb_samples[-1]['xgb_spark_s']:.1f}s")
+        if n_rows <= 2_000_000:
+            xgb_samples.append(xgboost_spark(df, columns, X_test, y_test))
+            log(f"{n_rows} rows: xgboost.spark {xgb_samples[-1]['xgb_spark_s']:.1f}s")
+        else:
+            xgb_samples.append({"xgb_spark_s": float("nan"), "xgb_spark_acc": float("nan")})
 
     xgb = pd.DataFrame(xgb_samples).median()
     results = []
@@ -337,7 +399,7 @@ NOTES = [
     "fit_speedup: seq_fit_s / spark_fit_s (the parallel map itself; 2 task slots)",
     "seq_e2e_s: seq_fit_s plus reading the parquet file into numpy and cutting the shares",
     "spark_e2e_s: PartitionEnsemble.fit from the parquet file to the fitted model on the driver",
-    "  (input checks, shuffle, Arrow transfer, fitting, collect); e2e_speedup = seq/spark",
+    "  (read and spread with checks, shuffle, fitting, collect); e2e_speedup = seq/spark",
     "fit_cpu_sum / seq_cpu_s: CPU seconds of the K fits on the executors / in sequence",
     "  (CPU well below spark_fit_s x 2 means the tasks waited for a core: a busy host)",
     "load_s_max: the longest a task spent receiving its rows and building its matrix",
@@ -345,8 +407,8 @@ NOTES = [
     "task_peak_mb: peak RSS of the Python worker while it trained a partition (max over tasks)",
     "rss_before_mb: the worker's RSS before it received rows; task_growth_x: (peak - before)",
     "  / partition bytes (max over tasks)",
-    "ph_*: checks, spread (source read + shuffle write), load (rows to the first fit), fit",
-    "  (fit window), gaps (no fit running inside the job), tail (serialize, collect, assemble)",
+    "ph_*: checks (driver), spread (source read, chunks, shuffle write), load (to the first fit),",
+    "  fit (fit window), gaps (no fit running inside the job), tail (serialize, collect, assemble)",
     "partition_mb: feature and label bytes one task held (float32 features for XGBoost)",
     "load1: the host's 1-minute load average when the round started",
 ]

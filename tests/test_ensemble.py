@@ -17,7 +17,7 @@ from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import LinearSVC
 from sklearn.tree import DecisionTreeClassifier
 from xgboost import XGBClassifier, XGBRegressor
@@ -31,8 +31,9 @@ from sparkdist.ensemble import (
 )
 from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.partition_ensemble import assemble_model
+from sparkdist.ensemble.partitioning import SpreadPlan, cut_chunks
 from sparkdist.ensemble.training import RESULT_SCHEMA, TrainingPlan, train_partition
-from sparkdist.ensemble.validation import DataSummary, check_settings
+from sparkdist.ensemble.validation import DataReport, check_settings, summarize
 
 # Classes defined here (CountingModel) travel to the executors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -146,8 +147,8 @@ def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer)
     np.testing.assert_allclose(cancer_model.weights_, 0.25)
 
 
-def test_fit_reads_the_data_once_for_checks_and_once_for_training(spark, cancer):
-    """The input checks and class discovery are one pass; training is the only other."""
+def test_fit_reads_the_data_once(spark, cancer):
+    """Checks, class discovery and training share one pass: the spread counts what it reads."""
     from pyspark.sql import functions as F
     from pyspark.sql.functions import udf
 
@@ -165,7 +166,8 @@ def test_fit_reads_the_data_once_for_checks_and_once_for_training(spark, cancer)
         source, features_col=columns
     )
     assert model.n_estimators_ == 2
-    assert counter.value == 2 * len(y)
+    np.testing.assert_array_equal(model.classes_, [0.0, 1.0])
+    assert counter.value == len(y)
 
 
 @pytest.mark.parametrize("make_estimator", [xgb_classifier, DecisionTreeClassifier])
@@ -581,6 +583,27 @@ def test_null_feature_vector_is_named(spark):
         PartitionEnsemble(logistic(), n_estimators=2).fit(df, features_col="v")
 
 
+def test_bad_data_trains_no_model(spark, small_df):
+    """Every training task checks the whole data's totals before it fits."""
+    from pyspark.sql import functions as F
+
+    counter = spark.sparkContext.accumulator(0)
+
+    def counted(X):
+        counter.add(1)
+        return X
+
+    def counting_model():  # the transformer runs once per fit
+        return make_pipeline(FunctionTransformer(counted), LogisticRegression())
+
+    df = small_df.withColumn("label", F.when(F.col("a") > 1.5, None).otherwise(F.col("label")))
+    with pytest.raises(ValueError, match="null or NaN"):
+        PartitionEnsemble(counting_model(), n_estimators=2).fit(df, features_col=["a", "b"])
+    assert counter.value == 0
+    PartitionEnsemble(counting_model(), n_estimators=2).fit(small_df, features_col=["a", "b"])
+    assert counter.value == 2
+
+
 def test_single_class_data_is_refused(small_df):
     from pyspark.sql import functions as F
 
@@ -623,58 +646,88 @@ def test_fit_takes_a_spark_dataframe():
 # --- the training function on its own (no Spark needed) ------------------------------------
 
 
-def _batches(index, X, y):
-    return [
-        pa.RecordBatch.from_pydict(
-            {"i": pa.array(index, pa.int32()), "x": list(X), "y": pa.array(y, pa.int32())}
-        )
-    ]
+def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
+    """What the spread sends to the training tasks, cut from two source batches."""
+    features = pa.array(list(X), pa.list_(pa.float64()))
+    batch = pa.RecordBatch.from_arrays([features, pa.array(y, pa.float64())], ["x", "y"])
+    plan = SpreadPlan(
+        keys=tuple(range(100, 100 + n_models)),
+        seed=0,
+        n_features=X.shape[1],
+        element="double",
+        is_classifier=True,
+        label_is_numeric=True,
+    )
+    half = len(y) // 2
+    return pa.Table.from_batches(
+        list(cut_chunks(plan, iter([batch.slice(0, half), batch.slice(half)])))
+    )
 
 
-def test_partition_matrix_is_one_copy_of_the_batches():
-    from sparkdist.ensemble.training import _feature_matrix, _stack
+def test_rows_grow_in_place_into_one_matrix():
+    from sparkdist.ensemble.training import _Rows
 
-    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
-    column = pa.array(list(rows), pa.list_(pa.float32()))
-    views = [_feature_matrix(column.slice(start, 4), 3) for start in (0, 4, 8)]
-    assert all(view.dtype == np.float32 for view in views)  # kept, not widened
-    blocks = list(views)
-    matrix = _stack(blocks)
-    np.testing.assert_array_equal(matrix, rows)
-    assert blocks == []  # every batch released once copied
-    single = [views[0]]
-    assert _stack(single) is views[0]  # one batch: no copy at all
+    X = np.arange(60, dtype=np.float32).reshape(20, 3)
+    rows = _Rows(np.float32, 0)  # a vector column: the first chunk gives the width
+    for start in (0, 5, 12):
+        stop = {0: 5, 5: 12, 12: 20}[start]
+        data = np.frombuffer(X[start:stop].tobytes(), dtype=np.uint8)
+        rows.add(data, pa.array(np.arange(start, stop) % 2, pa.float64()))
+    rows.add(np.zeros(8, np.uint8), pa.array([1.0]))  # 2 values in a row of 3: dropped
+    matrix, labels = rows.arrays(np.array([0.0, 1.0]))
+    assert matrix.dtype == np.float32 and labels.dtype == np.int32  # kept, not widened
+    np.testing.assert_array_equal(matrix, X)
+    np.testing.assert_array_equal(labels, np.arange(20) % 2)
 
 
 def test_training_function_skips_empty_partitions_and_driver_warns(cancer, caplog):
     X, y = cancer
+    spec = FeatureSpec(n_features=X.shape[1], feature_cols=tuple(f"f{i}" for i in range(30)))
     settings = check_settings(logistic(), 3, 1.0, False, 1.0, "soft", "uniform", None)
     plan = TrainingPlan(
         estimator=logistic(),
-        is_classifier=True,
-        classes=np.array([0.0, 1.0]),
-        n_features=X.shape[1],
-        estimators_features=tuple(np.arange(X.shape[1]) for _ in range(3)),
-        max_samples=1.0,
-        bootstrap=False,
-        validation_fraction=0.0,
-        random_state=0,
-    )
-    assert list(train_partition(plan, iter([]))) == []
-    # One partition holding two model indexes (if hash pinning ever failed) trains both.
-    index = np.where(np.arange(len(y)) % 2 == 0, 0, 2)
-    results = list(train_partition(plan, iter(_batches(index, X, y))))
-    assert [batch.column("model_index")[0].as_py() for batch in results] == [0, 2]
-    assert results[0].schema.names == [f.split()[0] for f in RESULT_SCHEMA.split(", ")]
-    rows = [batch.to_pylist()[0] for batch in results]
-    summary = DataSummary(
-        n_rows=len(y),
-        features=FeatureSpec(n_features=X.shape[1], features_col="features"),
+        settings=settings,
+        features=spec,
         label_col="label",
         label_is_numeric=True,
-        classes=np.array([0.0, 1.0]),
+        element="double",
+        random_state=0,
     )
+    table = _spread_table(X, y, 3, spec)
+    assert list(train_partition(plan, iter([]))) == []
+    # Partition 1 holds only the source tasks' reports: it trains nothing. Partition 0 also
+    # gets model 2's chunks (as if hash pinning had failed) and trains both.
+    key = table.column("key").to_numpy()
+    empty = table.filter(pa.array((key == 101) & table.column("report").is_valid().to_numpy()))
+    both = table.filter(pa.array(key != 101))
+    results = [
+        batch.to_pylist()[0]
+        for part in (both, empty)
+        for batch in train_partition(plan, iter(part.to_batches(max_chunksize=7)))
+    ]
+    assert [row["model_index"] for row in results] == [0, 2, -1]
+    assert results[0].keys() == {f.split()[0] for f in RESULT_SCHEMA.split(", ")}
+    report = DataReport.from_dict(json.loads(results[2]["report"]))
+    assert report.rows == len(y) and report.classes == {0.0, 1.0}
+    summary = summarize(report, spec, "label", settings, True)
     with caplog.at_level(logging.WARNING, logger="sparkdist.ensemble"):
-        model = assemble_model(rows, summary, settings, plan.estimators_features, {})
+        model = assemble_model(results[:2], summary, settings, [np.arange(30)] * 3, {})
     assert "partitions [1] were empty and were skipped" in caplog.text
     assert model.n_estimators_ == 2 and model.score(X, y) > 0.95
+
+
+def test_training_tasks_refuse_bad_data_before_fitting(cancer):
+    X, y = cancer
+    y = y.astype(float)
+    y[:3] = np.nan
+    spec = FeatureSpec(n_features=X.shape[1], feature_cols=tuple(f"f{i}" for i in range(30)))
+    settings = check_settings(logistic(), 2, 1.0, False, 1.0, "soft", "uniform", None)
+    plan = TrainingPlan(logistic(), settings, spec, "label", True, "double", 0)
+    results = [
+        batch.to_pylist()[0]
+        for batch in train_partition(plan, iter(_spread_table(X, y, 2, spec).to_batches()))
+    ]
+    assert [row["model_index"] for row in results] == [-1]
+    report = DataReport.from_dict(json.loads(results[0]["report"]))
+    with pytest.raises(ValueError, match="label column 'label' has 3 null or NaN"):
+        summarize(report, spec, "label", settings, True)

@@ -12,7 +12,8 @@ import json
 import logging
 import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -20,27 +21,31 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from sparkdist.ensemble.model import PartitionEnsembleModel
-from sparkdist.ensemble.partitioning import MODEL_INDEX_COL, spread_rows
+from sparkdist.ensemble.partitioning import SpreadPlan, partition_keys, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
 from sparkdist.ensemble.training import (
-    FEATURES_COL,
-    LABEL_COL,
     RESULT_SCHEMA,
     EstimatorStats,
     TrainingPlan,
+    choose_features,
     train_partition,
 )
 from sparkdist.ensemble.validation import (
     DEFAULTS,
+    DataReport,
     DataSummary,
     Settings,
     check_label_type,
+    check_max_features,
     check_settings,
     resolve_features,
     summarize,
 )
 
 logger = logging.getLogger(__name__)
+
+# Arrow batches of the spread's chunks, as they reach a training task (see below).
+_TRAINING_BATCH_BYTES = 16 * 2**20
 
 
 class PartitionEnsemble(BaseEstimator):
@@ -98,9 +103,10 @@ class PartitionEnsemble(BaseEstimator):
         """Train one model per partition of the Spark DataFrame `df`; returns the fitted model.
 
         `features_col` is a Spark ML vector column (VectorAssembler output), an array
-        column, or a list of numeric columns. Inputs are checked, and a classifier's classes
-        found, first, in one pass over the data; training is the only other pass (a shuffle
-        spreads the rows over the partitions, then each trains).
+        column, or a list of numeric columns. The data is read once: the tasks that read
+        it spread its rows at random over the partitions in chunks and count what they
+        read, and each training task checks those totals (and finds a classifier's
+        classes) before it fits; a ValueError says what is wrong with the data.
         """
         if not hasattr(df, "sparkSession") or not hasattr(df, "mapInArrow"):
             raise TypeError(
@@ -121,41 +127,56 @@ class PartitionEnsemble(BaseEstimator):
         seed = self._seed()
         spec = resolve_features(df.schema, features_col)
         label_is_numeric = check_label_type(df.schema, label_col, settings.is_classifier)
-        summary = summarize(df, spec, label_col, settings, label_is_numeric)
-        features_per_model = choose_features(
-            summary.features.n_features, settings, np.random.default_rng([seed, 1])
+        check_max_features(settings, spec.n_features)
+        element = spec.training_element(df.schema, self.estimator)
+        plan = TrainingPlan(
+            estimator=self.estimator,
+            settings=settings,
+            features=spec,
+            label_col=label_col,
+            label_is_numeric=label_is_numeric,
+            element=element,
+            random_state=seed,
         )
+        spread_plan = SpreadPlan(
+            keys=tuple(partition_keys(df.sparkSession, settings.n_estimators)),
+            seed=seed,
+            n_features=spec.n_features,
+            element=element,
+            is_classifier=settings.is_classifier,
+            label_is_numeric=label_is_numeric,
+        )
+        started = time.perf_counter()
+        training_started = time.time()
+        with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
+            rows = (
+                spread(df, spec, label_col, spread_plan)
+                .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
+                .collect()
+            )
+        trained = time.perf_counter()
+        logger.info("trained %d models in %.1fs", len(rows), trained - started)
+        # Every task saw the same totals; a task that trained nothing says why.
+        reports = [row["report"] for row in rows]
+        report = DataReport.from_dict(json.loads(reports[0])) if reports else DataReport()
+        summary = summarize(report, spec, label_col, settings, label_is_numeric)
         logger.info(
-            "training %d models on %d rows x %d features%s",
+            "trained %d models on %d rows x %d features%s",
             settings.n_estimators,
             summary.n_rows,
             summary.features.n_features,
             "" if summary.classes is None else f", {len(summary.classes)} classes",
         )
-        plan = TrainingPlan(
-            estimator=self.estimator,
-            is_classifier=settings.is_classifier,
-            classes=summary.classes,
-            n_features=summary.features.n_features,
-            estimators_features=tuple(features_per_model),
-            max_samples=settings.max_samples,
-            bootstrap=settings.bootstrap,
-            validation_fraction=settings.validation_fraction,
-            random_state=seed,
-        )
-        element = summary.features.training_element(df.schema, self.estimator)
-        started = time.perf_counter()
-        training_started = time.time()
-        rows = (
-            _training_input(df, summary, settings.n_estimators, seed, element)
-            .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
-            .collect()
-        )
-        trained = time.perf_counter()
-        logger.info("trained %d models in %.1fs", len(rows), trained - started)
         params = _json_params(self.get_params(deep=False))
         params["random_state"] = seed
-        model = assemble_model(rows, summary, settings, features_per_model, params)
+        features_per_model = choose_features(summary.features.n_features, settings, seed)
+        model = assemble_model(
+            [row for row in rows if row["model_index"] >= 0],
+            summary,
+            settings,
+            features_per_model,
+            params,
+        )
         model.fit_timings_ = {
             "checks_seconds": started - fit_started,
             "training_job_seconds": trained - started,
@@ -235,51 +256,36 @@ def assemble_model(
     )
 
 
-def choose_features(
-    n_features: int, settings: Settings, rng: np.random.Generator
-) -> list[np.ndarray]:
-    """Each model's feature indexes (sorted): all of them, or a random subspace."""
-    if isinstance(settings.max_features, int):
-        if settings.max_features > n_features:
-            raise ValueError(
-                f"max_features={settings.max_features} but the data has {n_features} features"
-            )
-        n_chosen = settings.max_features
-    else:
-        n_chosen = max(1, int(settings.max_features * n_features))
-    if n_chosen == n_features:
-        return [np.arange(n_features) for _ in range(settings.n_estimators)]
-    return [
-        np.sort(rng.choice(n_features, size=n_chosen, replace=False))
-        for _ in range(settings.n_estimators)
-    ]
+@contextmanager
+def _arrow_batches_of_at_most(spark: Any, n_bytes: int) -> Iterator[None]:
+    """Cap the Arrow batches Spark sends the training tasks at `n_bytes` while fitting.
 
-
-def _training_input(
-    df: Any, summary: DataSummary, n_estimators: int, seed: int, element: str = "double"
-) -> Any:
-    """(model index, features as array<element>, label) rows, partition j holding index j.
-
-    A classifier's label becomes its index in the global classes, so every task encodes
-    labels the same way whatever classes its partition holds.
+    A batch is cut at 10,000 rows by default, and each row of the spread is a chunk of
+    many rows: uncapped, a task could receive its whole partition as one batch and hold
+    it twice (batch and matrix). The setting is read when the job is planned, so it is
+    restored as soon as the job has run.
     """
-    from pyspark.sql import functions as F
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    previous = spark.conf.get(key, None)
+    if previous is not None and 0 < _bytes(previous) <= n_bytes:
+        yield
+        return
+    spark.conf.set(key, str(n_bytes))
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
 
-    label = F.col(summary.label_col)
-    if summary.classes is None:
-        label = label.cast("double")
-    else:
-        if summary.label_is_numeric:
-            label = label.cast("double")
-        known = F.array(*[F.lit(c.item() if hasattr(c, "item") else c) for c in summary.classes])
-        label = (F.array_position(known, label) - 1).cast("int")
-    selected = df.select(
-        summary.features.spark_array(df.schema, element).alias(FEATURES_COL),
-        label.alias(LABEL_COL),
-    )
-    return spread_rows(selected, n_estimators, seed).select(
-        MODEL_INDEX_COL, FEATURES_COL, LABEL_COL
-    )
+
+def _bytes(value: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    text = value.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
 
 
 def _json_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -1,37 +1,205 @@
-"""Spread rows at random over exactly n partitions, one partition per model.
+"""Spread rows at random over exactly n partitions, one partition per model, in chunks.
 
-Each row draws a model index with `F.rand(seed)`. `repartition(n, index)` alone would hash
-the index, and two indexes can hash to the same partition, leaving another partition idle
-(with two task slots and two models, that halves the speedup). So each index is swapped
-for a key that Spark's hash partitioner is known to send to the partition of the same
-number: found once per fit by asking Spark itself to hash a range of candidates, with the
-same `hash` (Murmur3, seed 42) that hash partitioning uses. The training function still
-groups rows by model index, so results stay right even if the pinning did not hold.
+The spread runs in Python on the source's own partitions (`mapInArrow`): each batch of
+rows gets a random model index per row, and the rows of each index leave as one chunk,
+a single binary value holding their feature matrix, plus their labels. Spark's shuffle
+then moves a few large values instead of every row, and the training task copies each
+chunk into its matrix without per-row work. Each source task also sends every partition
+a report of what it read (rows, bad labels, vector sizes, classes), so every training
+task knows the whole data's totals before it fits: the input checks and a classifier's
+class discovery need no pass of their own.
+
+A model index j is sent to partition j with a key Spark's hash partitioner is known to
+send there (`repartition(n, key)` would otherwise hash two indexes to one partition and
+leave another idle): found once per partition count by asking Spark to hash a range of
+candidates with the same `hash` (Murmur3, seed 42) that hash partitioning uses. Training
+still groups rows by model index, so results stay right even if the pinning did not hold.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.validation import DataReport
 
 logger = logging.getLogger(__name__)
 
-MODEL_INDEX_COL = "__sparkdist_model_index"
-_KEY_COL = "__sparkdist_partition_key"
+# A chunk's features stay well below Arrow's 2 GiB limit for one binary column.
+_MAX_CHUNK_BYTES = 64 * 2**20
 # Keys depend only on the partition count (Spark's hash is fixed), so one lookup per count.
 _keys_by_count: dict[int, list[int]] = {}
 
 
-def spread_rows(df: Any, n_partitions: int, seed: int) -> Any:
-    """`df` plus a model index column, repartitioned so partition j holds index j."""
+@dataclass(frozen=True)
+class SpreadPlan:
+    """What a source task needs to cut its rows into chunks; shipped in the task closure."""
+
+    keys: tuple[int, ...]  # keys[j] is hashed to partition j
+    seed: int
+    n_features: int  # 0: a vector column, the size is read from the data
+    element: str  # "float" or "double": the features' type in the chunks
+    is_classifier: bool
+    label_is_numeric: bool
+
+
+def chunk_schema(label_is_numeric: bool) -> str:
+    """The spread's rows: a data chunk has features and labels, a report only `report`."""
+    label = "double" if label_is_numeric else "string"
+    return (
+        "key int, model_index int, source int, features binary, "
+        f"labels array<{label}>, report string"
+    )
+
+
+def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
+    """(key, model index, source, features, labels, report) rows, partition j holding
+    model j's chunks and a report from every source task."""
+    from functools import partial
+
     from pyspark.sql import functions as F
 
-    keys = partition_keys(df.sparkSession, n_partitions)
-    key_of_index = F.array(*[F.lit(key) for key in keys])
-    with_index = df.withColumn(
-        MODEL_INDEX_COL, F.floor(F.rand(seed) * n_partitions).cast("int")
-    ).withColumn(_KEY_COL, F.element_at(key_of_index, F.col(MODEL_INDEX_COL) + 1))
-    return with_index.repartition(n_partitions, F.col(_KEY_COL)).drop(_KEY_COL)
+    # One array column, also for plain feature columns: Spark hands it to Python faster
+    # (4.1 s against 5.8 s for 1e6 rows x 50 floats), and it is one reshape there.
+    label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
+    selected = df.select(spec.spark_array(df.schema, plan.element), label)
+    chunks = selected.mapInArrow(partial(cut_chunks, plan), chunk_schema(plan.label_is_numeric))
+    return chunks.repartition(len(plan.keys), F.col("key"))
+
+
+def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow function on a source partition: each batch's rows as one chunk per model
+    index drawn, then one report per target partition.
+
+    Rows drawn from a batch that fails a check (null label, null or odd-sized feature
+    vector) are not sent: training will not run, and the report says why.
+    """
+    source = _partition_id()
+    rng = np.random.default_rng([plan.seed, 2, source])
+    report = DataReport()
+    dtype = np.float32 if plan.element == "float" else np.float64
+    n_models = len(plan.keys)
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        width = plan.n_features or _vector_width(batch.column(0))
+        step = max(1, _MAX_CHUNK_BYTES // max(1, width * dtype().itemsize))
+        for start in range(0, batch.num_rows, step):
+            piece = batch.slice(start, step)
+            X, labels = _checked_rows(plan, piece, dtype, report)
+            if X is not None and report.clean:
+                yield _chunks(plan, source, rng.integers(0, n_models, len(X)), X, labels)
+    reports = [report.to_json()] * n_models
+    yield pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array(plan.keys, pa.int32()),
+            "model_index": pa.array(range(n_models), pa.int32()),
+            "source": pa.array([source] * n_models, pa.int32()),
+            "features": pa.nulls(n_models, pa.binary()),
+            "labels": pa.nulls(n_models, _labels_type(plan.label_is_numeric)),
+            "report": pa.array(reports, pa.string()),
+        }
+    )
+
+
+def _checked_rows(
+    plan: SpreadPlan, batch: pa.RecordBatch, dtype: Any, report: DataReport
+) -> tuple[np.ndarray | None, pa.Array]:
+    """The batch's feature matrix and labels, its checks added to `report`; no matrix if
+    a feature vector is null or of another size."""
+    labels = batch.column(1)
+    report.add_labels(labels, plan.is_classifier, plan.label_is_numeric)
+    vectors = batch.column(0)
+    valid = vectors.drop_null() if vectors.null_count else vectors
+    report.add_vectors(vectors.null_count, valid.value_lengths().to_numpy())
+    if not report.clean:
+        return None, labels
+    values = vectors.flatten().to_numpy(zero_copy_only=False)
+    return values.astype(dtype, copy=False).reshape(batch.num_rows, -1), labels
+
+
+def _chunks(
+    plan: SpreadPlan, source: int, index: np.ndarray, X: np.ndarray, labels: pa.Array
+) -> pa.RecordBatch:
+    """One row per model index drawn: its rows' features as bytes and their labels."""
+    order = np.argsort(index, kind="stable")
+    counts = np.bincount(index, minlength=len(plan.keys))
+    drawn = np.flatnonzero(counts)
+    row_ends = np.cumsum(counts[drawn])
+    row_offsets = np.concatenate([[0], row_ends]).astype(np.int32)
+    byte_offsets = (row_offsets.astype(np.int64) * X.shape[1] * X.itemsize).astype(np.int32)
+    features = pa.Array.from_buffers(
+        pa.binary(),
+        len(drawn),
+        [None, pa.py_buffer(byte_offsets), pa.py_buffer(np.ascontiguousarray(X[order]))],
+    )
+    label_values = labels.take(pa.array(order))
+    return pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array(np.asarray(plan.keys, dtype=np.int32)[drawn]),
+            "model_index": pa.array(drawn.astype(np.int32)),
+            "source": pa.array(np.full(len(drawn), source, dtype=np.int32)),
+            "features": features,
+            "labels": pa.ListArray.from_arrays(
+                pa.array(row_offsets),
+                label_values,
+                type=_labels_type(plan.label_is_numeric),
+            ),
+            "report": pa.nulls(len(drawn), pa.string()),
+        }
+    )
+
+
+def read_chunks(
+    batch: pa.RecordBatch,
+) -> tuple[list[tuple[int, np.ndarray, pa.Array]], dict[int, str]]:
+    """A spread batch's data chunks, as (model index, feature bytes, labels) with the bytes
+    a uint8 view into the batch, and its reports by source task (JSON)."""
+    index = batch.column(1).to_numpy(zero_copy_only=False)
+    sources = batch.column(2).to_numpy(zero_copy_only=False)
+    features, labels, reports = batch.column(3), batch.column(4), batch.column(5)
+    _, offsets, data = features.buffers()
+    wide = pa.types.is_large_binary(features.type)  # spark.sql.execution.arrow.useLargeVarTypes
+    offsets = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[features.offset :]
+    data = np.empty(0, np.uint8) if data is None else np.frombuffer(data, dtype=np.uint8)
+    label_offsets = labels.offsets.to_numpy()
+    chunks, by_source = [], {}
+    for row in range(batch.num_rows):
+        if reports[row].is_valid:
+            by_source[int(sources[row])] = reports[row].as_py()
+        else:
+            start, stop = label_offsets[row], label_offsets[row + 1]
+            chunks.append(
+                (
+                    int(index[row]),
+                    data[offsets[row] : offsets[row + 1]],
+                    labels.values.slice(start, stop - start),
+                )
+            )
+    return chunks, by_source
+
+
+def _labels_type(label_is_numeric: bool) -> pa.DataType:
+    value = pa.float64() if label_is_numeric else pa.string()
+    return pa.list_(pa.field("element", value))
+
+
+def _vector_width(vectors: pa.Array) -> int:
+    valid = vectors.drop_null() if vectors.null_count else vectors
+    return len(valid[0]) if len(valid) else 1
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.partitionId()
 
 
 def partition_keys(spark: Any, n_partitions: int) -> list[int]:

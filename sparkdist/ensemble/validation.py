@@ -1,23 +1,25 @@
-"""Input checks for partition ensembles, run on the driver before any training task.
+"""Input checks for partition ensembles.
 
-Bad input fails here with a ValueError that names the parameter or column and says how to
-fix it, instead of surfacing later as a task failure inside a Py4J stack trace. The data
-checks and a classifier's class discovery are one aggregation, a single pass over the data
-that reads only the label (and a vector column's sizes).
+Bad input fails with a ValueError that names the parameter or column and says how to fix
+it, instead of surfacing later as a task failure inside a Py4J stack trace. Parameters and
+the schema are checked on the driver before any Spark job. The data is checked without a
+pass of its own: the tasks that spread the rows count what they read (`DataReport`), every
+training task checks the totals before it fits (so bad data trains nothing), and the
+driver raises the error from the same totals.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import numbers
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sparkdist.ensemble.features import FeatureSpec
-from sparkdist.ensemble.training import LABEL_COL
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,75 @@ class Settings:
     voting: str
     weights: str
     validation_fraction: float
+
+
+@dataclass
+class DataReport:
+    """What source tasks read of the data: the input checks' counts, summed over tasks.
+
+    `classes` holds a classifier's distinct labels, at most MAX_CLASSES + 1 of them (one
+    more is enough to know there are too many).
+    """
+
+    rows: int = 0
+    bad_labels: int = 0  # null or NaN
+    null_features: int = 0  # null vectors in a vector or array feature column
+    min_size: int | None = None  # of the vectors, where features are one column
+    max_size: int | None = None
+    classes: set[Any] = field(default_factory=set)
+
+    @property
+    def clean(self) -> bool:
+        """No check has failed so far (the row count and class count are checked later)."""
+        return (
+            not self.bad_labels
+            and not self.null_features
+            and self.min_size == self.max_size
+            and len(self.classes) <= MAX_CLASSES
+        )
+
+    def add_labels(self, labels: Any, is_classifier: bool, label_is_numeric: bool) -> None:
+        """Count a batch's labels (an Arrow array) and add its classes."""
+        self.rows += len(labels)
+        if label_is_numeric:
+            bad = np.isnan(labels.to_numpy(zero_copy_only=False))
+            self.bad_labels += int(bad.sum())
+        else:
+            self.bad_labels += labels.null_count
+        if is_classifier and len(self.classes) <= MAX_CLASSES:
+            self.classes.update(v for v in labels.unique().to_pylist() if not _is_missing(v))
+
+    def add_vectors(self, null_count: int, sizes: np.ndarray) -> None:
+        """Count a batch's null feature vectors and widen the range of their sizes."""
+        self.null_features += null_count
+        if len(sizes):
+            low, high = int(sizes.min()), int(sizes.max())
+            self.min_size = low if self.min_size is None else min(self.min_size, low)
+            self.max_size = high if self.max_size is None else max(self.max_size, high)
+
+    def merge(self, other: DataReport) -> None:
+        self.rows += other.rows
+        self.bad_labels += other.bad_labels
+        self.null_features += other.null_features
+        sizes = [size for size in (other.min_size, other.max_size) if size is not None]
+        self.add_vectors(0, np.array(sizes, dtype=np.int64))
+        self.classes |= other.classes
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["classes"] = sorted(self.classes)
+        return json.dumps(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataReport:
+        return cls(**{**data, "classes": set(data["classes"])})
+
+    @classmethod
+    def combined(cls, reports: Iterable[DataReport]) -> DataReport:
+        total = cls()
+        for report in reports:
+            total.merge(report)
+        return total
 
 
 @dataclass(frozen=True)
@@ -199,66 +270,33 @@ def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
 
 
 def summarize(
-    df: Any, spec: FeatureSpec, label_col: str, settings: Settings, label_is_numeric: bool
-) -> DataSummary:
-    """Check the data and find a classifier's classes, in one pass over the data.
-
-    A classifier's rows are aggregated per label value (row count, null feature vectors,
-    vector sizes), which yields the classes and the totals together; a regressor's over
-    all rows. Only the label (and a vector column's sizes) is read.
-    """
-    from pyspark.sql import functions as F
-
-    aggregates = [F.count(F.lit(1)).alias("rows")]
-    if spec.features_col is not None:
-        vector = F.col(spec.features_col)
-        sizes = F.when(vector.isNotNull(), F.size(spec.spark_array(df.schema)))
-        aggregates += [
-            F.sum(F.when(vector.isNull(), 1).otherwise(0)).alias("null_features"),
-            F.min(sizes).alias("min_size"),
-            F.max(sizes).alias("max_size"),
-        ]
-    # Numeric labels are read as doubles, Spark ML's label type, whatever their column type.
-    label = F.col(label_col).cast("double") if label_is_numeric else F.col(label_col)
-    if settings.is_classifier:
-        # Two groups beyond MAX_CLASSES leave room for null and NaN before "too many".
-        grouped = df.groupBy(label.alias(LABEL_COL)).agg(*aggregates)
-        groups = grouped.limit(MAX_CLASSES + 3).collect()
-    else:
-        bad = F.col(label_col).isNull() | (F.isnan(label) if label_is_numeric else F.lit(False))
-        aggregates.append(F.sum(F.when(bad, 1).otherwise(0)).alias("bad_labels"))
-        groups = [df.agg(*aggregates).first()]
-    return _summary_from_groups(groups, spec, label_col, settings, label_is_numeric)
-
-
-def _summary_from_groups(
-    groups: Sequence[Any],
+    report: DataReport,
     spec: FeatureSpec,
     label_col: str,
     settings: Settings,
     label_is_numeric: bool,
 ) -> DataSummary:
-    """Totals, checks and classes from the per-label (or the one global) aggregate rows."""
-    good = [g for g in groups if not _is_missing(g[LABEL_COL])] if settings.is_classifier else []
-    if len(good) > MAX_CLASSES:
+    """The data's totals checked, and a classifier's classes, from the source tasks' reports.
+
+    Runs in every training task before it fits (each has every source task's report) and
+    again on the driver, so bad data stops training early and the driver raises the same
+    clear error.
+    """
+    if len(report.classes) > MAX_CLASSES:
         raise ValueError(
             f"label column '{label_col}' has more than {MAX_CLASSES} distinct values; is it a "
             "regression target? Use a regressor for continuous labels"
         )
-    n_rows = sum(int(g["rows"]) for g in groups)
+    n_rows = report.rows
     if n_rows == 0:
         raise ValueError("the DataFrame has no rows; there is nothing to train on")
-    if settings.is_classifier:
-        bad_labels = n_rows - sum(int(g["rows"]) for g in good)
-    else:
-        bad_labels = int(groups[0]["bad_labels"] or 0)
-    if bad_labels:
+    if report.bad_labels:
         raise ValueError(
-            f"label column '{label_col}' has {bad_labels} null or NaN value(s) in "
+            f"label column '{label_col}' has {report.bad_labels} null or NaN value(s) in "
             f"{n_rows} rows; drop or fill them first, e.g. df.dropna(subset=['{label_col}'])"
         )
     if spec.features_col is not None:
-        spec = _vector_spec(spec, groups)
+        spec = _vector_spec(spec, report)
     minimum = settings.n_estimators * MIN_ROWS_PER_MODEL
     if n_rows < minimum:
         raise ValueError(
@@ -266,9 +304,10 @@ def _summary_from_groups(
             f"needs at least {MIN_ROWS_PER_MODEL} rows, so use n_estimators <= "
             f"{max(1, n_rows // MIN_ROWS_PER_MODEL)} or more data"
         )
+    check_max_features(settings, spec.n_features)
     classes = None
     if settings.is_classifier:
-        classes = np.array(sorted(g[LABEL_COL] for g in good))
+        classes = np.array(sorted(report.classes))
         if len(classes) < 2:
             raise ValueError(
                 f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
@@ -283,20 +322,26 @@ def _summary_from_groups(
     )
 
 
+def check_max_features(settings: Settings, n_features: int) -> None:
+    """A count of features per model must not exceed the data's (0: not known yet)."""
+    if isinstance(settings.max_features, int) and 0 < n_features < settings.max_features:
+        raise ValueError(
+            f"max_features={settings.max_features} but the data has {n_features} features"
+        )
+
+
 def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
 
-def _vector_spec(spec: FeatureSpec, groups: Sequence[Any]) -> FeatureSpec:
+def _vector_spec(spec: FeatureSpec, report: DataReport) -> FeatureSpec:
     name = spec.features_col
-    null_features = sum(int(g["null_features"] or 0) for g in groups)
-    if null_features:
+    if report.null_features:
         raise ValueError(
-            f"feature column '{name}' is null in {null_features} row(s); drop or fill "
+            f"feature column '{name}' is null in {report.null_features} row(s); drop or fill "
             "those rows first"
         )
-    sizes = [g[key] for g in groups for key in ("min_size", "max_size") if g[key] is not None]
-    low, high = (min(sizes), max(sizes)) if sizes else (None, None)
+    low, high = report.min_size, report.max_size
     if low != high:
         raise ValueError(
             f"feature column '{name}' holds vectors of different sizes ({low} to {high}); "
