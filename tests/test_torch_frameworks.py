@@ -253,8 +253,10 @@ def test_gpus_from_spark_task_resources(tmp_path):
     out = run_with_fake_gpus(GPU_CHILD, tmp_path)
     # One Spark GPU per task, as pyspark's distributor gives them.
     assert sorted(out["cluster"]) == sorted(out["pyspark cluster"]) == ["0", "1"]
-    # On the driver every rank sees the driver's GPUs, as torchrun's processes do.
-    assert out["driver"] == out["pyspark driver"] == ["0,1", "0,1"]
+    # On the driver every rank sees the driver's GPUs, as torchrun's processes do
+    # (pyspark lists them in no fixed order).
+    for seen in (out["driver"], out["pyspark driver"]):
+        assert [sorted(gpus.split(",")) for gpus in seen] == [["0", "1"]] * 2
     assert out["cluster, no gpu"] == ["", ""]
     assert out["driver, 3 ranks"] == [2, 2]
 
@@ -326,8 +328,14 @@ def test_two_gpus_per_task_run_two_ranks_per_task(tmp_path):
          "CUDA_VISIBLE_DEVICES": "0,1", "rank_sum": 6}
         for rank in range(4)
     ]  # fmt: skip
-    assert out["pyspark"] == expected
-    assert out["direct"] == out["mpi"] == expected
+
+    def gpus_as_sets(views):  # Spark lists a task's GPU addresses in no fixed order
+        return [{**v, "CUDA_VISIBLE_DEVICES": set(v["CUDA_VISIBLE_DEVICES"].split(","))}
+                for v in views]  # fmt: skip
+
+    expected = gpus_as_sets(expected)
+    assert gpus_as_sets(out["pyspark"]) == expected
+    assert gpus_as_sets(out["direct"]) == gpus_as_sets(out["mpi"]) == expected
     assert out["direct tasks"] == out["mpi tasks"] == 2
     assert "np=6 ranks (2 per task) need 3 task slots" in out["slots"]
     assert "has 2 task slots" in out["slots"]
