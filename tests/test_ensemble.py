@@ -170,6 +170,166 @@ def test_fit_reads_the_data_once(spark, cancer):
     assert counter.value == len(y)
 
 
+# --- plain Parquet scans: pyarrow reads the files in the source tasks ---------------------
+
+
+def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_size: int = 100):
+    """`data` as `n_files` Parquet files of several row groups each, as pyarrow writes them."""
+    import pyarrow.parquet as pq
+
+    os.makedirs(path, exist_ok=True)
+    for i, part in enumerate(np.array_split(np.arange(len(data)), n_files)):
+        table = pa.Table.from_pandas(data.iloc[part], preserve_index=False)
+        pq.write_table(
+            table, os.path.join(path, f"part-{i}.parquet"), row_group_size=row_group_size
+        )
+    return str(path)
+
+
+def parquet_source_of(df, features_col, label_col="label"):
+    from sparkdist.ensemble.parquet_source import find_parquet_source
+    from sparkdist.ensemble.validation import check_label_type, resolve_features
+
+    spec = resolve_features(df.schema, features_col)
+    numeric = check_label_type(df.schema, label_col, is_classifier=True)
+    return find_parquet_source(df, spec, label_col, numeric)
+
+
+@pytest.fixture(scope="module")
+def cancer_parquet(tmp_path_factory, cancer):
+    X, y = cancer
+    return write_parquet_files(tmp_path_factory.mktemp("cancer") / "data", frame(X, y))
+
+
+def test_plain_parquet_scan_is_read_by_pyarrow_into_the_same_ensemble(spark, tmp_path, cancer):
+    """One file in one Spark partition: both paths draw the same spread, so the ensemble is
+    the same model for model whichever reads the rows."""
+    from pyspark.sql import functions as F
+
+    X, y = cancer
+    path = write_parquet_files(tmp_path / "one", frame(X, y), n_files=1, row_group_size=1000)
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    direct = spark.read.parquet(path)
+    through_spark = direct.filter(F.col("label") >= 0)  # a Filter: Spark reads
+    assert parquet_source_of(direct, columns) is not None
+    assert parquet_source_of(through_spark, columns) is None
+    assert through_spark.rdd.getNumPartitions() == 1
+
+    def fit(df):
+        return PartitionEnsemble(xgb_classifier(), n_estimators=3, random_state=5).fit(df, columns)
+
+    a, b = fit(direct), fit(through_spark)
+    assert [s.rows for s in a.estimators_stats_] == [s.rows for s in b.estimators_stats_]
+    assert sum(s.rows for s in a.estimators_stats_) == len(y)
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+
+
+def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from sparkdist.ensemble import parquet_source
+
+    X, y = cancer
+    # Below a few MB the data is one split; lift that floor to see it spread over slots.
+    monkeypatch.setattr(parquet_source, "_OPEN_COST_BYTES", 1)
+    df = spark.read.parquet(cancer_parquet)
+    source = parquet_source_of(df, [f"f{i}" for i in range(X.shape[1])])
+    read = sorted(
+        (url, group) for split in source.splits for url, groups in split.parts for group in groups
+    )
+    files = sorted(df.inputFiles())
+    expected = [
+        (url, group) for url in files for group in range(pq.read_metadata(url[7:]).num_row_groups)
+    ]
+    assert read == expected and len(files) == 2 and len(expected) == 6
+    # Spread evenly over the 2 task slots: a split per slot, not one per row group.
+    assert len(source.splits) == 2
+
+    model = PartitionEnsemble(logistic(), n_estimators=4, random_state=1).fit(
+        df, [f"f{i}" for i in range(X.shape[1])]
+    )
+    assert sum(s.rows for s in model.estimators_stats_) == len(y)
+    assert model.score(X, y) > 0.9
+
+
+def test_only_plain_scans_of_read_columns_skip_spark(spark, tmp_path, cancer_parquet, cancer):
+    """Anything that changes rows or computes a used column goes through Spark's reader."""
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    X, y = cancer
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    df = spark.read.parquet(cancer_parquet)
+    assert parquet_source_of(df.select(*columns, "label"), columns) is not None
+    assert parquet_source_of(df.withColumn("extra", F.col("f0") * 2), columns) is not None
+
+    refused = {
+        "filter": df.filter(F.col("f0") > 0),
+        "computed feature": df.withColumn("f0", F.col("f0") * 2),
+        "renamed label": df.withColumnRenamed("label", "y").withColumnRenamed("f1", "label"),
+        "limit": df.limit(100),
+        "cache": df.cache(),
+        "csv": None,
+        "partition column": None,
+    }
+    csv_path = str(tmp_path / "csv")
+    df.write.csv(csv_path, header=True)
+    refused["csv"] = spark.read.csv(csv_path, header=True, inferSchema=True)
+    by_label = str(tmp_path / "by_label")
+    df.write.partitionBy("label").parquet(by_label)
+    refused["partition column"] = spark.read.parquet(by_label)
+    without_f1 = [c for c in columns if c != "f1"]
+    for name, frame_ in refused.items():
+        assert parquet_source_of(frame_, without_f1) is None, name
+
+    vectors = str(tmp_path / "vectors")
+    VectorAssembler(inputCols=columns, outputCol="features").transform(df).write.parquet(vectors)
+    assert parquet_source_of(spark.read.parquet(vectors), "features") is None
+    df.unpersist()
+
+    # Data the direct path refused still trains, through Spark.
+    model = PartitionEnsemble(logistic(), n_estimators=2, random_state=0).fit(
+        refused["partition column"], columns
+    )
+    assert sum(s.rows for s in model.estimators_stats_) == len(y)
+
+
+def test_parquet_array_column_and_bad_rows_checked_as_from_spark(spark, tmp_path, cancer):
+    """A list column is read directly too, and the checks name the same problems."""
+    X, y = cancer
+    data = pd.DataFrame({"features": list(X), "label": y.astype(float)})
+    good = spark.read.parquet(write_parquet_files(tmp_path / "good", data))
+    assert parquet_source_of(good, "features") is not None
+    model = PartitionEnsemble(logistic(), n_estimators=2, random_state=0).fit(good, "features")
+    assert model.n_features_in_ == X.shape[1] and model.score(X, y) > 0.9
+
+    null_vector = data.copy()
+    null_vector.at[3, "features"] = None
+    df = spark.read.parquet(write_parquet_files(tmp_path / "null_vector", null_vector))
+    assert parquet_source_of(df, "features") is not None
+    with pytest.raises(ValueError, match="null"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df, "features")
+
+    nan_label = frame(X, y.astype(float))
+    nan_label.loc[7, "label"] = np.nan
+    df = spark.read.parquet(write_parquet_files(tmp_path / "nan_label", nan_label))
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    assert parquet_source_of(df, columns) is not None
+    with pytest.raises(ValueError, match="label"):
+        PartitionEnsemble(logistic(), n_estimators=2).fit(df, columns)
+
+
+def test_parquet_string_labels(spark, tmp_path, cancer):
+    X, y = cancer
+    data = frame(X[:, :6], np.where(y == 1, "benign", "malignant"))
+    df = spark.read.parquet(write_parquet_files(tmp_path / "strings", data))
+    columns = [f"f{i}" for i in range(6)]
+    assert parquet_source_of(df, columns) is not None
+    model = PartitionEnsemble(logistic(), n_estimators=2, random_state=0).fit(df, columns)
+    assert list(model.classes_) == ["benign", "malignant"]
+    assert (model.predict(X[:, :6]) == data["label"].to_numpy()).mean() > 0.85
+
+
 @pytest.mark.parametrize("make_estimator", [xgb_classifier, DecisionTreeClassifier])
 def test_float32_features_change_nothing_for_models_that_train_on_float32(
     spark, cancer, make_estimator, monkeypatch

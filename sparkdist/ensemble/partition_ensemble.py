@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from sparkdist.ensemble.model import PartitionEnsembleModel
+from sparkdist.ensemble.parquet_source import parse_bytes
 from sparkdist.ensemble.partitioning import SpreadPlan, partition_keys, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
 from sparkdist.ensemble.training import (
@@ -45,7 +46,7 @@ from sparkdist.ensemble.validation import (
 logger = logging.getLogger(__name__)
 
 # Arrow batches of the spread's chunks, as they reach a training task (see below).
-_TRAINING_BATCH_BYTES = 16 * 2**20
+_TRAINING_BATCH_BYTES = 4 * 2**20
 
 
 class PartitionEnsemble(BaseEstimator):
@@ -267,7 +268,7 @@ def _arrow_batches_of_at_most(spark: Any, n_bytes: int) -> Iterator[None]:
     """
     key = "spark.sql.execution.arrow.maxBytesPerBatch"
     previous = spark.conf.get(key, None)
-    if previous is not None and 0 < _bytes(previous) <= n_bytes:
+    if previous is not None and 0 < parse_bytes(previous) <= n_bytes:
         yield
         return
     spark.conf.set(key, str(n_bytes))
@@ -278,14 +279,6 @@ def _arrow_batches_of_at_most(spark: Any, n_bytes: int) -> Iterator[None]:
             spark.conf.unset(key)
         else:
             spark.conf.set(key, previous)
-
-
-def _bytes(value: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30}
-    text = value.strip().lower().removesuffix("b")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def _json_params(params: dict[str, Any]) -> dict[str, Any]:

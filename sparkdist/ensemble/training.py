@@ -78,6 +78,7 @@ class EstimatorStats:
     partition_bytes: int = 0
     worker_peak_rss_bytes: int = 0  # peak while this task ran (the worker's, if not resettable)
     worker_rss_before_bytes: int = 0  # the worker's resident memory before it received rows
+    worker_peak_rss_loaded_bytes: int = 0  # the worker's peak once its rows were loaded
     versions: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +126,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
         yield _result_batch(-1, None, None, report)
         return
     load_seconds = time.perf_counter() - started
+    peak_loaded = _peak_rss_bytes()
     features_per_model = choose_features(
         summary.features.n_features, plan.settings, plan.random_state
     )
@@ -137,6 +139,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
         stats.partition_bytes = int(X.nbytes + y.nbytes)
         stats.load_seconds = load_seconds
         stats.worker_rss_before_bytes = rss_before
+        stats.worker_peak_rss_loaded_bytes = peak_loaded
         stats.worker_peak_rss_bytes = _peak_rss_bytes()
         del X, y
         dump_started = time.perf_counter()

@@ -1,0 +1,268 @@
+"""Read a plain Parquet scan's files with pyarrow in the source tasks.
+
+Spark hands rows to Python through its JVM Parquet reader, a row projection and its Arrow
+writer: for 1e6 rows x 50 doubles that costs about 8 CPU seconds (4 s on 2 cores), while
+pyarrow decodes the same file in 0.3 s on one core. When the DataFrame given to `fit` is
+exactly a Parquet scan (optionally with some columns selected), the tasks that spread the
+rows read its files directly instead, row group by row group, and hand the same (features,
+labels) to the spread. Anything else (a filter, a join, a computed column, a cached or
+partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
+
+Recognizing a plain scan needs the query plan: the JVM's optimized plan in a classic
+session, the client's own plan under Spark Connect. Every file's footer is read on the
+driver first, so a file that lacks a column, or holds it with another type, keeps the
+Spark path instead of failing in a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sparkdist.data.fs import filesystem_and_path
+from sparkdist.ensemble.features import FeatureSpec
+
+logger = logging.getLogger(__name__)
+
+# Footers are read one by one on the driver; beyond this many files Spark reads.
+MAX_FILES = 4096
+# Splits smaller than this cost more in task overhead than they gain in balance.
+_OPEN_COST_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class ParquetSplit:
+    """What one source task reads: row groups of one or more files, as (url, indexes)."""
+
+    parts: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class ParquetSource:
+    """The files of a plain Parquet scan, cut into splits; shipped in the task closure."""
+
+    splits: tuple[ParquetSplit, ...]
+    feature_columns: tuple[str, ...]  # plain numeric columns, or one list column
+    features_are_lists: bool
+    label_column: str
+    label_is_numeric: bool
+
+
+def find_parquet_source(
+    df: Any, spec: FeatureSpec, label_col: str, label_is_numeric: bool
+) -> ParquetSource | None:
+    """The files to read for `df`'s feature and label columns, or None when Spark must
+    read them (why is logged)."""
+    columns = [*spec.input_columns, label_col]
+    reason = _plain_scan_refusal(df, columns)
+    if reason is None:
+        urls = sorted(df.inputFiles())
+        reason, groups = _row_groups(urls, spec, label_col, label_is_numeric)
+    if reason is not None:
+        logger.info("Spark reads the rows: %s", reason)
+        return None
+    split_bytes = _split_bytes(df.sparkSession, sum(size for *_, size in groups))
+    source = ParquetSource(
+        splits=tuple(_pack(groups, split_bytes)),
+        feature_columns=tuple(spec.input_columns),
+        features_are_lists=spec.features_col is not None,
+        label_column=label_col,
+        label_is_numeric=label_is_numeric,
+    )
+    logger.info(
+        "reading %d Parquet row groups of %d files directly, in %d splits",
+        len(groups),
+        len(urls),
+        len(source.splits),
+    )
+    return source
+
+
+def read_split(
+    source: ParquetSource, split: ParquetSplit, dtype: Any, max_rows: int
+) -> Iterator[tuple[pa.Array, np.ndarray | pa.Array]]:
+    """A split's rows as (features, labels) pieces of at most `max_rows` rows: features a
+    float matrix for plain columns, or the list column itself (the caller checks it)."""
+    columns = [*source.feature_columns, source.label_column]
+    for url, row_groups in split.parts:
+        filesystem, path = filesystem_and_path(url)
+        with filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            for row_group in row_groups:
+                table = parquet.read_row_group(row_group, columns=columns)
+                labels = table.column(source.label_column).combine_chunks()
+                labels = labels.cast(pa.float64() if source.label_is_numeric else pa.string())
+                for start in range(0, table.num_rows, max_rows):
+                    piece = table.slice(start, max_rows)
+                    yield _features(source, piece, dtype), labels.slice(start, max_rows)
+
+
+def _features(source: ParquetSource, table: pa.Table, dtype: Any) -> np.ndarray | pa.Array:
+    if source.features_are_lists:
+        return table.column(source.feature_columns[0]).combine_chunks()
+    # Filled column by column in the transposed layout (contiguous writes), then one
+    # transposing copy: 3 times faster than writing strided columns into a row-major matrix.
+    columns = np.empty((len(source.feature_columns), table.num_rows), dtype=dtype)
+    for i, name in enumerate(source.feature_columns):
+        columns[i] = table.column(name).to_numpy()
+    return np.ascontiguousarray(columns.T)
+
+
+def _plain_scan_refusal(df: Any, columns: list[str]) -> str | None:
+    """None when `df`'s rows are exactly those of a Parquet scan and `columns` come
+    straight from its files; otherwise why not."""
+    if hasattr(df, "_jdf"):
+        return _classic_refusal(df._jdf.queryExecution().optimizedPlan(), set(columns))
+    plan = getattr(df, "_plan", None)
+    if plan is not None:
+        return _connect_refusal(plan, set(columns))
+    return f"a {type(df).__name__} has no plan to inspect"
+
+
+def _classic_refusal(plan: Any, columns: set[str]) -> str | None:
+    while _class_name(plan) == "Project":
+        projections = plan.projectList()
+        for i in range(projections.size()):
+            item = projections.apply(i)
+            if item.name() in columns and _class_name(item) != "AttributeReference":
+                return f"column '{item.name()}' is computed, not read from a file"
+        plan = plan.child()
+    if _class_name(plan) != "LogicalRelation":
+        return f"the DataFrame is not a plain file scan (its plan has {plan.nodeName()})"
+    relation = plan.relation()
+    if _class_name(relation) != "HadoopFsRelation":
+        return f"the source is a {_class_name(relation)}, not files"
+    if _class_name(relation.fileFormat()) != "ParquetFileFormat":
+        return f"the files are {relation.fileFormat().toString()}, not Parquet"
+    partition_columns = set(relation.partitionSchema().fieldNames())
+    if partition_columns & columns:
+        return f"columns {sorted(partition_columns & columns)} come from directory names"
+    return None
+
+
+def _connect_refusal(plan: Any, columns: set[str]) -> str | None:
+    from pyspark.sql.connect.expressions import ColumnReference
+    from pyspark.sql.connect.plan import DataSource, Project
+
+    while isinstance(plan, Project):
+        for column in plan._columns:
+            if not isinstance(column._expr, ColumnReference):
+                return f"the DataFrame computes a column ({column})"
+        plan = plan._child
+    if not isinstance(plan, DataSource):
+        return f"the DataFrame is not a plain file scan (its plan has {type(plan).__name__})"
+    if (plan._format or "").lower() != "parquet":
+        return f"the source's format is {plan._format!r}, not parquet"
+    if plan._predicates or plan._is_streaming:
+        return "the source has predicates or is a stream"
+    return None
+
+
+def _class_name(java_object: Any) -> str:
+    return java_object.getClass().getSimpleName()
+
+
+def _row_groups(
+    urls: list[str], spec: FeatureSpec, label_col: str, label_is_numeric: bool
+) -> tuple[str | None, list[tuple[str, int, int]]]:
+    """(refusal, [(url, row group, bytes)]) after checking every file's columns."""
+    if not urls:
+        return "the scan lists no files", []
+    if len(urls) > MAX_FILES:
+        return f"the scan has {len(urls)} files (more than {MAX_FILES})", []
+    groups = []
+    for url in urls:
+        try:
+            filesystem, path = filesystem_and_path(url)
+            if type(filesystem).__name__ != "LocalFileSystem":
+                return f"{url} is not on a local or mounted file system", []
+            metadata = pq.read_metadata(path)
+        except (OSError, ValueError, pa.ArrowException) as error:
+            return f"pyarrow cannot read {url} ({error})", []
+        reason = _schema_refusal(
+            metadata.schema.to_arrow_schema(), spec, label_col, label_is_numeric
+        )
+        if reason is not None:
+            return f"{url}: {reason}", []
+        for i in range(metadata.num_row_groups):
+            row_group = metadata.row_group(i)
+            if row_group.num_rows:
+                size = sum(
+                    row_group.column(c).total_compressed_size for c in range(row_group.num_columns)
+                )
+                groups.append((url, i, size))
+    return None, groups
+
+
+def _schema_refusal(
+    schema: pa.Schema, spec: FeatureSpec, label_col: str, label_is_numeric: bool
+) -> str | None:
+    for name in [*spec.input_columns, label_col]:
+        if schema.get_field_index(name) < 0:
+            return f"column '{name}' is not in the file (or not under that exact name)"
+    for name in spec.input_columns:
+        dtype = schema.field(name).type
+        if spec.features_col is not None:
+            if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
+                return f"feature column '{name}' is {dtype}, read as a Spark vector"
+            dtype = dtype.value_type
+        if not _is_plain_number(dtype):
+            return f"feature column '{name}' is {dtype}"
+    label = schema.field(label_col).type
+    if label_is_numeric and not _is_plain_number(label):
+        return f"label column '{label_col}' is {label}"
+    if not label_is_numeric and not (pa.types.is_string(label) or pa.types.is_large_string(label)):
+        return f"label column '{label_col}' is {label}"
+    return None
+
+
+def _is_plain_number(dtype: pa.DataType) -> bool:
+    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
+
+
+def _split_bytes(spark: Any, total_bytes: int) -> int:
+    """The bytes each split aims at: the data spread evenly over the task slots.
+
+    Fewer, larger splits than Spark's reader makes: a Python task costs about 0.1 s of a
+    slot on its own (measured: 20 empty mapInArrow tasks take 1.6 s on 2 slots, 2 take
+    0.2 s), and a split is read row group by row group, so its size does not add memory.
+    """
+    return max(_OPEN_COST_BYTES, math.ceil(total_bytes / _task_slots(spark)))
+
+
+def parse_bytes(value: str) -> int:
+    """A Spark size setting ("16m", "134217728", "1g") in bytes."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    text = value.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _task_slots(spark: Any) -> int:
+    try:
+        return max(1, spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect: no SparkContext  # noqa: BLE001
+        value = spark.conf.get("spark.default.parallelism", None)
+        return max(1, int(value)) if value else 2
+
+
+def _pack(groups: list[tuple[str, int, int]], split_bytes: int) -> Iterator[ParquetSplit]:
+    """Row groups in file order, a split closed once it holds `split_bytes`."""
+    parts: dict[str, list[int]] = {}
+    size = 0
+    for url, index, group_size in groups:
+        parts.setdefault(url, []).append(index)
+        size += group_size
+        if size >= split_bytes:
+            yield ParquetSplit(tuple((u, tuple(rgs)) for u, rgs in parts.items()))
+            parts, size = {}, 0
+    if parts:
+        yield ParquetSplit(tuple((u, tuple(rgs)) for u, rgs in parts.items()))
