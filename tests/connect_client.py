@@ -188,13 +188,61 @@ def scenario_ensemble(spark):
         persistence_error = None
     except ConnectUnsupportedError as exc:
         persistence_error = str(exc)
+    parquet = parquet_ensembles(spark, data, columns)
     return {
+        **parquet,
         "ml_rows": ml_rows,
         "persistence_error": persistence_error,
         "n_models": len(model.estimators_),
         "equal": bool(np.array_equal(result["prediction"].to_numpy(), predicted)),
         "accuracy": float((predicted == result["label"].to_numpy()).mean()),
         "rows": len(result),
+    }
+
+
+def parquet_ensembles(spark, data, columns):
+    """A plain Parquet scan, seen in the Connect client's plan, is read by pyarrow and gives
+    the ensemble Spark's reader gives (one file, one partition: the same spread)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="sparkdist-connect-parquet-")
+    try:
+        return _parquet_ensembles(spark, data, columns, path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _parquet_ensembles(spark, data, columns, path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+    from xgboost import XGBClassifier
+
+    from sparkdist.ensemble import PartitionEnsemble
+    from sparkdist.ensemble.features import FeatureSpec
+    from sparkdist.ensemble.parquet_source import find_parquet_source
+
+    table = pa.Table.from_pandas(data, preserve_index=False)
+    pq.write_table(table, f"{path}/part-0.parquet")  # one row group, as Spark reads it
+    direct = spark.read.parquet(path)
+    filtered = direct.filter(F.col("label") >= 0)
+    spec = FeatureSpec(n_features=len(columns), feature_cols=tuple(columns))
+    models = [
+        PartitionEnsemble(
+            XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=2, random_state=4
+        ).fit(df, columns)
+        for df in (direct, filtered)
+    ]
+    X = data[columns].to_numpy()
+    return {
+        "parquet_direct": find_parquet_source(direct, spec, "label", True) is not None,
+        "parquet_filtered_direct": find_parquet_source(filtered, spec, "label", True) is not None,
+        "parquet_rows": [s.rows for s in models[0].estimators_stats_],
+        "parquet_same": bool(
+            np.array_equal(models[0].predict_proba(X), models[1].predict_proba(X))
+        ),
     }
 
 

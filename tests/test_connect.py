@@ -131,6 +131,10 @@ def test_partition_ensemble_fit_and_transform(connect_url):
     assert result["ml_rows"] == 569
     assert "Spark Connect" in result["persistence_error"]
     assert "load_model" in result["persistence_error"]
+    # A plain Parquet scan is read by pyarrow from the client's plan, to the same ensemble.
+    assert result["parquet_direct"] and not result["parquet_filtered_direct"]
+    assert sum(result["parquet_rows"]) == 569
+    assert result["parquet_same"]
 
 
 def test_rank_zero_logs_into_the_clients_mlflow_run(connect_url, mlflow_server):

@@ -1,6 +1,28 @@
-"""Spark DataFrames to training ranks: petastorm's converter API on a pyarrow reader."""
+"""Spark DataFrames to training ranks: petastorm's converter API on a pyarrow reader.
 
-from sparkdist.data.cache import CACHE_DIR_CONF
-from sparkdist.data.converter import SparkDatasetConverter, make_spark_converter
+Names are imported on first use, so that modules needing only `sparkdist.data.fs` (the
+ensembles' source tasks) do not import the converter.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CACHE_DIR_CONF": "sparkdist.data.cache",
+    "SparkDatasetConverter": "sparkdist.data.converter",
+    "make_spark_converter": "sparkdist.data.converter",
+}
 
 __all__ = ["CACHE_DIR_CONF", "SparkDatasetConverter", "make_spark_converter"]
+
+if TYPE_CHECKING:
+    from sparkdist.data.cache import CACHE_DIR_CONF
+    from sparkdist.data.converter import SparkDatasetConverter, make_spark_converter
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sparkdist.data' has no attribute {name!r}")
