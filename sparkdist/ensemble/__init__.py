@@ -20,7 +20,15 @@ _EXPORTS = {
     "load_model": "sparkdist.ensemble.model",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "EstimatorStats",
+    "PartitionEnsemble",
+    "PartitionEnsembleModel",
+    "SparkPartitionEnsemble",
+    "SparkPartitionEnsembleModel",
+    "VersionMismatchError",
+    "load_model",
+]
 
 if TYPE_CHECKING:
     from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
