@@ -138,13 +138,34 @@ def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer)
     X, _ = cancer
     stats = cancer_model.estimators_stats_
     assert [s.model_index for s in stats] == [0, 1, 2, 3]
-    assert [s.partition_id for s in stats] == [0, 1, 2, 3]
+    # Four models on two task slots: two training tasks, each fitting two models in turn.
+    assert [s.partition_id for s in stats] == [0, 1, 0, 1]
     assert sum(s.rows for s in stats) == len(X)
     assert all(abs(s.rows - len(X) / 4) < 0.25 * len(X) / 4 for s in stats)
     assert all(s.rows_fit == s.rows and s.fit_seconds > 0 for s in stats)
     assert all(s.classes_seen == [0.0, 1.0] for s in stats)
     assert cancer_model.n_estimators_ == 4 and cancer_model.n_features_in_ == X.shape[1]
     np.testing.assert_allclose(cancer_model.weights_, 0.25)
+
+
+def test_a_training_task_fits_its_models_in_turn(spark, cancer):
+    """Six models on two task slots: two training tasks, each receiving one model's rows
+    after another and fitting each before the next one's rows are read."""
+    X, y = cancer
+    df = spark.createDataFrame(frame(X, y))
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    model = PartitionEnsemble(xgb_classifier(), n_estimators=6, random_state=2).fit(df, columns)
+    stats = model.stats_frame()
+    assert sorted(stats["partition_id"]) == [0, 0, 0, 1, 1, 1]
+    for _, task in stats.groupby("partition_id"):
+        task = task.sort_values("model_index")
+        assert list(task["model_index"] % 2) == [task["partition_id"].iloc[0]] * 3
+        # Each fit starts after the previous model of its task was fitted and loaded.
+        ends = (task["fit_started"] + task["fit_seconds"]).to_numpy()[:-1]
+        starts = task["fit_started"].to_numpy()[1:]
+        assert (starts >= ends).all()
+        assert task["task_started"].nunique() == 1
+    assert stats["rows"].sum() == len(y) and model.score(X, y) > 0.95
 
 
 def test_fit_reads_the_data_once(spark, cancer):
@@ -807,11 +828,13 @@ def test_fit_takes_a_spark_dataframe():
 
 
 def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
-    """What the spread sends to the training tasks, cut from two source batches."""
+    """What the spread sends to the training tasks, cut from two source batches, in the
+    order a training partition receives it."""
     features = pa.array(list(X), pa.list_(pa.float64()))
     batch = pa.RecordBatch.from_arrays([features, pa.array(y, pa.float64())], ["x", "y"])
     plan = SpreadPlan(
         keys=tuple(range(100, 100 + n_models)),
+        n_models=n_models,
         seed=0,
         n_features=X.shape[1],
         element="double",
@@ -819,8 +842,12 @@ def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
         label_is_numeric=True,
     )
     half = len(y) // 2
-    return pa.Table.from_batches(
+    table = pa.Table.from_batches(
         list(cut_chunks(plan, iter([batch.slice(0, half), batch.slice(half)])))
+    )
+    # As spread() sorts each partition: reports (model index -1) first, then model by model.
+    return table.sort_by(
+        [("model_index", "ascending"), ("source", "ascending"), ("piece", "ascending")]
     )
 
 
@@ -872,7 +899,7 @@ def test_training_function_skips_empty_partitions_and_driver_warns(cancer, caplo
     summary = summarize(report, spec, "label", settings, True)
     with caplog.at_level(logging.WARNING, logger="sparkdist.ensemble"):
         model = assemble_model(results[:2], summary, settings, [np.arange(30)] * 3, {})
-    assert "partitions [1] were empty and were skipped" in caplog.text
+    assert "models [1] got no rows and were skipped" in caplog.text
     assert model.n_estimators_ == 2 and model.score(X, y) > 0.95
 
 

@@ -75,7 +75,7 @@ class PartitionEnsembleModel:
 
     @property
     def n_estimators_(self) -> int:
-        """Models actually in the ensemble (fewer than asked if partitions were empty)."""
+        """Models actually in the ensemble (fewer than asked if some got no rows)."""
         return len(self.estimators_)
 
     def stats_frame(self) -> pd.DataFrame:

@@ -42,6 +42,7 @@ from sparkdist.ensemble.validation import (
     resolve_features,
     summarize,
 )
+from sparkdist.runner.spark_cluster import session_slots
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,17 @@ class PartitionEnsemble(BaseEstimator):
     Parameters
     ----------
     estimator : a scikit-learn-compatible classifier or regressor (scikit-learn models and
-        pipelines, `xgboost.XGBClassifier` / `XGBRegressor`), cloned once per partition.
-    n_estimators : number of partitions, and so of models.
-    max_samples : fraction of its partition's rows each model fits on.
+        pipelines, `xgboost.XGBClassifier` / `XGBRegressor`), cloned once per model.
+    n_estimators : number of models; the rows are spread at random into as many shares.
+    max_samples : fraction of its share's rows each model fits on.
     bootstrap : draw those rows with replacement.
     max_features : features per model, a fraction in (0, 1] or a count; each model gets
         its own random subset (`estimators_features_`).
     voting : "soft" (average probabilities) or "hard" (count votes); classifiers only,
         regressors average their predictions.
     weights : "uniform", or "validation" to weight each model by its score (accuracy or
-        R²) on a held-out slice of its own partition.
-    validation_fraction : share of each partition held out for that score; defaults to
+        R²) on a held-out slice of its own share.
+    validation_fraction : fraction of each model's rows held out for that score; defaults to
         0.1 with weights="validation" and to 0 (no hold-out, no score) otherwise.
     random_state : seeds the row spread, the row and feature sampling and each model's
         own seed. None draws one (recorded on the fitted model as params["random_state"]).
@@ -139,8 +140,10 @@ class PartitionEnsemble(BaseEstimator):
             element=element,
             random_state=seed,
         )
+        slots = session_slots(df.sparkSession) or settings.n_estimators
         spread_plan = SpreadPlan(
-            keys=tuple(partition_keys(df.sparkSession, settings.n_estimators)),
+            keys=tuple(partition_keys(df.sparkSession, min(settings.n_estimators, slots))),
+            n_models=settings.n_estimators,
             seed=seed,
             n_features=spec.n_features,
             element=element,
@@ -210,7 +213,7 @@ def assemble_model(
 ) -> PartitionEnsembleModel:
     """The fitted ensemble from the training tasks' result rows, on the driver.
 
-    Warns about partitions that produced no model (they were empty) and about models that
+    Warns about models that got no rows (too few rows for their number) and about models that
     saw a single class, and refuses pickles made by another scikit-learn version than the
     driver's before opening them.
     """
@@ -219,8 +222,8 @@ def assemble_model(
     missing = sorted(set(range(settings.n_estimators)) - {row["model_index"] for row in rows})
     if missing:
         logger.warning(
-            "partitions %s were empty and were skipped: the ensemble has %d of the %d "
-            "models asked for (%d rows over %d partitions)",
+            "models %s got no rows and were skipped: the ensemble has %d of the %d "
+            "models asked for (%d rows over %d models)",
             missing,
             len(rows),
             settings.n_estimators,

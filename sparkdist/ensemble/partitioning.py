@@ -1,17 +1,22 @@
-"""Spread rows at random over exactly n partitions, one partition per model, in chunks.
+"""Spread rows at random over n_estimators models, in chunks, to as many training tasks
+as there are task slots.
 
 The spread runs in Python on the source's own partitions (`mapInArrow`): each batch of
 rows gets a random model index per row, and the rows of each index leave as one chunk,
 a single binary value holding their feature matrix, plus their labels. Spark's shuffle
 then moves a few large values instead of every row, and the training task copies each
-chunk into its matrix without per-row work. Each source task also sends every partition
-a report of what it read (rows, bad labels, vector sizes, classes), so every training
-task knows the whole data's totals before it fits: the input checks and a classifier's
-class discovery need no pass of their own.
+chunk into its matrix without per-row work. Each source task also sends every training
+partition a report of what it read (rows, bad labels, vector sizes, classes), so every
+training task knows the whole data's totals before it fits: the input checks and a
+classifier's class discovery need no pass of their own.
 
-A model index j is sent to partition j with a key Spark's hash partitioner is known to
-send there (`repartition(n, key)` would otherwise hash two indexes to one partition and
-leave another idle): found once per partition count by asking Spark to hash a range of
+Model j trains in partition j % P, P = min(n_estimators, task slots): a Python task costs
+about 0.1 s of its slot before it reads a row, so K tasks for K models on a few slots
+spent seconds between fits. Each partition is sorted by model, so its task receives one
+model's rows after another and fits each as soon as they are in, holding one model's rows
+at a time. A partition p is reached with a key Spark's hash partitioner is known to send
+there (`repartition(n, key)` would otherwise hash two keys to one partition and leave
+another idle): found once per partition count by asking Spark to hash a range of
 candidates with the same `hash` (Murmur3, seed 42) that hash partitioning uses. Training
 still groups rows by model index, so results stay right even if the pinning did not hold.
 """
@@ -43,7 +48,8 @@ _keys_by_count: dict[int, list[int]] = {}
 class SpreadPlan:
     """What a source task needs to cut its rows into chunks; shipped in the task closure."""
 
-    keys: tuple[int, ...]  # keys[j] is hashed to partition j
+    keys: tuple[int, ...]  # keys[p] is hashed to training partition p
+    n_models: int  # model j trains in partition j % len(keys)
     seed: int
     n_features: int  # 0: a vector column, the size is read from the data
     element: str  # "float" or "double": the features' type in the chunks
@@ -55,14 +61,15 @@ def chunk_schema(label_is_numeric: bool) -> str:
     """The spread's rows: a data chunk has features and labels, a report only `report`."""
     label = "double" if label_is_numeric else "string"
     return (
-        "key int, model_index int, source int, features binary, "
+        "key int, model_index int, source int, piece int, features binary, "
         f"labels array<{label}>, report string"
     )
 
 
 def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
-    """(key, model index, source, features, labels, report) rows, partition j holding
-    model j's chunks and a report from every source task.
+    """(key, model index, source, piece, features, labels, report) rows: training
+    partition p holds the chunks of models p, p + P, p + 2P, ... (P partitions), sorted by
+    model and then by where they were cut, after a report from every source task.
 
     A plain Parquet scan's files are read by pyarrow in the source tasks (see
     parquet_source); any other DataFrame is read by Spark.
@@ -83,7 +90,11 @@ def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
         label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
         selected = df.select(spec.spark_array(df.schema, plan.element), label)
         chunks = selected.mapInArrow(partial(cut_chunks, plan), schema)
-    return chunks.repartition(len(plan.keys), F.col("key"))
+    # Sorted, a training task receives one model's rows after another and fits each as
+    # soon as its rows are in; the order is the same in every run of the same data.
+    return chunks.repartition(len(plan.keys), F.col("key")).sortWithinPartitions(
+        "model_index", "source", "piece"
+    )
 
 
 def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -141,19 +152,20 @@ def _cut(
     """
     source = _partition_id()
     rng = np.random.default_rng([plan.seed, 2, source])
-    n_models = len(plan.keys)
-    for X, labels in pieces:
+    for piece, (X, labels) in enumerate(pieces):
         if X is not None and report.clean:
-            yield _chunks(plan, source, rng.integers(0, n_models, len(X)), X, labels)
-    reports = [report.to_json()] * n_models
+            index = rng.integers(0, plan.n_models, len(X))
+            yield _chunks(plan, source, piece, index, X, labels)
+    n_parts = len(plan.keys)
     yield pa.RecordBatch.from_pydict(
         {
             "key": pa.array(plan.keys, pa.int32()),
-            "model_index": pa.array(range(n_models), pa.int32()),
-            "source": pa.array([source] * n_models, pa.int32()),
-            "features": pa.nulls(n_models, pa.binary()),
-            "labels": pa.nulls(n_models, _labels_type(plan.label_is_numeric)),
-            "report": pa.array(reports, pa.string()),
+            "model_index": pa.array([-1] * n_parts, pa.int32()),  # sorts first
+            "source": pa.array([source] * n_parts, pa.int32()),
+            "piece": pa.array([-1] * n_parts, pa.int32()),
+            "features": pa.nulls(n_parts, pa.binary()),
+            "labels": pa.nulls(n_parts, _labels_type(plan.label_is_numeric)),
+            "report": pa.array([report.to_json()] * n_parts, pa.string()),
         }
     )
 
@@ -177,11 +189,11 @@ def _checked_rows(
 
 
 def _chunks(
-    plan: SpreadPlan, source: int, index: np.ndarray, X: np.ndarray, labels: pa.Array
+    plan: SpreadPlan, source: int, piece: int, index: np.ndarray, X: np.ndarray, labels: pa.Array
 ) -> pa.RecordBatch:
     """One row per model index drawn: its rows' features as bytes and their labels."""
     order = np.argsort(index, kind="stable")
-    counts = np.bincount(index, minlength=len(plan.keys))
+    counts = np.bincount(index, minlength=plan.n_models)
     drawn = np.flatnonzero(counts)
     row_ends = np.cumsum(counts[drawn])
     row_offsets = np.concatenate([[0], row_ends]).astype(np.int32)
@@ -194,9 +206,10 @@ def _chunks(
     label_values = labels.take(pa.array(order))
     return pa.RecordBatch.from_pydict(
         {
-            "key": pa.array(np.asarray(plan.keys, dtype=np.int32)[drawn]),
+            "key": pa.array(np.asarray(plan.keys, dtype=np.int32)[drawn % len(plan.keys)]),
             "model_index": pa.array(drawn.astype(np.int32)),
             "source": pa.array(np.full(len(drawn), source, dtype=np.int32)),
+            "piece": pa.array(np.full(len(drawn), piece, dtype=np.int32)),
             "features": features,
             "labels": pa.ListArray.from_arrays(
                 pa.array(row_offsets),
@@ -211,11 +224,12 @@ def _chunks(
 def read_chunks(
     batch: pa.RecordBatch,
 ) -> tuple[list[tuple[int, np.ndarray, pa.Array]], dict[int, str]]:
-    """A spread batch's data chunks, as (model index, feature bytes, labels) with the bytes
-    a uint8 view into the batch, and its reports by source task (JSON)."""
-    index = batch.column(1).to_numpy(zero_copy_only=False)
-    sources = batch.column(2).to_numpy(zero_copy_only=False)
-    features, labels, reports = batch.column(3), batch.column(4), batch.column(5)
+    """A spread batch's data chunks in order, as (model index, feature bytes, labels) with
+    the bytes a uint8 view into the batch, and its reports by source task (JSON)."""
+    index = batch.column("model_index").to_numpy(zero_copy_only=False)
+    sources = batch.column("source").to_numpy(zero_copy_only=False)
+    features, labels = batch.column("features"), batch.column("labels")
+    reports = batch.column("report")
     _, offsets, data = features.buffers()
     wide = pa.types.is_large_binary(features.type)  # spark.sql.execution.arrow.useLargeVarTypes
     offsets = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[features.offset :]

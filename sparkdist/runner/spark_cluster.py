@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -60,6 +60,16 @@ def configured_slots(master: str, conf_get: Callable[..., str | None]) -> int | 
         if instances and cores:
             bound = int(instances) * (int(cores) // task_cpus)
     return bound
+
+
+def session_slots(spark: Any) -> int | None:
+    """The task slots of a session's cluster: its configuration's count (works under
+    Spark Connect too), else a classic session's default parallelism; None if unknown."""
+    conf_get = spark.conf.get
+    slots = configured_slots(conf_get("spark.master", None) or "", conf_get)
+    if slots is None and hasattr(spark, "_jsc"):
+        slots = spark.sparkContext.defaultParallelism
+    return slots
 
 
 def slots_needed(np: int, ranks_per_task: int = 1) -> str:
