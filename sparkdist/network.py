@@ -8,6 +8,7 @@ the user names an interface.
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 
 import psutil
@@ -68,14 +69,46 @@ def reserve_port(host: str) -> socket.socket:
     """A listening-capable socket bound to a free port on `host`; close it to hand over.
 
     Keeping the socket until just before the port is used narrows the window in which
-    another process could take it.
+    another process could take it. The port is drawn below the kernel's ephemeral range
+    where there is room: a port the kernel hands out itself (to a wildcard `bind(0)`, as
+    Open MPI's daemons and Spark make, or to an outgoing connection) can be taken by
+    another process in the seconds between this socket's close and the listener's bind
+    (seen once: torch's TCPStore failed with EADDRINUSE on a port bind(0) had given).
     """
+    low, _ = _ephemeral_ports()
+    candidates = range(_FIXED_PORTS_FROM, low)
+    for port in random.sample(candidates, min(len(candidates), _FIXED_PORT_TRIES)):
+        sock = _unshared_socket()
+        try:
+            sock.bind((host, port))
+            return sock
+        except OSError:
+            sock.close()
+    sock = _unshared_socket()
+    sock.bind((host, 0))
+    return sock
+
+
+# Below the default ephemeral range (32768-60999) and above most well-known services.
+_FIXED_PORTS_FROM = 20000
+_FIXED_PORT_TRIES = 64
+
+
+def _unshared_socket() -> socket.socket:
     # No SO_REUSEADDR: with it the kernel may hand out a port that connections of an
     # earlier job still hold (TIME_WAIT, or FIN_WAIT towards a host that was cut off),
     # and the listener that takes the port over (torch's TCPStore) then fails to bind.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, 0))
-    return sock
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (Linux; the usual default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low, high = handle.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -54,3 +54,22 @@ def test_process_group_backend_is_gloo_without_gpus():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert torch_process_group_backend() == "gloo"
+
+
+def test_torch_master_port_is_drawn_outside_the_kernels_own_range():
+    """A port below the ephemeral range cannot be handed by the kernel to another
+    process's bind(0) or outgoing connection between reservation and TCPStore's bind."""
+    import socket
+
+    from sparkdist.network import _ephemeral_ports, reserve_port
+
+    low, _ = _ephemeral_ports()
+    with reserve_port("127.0.0.1") as reservation:
+        port = reservation.getsockname()[1]
+    assert 20000 <= port < low
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", port))  # as TCPStore takes it over
+        listener.listen()
+    finally:
+        listener.close()
