@@ -31,6 +31,9 @@ class Failure:
     noticed_at: float
     outside_user_code: bool = False
     """Lost executor or host, or a rank killed by SIGKILL: not the training code's doing."""
+    task_raised: bool = False
+    """The Spark stage failed because a task's own code raised (e.g. a missing network
+    interface): the cause of the task losses Spark's cancelling then brings."""
 
 
 class FailureTracker:
@@ -52,19 +55,27 @@ class FailureTracker:
         with self._job.cond:
             self._stopping = reason
 
-    def notice(self, rank: int | None, reason: str | None, outside_user_code: bool = False) -> None:
+    def notice(
+        self,
+        rank: int | None,
+        reason: str | None,
+        outside_user_code: bool = False,
+        task_raised: bool = False,
+    ) -> None:
         """Remember a failure; the first one (see above) explains the job's."""
         with self._job.cond:
             if self._stopping and self._first is None:
                 return  # the job is being stopped on purpose: losses are expected
             now = time.monotonic()
-            failure = Failure(rank, reason, now, outside_user_code)
+            failure = Failure(rank, reason, now, outside_user_code, task_raised)
             if not self._stopping:
                 self._noticed.append(failure)
             first = self._first
-            if first is None or (first.rank is None and rank is not None):
-                if first is None or now - first.noticed_at < FAILURE_SETTLE_S:
-                    self._first = failure
+            if first is None or (
+                now - first.noticed_at < FAILURE_SETTLE_S
+                and _explains_better(failure, first, stopping=self._stopping is not None)
+            ):
+                self._first = failure
             self._job.cond.notify_all()
 
     def note_outside(self, reason: str) -> None:
@@ -84,6 +95,8 @@ class FailureTracker:
         """
         job = self._job
         with job.cond:
+            if self._first is not None and self._first.task_raised:
+                return None
             for failure in self._noticed:
                 if failure.outside_user_code:
                     return self._describe(failure)
@@ -159,3 +172,18 @@ class FailureTracker:
         return errors.rank_failed_error(
             state.rank, state.host, state.exit_code, state.traceback, list(state.tail), reason
         )
+
+
+def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:
+    """Whether a failure noticed soon after the first one explains the job's better.
+
+    A rank's failure explains more than one without a rank (mpirun's exit, the Spark stage
+    failing). But a task that raised, before the job was being stopped, is the cause of the
+    losses that follow: Spark cancels the other tasks, whose connections then break, in
+    either order.
+    """
+    if new.task_raised:
+        return first.outside_user_code and not stopping
+    if first.task_raised:
+        return False
+    return first.rank is None and new.rank is not None

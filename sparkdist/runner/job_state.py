@@ -208,9 +208,10 @@ class JobState:
         if exit_code != 0:
             self.failures.notice(None, f"{name} exited with code {exit_code}")
 
-    def fail(self, reason: str) -> None:
-        """A failure seen outside the ranks (e.g. the Spark stage itself failed)."""
-        self.failures.notice(None, reason)
+    def fail(self, reason: str, task_raised: bool = False) -> None:
+        """A failure seen outside the ranks (e.g. the Spark stage itself failed; with
+        `task_raised`, because a task's own code raised)."""
+        self.failures.notice(None, reason, task_raised=task_raised)
 
     # --- the driver's view ------------------------------------------------------------
 

@@ -123,13 +123,19 @@ class SparkSide(Protocol):
 
 def spark_error_summary(exc: BaseException) -> str:
     """The Python error inside a Py4J/Spark error, instead of a Java stack."""
+    python = python_error_in(exc)
+    if python is not None:
+        return python
     text = str(exc)
-    found = re.findall(r"^\s*(\w+(?:Error|Exception): .+)$", text, re.M)
-    python = [line for line in found if not line.startswith(("org.", "java.", "py4j"))]
-    if python:
-        return python[-1].strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:300]
+
+
+def python_error_in(exc: BaseException) -> str | None:
+    """The last Python exception line a Spark task raised, quoted in a Spark error."""
+    found = re.findall(r"^\s*(\w+(?:Error|Exception): .+)$", str(exc), re.M)
+    python = [line for line in found if not line.startswith(("org.", "java.", "py4j"))]
+    return python[-1].strip() if python else None
 
 
 class ClassicSpark:
@@ -204,7 +210,10 @@ class BarrierStage:
             self.outputs = self.spark.run_barrier_stage(self.spec.num_tasks, task, self.group)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
-            self.state.fail(f"the Spark barrier stage failed: {spark_error_summary(exc)}")
+            self.state.fail(
+                f"the Spark barrier stage failed: {spark_error_summary(exc)}",
+                task_raised=python_error_in(exc) is not None,
+            )
 
     def start(self) -> None:
         self._thread.start()
