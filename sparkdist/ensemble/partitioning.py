@@ -108,7 +108,7 @@ def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
             if batch.num_rows == 0:
                 continue
             width = plan.n_features or _vector_width(batch.column(0))
-            step = max(1, _MAX_CHUNK_BYTES // max(1, width * dtype().itemsize))
+            step = _rows_per_chunk(width, dtype)
             for start in range(0, batch.num_rows, step):
                 piece = batch.slice(start, step)
                 yield _checked_rows(plan, piece.column(0), piece.column(1), dtype, report)
@@ -123,7 +123,7 @@ def cut_file_chunks(
     cuts them as `cut_chunks` cuts Spark's batches."""
     report = DataReport()
     dtype = _dtype(plan)
-    max_rows = max(1, _MAX_CHUNK_BYTES // max(1, (plan.n_features or 1) * dtype().itemsize))
+    max_rows = _rows_per_chunk(plan.n_features or 1, dtype)
 
     def pieces() -> Iterator[tuple[np.ndarray | None, pa.Array]]:
         for batch in batches:
@@ -134,7 +134,16 @@ def cut_file_chunks(
                         report.add_vectors(0, np.array([features.shape[1]]))
                         yield (features if report.clean else None), labels
                     else:
-                        yield _checked_rows(plan, features, labels, dtype, report)
+                        # A list column's width is known only now: cut to the same bound.
+                        step = _rows_per_chunk(_vector_width(features), dtype)
+                        for start in range(0, len(features), step):
+                            yield _checked_rows(
+                                plan,
+                                features.slice(start, step),
+                                labels.slice(start, step),
+                                dtype,
+                                report,
+                            )
 
     yield from _cut(plan, report, pieces())
 
@@ -168,6 +177,11 @@ def _cut(
             "report": pa.array([report.to_json()] * n_parts, pa.string()),
         }
     )
+
+
+def _rows_per_chunk(width: int, dtype: Any) -> int:
+    """Rows of `width` features cut at once, so that a chunk stays within the bound."""
+    return max(1, _MAX_CHUNK_BYTES // max(1, width * np.dtype(dtype).itemsize))
 
 
 def _dtype(plan: SpreadPlan) -> Any:
