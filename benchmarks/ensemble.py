@@ -26,6 +26,7 @@ import argparse
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -196,13 +197,50 @@ def phases(model, stats: pd.DataFrame, e2e_seconds: float) -> dict:
                 / stats["partition_bytes"]
             ).max()
         ),
-        "task_growth_x": float(
+        "model_growth_x": float(
             (
                 (stats["worker_peak_rss_bytes"] - stats["worker_rss_before_bytes"])
                 / stats["partition_bytes"]
             ).max()
         ),
+        "task_growth_x": task_growth(stats),
     }
+
+
+def task_growth(stats: pd.DataFrame) -> float:
+    """The issue's measure, max over training tasks: the task's peak RSS above its worker's
+    RSS before it received rows, over the bytes of all the rows it received (each model's
+    peak is measured from that model's start, so the task's peak is the largest of them)."""
+    tasks = stats.groupby(["partition_id", "task_started"])
+    growth = (
+        tasks["worker_peak_rss_bytes"].max() - tasks["worker_rss_before_bytes"].min()
+    ) / tasks["partition_bytes"].sum()
+    return float(growth.max())
+
+
+PLAIN_FIT = """
+import sys, numpy as np
+from xgboost import XGBClassifier
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith(key))
+rng = np.random.default_rng(0)
+X = rng.standard_normal((int(sys.argv[1]), %d), dtype=np.float32)
+y = (X[:, :5].sum(axis=1) + rng.standard_normal(len(X)) > 0).astype(np.int32)
+open('/proc/self/clear_refs', 'w').write('5')
+before = status('VmRSS')
+XGBClassifier(n_jobs=1, **%r).fit(X, y)
+print((status('VmHWM') - before) / (X.nbytes + y.nbytes))
+"""
+
+
+def plain_fit_growth(n_rows: int) -> float:
+    """XGBoost's own working memory on one model's rows: a fresh process that already holds
+    n_rows x 50 float32 fits one model; its peak RSS growth over the rows' bytes."""
+    code = PLAIN_FIT % (N_FEATURES, XGB_PARAMS)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(n_rows)], capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.split()[-1])
 
 
 def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
@@ -329,6 +367,8 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
                 "rss_before_mb": median["rss_before_mb"],
                 "load_growth_x": median["load_growth_x"],
                 "task_growth_x": median["task_growth_x"],
+                "model_growth_x": median["model_growth_x"],
+                "xgb_alone_x": plain_fit_growth(n_rows // k),
                 **{key: median[key] for key in PHASES},
                 "partition_mb": median["partition_mb"],
                 "load1": median["load1"],
@@ -359,7 +399,7 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-GROWTH = ["load_growth_x", "task_growth_x"]
+GROWTH = ["load_growth_x", "model_growth_x", "task_growth_x"]
 PHASES = ["ph_checks", "ph_spread", "ph_load", "ph_fit", "ph_gaps", "ph_tail"]
 
 
@@ -387,6 +427,8 @@ def print_table(results: list[dict], repeats: int) -> None:
         "rss_before_mb": "{:.0f}",
         "load_growth_x": "{:.2f}x",
         "task_growth_x": "{:.2f}x",
+        "model_growth_x": "{:.2f}x",
+        "xgb_alone_x": "{:.2f}x",
         "partition_mb": "{:.1f}",
         "load1": "{:.1f}",
     }
@@ -416,12 +458,16 @@ NOTES = [
     "load_s_max: the longest a task spent receiving its rows and building its matrix",
     "xgb_spark: SparkXGBClassifier(num_workers=2) on the same rows (2 slots for barrier mode)",
     "task_peak_mb: peak RSS of the Python worker while it trained a partition (max over tasks)",
-    "rss_before_mb: the worker's RSS before it received rows; task_growth_x: (peak - before)",
-    "  / partition bytes (max over tasks); load_growth_x: the same at the end of loading, before",
-    "  the fit (the rest of the growth is the estimator's own working memory)",
+    "rss_before_mb: the worker's RSS before it received rows; task_growth_x: the task's",
+    "  (peak - before) / the bytes of all its rows (the issue's measure; max over tasks)",
+    "model_growth_x: the same for one model: (peak while it loaded and fitted - RSS before its",
+    "  rows) / its rows' bytes; load_growth_x: the same at the end of its loading, before the",
+    "  fit (the rest of the growth is the estimator's own working memory)",
+    "xgb_alone_x: that working memory alone: a fresh process holding one model's rows (float32)",
+    "  fits one model; its peak RSS growth / the rows' bytes",
     "ph_*: checks (driver), spread (source read, chunks, shuffle write), load (to the first fit),",
     "  fit (fit window), gaps (no fit running inside the job), tail (serialize, collect, assemble)",
-    "partition_mb: feature and label bytes one task held (float32 features for XGBoost)",
+    "partition_mb: feature and label bytes of one model's rows (float32 features for XGBoost)",
     "load1: the host's 1-minute load average when the round started",
 ]
 
