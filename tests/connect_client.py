@@ -223,12 +223,14 @@ def _parquet_ensembles(spark, data, columns, path):
     from sparkdist.ensemble import PartitionEnsemble
     from sparkdist.ensemble.features import FeatureSpec
     from sparkdist.ensemble.parquet_source import find_parquet_source
+    from sparkdist.runner.spark_cluster import session_slots
 
     table = pa.Table.from_pandas(data, preserve_index=False)
     pq.write_table(table, f"{path}/part-0.parquet")  # one row group, as Spark reads it
     direct = spark.read.parquet(path)
     filtered = direct.filter(F.col("label") >= 0)
     spec = FeatureSpec(n_features=len(columns), feature_cols=tuple(columns))
+    slots = session_slots(spark)
     models = [
         PartitionEnsemble(
             XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=2, random_state=4
@@ -237,8 +239,10 @@ def _parquet_ensembles(spark, data, columns, path):
     ]
     X = data[columns].to_numpy()
     return {
-        "parquet_direct": find_parquet_source(direct, spec, "label", True) is not None,
-        "parquet_filtered_direct": find_parquet_source(filtered, spec, "label", True) is not None,
+        "parquet_direct": find_parquet_source(direct, spec, "label", True, slots) is not None,
+        "parquet_filtered_direct": (
+            find_parquet_source(filtered, spec, "label", True, slots) is not None
+        ),
         "parquet_rows": [s.rows for s in models[0].estimators_stats_],
         "parquet_same": bool(
             np.array_equal(models[0].predict_proba(X), models[1].predict_proba(X))

@@ -210,10 +210,11 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 def parquet_source_of(df, features_col, label_col="label"):
     from sparkdist.ensemble.parquet_source import find_parquet_source
     from sparkdist.ensemble.validation import check_label_type, resolve_features
+    from sparkdist.runner.spark_cluster import session_slots
 
     spec = resolve_features(df.schema, features_col)
     numeric = check_label_type(df.schema, label_col, is_classifier=True)
-    return find_parquet_source(df, spec, label_col, numeric)
+    return find_parquet_source(df, spec, label_col, numeric, session_slots(df.sparkSession))
 
 
 @pytest.fixture(scope="module")

@@ -56,10 +56,10 @@ class ParquetSource:
 
 
 def find_parquet_source(
-    df: Any, spec: FeatureSpec, label_col: str, label_is_numeric: bool
+    df: Any, spec: FeatureSpec, label_col: str, label_is_numeric: bool, slots: int | None
 ) -> ParquetSource | None:
-    """The files to read for `df`'s feature and label columns, or None when Spark must
-    read them (why is logged)."""
+    """The files to read for `df`'s feature and label columns, cut into splits for `slots`
+    task slots (None: unknown), or None when Spark must read them (why is logged)."""
     columns = [*spec.input_columns, label_col]
     reason = _plain_scan_refusal(df, columns)
     if reason is None:
@@ -68,7 +68,7 @@ def find_parquet_source(
     if reason is not None:
         logger.info("Spark reads the rows: %s", reason)
         return None
-    split_bytes = _split_bytes(df.sparkSession, sum(size for *_, size in groups))
+    split_bytes = _split_bytes(df.sparkSession, sum(size for *_, size in groups), slots)
     source = ParquetSource(
         splits=tuple(_pack(groups, split_bytes)),
         feature_columns=tuple(spec.input_columns),
@@ -227,7 +227,7 @@ def _is_plain_number(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
 
 
-def _split_bytes(spark: Any, total_bytes: int) -> int:
+def _split_bytes(spark: Any, total_bytes: int, slots: int | None) -> int:
     """The bytes each split aims at: the data spread evenly over the task slots (Spark's
     spark.sql.files.maxPartitionBytes where the slots are unknown).
 
@@ -235,9 +235,6 @@ def _split_bytes(spark: Any, total_bytes: int) -> int:
     slot on its own (measured: 20 empty mapInArrow tasks take 1.6 s on 2 slots, 2 take
     0.2 s), and a split is read row group by row group, so its size does not add memory.
     """
-    from sparkdist.runner.spark_cluster import session_slots
-
-    slots = session_slots(spark)
     if slots is None:
         return parse_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", None) or "128m")
     return max(_OPEN_COST_BYTES, math.ceil(total_bytes / max(1, slots)))

@@ -140,9 +140,10 @@ class PartitionEnsemble(BaseEstimator):
             element=element,
             random_state=seed,
         )
-        slots = session_slots(df.sparkSession) or settings.n_estimators
+        slots = session_slots(df.sparkSession)
+        n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
         spread_plan = SpreadPlan(
-            keys=tuple(partition_keys(df.sparkSession, min(settings.n_estimators, slots))),
+            keys=tuple(partition_keys(df.sparkSession, n_tasks)),
             n_models=settings.n_estimators,
             seed=seed,
             n_features=spec.n_features,
@@ -154,7 +155,7 @@ class PartitionEnsemble(BaseEstimator):
         training_started = time.time()
         with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
             rows = (
-                spread(df, spec, label_col, spread_plan)
+                spread(df, spec, label_col, spread_plan, slots)
                 .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
                 .collect()
             )

@@ -66,20 +66,21 @@ def chunk_schema(label_is_numeric: bool) -> str:
     )
 
 
-def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
+def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan, slots: int | None) -> Any:
     """(key, model index, source, piece, features, labels, report) rows: training
     partition p holds the chunks of models p, p + P, p + 2P, ... (P partitions), sorted by
     model and then by where they were cut, after a report from every source task.
 
     A plain Parquet scan's files are read by pyarrow in the source tasks (see
-    parquet_source); any other DataFrame is read by Spark.
+    parquet_source), cut into splits for the cluster's `slots` task slots; any other
+    DataFrame is read by Spark.
     """
     from functools import partial
 
     from pyspark.sql import functions as F
 
     schema = chunk_schema(plan.label_is_numeric)
-    files = find_parquet_source(df, spec, label_col, plan.label_is_numeric)
+    files = find_parquet_source(df, spec, label_col, plan.label_is_numeric, slots)
     if files is not None:
         n_splits = len(files.splits)
         splits = df.sparkSession.range(0, n_splits, 1, n_splits)
