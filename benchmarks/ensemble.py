@@ -274,11 +274,11 @@ def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
     }
 
 
-def sparkdist_models(df, columns: list[str], X_test, y_test, k: int) -> dict:
+def sparkdist_models(df, columns: list[str], X_test, y_test, k: int, shuffle: bool) -> dict:
     """PartitionEnsemble.fit from the parquet file to the fitted model on the driver."""
     from sparkdist.ensemble import PartitionEnsemble
 
-    ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=k, random_state=k)
+    ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=k, random_state=k, shuffle=shuffle)
     model, seconds = timed(lambda: ensemble.fit(df, features_col=columns))
     stats = model.stats_frame()
     return {
@@ -321,20 +321,21 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
         one_accuracy = float((one.predict(X_test) == y_test).mean())
         log(f"{n_rows} rows: one model {one_seconds:.1f}s, accuracy {one_accuracy:.4f}")
 
-    samples: dict[int, list[dict]] = {k: [] for k in ks}
+    samples: dict[tuple[int, bool], list[dict]] = {(k, s): [] for k in ks for s in SHUFFLE}
     xgb_samples = []
     for round_ in range(repeats):
         for k in ks:
-            sample = {"load1": os.getloadavg()[0]}
-            sample |= sequential_models(path, X_test, y_test, k, seed=k)
-            sample |= sparkdist_models(df, columns, X_test, y_test, k)
-            log(
-                f"{n_rows} rows, K={k}, round {round_ + 1}: sequential fit "
-                f"{sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end to end "
-                f"({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}; "
-                + ", ".join(f"{key} {sample[key]:.2f}" for key in [*PHASES, *GROWTH])
-            )
-            samples[k].append(sample)
+            sequential = sequential_models(path, X_test, y_test, k, seed=k)
+            for shuffle in SHUFFLE:
+                sample = {"load1": os.getloadavg()[0], **sequential}
+                sample |= sparkdist_models(df, columns, X_test, y_test, k, shuffle)
+                log(
+                    f"{n_rows} rows, K={k}, shuffle={shuffle}, round {round_ + 1}: sequential "
+                    f"fit {sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end "
+                    f"to end ({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}; "
+                    + ", ".join(f"{key} {sample[key]:.2f}" for key in [*PHASES, *GROWTH])
+                )
+                samples[k, shuffle].append(sample)
         if n_rows <= 2_000_000:
             xgb_samples.append(xgboost_spark(df, columns, X_test, y_test))
             log(f"{n_rows} rows: xgboost.spark {xgb_samples[-1]['xgb_spark_s']:.1f}s")
@@ -342,13 +343,15 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
             xgb_samples.append({"xgb_spark_s": float("nan"), "xgb_spark_acc": float("nan")})
 
     xgb = pd.DataFrame(xgb_samples).median()
+    alone = {k: plain_fit_growth(n_rows // k) for k in ks}
     results = []
-    for k in ks:
-        median = pd.DataFrame(samples[k]).median()
+    for (k, shuffle), k_samples in samples.items():
+        median = pd.DataFrame(k_samples).median()
         results.append(
             {
                 "rows": n_rows,
                 "K": k,
+                "shuffle": shuffle,
                 "seq_fit_s": median["seq_fit_s"],
                 "spark_fit_s": median["spark_fit_s"],
                 "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
@@ -368,7 +371,7 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
                 "load_growth_x": median["load_growth_x"],
                 "task_growth_x": median["task_growth_x"],
                 "model_growth_x": median["model_growth_x"],
-                "xgb_alone_x": plain_fit_growth(n_rows // k),
+                "xgb_alone_x": alone[k],
                 **{key: median[key] for key in PHASES},
                 "partition_mb": median["partition_mb"],
                 "load1": median["load1"],
@@ -399,13 +402,16 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+# PartitionEnsemble(shuffle=...): the default random spread of all rows, then without a
+# shuffle (each task spreads the rows it read over its own models).
+SHUFFLE = (True, False)
 GROWTH = ["load_growth_x", "model_growth_x", "task_growth_x"]
 PHASES = ["ph_checks", "ph_spread", "ph_load", "ph_fit", "ph_gaps", "ph_tail"]
 
 
 def print_table(results: list[dict], repeats: int) -> None:
     table = pd.DataFrame(results)
-    breakdown = table[["rows", "K", "spark_e2e_s", *PHASES]].copy()
+    breakdown = table[["rows", "K", "shuffle", "spark_e2e_s", *PHASES]].copy()
     main_columns = [c for c in table.columns if c not in PHASES]
     table = table[main_columns]
     formats = {
@@ -451,6 +457,8 @@ NOTES = [
     "spark_fit_s: wall seconds during which some sparkdist task was fitting a model",
     "fit_speedup: seq_fit_s / spark_fit_s (the parallel map itself; 2 task slots)",
     "seq_e2e_s: seq_fit_s plus reading the parquet file into numpy and cutting the shares",
+    "shuffle: PartitionEnsemble(shuffle=...): True spreads all rows over all models through a",
+    "  shuffle (the default); False keeps rows in the task that read them (no shuffle)",
     "spark_e2e_s: PartitionEnsemble.fit from the parquet file to the fitted model on the driver",
     "  (read and spread with checks, shuffle, fitting, collect); e2e_speedup = seq/spark",
     "fit_cpu_sum / seq_cpu_s: CPU seconds of the K fits on the executors / in sequence",

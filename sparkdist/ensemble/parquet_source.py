@@ -39,9 +39,12 @@ _OPEN_COST_BYTES = 4 * 2**20
 
 @dataclass(frozen=True)
 class ParquetSplit:
-    """What one source task reads: row groups of one or more files, as (url, indexes)."""
+    """What one source task reads: row groups of one or more files, as (url, indexes),
+    from row `skip` of the first row group on, `rows` rows in all (None: every row)."""
 
     parts: tuple[tuple[str, tuple[int, ...]], ...]
+    skip: int = 0
+    rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,16 @@ class ParquetSource:
 
 
 def find_parquet_source(
-    df: Any, spec: FeatureSpec, label_col: str, label_is_numeric: bool, slots: int | None
+    df: Any,
+    spec: FeatureSpec,
+    label_col: str,
+    label_is_numeric: bool,
+    slots: int | None,
+    parts: int | None = None,
 ) -> ParquetSource | None:
-    """The files to read for `df`'s feature and label columns, cut into splits for `slots`
-    task slots (None: unknown), or None when Spark must read them (why is logged)."""
+    """The files to read for `df`'s feature and label columns, or None when Spark must
+    read them (why is logged). Cut into splits by size for `slots` task slots (None:
+    unknown), or into exactly `parts` splits of equal row counts."""
     columns = [*spec.input_columns, label_col]
     reason = _plain_scan_refusal(df, columns)
     if reason is None:
@@ -68,9 +77,13 @@ def find_parquet_source(
     if reason is not None:
         logger.info("Spark reads the rows: %s", reason)
         return None
-    split_bytes = _split_bytes(df.sparkSession, sum(size for *_, size in groups), slots)
+    if parts is None:
+        split_bytes = _split_bytes(df.sparkSession, sum(g[2] for g in groups), slots)
+        splits = tuple(_pack(groups, split_bytes))
+    else:
+        splits = tuple(_row_ranges(groups, parts))
     source = ParquetSource(
-        splits=tuple(_pack(groups, split_bytes)),
+        splits=splits,
         feature_columns=tuple(spec.input_columns),
         features_are_lists=spec.features_col is not None,
         label_column=label_col,
@@ -91,12 +104,17 @@ def read_split(
     """A split's rows as (features, labels) pieces of at most `max_rows` rows: features a
     float matrix for plain columns, or the list column itself (the caller checks it)."""
     columns = [*source.feature_columns, source.label_column]
+    skip = split.skip
+    left = math.inf if split.rows is None else split.rows
     for url, row_groups in split.parts:
         filesystem, path = filesystem_and_path(url)
         with filesystem.open_input_file(path) as handle:
             parquet = pq.ParquetFile(handle)
             for row_group in row_groups:
                 table = parquet.read_row_group(row_group, columns=columns)
+                if skip or left < table.num_rows - skip:
+                    table = table.slice(skip, min(left, table.num_rows - skip))
+                skip, left = 0, left - table.num_rows
                 labels = table.column(source.label_column).combine_chunks()
                 labels = labels.cast(pa.float64() if source.label_is_numeric else pa.string())
                 for start in range(0, table.num_rows, max_rows):
@@ -171,8 +189,8 @@ def _class_name(java_object: Any) -> str:
 
 def _row_groups(
     urls: list[str], spec: FeatureSpec, label_col: str, label_is_numeric: bool
-) -> tuple[str | None, list[tuple[str, int, int]]]:
-    """(refusal, [(url, row group, bytes)]) after checking every file's columns."""
+) -> tuple[str | None, list[tuple[str, int, int, int]]]:
+    """(refusal, [(url, row group, bytes, rows)]) after checking every file's columns."""
     if not urls:
         return "the scan lists no files", []
     if len(urls) > MAX_FILES:
@@ -197,7 +215,7 @@ def _row_groups(
                 size = sum(
                     row_group.column(c).total_compressed_size for c in range(row_group.num_columns)
                 )
-                groups.append((url, i, size))
+                groups.append((url, i, size, row_group.num_rows))
     return None, groups
 
 
@@ -249,11 +267,11 @@ def parse_bytes(value: str) -> int:
     return int(text)
 
 
-def _pack(groups: list[tuple[str, int, int]], split_bytes: int) -> Iterator[ParquetSplit]:
+def _pack(groups: list[tuple[str, int, int, int]], split_bytes: int) -> Iterator[ParquetSplit]:
     """Row groups in file order, a split closed once it holds `split_bytes`."""
     parts: dict[str, list[int]] = {}
     size = 0
-    for url, index, group_size in groups:
+    for url, index, group_size, _ in groups:
         parts.setdefault(url, []).append(index)
         size += group_size
         if size >= split_bytes:
@@ -261,3 +279,25 @@ def _pack(groups: list[tuple[str, int, int]], split_bytes: int) -> Iterator[Parq
             parts, size = {}, 0
     if parts:
         yield ParquetSplit(tuple((u, tuple(rgs)) for u, rgs in parts.items()))
+
+
+def _row_ranges(groups: list[tuple[str, int, int, int]], n: int) -> Iterator[ParquetSplit]:
+    """The rows in file order cut into `n` splits of equal counts (to one row): split i
+    holds rows [i * total // n, (i + 1) * total // n), row groups cut where needed."""
+    total = sum(rows for *_, rows in groups)
+    first = 0  # the first row of groups[g] among all rows
+    g = 0
+    for i in range(n):
+        start, stop = i * total // n, (i + 1) * total // n
+        while g < len(groups) and first + groups[g][3] <= start:
+            first += groups[g][3]
+            g += 1
+        skip, parts = start - first, {}
+        end, j = first, g
+        while j < len(groups) and end < stop:
+            parts.setdefault(groups[j][0], []).append(groups[j][1])
+            end += groups[j][3]
+            j += 1
+        yield ParquetSplit(
+            tuple((url, tuple(indexes)) for url, indexes in parts.items()), skip, stop - start
+        )

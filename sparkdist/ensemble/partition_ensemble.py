@@ -22,13 +22,14 @@ from sklearn.base import BaseEstimator
 
 from sparkdist.ensemble.model import PartitionEnsembleModel
 from sparkdist.ensemble.parquet_source import parse_bytes
-from sparkdist.ensemble.partitioning import SpreadPlan, partition_keys, spread
+from sparkdist.ensemble.partitioning import SpreadPlan, own_parts, partition_keys, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
 from sparkdist.ensemble.training import (
     RESULT_SCHEMA,
     EstimatorStats,
     TrainingPlan,
     choose_features,
+    train_own_rows,
     train_partition,
 )
 from sparkdist.ensemble.validation import (
@@ -71,6 +72,14 @@ class PartitionEnsemble(BaseEstimator):
         0.1 with weights="validation" and to 0 (no hold-out, no score) otherwise.
     random_state : seeds the row spread, the row and feature sampling and each model's
         own seed. None draws one (recorded on the fitted model as params["random_state"]).
+    shuffle : True (the default) spreads every row at random over all models through a
+        Spark shuffle. False keeps rows in the task that reads them: P = min(n_estimators,
+        task slots) tasks each read 1/P of the data (equal row ranges of a Parquet scan, or
+        Spark's partitions coalesced into P) and spread it over their own models. Faster
+        (no shuffle), and as accurate when the rows' order is random (for example data
+        written after a `repartition`); biased when the data is sorted (by time, by label),
+        since each model sees one slice of it. Its data checks run per task, so bad rows
+        fail the fit after the other tasks' models have trained.
     """
 
     def __init__(
@@ -85,6 +94,7 @@ class PartitionEnsemble(BaseEstimator):
         weights: str = DEFAULTS.weights,
         validation_fraction: float | None = None,
         random_state: int | None = None,
+        shuffle: bool = DEFAULTS.shuffle,
     ) -> None:
         self.estimator = estimator
         self.n_estimators = n_estimators
@@ -95,6 +105,7 @@ class PartitionEnsemble(BaseEstimator):
         self.weights = weights
         self.validation_fraction = validation_fraction
         self.random_state = random_state
+        self.shuffle = shuffle
 
     def fit(
         self,
@@ -124,6 +135,7 @@ class PartitionEnsemble(BaseEstimator):
             self.voting,
             self.weights,
             self.validation_fraction,
+            self.shuffle,
         )
         fit_started = time.perf_counter()
         seed = self._seed()
@@ -143,7 +155,7 @@ class PartitionEnsemble(BaseEstimator):
         slots = session_slots(df.sparkSession)
         n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
         spread_plan = SpreadPlan(
-            keys=tuple(partition_keys(df.sparkSession, n_tasks)),
+            keys=tuple(partition_keys(df.sparkSession, n_tasks)) if settings.shuffle else (),
             n_models=settings.n_estimators,
             seed=seed,
             n_features=spec.n_features,
@@ -154,16 +166,27 @@ class PartitionEnsemble(BaseEstimator):
         started = time.perf_counter()
         training_started = time.time()
         with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
-            rows = (
-                spread(df, spec, label_col, spread_plan, slots)
-                .mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
-                .collect()
-            )
+            if settings.shuffle:
+                training = spread(df, spec, label_col, spread_plan, slots).mapInArrow(
+                    partial(train_partition, plan), RESULT_SCHEMA
+                )
+            else:
+                parts, files = own_parts(df, spec, label_col, spread_plan, n_tasks)
+                training = parts.mapInArrow(
+                    partial(train_own_rows, plan, spread_plan, n_tasks, files), RESULT_SCHEMA
+                )
+            rows = training.collect()
         trained = time.perf_counter()
-        logger.info("trained %d models in %.1fs", len(rows), trained - started)
-        # Every task saw the same totals; a task that trained nothing says why.
-        reports = [row["report"] for row in rows]
-        report = DataReport.from_dict(json.loads(reports[0])) if reports else DataReport()
+        logger.info(
+            "trained %d models in %.1fs",
+            sum(row["model_index"] >= 0 for row in rows),
+            trained - started,
+        )
+        reports = [DataReport.from_dict(json.loads(r["report"])) for r in rows if r["report"]]
+        if settings.shuffle:  # every task saw the same totals
+            report = reports[0] if reports else DataReport()
+        else:  # each task's own part, in its last row
+            report = DataReport.combined(reports)
         summary = summarize(report, spec, label_col, settings, label_is_numeric)
         logger.info(
             "trained %d models on %d rows x %d features%s",
@@ -220,16 +243,26 @@ def assemble_model(
     """
     rows = sorted(rows, key=lambda row: row["model_index"])
     stats = [EstimatorStats.from_dict(json.loads(row["stats"])) for row in rows]
+    if summary.classes is not None:
+        # A model's outputs are the classes it saw, found in the whole data's classes (a
+        # model trained without a shuffle knew only its own part's classes).
+        for model_stats in stats:
+            seen = np.asarray(model_stats.classes_seen, dtype=summary.classes.dtype)
+            model_stats.class_indices = np.searchsorted(summary.classes, seen).tolist()
     missing = sorted(set(range(settings.n_estimators)) - {row["model_index"] for row in rows})
     if missing:
         logger.warning(
             "models %s got no rows and were skipped: the ensemble has %d of the %d "
-            "models asked for (%d rows over %d models)",
+            "models asked for (%d rows over %d models%s)",
             missing,
             len(rows),
             settings.n_estimators,
             summary.n_rows,
             settings.n_estimators,
+            ""
+            if settings.shuffle
+            else "; with shuffle=False a model gets rows only from its task's part: "
+            "the DataFrame has fewer partitions than tasks, repartition it or shuffle",
         )
     if not rows:
         raise ValueError("every partition was empty; no model was trained")

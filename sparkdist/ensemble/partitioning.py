@@ -86,11 +86,9 @@ def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan, slots: 
         splits = df.sparkSession.range(0, n_splits, 1, n_splits)
         chunks = splits.mapInArrow(partial(cut_file_chunks, plan, files), schema)
     else:
-        # One array column, also for plain feature columns: Spark hands it to Python
-        # faster (4.1 s against 5.8 s for 1e6 rows x 50 floats), and it is one reshape.
-        label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
-        selected = df.select(spec.spark_array(df.schema, plan.element), label)
-        chunks = selected.mapInArrow(partial(cut_chunks, plan), schema)
+        chunks = _spark_rows(df, spec, label_col, plan).mapInArrow(
+            partial(cut_chunks, plan), schema
+        )
     # Sorted, a training task receives one model's rows after another and fits each as
     # soon as its rows are in; the order is the same in every run of the same data.
     return chunks.repartition(len(plan.keys), F.col("key")).sortWithinPartitions(
@@ -98,23 +96,38 @@ def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan, slots: 
     )
 
 
+def own_parts(
+    df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan, n_parts: int
+) -> tuple[Any, ParquetSource | None]:
+    """For training without a shuffle: (a DataFrame of `n_parts` partitions, the Parquet
+    files to read or None). Partition p holds split number p of a plain Parquet scan (equal
+    row counts, read by the task), or else Spark's rows coalesced into `n_parts` partitions
+    (fewer if `df` has fewer)."""
+    files = find_parquet_source(
+        df, spec, label_col, plan.label_is_numeric, slots=None, parts=n_parts
+    )
+    if files is not None:
+        return df.sparkSession.range(0, n_parts, 1, n_parts), files
+    return _spark_rows(df, spec, label_col, plan).coalesce(n_parts), None
+
+
+def _spark_rows(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
+    """`df` as (features array, label) for Spark to read and hand to Python.
+
+    One array column, also for plain feature columns: Spark hands it to Python faster
+    (4.1 s against 5.8 s for 1e6 rows x 50 floats), and it is one reshape.
+    """
+    from pyspark.sql import functions as F
+
+    label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
+    return df.select(spec.spark_array(df.schema, plan.element), label)
+
+
 def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function on a source partition read by Spark: each batch's rows as one
     chunk per model index drawn, then one report per target partition."""
     report = DataReport()
-    dtype = _dtype(plan)
-
-    def pieces() -> Iterator[tuple[np.ndarray | None, pa.Array]]:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            width = plan.n_features or _vector_width(batch.column(0))
-            step = _rows_per_chunk(width, dtype)
-            for start in range(0, batch.num_rows, step):
-                piece = batch.slice(start, step)
-                yield _checked_rows(plan, piece.column(0), piece.column(1), dtype, report)
-
-    yield from _cut(plan, report, pieces())
+    yield from _cut(plan, report, spark_pieces(plan, report, batches))
 
 
 def cut_file_chunks(
@@ -123,30 +136,52 @@ def cut_file_chunks(
     """mapInArrow function over split numbers: reads each split's Parquet row groups and
     cuts them as `cut_chunks` cuts Spark's batches."""
     report = DataReport()
+    yield from _cut(plan, report, file_pieces(plan, files, report, batches))
+
+
+def spark_pieces(
+    plan: SpreadPlan, report: DataReport, batches: Iterator[pa.RecordBatch]
+) -> Iterator[tuple[np.ndarray | None, pa.Array]]:
+    """(features, labels) of Spark's batches of (feature array, label), at most a chunk's
+    bytes at a time, each checked into `report`; no features once a check failed."""
+    dtype = _dtype(plan)
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        width = plan.n_features or _vector_width(batch.column(0))
+        step = _rows_per_chunk(width, dtype)
+        for start in range(0, batch.num_rows, step):
+            piece = batch.slice(start, step)
+            yield _checked_rows(plan, piece.column(0), piece.column(1), dtype, report)
+
+
+def file_pieces(
+    plan: SpreadPlan,
+    files: ParquetSource,
+    report: DataReport,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[tuple[np.ndarray | None, pa.Array]]:
+    """`spark_pieces` of the Parquet splits whose numbers the batches hold."""
     dtype = _dtype(plan)
     max_rows = _rows_per_chunk(plan.n_features or 1, dtype)
-
-    def pieces() -> Iterator[tuple[np.ndarray | None, pa.Array]]:
-        for batch in batches:
-            for split in batch.column(0).to_pylist():
-                for features, labels in read_split(files, files.splits[split], dtype, max_rows):
-                    if isinstance(features, np.ndarray):
-                        report.add_labels(labels, plan.is_classifier, plan.label_is_numeric)
-                        report.add_vectors(0, np.array([features.shape[1]]))
-                        yield (features if report.clean else None), labels
-                    else:
-                        # A list column's width is known only now: cut to the same bound.
-                        step = _rows_per_chunk(_vector_width(features), dtype)
-                        for start in range(0, len(features), step):
-                            yield _checked_rows(
-                                plan,
-                                features.slice(start, step),
-                                labels.slice(start, step),
-                                dtype,
-                                report,
-                            )
-
-    yield from _cut(plan, report, pieces())
+    for batch in batches:
+        for split in batch.column(0).to_pylist():
+            for features, labels in read_split(files, files.splits[split], dtype, max_rows):
+                if isinstance(features, np.ndarray):
+                    report.add_labels(labels, plan.is_classifier, plan.label_is_numeric)
+                    report.add_vectors(0, np.array([features.shape[1]]))
+                    yield (features if report.clean else None), labels
+                else:
+                    # A list column's width is known only now: cut to the same bound.
+                    step = _rows_per_chunk(_vector_width(features), dtype)
+                    for start in range(0, len(features), step):
+                        yield _checked_rows(
+                            plan,
+                            features.slice(start, step),
+                            labels.slice(start, step),
+                            dtype,
+                            report,
+                        )
 
 
 def _cut(

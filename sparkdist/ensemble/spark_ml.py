@@ -95,6 +95,13 @@ class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, Ha
         "'uniform', or 'validation' to weight models by their held-out score",
         typeConverter=TypeConverters.toString,
     )
+    shuffle: Param[bool] = Param(
+        Params._dummy(),
+        "shuffle",
+        "spread all rows over all models with a shuffle (True), or keep rows in the task "
+        "that reads them (False: faster, biased if the data is sorted)",
+        typeConverter=TypeConverters.toBoolean,
+    )
     validationFraction: Param[float] = Param(
         Params._dummy(),
         "validationFraction",
@@ -117,6 +124,7 @@ class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, Ha
             maxFeatures=DEFAULTS.max_features,
             voting=DEFAULTS.voting,
             weights=DEFAULTS.weights,
+            shuffle=DEFAULTS.shuffle,
         )
 
     def getEstimator(self) -> Any:
@@ -139,6 +147,9 @@ class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, Ha
 
     def getVoting(self) -> str:
         return self.getOrDefault(self.voting)
+
+    def getShuffle(self) -> bool:
+        return self.getOrDefault(self.shuffle)
 
     def getWeights(self) -> str:
         return self.getOrDefault(self.weights)
@@ -181,6 +192,7 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         weights: str = DEFAULTS.weights,
         validationFraction: float | None = None,
         seed: int | None = None,
+        shuffle: bool = DEFAULTS.shuffle,
     ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
@@ -203,6 +215,7 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         weights: str = DEFAULTS.weights,
         validationFraction: float | None = None,
         seed: int | None = None,
+        shuffle: bool = DEFAULTS.shuffle,
     ) -> SparkPartitionEnsemble:
         """Set any of the Params by keyword."""
         return self._set(**self._input_kwargs)
@@ -229,6 +242,7 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
             weights=self.getWeights(),
             validation_fraction=self.getValidationFraction(),
             random_state=None if seed is None else seed % (2**31),
+            shuffle=self.getShuffle(),
         )
         fitted = ensemble.fit(
             dataset,

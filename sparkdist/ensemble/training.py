@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from sparkdist.ensemble.features import FeatureSpec
-from sparkdist.ensemble.partitioning import read_chunks
+from sparkdist.ensemble.parquet_source import ParquetSource
+from sparkdist.ensemble.partitioning import SpreadPlan, file_pieces, read_chunks, spark_pieces
 from sparkdist.ensemble.serialization import dump_estimator, library_versions
 from sparkdist.ensemble.validation import DataReport, DataSummary, Settings, summarize
 
@@ -114,10 +115,11 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             if checked[1] is None:
                 break  # bad data: drain the input, train nothing
             if loading is not None and loading.model_index != model_index:
-                yield _fitted(plan, checked, loading, task_started)
+                yield _result_batch(*_fitted(plan, checked, loading, task_started), checked[0])
                 loading = None
             if loading is None:
-                loading = _Loading(model_index, _Rows(dtype, plan.features.n_features))
+                rows = _Rows(dtype, plan.features.n_features)
+                loading = _Loading(model_index, rows, _reset_peak_rss(), time.perf_counter())
             loading.rows.add(data, labels)
         del batch, chunks
         # Arrow's allocator keeps freed batches for reuse; without this the task holds
@@ -128,9 +130,68 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             return
         checked = _check(plan, reports)
     if loading is not None and checked[1] is not None:
-        yield _fitted(plan, checked, loading, task_started)
+        yield _result_batch(*_fitted(plan, checked, loading, task_started), checked[0])
     else:  # bad data, or a partition that received no rows
         yield _result_batch(-1, None, None, checked[0])
+
+
+def train_own_rows(
+    plan: TrainingPlan,
+    spread_plan: SpreadPlan,
+    n_parts: int,
+    files: ParquetSource | None,
+    batches: Iterator[Any],
+) -> Iterator[Any]:
+    """mapInArrow function without a shuffle (shuffle=False): task p reads its part of
+    the data and spreads the rows at random over its own models, p, p + P, p + 2P, ...
+    (P = n_parts), then fits them one after another.
+
+    The task checks its own part before any fit and finds its own classes; the driver
+    checks the totals of every part's report (its last row, model index -1) and maps each
+    model's classes onto the whole data's. A task holds all of its part's rows at once.
+    """
+    task_started = time.time()
+    rss_before, started = _reset_peak_rss(), time.perf_counter()
+    part = max(0, _partition_id())
+    models = list(range(part, plan.settings.n_estimators, n_parts))
+    report = DataReport()
+    if files is None:
+        pieces = spark_pieces(spread_plan, report, batches)
+    else:
+        pieces = file_pieces(spread_plan, files, report, batches)
+    dtype = np.float32 if plan.element == "float" else np.float64
+    rows = [_Rows(dtype, plan.features.n_features) for _ in models]
+    rng = np.random.default_rng([plan.random_state, 3, part])
+    for X, labels in pieces:
+        if X is None or not report.clean or not models:
+            continue  # bad data: read on to count it all, keep nothing
+        index = rng.integers(0, len(models), len(X))
+        order = np.argsort(index, kind="stable")
+        X, labels = X[order], labels.take(pa.array(order))
+        start = 0
+        for model_rows, count in zip(rows, np.bincount(index, minlength=len(models)), strict=True):
+            if count:
+                model_rows.add(X[start : start + count].reshape(-1), labels.slice(start, count))
+                start += count
+    summary = None
+    if report.rows and models:
+        try:
+            summary = summarize(
+                report,
+                plan.features,
+                plan.label_col,
+                plan.settings,
+                plan.label_is_numeric,
+                whole=False,
+            )
+        except ValueError as error:
+            logger.warning("not training: %s", error)
+    if summary is not None:
+        for model_index, model_rows in zip(models, rows, strict=True):
+            if model_rows.n_rows:
+                loading = _Loading(model_index, model_rows, rss_before, started)
+                yield _result_batch(*_fitted(plan, (report, summary), loading, task_started))
+    yield _result_batch(-1, None, None, report)
 
 
 def _check(plan: TrainingPlan, reports: dict[int, str]) -> tuple[DataReport, Any]:
@@ -145,14 +206,15 @@ def _check(plan: TrainingPlan, reports: dict[int, str]) -> tuple[DataReport, Any
         return report, None
 
 
+@dataclass
 class _Loading:
-    """One model's rows as they arrive, with the moment and memory they started from."""
+    """One model's rows, with the moment and the worker's memory their loading started
+    from."""
 
-    def __init__(self, model_index: int, rows: _Rows) -> None:
-        self.model_index = model_index
-        self.rows = rows
-        self.rss_before = _reset_peak_rss()
-        self.started = time.perf_counter()
+    model_index: int
+    rows: _Rows | None
+    rss_before: int
+    started: float
 
 
 def _fitted(
@@ -160,9 +222,9 @@ def _fitted(
     checked: tuple[DataReport, DataSummary],
     loading: _Loading,
     task_started: float,
-) -> pa.RecordBatch:
-    """Fit the model whose rows `loading` holds; its result row."""
-    report, summary = checked
+) -> tuple[int, tuple[str, str, bytes], EstimatorStats]:
+    """Fit the model whose rows `loading` holds: (model index, model, stats)."""
+    _, summary = checked
     load_seconds = time.perf_counter() - loading.started
     peak_loaded = _peak_rss_bytes()
     features_per_model = choose_features(
@@ -183,11 +245,14 @@ def _fitted(
     dump_started = time.perf_counter()
     model = dump_estimator(estimator)
     stats.dump_seconds = time.perf_counter() - dump_started
-    return _result_batch(loading.model_index, model, stats, report)
+    return loading.model_index, model, stats
 
 
 def _result_batch(
-    model_index: int, model: tuple[str, str, bytes] | None, stats: Any, report: DataReport
+    model_index: int,
+    model: tuple[str, str, bytes] | None,
+    stats: Any,
+    report: DataReport | None = None,
 ) -> pa.RecordBatch:
     model_format, model_class, data = model if model is not None else (None, None, None)
     return pa.RecordBatch.from_pydict(
@@ -197,7 +262,7 @@ def _result_batch(
             "model_class": [model_class],
             "model_bytes": [data],
             "stats": [None if stats is None else json.dumps(stats.to_dict())],
-            "report": [report.to_json()],
+            "report": [None if report is None else report.to_json()],
         },
         schema=_RESULT_ARROW_SCHEMA,
     )

@@ -43,6 +43,7 @@ class Defaults:
     max_features: float = 1.0
     voting: str = "soft"
     weights: str = "uniform"
+    shuffle: bool = True
 
 
 DEFAULTS = Defaults()
@@ -60,6 +61,7 @@ class Settings:
     voting: str
     weights: str
     validation_fraction: float
+    shuffle: bool = True
 
 
 @dataclass
@@ -151,6 +153,7 @@ def check_settings(
     voting: Any,
     weights: Any,
     validation_fraction: Any,
+    shuffle: Any = DEFAULTS.shuffle,
 ) -> Settings:
     """Check the ensemble parameters; resolve validation_fraction's default."""
     from sklearn.base import is_classifier, is_regressor
@@ -173,8 +176,9 @@ def check_settings(
             f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
             f"got {max_samples!r}"
         )
-    if not isinstance(bootstrap, bool | np.bool_):
-        raise ValueError(f"bootstrap must be True or False, got {bootstrap!r}")
+    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     if _is_int(max_features):
         if max_features < 1:
             raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
@@ -210,6 +214,7 @@ def check_settings(
         voting=voting,
         weights=weights,
         validation_fraction=float(validation_fraction),
+        shuffle=bool(shuffle),
     )
 
 
@@ -275,12 +280,15 @@ def summarize(
     label_col: str,
     settings: Settings,
     label_is_numeric: bool,
+    whole: bool = True,
 ) -> DataSummary:
     """The data's totals checked, and a classifier's classes, from the source tasks' reports.
 
     Runs in every training task before it fits (each has every source task's report) and
     again on the driver, so bad data stops training early and the driver raises the same
-    clear error.
+    clear error. With `whole` False the report covers one task's part (shuffle=False): the
+    checks only the whole data can answer (rows enough for every model, two classes) are
+    left to the driver, and the classes are the part's own.
     """
     if len(report.classes) > MAX_CLASSES:
         raise ValueError(
@@ -298,7 +306,7 @@ def summarize(
     if spec.features_col is not None:
         spec = _vector_spec(spec, report)
     minimum = settings.n_estimators * MIN_ROWS_PER_MODEL
-    if n_rows < minimum:
+    if whole and n_rows < minimum:
         raise ValueError(
             f"{n_rows} rows are too few for n_estimators={settings.n_estimators}: each model "
             f"needs at least {MIN_ROWS_PER_MODEL} rows, so use n_estimators <= "
@@ -308,7 +316,7 @@ def summarize(
     classes = None
     if settings.is_classifier:
         classes = np.array(sorted(report.classes))
-        if len(classes) < 2:
+        if whole and len(classes) < 2:
             raise ValueError(
                 f"label column '{label_col}' has a single class ({classes[0]!r}); a classifier "
                 "needs at least two"
