@@ -135,6 +135,9 @@ def test_partition_ensemble_fit_and_transform(connect_url):
     assert result["parquet_direct"] and not result["parquet_filtered_direct"]
     assert sum(result["parquet_rows"]) == 569
     assert result["parquet_same"]
+    # Without a shuffle, each of the 2 tasks reads half of the file for its own model.
+    assert sorted(result["parquet_local_rows"]) == [284, 285]
+    assert result["parquet_local_accuracy"] > 0.9
 
 
 def test_rank_zero_logs_into_the_clients_mlflow_run(connect_url, mlflow_server):

@@ -274,6 +274,117 @@ def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer
     assert model.score(X, y) > 0.9
 
 
+# --- shuffle=False: each task trains its models on the rows it reads ---------------------
+
+
+def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(spark, tmp_path, cancer):
+    """Sorted by label, the rows' order shows where each model's rows came from: with 2
+    tasks, models 0 and 2 train on the first half of the rows, 1 and 3 on the second (all
+    class 1 here: constant models, their outputs mapped onto the whole data's classes)."""
+    X, y = cancer
+    order = np.argsort(y, kind="stable")
+    path = write_parquet_files(tmp_path / "sorted", frame(X[order], y[order]), row_group_size=50)
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    df = spark.read.parquet(path)
+    model = PartitionEnsemble(logistic(), n_estimators=4, random_state=2, shuffle=False).fit(
+        df, columns
+    )
+    stats = model.estimators_stats_
+    first_half = len(y) // 2  # 284 rows: 212 of class 0, then class 1
+    assert sum(s.rows for s in stats[0::2]) == first_half
+    assert sum(s.rows for s in stats[1::2]) == len(y) - first_half
+    assert {s.partition_id for s in stats[0::2]} != {s.partition_id for s in stats[1::2]}
+    assert all(s.classes_seen == [0.0, 1.0] and s.class_indices == [0, 1] for s in stats[0::2])
+    assert all(s.classes_seen == [1.0] and s.class_indices == [1] for s in stats[1::2])
+    assert all(s.single_class for s in stats[1::2])
+    np.testing.assert_array_equal(model.classes_, [0.0, 1.0])
+    proba = model.predict_proba(X)
+    assert proba.shape == (len(y), 2)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+
+
+def test_without_shuffle_random_order_data_is_as_accurate(spark, tmp_path, cancer):
+    X, y = cancer
+    order = np.random.default_rng(0).permutation(len(y))
+    train, test = order[:400], order[400:]
+    path = write_parquet_files(tmp_path / "random", frame(X[train], y[train]))
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    df = spark.read.parquet(path)
+
+    def fit(shuffle):
+        ensemble = PartitionEnsemble(logistic(), n_estimators=4, random_state=3, shuffle=shuffle)
+        model = ensemble.fit(df, columns)
+        assert sum(s.rows for s in model.estimators_stats_) == len(train)
+        assert model.params["shuffle"] is shuffle
+        return model.score(X[test], y[test])
+
+    shuffled, local = fit(True), fit(False)
+    assert local > 0.93 and abs(local - shuffled) <= 0.03, (local, shuffled)
+
+
+def test_without_shuffle_spark_read_rows_are_coalesced_into_one_part_per_task(spark, cancer):
+    X, y = cancer
+    df = with_vector(spark, frame(X, y)).repartition(5)  # Spark reads: not a plain scan
+    model = PartitionEnsemble(logistic(), n_estimators=3, random_state=1, shuffle=False).fit(df)
+    stats = model.estimators_stats_
+    assert [s.model_index for s in stats] == [0, 1, 2]
+    assert sum(s.rows for s in stats) == len(y)
+    assert stats[0].partition_id == stats[2].partition_id != stats[1].partition_id
+    assert model.score(X, y) > 0.95
+
+
+def test_without_shuffle_bad_rows_are_named_after_the_tasks_checks(small_df):
+    from pyspark.sql import functions as F
+
+    df = small_df.withColumn("label", F.when(F.col("a") > 1, None).otherwise(F.col("label")))
+    with pytest.raises(ValueError, match=r"label column 'label' has \d+ null or NaN.*dropna"):
+        PartitionEnsemble(logistic(), n_estimators=2, shuffle=False).fit(df, ["a", "b"])
+    with pytest.raises(ValueError, match=r"60 rows are too few for n_estimators=7"):
+        PartitionEnsemble(logistic(), n_estimators=7, shuffle=False).fit(small_df, ["a", "b"])
+
+
+def test_spark_ml_stage_passes_shuffle_through(cancer_df, cancer):
+    X, y = cancer
+    stage = SparkPartitionEnsemble(estimator=logistic(), nEstimators=2, seed=1, shuffle=False)
+    assert stage.getShuffle() is False and SparkPartitionEnsemble().getShuffle() is True
+    model = stage.fit(cancer_df)
+    assert model.ensemble.params["shuffle"] is False
+    assert sorted(s.rows for s in model.ensemble.estimators_stats_) == [284, 285]
+
+
+def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
+    import pyarrow.parquet as pq
+
+    from sparkdist.ensemble.parquet_source import (
+        ParquetSource,
+        _row_groups,
+        _row_ranges,
+        read_split,
+    )
+
+    X, y = cancer
+    data = frame(X, y)
+    data["row"] = np.arange(len(y), dtype=float)  # read as a feature: which row came back
+    path = write_parquet_files(tmp_path / "ranges", data, n_files=3, row_group_size=70)
+    urls = sorted(f"file://{path}/{name}" for name in os.listdir(path))
+    spec = FeatureSpec(n_features=2, feature_cols=("row", "f0"))
+    _, groups = _row_groups(urls, spec, "label", True)
+    assert len(groups) == 9  # 190 rows a file: 70 + 70 + 50
+    for n in (1, 2, 4, 7, 600):
+        splits = list(_row_ranges(groups, n))
+        source = ParquetSource(tuple(splits), ("row", "f0"), False, "label", True)
+        read = [
+            np.concatenate(
+                [X_[:, 0] for X_, _ in read_split(source, split, np.float64, 16)] or [[]]
+            )
+            for split in splits
+        ]
+        assert [len(r) for r in read] == [source.rows(i) for i in range(n)]
+        assert max(map(len, read)) - min(map(len, read)) <= 1
+        np.testing.assert_array_equal(np.concatenate(read), np.arange(len(y)))
+    assert pq.read_metadata(urls[0][7:]).num_rows == 190
+
+
 def test_only_plain_scans_of_read_columns_skip_spark(spark, tmp_path, cancer_parquet, cancer):
     """Anything that changes rows or computes a used column goes through Spark's reader."""
     from pyspark.ml.feature import VectorAssembler
@@ -812,6 +923,7 @@ def test_string_label_for_a_regressor_is_refused(small_df):
         ({"voting": "maybe"}, "voting must be one of"),
         ({"weights": "validation", "validation_fraction": 0.0}, "validation_fraction > 0"),
         ({"random_state": -1}, "random_state must be >= 0"),
+        ({"shuffle": "no"}, "shuffle must be True or False"),
     ],
 )
 def test_bad_parameters_fail_before_any_spark_job(small_df, params, message):
