@@ -19,6 +19,9 @@ there (`repartition(n, key)` would otherwise hash two keys to one partition and 
 another idle): found once per partition count by asking Spark to hash a range of
 candidates with the same `hash` (Murmur3, seed 42) that hash partitioning uses. Training
 still groups rows by model index, so results stay right even if the pinning did not hold.
+
+Without a shuffle (shuffle=False, `own_parts`) there is no spread stage: each training
+task reads its own part and spreads it over its own models (see training).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ it, instead of surfacing later as a task failure inside a Py4J stack trace. Para
 the schema are checked on the driver before any Spark job. The data is checked without a
 pass of its own: the tasks that spread the rows count what they read (`DataReport`), every
 training task checks the totals before it fits (so bad data trains nothing), and the
-driver raises the error from the same totals.
+driver raises the error from the same totals. Without a shuffle (shuffle=False) a task
+checks the part it read, and the driver the sum of the parts.
 """
 
 from __future__ import annotations
