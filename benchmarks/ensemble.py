@@ -471,6 +471,8 @@ NOTES = [
     "model_growth_x: the same for one model: (peak while it loaded and fitted - RSS before its",
     "  rows) / its rows' bytes; load_growth_x: the same at the end of its loading, before the",
     "  fit (the rest of the growth is the estimator's own working memory)",
+    "  (with shuffle=False a task holds all its models' rows at once: load_growth_x and",
+    "  model_growth_x are not meaningful there, task_growth_x is)",
     "xgb_alone_x: that working memory alone: a fresh process holding one model's rows (float32)",
     "  fits one model; its peak RSS growth / the rows' bytes",
     "ph_*: checks (driver), spread (source read, chunks, shuffle write), load (to the first fit),",

@@ -172,10 +172,13 @@ def train_own_rows(
             )
         except ValueError as error:
             logger.warning("not training: %s", error)
+    read_seconds = time.perf_counter() - started
     if summary is not None:
         for model_index, model_rows in zip(models, rows, strict=True):
             if model_rows.n_rows:
-                loading = _Loading(model_index, model_rows, rss_before, started)
+                # Every model's load time is the reading of the whole part, done once.
+                loaded = time.perf_counter() - read_seconds
+                loading = _Loading(model_index, model_rows, rss_before, loaded)
                 yield _result_batch(*_fitted(plan, (report, summary), loading, task_started))
     yield _result_batch(-1, None, None, report)
 
