@@ -118,7 +118,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             if checked[1] is None:
                 break  # bad data: drain the input, train nothing
             if loading is not None and loading.model_index != model_index:
-                yield _result_batch(*_fitted(plan, checked, loading, task_started), checked[0])
+                yield _result_batch(*_fitted(plan, checked[1], loading, task_started), checked[0])
                 loading = None
             if loading is None:
                 rows = _Rows(dtype, plan.features.n_features)
@@ -133,7 +133,7 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
             return
         checked = _check(plan, reports)
     if loading is not None and checked[1] is not None:
-        yield _result_batch(*_fitted(plan, checked, loading, task_started), checked[0])
+        yield _result_batch(*_fitted(plan, checked[1], loading, task_started), checked[0])
     else:  # bad data, or a partition that received no rows
         yield _result_batch(-1, None, None, checked[0])
 
@@ -159,19 +159,7 @@ def train_own_rows(
     models = list(range(part, plan.settings.n_estimators, n_parts))
     report = DataReport()
     rows = _read_own_rows(plan, spread_plan, files, part, len(models), report, batches)
-    summary = None
-    if report.rows and models:
-        try:
-            summary = summarize(
-                report,
-                plan.features,
-                plan.label_col,
-                plan.settings,
-                plan.label_is_numeric,
-                whole=False,
-            )
-        except ValueError as error:
-            logger.warning("not training: %s", error)
+    summary = _summary(plan, report, whole=False) if report.rows and models else None
     read_seconds = time.perf_counter() - started
     if summary is not None:
         for model_index, model_rows in zip(models, rows, strict=True):
@@ -179,7 +167,7 @@ def train_own_rows(
                 # Every model's load time is the reading of the whole part, done once.
                 loaded = time.perf_counter() - read_seconds
                 loading = _Loading(model_index, model_rows, rss_before, loaded)
-                yield _result_batch(*_fitted(plan, (report, summary), loading, task_started))
+                yield _result_batch(*_fitted(plan, summary, loading, task_started))
     yield _result_batch(-1, None, None, report)
 
 
@@ -230,13 +218,18 @@ def _read_own_rows(
 def _check(plan: TrainingPlan, reports: dict[int, str]) -> tuple[DataReport, Any]:
     """(the whole data's totals, its summary or None when it fails a check)."""
     report = DataReport.combined(DataReport.from_dict(json.loads(r)) for r in reports.values())
+    return report, _summary(plan, report)
+
+
+def _summary(plan: TrainingPlan, report: DataReport, whole: bool = True) -> DataSummary | None:
+    """`summarize` of the report, or None (the reason logged) when the data fails a check."""
     try:
-        return report, summarize(
-            report, plan.features, plan.label_col, plan.settings, plan.label_is_numeric
+        return summarize(
+            report, plan.features, plan.label_col, plan.settings, plan.label_is_numeric, whole
         )
     except ValueError as error:
         logger.warning("not training: %s", error)
-        return report, None
+        return None
 
 
 @dataclass
@@ -251,13 +244,9 @@ class _Loading:
 
 
 def _fitted(
-    plan: TrainingPlan,
-    checked: tuple[DataReport, DataSummary],
-    loading: _Loading,
-    task_started: float,
+    plan: TrainingPlan, summary: DataSummary, loading: _Loading, task_started: float
 ) -> tuple[int, tuple[str, str, bytes], EstimatorStats]:
     """Fit the model whose rows `loading` holds: (model index, model, stats)."""
-    _, summary = checked
     load_seconds = time.perf_counter() - loading.started
     peak_loaded = _peak_rss_bytes()
     features_per_model = choose_features(
