@@ -32,7 +32,7 @@ core), so its medians need many rounds.
 
 Process layout matters as much as the transport: Linux's autogroup scheduler shares
 the CPU per session, so sparkdist gives ranks the sessions their framework's launcher
-gives them (see `sparkdist.runner.supervisor.rank_in_own_session`).
+gives them (see `sparkdist.runner.rank.supervisor.rank_in_own_session`).
 
     .venv/bin/python benchmarks/allreduce_bandwidth.py [--size-mb 4] [--iters 200]
         [--repeat 5] [--only torch,horovod-gloo,horovod-mpi,mpi4py]

@@ -168,7 +168,7 @@ def connect_client(url: str, repeat: int, only: str | None) -> None:
 
 def connect_rows(repeat: int, only: str | None) -> list[tuple[str, float | None, float | None]]:
     """Start a Connect server and measure the Connect rows from a client process."""
-    from sparkdist.connect_server import LocalConnectServer
+    from sparkdist.spark.connect_server import LocalConnectServer
 
     rows = []
     with LocalConnectServer() as server:
@@ -232,7 +232,7 @@ def main() -> None:
         connect_client(args.connect_client, args.repeat, args.only)
         return
 
-    from sparkdist.session import embedded_spark
+    from sparkdist.spark.session import embedded_spark
 
     spark = embedded_spark(executors=2, app_name="sparkdist-bench")
     rows = []

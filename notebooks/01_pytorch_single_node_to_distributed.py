@@ -26,7 +26,7 @@ import tempfile
 try:
     spark  # noqa: B018 - the notebook's SparkSession, on Databricks
 except NameError:
-    from sparkdist.session import embedded_spark
+    from sparkdist.spark.session import embedded_spark
 
     spark = embedded_spark(executors=2)
 

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "HorovodRunner": "sparkdist.runner.horovod_runner",
-    "JobReport": "sparkdist.runner.horovod_runner",
-    "JobFailedError": "sparkdist.runner.errors",
-    "JobTimeoutError": "sparkdist.runner.errors",
-    "NotEnoughSlotsError": "sparkdist.runner.errors",
-    "PayloadError": "sparkdist.runner.errors",
-    "RankFailedError": "sparkdist.runner.errors",
-    "SparkdistError": "sparkdist.runner.errors",
-    "log_to_driver": "sparkdist.runner.rank_channel",
+    "HorovodRunner": "sparkdist.runner.driver.horovod_runner",
+    "JobReport": "sparkdist.runner.driver.job",
+    "JobFailedError": "sparkdist.errors",
+    "JobTimeoutError": "sparkdist.errors",
+    "NotEnoughSlotsError": "sparkdist.errors",
+    "PayloadError": "sparkdist.errors",
+    "RankFailedError": "sparkdist.errors",
+    "SparkdistError": "sparkdist.errors",
+    "log_to_driver": "sparkdist.runner.rank.channel",
     "TorchDistributor": "sparkdist.torch_distributor",
     "DeepspeedTorchDistributor": "sparkdist.torch_distributor",
 }
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sparkdist.runner.errors import (
+    from sparkdist.errors import (
         JobFailedError,
         JobTimeoutError,
         NotEnoughSlotsError,
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
         RankFailedError,
         SparkdistError,
     )
-    from sparkdist.runner.horovod_runner import HorovodRunner, JobReport
-    from sparkdist.runner.rank_channel import log_to_driver
+    from sparkdist.runner.driver.horovod_runner import HorovodRunner, JobReport
+    from sparkdist.runner.rank.channel import log_to_driver
     from sparkdist.torch_distributor import DeepspeedTorchDistributor, TorchDistributor
 
 

@@ -33,7 +33,8 @@ from typing import Any
 import cloudpickle
 
 from sparkdist import job_environment
-from sparkdist.runner import messages, rank_channel
+from sparkdist.runner.protocol import messages
+from sparkdist.runner.rank import channel as rank_channel
 
 
 def _client() -> rank_channel.DriverClient:

@@ -28,7 +28,7 @@ def _session(args: argparse.Namespace):
     --master) that Spark; otherwise an embedded one."""
     from pyspark.sql import SparkSession
 
-    from sparkdist.session import embedded_spark
+    from sparkdist.spark.session import embedded_spark
 
     if args.remote and args.master:
         raise SystemExit("sparkdist run: give --master or --remote, not both")
@@ -45,8 +45,8 @@ def _session(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace) -> int:
     from sparkdist import HorovodRunner
-    from sparkdist.runner.errors import SparkdistError
-    from sparkdist.session import stop_session
+    from sparkdist.errors import SparkdistError
+    from sparkdist.spark.session import stop_session
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:

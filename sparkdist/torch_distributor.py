@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sparkdist.runner.script import ScriptMain
+from sparkdist.runner.protocol.script import ScriptMain
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class TorchDistributor:
 
     def _runner(self):
         from sparkdist import job_environment
-        from sparkdist.runner.horovod_runner import HorovodRunner
+        from sparkdist.runner.driver.horovod_runner import HorovodRunner
 
         options = dict(self.runner_options)
         # torchrun's way: a task's ranks all see its GPUs (the user's env may say otherwise).

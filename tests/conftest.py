@@ -21,7 +21,7 @@ SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]"
 
 
 def build_spark(master: str = SPARK_MASTER):
-    from sparkdist.session import embedded_spark
+    from sparkdist.spark.session import embedded_spark
 
     conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
     return embedded_spark(app_name="sparkdist-tests", master=master, conf=conf)

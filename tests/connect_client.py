@@ -176,8 +176,8 @@ def scenario_ensemble(spark):
     # The Spark ML wrapper fits and transforms; its Spark ML persistence says why not.
     from pyspark.ml.feature import VectorAssembler
 
-    from sparkdist.connect import ConnectUnsupportedError
     from sparkdist.ensemble import SparkPartitionEnsemble
+    from sparkdist.errors import ConnectUnsupportedError
 
     vectors = VectorAssembler(inputCols=columns, outputCol="features").transform(df)
     stage = SparkPartitionEnsemble(estimator=LogisticRegression(max_iter=2000), nEstimators=2)
@@ -223,7 +223,7 @@ def _parquet_ensembles(spark, data, columns, path):
     from sparkdist.ensemble import PartitionEnsemble
     from sparkdist.ensemble.features import FeatureSpec
     from sparkdist.ensemble.parquet_source import find_parquet_source
-    from sparkdist.runner.spark_cluster import session_slots
+    from sparkdist.spark import session_slots
 
     table = pa.Table.from_pandas(data, preserve_index=False)
     pq.write_table(table, f"{path}/part-0.parquet")  # one row group, as Spark reads it

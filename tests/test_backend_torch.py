@@ -18,7 +18,7 @@ def single_process_accuracy():
     """The same function in a world of one process: this one."""
     import torch
 
-    from sparkdist.runner.network import reserve_port
+    from sparkdist.network import reserve_port
 
     with pytest.MonkeyPatch.context() as patch, reserve_port("127.0.0.1") as port:
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.getsockname()[1])}

@@ -82,7 +82,7 @@ def test_spark_error_during_a_job_is_still_shown(tmp_path):
     script.write_text(
         textwrap.dedent(
             """
-            from sparkdist.session import embedded_spark
+            from sparkdist.spark.session import embedded_spark
 
             spark = embedded_spark(executors=1, app_name="failing-job")
             try:
@@ -125,7 +125,7 @@ def test_cpp_log_lines_follow_tf_cpp_min_log_level():
 
 
 def test_user_log4j_configuration_is_kept(tmp_path):
-    from sparkdist.session import LOG4J2_FILE, quiet_log4j_conf
+    from sparkdist.spark.session import LOG4J2_FILE, quiet_log4j_conf
 
     key = "spark.driver.defaultJavaOptions"
     ours = quiet_log4j_conf({key: "-Xss4m", "spark.driver.extraJavaOptions": "-Da=b"}, {})

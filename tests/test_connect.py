@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdist.connect_server import LocalConnectServer
+from sparkdist.spark.connect_server import LocalConnectServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = Path(__file__).with_name("connect_client.py")

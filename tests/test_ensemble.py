@@ -210,7 +210,7 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 def parquet_source_of(df, features_col, label_col="label"):
     from sparkdist.ensemble.parquet_source import find_parquet_source
     from sparkdist.ensemble.validation import check_label_type, resolve_features
-    from sparkdist.runner.spark_cluster import session_slots
+    from sparkdist.spark import session_slots
 
     spec = resolve_features(df.schema, features_col)
     numeric = check_label_type(df.schema, label_col, is_classifier=True)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from sparkdist.runner.errors import JobFailedError
-from sparkdist.runner.job_state import JobSpec, JobState
+from sparkdist.errors import JobFailedError
+from sparkdist.runner.driver.job_state import JobSpec, JobState
 
 RAISED = "the Spark barrier stage failed: ValueError: network interface 'tn1' does not exist"
 EXECUTOR_LOST = "the Spark barrier stage failed: Job aborted: ExecutorLostFailure (executor 1)"

@@ -9,11 +9,13 @@ import socket
 
 import pytest
 
-from sparkdist.runner import messages, rank_channel, wire
-from sparkdist.runner.driver import DriverService
-from sparkdist.runner.job_state import JobSpec, JobState
-from sparkdist.runner.processes import ProcessRecord
-from sparkdist.runner.task_agent import TaskAgent
+from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.processes import ProcessRecord
+from sparkdist.runner.rank import channel as rank_channel
+from sparkdist.runner.task.agent import TaskAgent
+from sparkdist.tune.messages import TrialCall
 
 # A reply that never comes fails the test instead of hanging it.
 REPLY_TIMEOUT_S = 10
@@ -138,8 +140,8 @@ def test_records_round_trip_through_the_wire():
         messages.RankExit(-9, ["last line"]),
         messages.KvGet("key", 2.5),
         messages.CheckpointLatest(),
-        messages.TrialCall(3, "report", (0.5, 1), {}),
+        TrialCall(3, "report", (0.5, 1), {}),
     ]
-    expected = (*messages.SUPERVISOR_REPORTS, *messages.RANK_REQUESTS, messages.TrialCall)
+    expected = (*messages.SUPERVISOR_REPORTS, *messages.RANK_REQUESTS, TrialCall)
     for message in sent:
         assert messages.decode(messages.encode(message), expected) == message

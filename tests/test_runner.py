@@ -20,7 +20,7 @@ from sparkdist import (
     PayloadError,
     RankFailedError,
 )
-from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.protocol.processes import ProcessRecord
 
 LAUNCHERS = ["mpi", "direct"]
 PLACEMENTS = [2, -2]
@@ -121,8 +121,8 @@ def test_rank_environment_and_process_tree(sc):
         assert result["secret_seen"] and not result["secret_on_cmdline"]
         assert not result["secret_in_env_now"]
         chain = result["chain"]
-        assert "sparkdist.runner.rank" in chain[0]
-        assert "sparkdist.runner.supervisor" in chain[1]
+        assert "sparkdist.runner.rank.main" in chain[0]
+        assert "sparkdist.runner.rank.supervisor" in chain[1]
         assert os.path.basename(chain[2].split()[0]) == "orted"
         assert "pyspark" in " ".join(chain[3:]) or "daemon" in " ".join(chain[3:])
     # All hosts' MASTER_PORT agree.

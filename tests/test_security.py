@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from sparkdist.runner import wire
-from sparkdist.runner.driver import DriverService, JobSpec, JobState
-from sparkdist.runner.task_agent import RejectedCommand, TaskAgent, parse_orted_command
+from sparkdist.runner.driver.service import DriverService, JobSpec, JobState
+from sparkdist.runner.protocol import wire
+from sparkdist.runner.task.agent import RejectedCommand, TaskAgent, parse_orted_command
 
 
 @pytest.fixture

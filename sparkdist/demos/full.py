@@ -214,7 +214,7 @@ def format_table(rows: list[Row]) -> str:
 def run_demo(options: DemoOptions) -> int:
     """Run every part, print the summary; 0 when every part that ran reached its accuracy."""
 
-    from sparkdist.session import embedded_spark
+    from sparkdist.spark.session import embedded_spark
     from sparkdist.tracking import use_default_tracking
 
     started = time.monotonic()

@@ -43,7 +43,7 @@ from sparkdist.ensemble.validation import (
     resolve_features,
     summarize,
 )
-from sparkdist.runner.spark_cluster import session_slots
+from sparkdist.spark import session_slots
 
 logger = logging.getLogger(__name__)
 

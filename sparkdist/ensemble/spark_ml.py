@@ -294,7 +294,7 @@ def _require_classic_persistence(stage: Any) -> None:
     through the Hadoop filesystem: both sides need a classic session."""
     from pyspark.sql import SparkSession
 
-    from sparkdist.connect import require_classic
+    from sparkdist.spark import require_classic
 
     require_classic(
         SparkSession.getActiveSession(),

@@ -77,7 +77,7 @@ class HadoopStorage:
     """A directory on a Hadoop-compatible filesystem, through Spark's JVM."""
 
     def __init__(self, location: str, spark: Any) -> None:
-        from sparkdist.connect import require_classic
+        from sparkdist.spark import require_classic
 
         require_classic(
             spark,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from sparkdist.runner import payload
-from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.horovod_runner import HorovodRunner
+from sparkdist.errors import SparkdistError
+from sparkdist.runner.driver.horovod_runner import HorovodRunner
+from sparkdist.runner.protocol import payload
+from sparkdist.spark import job_tag
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.remote_trial import RemoteTrial
 
@@ -24,9 +25,9 @@ def _rank_main(objective, trial: RemoteTrial):
 class DistributedTrial:
     """One trial as a `HorovodRunner(np=np)` job run from a driver thread."""
 
-    def __init__(self, sc, objective, trial: RemoteTrial, np: int, runner_options: dict):
+    def __init__(self, cluster, objective, trial: RemoteTrial, np: int, runner_options: dict):
         payload.pack(objective, {"trial": trial})  # fails the search now if it cannot travel
-        self.sc = sc
+        self.cluster = cluster
         self.objective = objective
         self.trial = trial
         self.runner = HorovodRunner(np=np, **runner_options)
@@ -47,4 +48,4 @@ class DistributedTrial:
         """Cancel the job's barrier stage; the runner then stops every rank."""
         job = self.runner.last_job
         if job is not None and job.job_id:
-            self.sc.cancelJobGroup(f"sparkdist-{job.job_id}")
+            self.cluster.cancel(job_tag(job.job_id))

@@ -13,7 +13,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from sparkdist.runner import messages, wire
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.tune.messages import TrialCall
 
 _REPLIES = (messages.Ok, messages.Failed)
 
@@ -52,7 +53,7 @@ class RemoteTrial:
     def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if self._channel is None:
             self._channel = wire.connect(self._address, self._secret)
-        call = messages.TrialCall(self.number, op, args, kwargs)
+        call = TrialCall(self.number, op, args, kwargs)
         reply = messages.reply_to(self._channel.request(messages.encode(call)), _REPLIES)
         if isinstance(reply, messages.Failed):
             raise reply.error

@@ -14,8 +14,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.spark_cluster import active_spark, configured_slots
+from sparkdist.errors import SparkdistError
+from sparkdist.spark import active_cluster
 from sparkdist.tune.distributed import DistributedTrial
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.service import TrialService
@@ -80,19 +80,16 @@ def optimize(
         raise ValueError(f"objective must be a function objective(trial), got {objective!r}")
     if np is None and runner_options:
         raise ValueError("runner_options apply to distributed trials only: pass np=N too")
-    cluster = active_spark()
+    cluster = active_cluster("sparkdist.tune runs its trials on a Spark cluster")
     if cluster.kind != "classic":
-        from sparkdist.connect import ConnectUnsupportedError
+        from sparkdist.errors import ConnectUnsupportedError
 
         raise ConnectUnsupportedError(
             "sparkdist.tune runs its trials through a SparkContext (job groups, "
             "defaultParallelism), which a Spark Connect session does not have: run the "
             "search from a classic session (a notebook on a dedicated cluster, spark-submit)."
         )
-    sc = cluster.sc
-    # Right after start-up not every executor has registered: count the slots the
-    # cluster is configured to have, so that trials are not run one at a time for good.
-    slots = configured_slots(sc.master, sc.getConf().get) or sc.defaultParallelism
+    slots = cluster.slots()
     per_trial = np or 1
     if per_trial > slots:
         raise SparkdistError(
@@ -107,8 +104,9 @@ def optimize(
     # mpirun jobs on one host can collide ("orte_session_dir failed"); launcher="mpi"
     # in runner_options for code that needs MPI.
     runner_options = {"launcher": "direct", **(runner_options or {})}
-    service = TrialService(*cluster.driver_addresses())
-    search = _Search(study, objective, sc, service, np, runner_options)
+    place = cluster.service_place()
+    service = TrialService(place.bind, place.advertise)
+    search = _Search(study, objective, cluster, service, np, runner_options)
     try:
         search.run(n_trials, at_once, timeout, max_failed_trials)
     finally:
@@ -117,10 +115,10 @@ def optimize(
 
 
 class _Search:
-    def __init__(self, study, objective, sc, service, np, runner_options):
+    def __init__(self, study, objective, cluster, service, np, runner_options):
         self.study = study
         self.objective = objective
-        self.sc = sc
+        self.cluster = cluster
         self.service = service
         self.np = np
         self.runner_options = runner_options
@@ -134,11 +132,11 @@ class _Search:
         remote = self.service.add(trial)
         try:
             if self.np is None:
-                job = SingleNodeTrial(self.sc, self.objective, remote, self.search_id)
+                job = SingleNodeTrial(self.cluster, self.objective, remote, self.search_id)
                 future = pool.submit(job.run)
             else:
                 job = DistributedTrial(
-                    self.sc, self.objective, remote, self.np, self.runner_options
+                    self.cluster, self.objective, remote, self.np, self.runner_options
                 )
                 future = pool.submit(job.run, self.service.was_pruned)
         except BaseException as exc:  # e.g. PayloadError: no trial can run; stop the search

@@ -1,5 +1,5 @@
 """The driver's trial service: carries out the calls of remote trials on the real
-`optuna.Trial` objects of the study, over `sparkdist.runner.wire` channels authenticated
+`optuna.Trial` objects of the study, over `sparkdist.runner.protocol.wire` channels authenticated
 with the search's secret."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 import optuna
 
-from sparkdist.runner import messages, wire
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.tune.messages import TrialCall
 from sparkdist.tune.remote_trial import RemoteTrial
 
 logger = logging.getLogger(__name__)
@@ -58,13 +59,13 @@ class TrialService:
         while True:
             raw = channel.recv()
             try:
-                reply = self._call(messages.decode(raw, (messages.TrialCall,)))
+                reply = self._call(messages.decode(raw, (TrialCall,)))
             except messages.MalformedMessage as exc:
                 logger.warning("sparkdist.tune: refused a request: %s", exc)
                 reply = messages.Rejected(str(exc))
             channel.send(messages.encode(reply))
 
-    def _call(self, call: messages.TrialCall) -> Any:
+    def _call(self, call: TrialCall) -> Any:
         number, op = call.number, call.op
         with self._lock:
             trial = self._trials.get(number)

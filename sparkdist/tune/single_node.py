@@ -9,9 +9,9 @@ import sys
 
 import cloudpickle
 
-from sparkdist.runner import payload
-from sparkdist.runner.horovod_runner import driver_pythonpath
-from sparkdist.runner.spark_cluster import spark_error_summary
+from sparkdist.runner.protocol import payload
+from sparkdist.runner.protocol.payload import driver_pythonpath
+from sparkdist.spark import spark_error_summary
 from sparkdist.tune.outcome import FAILED, Outcome, run_objective
 from sparkdist.tune.remote_trial import RemoteTrial
 
@@ -31,8 +31,8 @@ def _run_in_task(blob: bytes, import_path: str) -> Outcome:
 class SingleNodeTrial:
     """One trial as a one-task Spark job."""
 
-    def __init__(self, sc, objective, trial: RemoteTrial, search_id: str):
-        self.sc = sc
+    def __init__(self, cluster, objective, trial: RemoteTrial, search_id: str):
+        self.cluster = cluster
         # Pickled now, on the driver's main thread: an objective that cannot travel fails
         # the search at once with the name of the culprit (`PayloadError`).
         payload.pack(objective, {"trial": trial})
@@ -47,16 +47,15 @@ class SingleNodeTrial:
         blob = cloudpickle.dumps((self.objective, {"trial": self.trial}))
         import_path = driver_pythonpath()
 
-        def task(_rows):
-            yield _run_in_task(blob, import_path)
+        def task(_index: int) -> bytes:
+            return cloudpickle.dumps(_run_in_task(blob, import_path))
 
         try:
-            self.sc.setJobGroup(self.group, f"sparkdist.tune trial {self.number}", True)
-            (outcome,) = self.sc.parallelize([0], 1).mapPartitions(task).collect()
-            return outcome
+            (outcome,) = self.cluster.run_tasks(1, task, self.group)
+            return cloudpickle.loads(outcome)
         except Exception as exc:  # noqa: BLE001 - a lost task or a cancelled job
             return Outcome(FAILED, traceback=f"the trial's Spark task failed: "
                            f"{spark_error_summary(exc)}")  # fmt: skip
 
     def cancel(self) -> None:
-        self.sc.cancelJobGroup(self.group)
+        self.cluster.cancel(self.group)

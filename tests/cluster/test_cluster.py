@@ -18,8 +18,8 @@ import pytest
 from installed import requires
 from remote_driver import DriverGone
 
-from sparkdist.runner import wire
-from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.protocol import wire
+from sparkdist.runner.protocol.processes import ProcessRecord
 
 pytestmark = pytest.mark.cluster
 

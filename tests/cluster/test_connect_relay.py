@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkdist.connect_server import LocalConnectServer
+from sparkdist.spark.connect_server import LocalConnectServer
 
 pytestmark = pytest.mark.cluster
 

@@ -16,12 +16,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from sparkdist.runner import messages, wire
-from sparkdist.runner.checkpoint_store import CheckpointStore
-from sparkdist.runner.console import Console
-from sparkdist.runner.failures import FailureTracker
-from sparkdist.runner.processes import ProcessRecord
-from sparkdist.runner.rendezvous import RendezvousStore
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.console import Console
+from sparkdist.runner.driver.failures import FailureTracker
+from sparkdist.runner.driver.rendezvous import RendezvousStore
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 from sparkdist.job_environment import DirectRank, gpus_to_env
-from sparkdist.runner.job_state import JobState
-from sparkdist.runner.launch import (
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
@@ -21,8 +21,8 @@ from sparkdist.runner.launch import (
     start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.processes import ProcessRecord, kill_records, stop_group, wait_gone
-from sparkdist.runner.spark_gpus import driver_gpu_addresses
+from sparkdist.runner.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.spark.gpus import driver_gpu_addresses
 
 LOCAL_HOST = "127.0.0.1"
 

@@ -1,6 +1,6 @@
 """What every launch shares: the job's launch spec, the `Launch` interface that the
 driver-local launch (`local_launch.LocalLaunch`) and the Spark launches
-(`spark_cluster.BarrierStage`, `RelayedStage`) implement, the environment of what a
+(`driver.stage.BarrierStage`, `RelayedStage`) implement, the environment of what a
 task starts, the command lines of mpirun and of a rank's supervisor, and starting a
 launcher process with its output relayed.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkdist.job_environment import DirectRank, JobEnvironment, TaskEnvironment
-from sparkdist.runner.processes import ProcessRecord, popen_group
+from sparkdist.runner.protocol.processes import ProcessRecord, popen_group
 
-SUPERVISOR_MODULE = "sparkdist.runner.supervisor"
-RSH_MODULE = "sparkdist.runner.rsh"
+SUPERVISOR_MODULE = "sparkdist.runner.rank.supervisor"
+RSH_MODULE = "sparkdist.runner.task.rsh"
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
-from sparkdist.runner.errors import PayloadError
+from sparkdist.errors import PayloadError
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +91,21 @@ def pack(main: Callable, kwargs: dict[str, Any]) -> bytes:
 
 def _name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def driver_pythonpath() -> str:
+    """The driver's own import path (PYTHONPATH and sys.path), minus its Python
+    installation, so ranks can import the driver's modules (a function defined in a
+    module is pickled by reference) without shadowing the executors' packages."""
+    install = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path
+    keep = []
+    for entry in entries:
+        real = os.path.realpath(entry or os.getcwd())
+        if any(real == p or real.startswith(p + os.sep) for p in install):
+            continue
+        if "site-packages" in real or "dist-packages" in real or not os.path.isdir(real):
+            continue
+        if real not in keep:
+            keep.append(real)
+    return os.pathsep.join(keep)

@@ -16,7 +16,9 @@ The channels (see docs/architecture.md):
   0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank;
 * mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
   and `OrtedExit`, or `Rejected`;
-* a remote trial to the tune service: `TrialCall`, answered by `Ok` or `Failed`.
+
+Other paths declare their own messages with `register` in their own module (tune's
+are in `sparkdist.tune.messages`) and reuse the replies declared here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import functools
 import typing
 from typing import Any, NamedTuple
 
-from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.protocol.processes import ProcessRecord
 
 TAIL_LINES = 40
 """How many of a rank's last output lines its supervisor keeps and sends with its exit
@@ -43,35 +45,37 @@ class RequestRejected(RuntimeError):
 _KINDS: dict[str, type] = {}
 
 
-def _kind(tag: str):
-    """Register a record class under its wire tag."""
+def register(tag: str):
+    """Register a record class under its wire tag (a tag is taken once)."""
 
-    def register(cls: type) -> type:
+    def add(cls: type) -> type:
+        if _KINDS.get(tag, cls) is not cls:
+            raise ValueError(f"message tag {tag!r} is already taken by {_KINDS[tag]}")
         cls.tag = tag
         _KINDS[tag] = cls
         return cls
 
-    return register
+    return add
 
 
 # --- hellos: the first message on a connection to the driver ------------------------
 
 
-@_kind("task")
+@register("task")
 class TaskHello(NamedTuple):
     index: int
     host: str
     pid: int
 
 
-@_kind("supervisor")
+@register("supervisor")
 class SupervisorHello(NamedTuple):
     rank: int
     host: str
     pid: int
 
 
-@_kind("rank")
+@register("rank")
 class RankHello(NamedTuple):
     rank: int
     host: str
@@ -81,23 +85,23 @@ class RankHello(NamedTuple):
 # --- a task's and a supervisor's reports (one-way) -----------------------------------
 
 
-@_kind("process")
+@register("process")
 class ProcessStarted(NamedTuple):
     record: ProcessRecord
 
 
-@_kind("launcher_output")
+@register("launcher_output")
 class LauncherOutput(NamedTuple):
     lines: list
 
 
-@_kind("launcher_exit")
+@register("launcher_exit")
 class LauncherExit(NamedTuple):
     name: str
     exit_code: int
 
 
-@_kind("agent_place")
+@register("agent_place")
 class AgentPlace(NamedTuple):
     """Where a task's agent listens (mpi launcher), for task 0's mpirun."""
 
@@ -106,18 +110,18 @@ class AgentPlace(NamedTuple):
     network: str
 
 
-@_kind("task_done")
+@register("task_done")
 class TaskDone(NamedTuple):
     leftover_pids: list
 
 
-@_kind("output")
+@register("output")
 class RankOutput(NamedTuple):
     lines: list
     """(stream, line) pairs, stream "stdout" or "stderr"."""
 
 
-@_kind("rank_exit")
+@register("rank_exit")
 class RankExit(NamedTuple):
     exit_code: int
     tail: list
@@ -126,22 +130,22 @@ class RankExit(NamedTuple):
 # --- the driver's orders ------------------------------------------------------------
 
 
-@_kind("finish")
+@register("finish")
 class Finish(NamedTuple):
     reason: str
 
 
-@_kind("abort")
+@register("abort")
 class Abort(NamedTuple):
     reason: str
 
 
-@_kind("bye")
+@register("bye")
 class Bye(NamedTuple):
     pass
 
 
-@_kind("agent_places")
+@register("agent_places")
 class AgentPlaces(NamedTuple):
     """Every task's `AgentPlace` in task order, to task 0 once all have arrived: the
     driver gathers them, as Spark's `allGather` would at a cost of a second or more
@@ -150,7 +154,7 @@ class AgentPlaces(NamedTuple):
     places: list
 
 
-@_kind("welcome")
+@register("welcome")
 class Welcome(NamedTuple):
     payload: bytes
     send_result: bool
@@ -160,48 +164,48 @@ class Welcome(NamedTuple):
 # --- a rank's requests --------------------------------------------------------------
 
 
-@_kind("put")
+@register("put")
 class KvPut(NamedTuple):
     key: str
     value: Any
 
 
-@_kind("get")
+@register("get")
 class KvGet(NamedTuple):
     key: str
     timeout_s: float
 
 
-@_kind("log")
+@register("log")
 class Log(NamedTuple):
     text: str
 
 
-@_kind("file")
+@register("file")
 class FileUpload(NamedTuple):
     name: str
     data: bytes
 
 
-@_kind("result")
+@register("result")
 class Result(NamedTuple):
     value: bytes
     frameworks: list
 
 
-@_kind("error")
+@register("error")
 class RankError(NamedTuple):
     traceback: str
     reason: str
 
 
-@_kind("checkpoint_save")
+@register("checkpoint_save")
 class CheckpointSave(NamedTuple):
     step: int
     blob: bytes
 
 
-@_kind("checkpoint_latest")
+@register("checkpoint_latest")
 class CheckpointLatest(NamedTuple):
     pass
 
@@ -209,17 +213,17 @@ class CheckpointLatest(NamedTuple):
 # --- mpirun's rsh agent and a task agent --------------------------------------------
 
 
-@_kind("orted")
+@register("orted")
 class OrtedLaunch(NamedTuple):
     command: str
 
 
-@_kind("orted_output")
+@register("orted_output")
 class OrtedOutput(NamedTuple):
     text: str
 
 
-@_kind("orted_exit")
+@register("orted_exit")
 class OrtedExit(NamedTuple):
     exit_code: int
 
@@ -227,35 +231,27 @@ class OrtedExit(NamedTuple):
 # --- a remote trial and the tune service --------------------------------------------
 
 
-@_kind("trial_call")
-class TrialCall(NamedTuple):
-    number: int
-    op: str
-    args: tuple
-    kwargs: dict
-
-
 # --- replies ------------------------------------------------------------------------
 
 
-@_kind("ok")
+@register("ok")
 class Ok(NamedTuple):
     value: Any = None
 
 
-@_kind("missing")
+@register("missing")
 class Missing(NamedTuple):
     key: str
 
 
-@_kind("failed")
+@register("failed")
 class Failed(NamedTuple):
     """The request was understood but could not be carried out."""
 
     error: Any
 
 
-@_kind("rejected")
+@register("rejected")
 class Rejected(NamedTuple):
     """The request was not understood (unknown kind, wrong fields) or is refused."""
 

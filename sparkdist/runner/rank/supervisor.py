@@ -5,7 +5,7 @@ driver line by line, and reports how the rank ended, even when it was killed by 
 signal and could report nothing itself. A SIGTERM it receives goes on to the rank.
 It stays small (no framework imports) so that it starts in milliseconds.
 
-Run as `python -m sparkdist.runner.supervisor`; everything it needs comes in the
+Run as `python -m sparkdist.runner.rank.supervisor`; everything it needs comes in the
 environment (`job_environment`, and Open MPI's `OMPI_COMM_WORLD_*` under mpirun).
 """
 
@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Mapping
 
 from sparkdist import job_environment, native_logs
+from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
-from sparkdist.runner import messages, wire
-from sparkdist.runner.errors import exit_status
-from sparkdist.runner.processes import (
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.processes import (
     ProcessRecord,
     die_with_parent,
     popen_group,
@@ -82,7 +82,7 @@ class Supervisor:
         child_env[job_environment.SUPERVISOR_PID] = str(os.getpid())
         child_env["PYTHONUNBUFFERED"] = "1"
         self.child = popen_group(
-            [sys.executable, "-m", "sparkdist.runner.rank"],
+            [sys.executable, "-m", "sparkdist.runner.rank.main"],
             child_env,
             tie_to_parent=False,  # the rank sets its own parent-death signal
             new_session=rank_in_own_session(self.env),

@@ -139,3 +139,7 @@ def timeout_error(running: list[int], tails: str) -> JobTimeoutError:
         f"timeout: ranks {running} were still running when the job's time limit ran "
         "out; the job was stopped." + tails
     )
+
+
+class ConnectUnsupportedError(SparkdistError):
+    """Something that needs a SparkContext was asked of a Spark Connect session."""

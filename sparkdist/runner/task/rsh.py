@@ -1,4 +1,4 @@
-"""mpirun's rsh agent: `python -m sparkdist.runner.rsh TASK-NAME COMMAND...`.
+"""mpirun's rsh agent: `python -m sparkdist.runner.task.rsh TASK-NAME COMMAND...`.
 
 mpirun calls it as it would call `ssh HOST COMMAND` to start its daemon on HOST.
 HOST is a task name (`task-3`); the address of that task's agent and the job
@@ -13,15 +13,15 @@ import os
 import sys
 
 from sparkdist import job_environment
-from sparkdist.runner import messages, wire
-from sparkdist.runner.errors import exit_status
-from sparkdist.runner.processes import die_with_parent
+from sparkdist.errors import exit_status
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.processes import die_with_parent
 
 
 def main(argv: list[str]) -> int:
     die_with_parent()
     if len(argv) < 2:
-        sys.stderr.write("usage: python -m sparkdist.runner.rsh TASK-NAME COMMAND...\n")
+        sys.stderr.write("usage: python -m sparkdist.runner.task.rsh TASK-NAME COMMAND...\n")
         return 2
     task, command = argv[0], " ".join(argv[1:])
     agents = job_environment.agents_from_env(os.environ)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-LOG4J2_FILE = Path(__file__).with_name("log4j2.properties")
+LOG4J2_FILE = Path(__file__).parent.parent / "log4j2.properties"
 """The project's log4j2 configuration (a copy of conf/log4j2.properties)."""
 
 _LOG4J_PROPERTY = "log4j2.configurationFile"
@@ -105,7 +105,7 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
 def stop_session(spark, drain_timeout_s: float = 10.0) -> None:
     """Stop `spark` cleanly (see above): once no executor runs a task, or after
     `drain_timeout_s`, whichever comes first."""
-    from sparkdist.connect import is_connect_session
+    from sparkdist.spark.connect_api import is_connect_session
 
     if not is_connect_session(spark):  # a Connect client has no executors of its own
         deadline = time.monotonic() + drain_timeout_s

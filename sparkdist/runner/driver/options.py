@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sparkdist.runner.launch import mpirun_available
+from sparkdist.runner.protocol.launch import mpirun_available
 
 LOG_MODES = ("all", "log_callback_only")
 LAUNCHERS = ("auto", "mpi", "direct")

@@ -1,6 +1,6 @@
 """The task agent: how mpirun starts its daemons inside Spark tasks, without SSH.
 
-mpirun's rsh agent is `python -m sparkdist.runner.rsh TASK-NAME COMMAND`; that
+mpirun's rsh agent is `python -m sparkdist.runner.task.rsh TASK-NAME COMMAND`; that
 command connects to the named task's agent over an authenticated channel and asks
 it to run COMMAND. The agent runs it only if it is an Open MPI daemon (`orted`)
 command line: the executable is this host's own `orted`, and every argument is an
@@ -19,8 +19,8 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 
-from sparkdist.runner import messages, wire
-from sparkdist.runner.processes import ProcessRecord, popen_group, stop_group
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.processes import ProcessRecord, popen_group, stop_group
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""A Spark Connect session as the runner's `SparkSide`: no SparkContext in this process.
+"""A Spark Connect session as a `Cluster`: no SparkContext in this process. Also how a
+Connect session is recognised, and the clear error for what needs a SparkContext.
 
 The barrier stage is a DataFrame with one row per rank mapped with
 `mapInArrow(..., barrier=True)` (where `BarrierTaskContext` works as in an RDD barrier
@@ -14,14 +15,17 @@ import os
 import socket
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
+from sparkdist.errors import ConnectUnsupportedError, SparkdistError
 from sparkdist.network import resolve
-from sparkdist.runner.errors import SparkdistError
-from sparkdist.runner.spark_cluster import BarrierTask, check_slot_bound
+from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
+from sparkdist.spark.slots import check_slot_bound, configured_slots
 
 logger = logging.getLogger(__name__)
 
 STAGE_SCHEMA = "outcome binary"
+PROBE_TIMEOUT_S = 3.0
 PROBE_SCHEMA = "reachable boolean"
 
 # Whether executors reach this client, per (server host, client address): probed
@@ -30,6 +34,29 @@ _REACHABLE: dict[tuple[str, str], bool] = {}
 RELAY_ENV = "SPARKDIST_CONNECT_RELAY"
 """auto (probe once per session), always (relay mode, no probe), never (no probe)."""
 RELAY_CHOICES = ("auto", "always", "never")
+
+
+def is_connect_session(session: Any) -> bool:
+    """Whether `session` is a Spark Connect client session (no SparkContext here)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(session: Any, what: str, alternative: str) -> None:
+    """Raise `ConnectUnsupportedError` naming `what` and `alternative` on Connect."""
+    if session is not None and is_connect_session(session):
+        raise ConnectUnsupportedError(
+            f"{what} needs a SparkContext (Spark's JVM in this process), which a Spark "
+            f"Connect session does not have. {alternative}"
+        )
+
+
+def reachable(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to (host, port) opens from here within `timeout_s`."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def route_address(remote_host: str) -> str:
@@ -53,10 +80,17 @@ def _arrow_task(task: BarrierTask, batches: Iterator) -> Iterator:
         yield pa.RecordBatch.from_pydict({"outcome": pa.array([value], pa.binary())})
 
 
-def _arrow_probe(host: str, port: int, batches: Iterator) -> Iterator:
+def _arrow_plain_task(task: PlainTask, batches: Iterator) -> Iterator:
+    """One plain task: its input rows are the task indexes of its partition."""
     import pyarrow as pa
 
-    from sparkdist.runner.relay import reachable
+    indexes = [i for batch in batches for i in batch.column(0).to_pylist()]
+    for index in indexes:
+        yield pa.RecordBatch.from_pydict({"outcome": pa.array([task(index)], pa.binary())})
+
+
+def _arrow_probe(host: str, port: int, batches: Iterator) -> Iterator:
+    import pyarrow as pa
 
     for _ in batches:
         pass
@@ -78,14 +112,24 @@ class ConnectSpark:
             return default
         return default if value is None else value
 
+    def slots(self) -> int:
+        """The configured slots: a Connect client can read nothing else of the cluster."""
+        configured = configured_slots(self._conf("spark.master", "") or "", self._conf)
+        if configured is None:
+            default = self._conf("spark.default.parallelism")
+            configured = int(default) if default else 1
+        return configured
+
     def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
         check_slot_bound(np, self._conf("spark.master", "") or "", self._conf, ranks_per_task)
 
-    def driver_addresses(self) -> tuple[str, str]:
+    def service_place(self) -> ServicePlace:
+        """This client's address on the route to the server; in the stage when the
+        executors cannot connect to it."""
         address = route_address(self.session.client.host)
-        return address, address
+        return ServicePlace(address, address, in_stage=not self._executors_reach(address))
 
-    def executors_reach_client(self) -> bool:
+    def _executors_reach(self, address: str) -> bool:
         """Probe once per session: a one-task Spark job connects to a listener here
         (unless SPARKDIST_CONNECT_RELAY says always or never)."""
         choice = os.environ.get(RELAY_ENV, "auto")
@@ -93,25 +137,33 @@ class ConnectSpark:
             raise SparkdistError(f"{RELAY_ENV} must be one of {RELAY_CHOICES}, not {choice!r}")
         if choice != "auto":
             return choice == "never"
-        host = self.driver_addresses()[0]
-        key = (self.session.client.host, host)
+        key = (self.session.client.host, address)
         if key not in _REACHABLE:
             with socket.socket() as listener:
-                listener.bind((host, 0))
+                listener.bind((address, 0))
                 listener.listen(8)
-                probe = partial(_arrow_probe, host, listener.getsockname()[1])
+                probe = partial(_arrow_probe, address, listener.getsockname()[1])
                 rows = self.session.range(0, 1, 1, 1).mapInArrow(probe, PROBE_SCHEMA).collect()
             _REACHABLE[key] = bool(rows and rows[0].reachable)
             logger.info("executors %s this client at %s", "reach" if _REACHABLE[key] else
-                        "cannot reach", host)  # fmt: skip
+                        "cannot reach", address)  # fmt: skip
         return _REACHABLE[key]
 
     def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
+        frame = self.session.range(0, num_tasks, 1, num_tasks)
+        stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
+        return self._collect_tagged(stage, tag)
+
+    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
+        frame = self.session.range(0, num_tasks, 1, num_tasks)
+        return self._collect_tagged(
+            frame.mapInArrow(partial(_arrow_plain_task, task), STAGE_SCHEMA), tag
+        )
+
+    def _collect_tagged(self, stage, tag: str) -> list[bytes]:
         # Tags belong to the thread that adds them: this thread runs only this stage.
         self.session.addTag(tag)
         try:
-            frame = self.session.range(0, num_tasks, 1, num_tasks)
-            stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
             return [row.outcome for row in stage.collect()]
         finally:
             self.session.removeTag(tag)

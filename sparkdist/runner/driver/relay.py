@@ -8,29 +8,27 @@ everything the client would have seen live (rank-prefixed log lines, rank 0's or
 rank's result, the first failure, processes, files) as the stage's output row. The
 client replays it: prints the lines, returns the results or raises the same error.
 
-Whether the executors reach the client is probed once per session with a one-task Spark
-job that opens a TCP connection to the client's service (`probe_reachable`).
+Whether the executors reach the client is the Spark layer's call
+(`sparkdist.spark.Cluster.service_place`).
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import cloudpickle
 
-from sparkdist.runner.checkpoint_store import CheckpointStore
-from sparkdist.runner.console import RecordingConsole
-from sparkdist.runner.driver import DriverService
-from sparkdist.runner.job_state import JobSpec, JobState
-from sparkdist.runner.processes import ProcessRecord
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.console import RecordingConsole
+from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.protocol.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 3.0
 TASKS_DONE_GRACE_S = 10.0
 
 
@@ -132,12 +130,3 @@ def replay(outcome: RelayOutcome, state: JobState) -> None:
         if outcome.outside_user_code:
             state.failures.note_outside(outcome.outside_user_code)
         raise cloudpickle.loads(outcome.error)
-
-
-def reachable(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to (host, port) opens from here within `timeout_s`."""
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False

@@ -1,6 +1,6 @@
 """A rank: fetch the payload from the driver, prepare the environment, run `main`.
 
-Run as `python -m sparkdist.runner.rank` by its supervisor. The result (or the
+Run as `python -m sparkdist.runner.rank.main` by its supervisor. The result (or the
 traceback) goes back to the driver over the job's authenticated channel.
 """
 
@@ -14,8 +14,9 @@ import traceback
 from sparkdist import job_environment, tracking
 from sparkdist.backends import RankContext, prepare_rank
 from sparkdist.job_environment import TaskEnvironment
-from sparkdist.runner import messages, rank_channel
-from sparkdist.runner.processes import die_with_parent
+from sparkdist.runner.protocol import messages
+from sparkdist.runner.protocol.processes import die_with_parent
+from sparkdist.runner.rank import channel as rank_channel
 
 
 def rank_context(client: rank_channel.DriverClient, place: TaskEnvironment, env) -> RankContext:

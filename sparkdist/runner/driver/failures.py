@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparkdist.runner import errors
+from sparkdist import errors
 
 if TYPE_CHECKING:
-    from sparkdist.runner.job_state import JobState
+    from sparkdist.runner.driver.job_state import JobState
 
 # After a rank reports an exception, how long to wait for its exit status and last
 # output lines before reporting the failure anyway.

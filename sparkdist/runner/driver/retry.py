@@ -10,14 +10,14 @@ never retried: an unpicklable function, too few task slots, a time limit, Ctrl-C
 
 from __future__ import annotations
 
-from sparkdist.runner.errors import (
+from sparkdist.errors import (
     JobFailedError,
     JobTimeoutError,
     NotEnoughSlotsError,
     PayloadError,
     RankFailedError,
 )
-from sparkdist.runner.job_state import JobState
+from sparkdist.runner.driver.job_state import JobState
 
 NEVER_RETRIED = (PayloadError, NotEnoughSlotsError, JobTimeoutError)
 

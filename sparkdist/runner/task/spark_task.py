@@ -32,8 +32,8 @@ import psutil
 
 from sparkdist.job_environment import DirectRank, agents_to_env, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
-from sparkdist.runner import messages, wire
-from sparkdist.runner.launch import (
+from sparkdist.runner.protocol import messages, wire
+from sparkdist.runner.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
@@ -41,9 +41,9 @@ from sparkdist.runner.launch import (
     start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.processes import ProcessRecord, kill_records, stop_group, wait_gone
-from sparkdist.runner.spark_gpus import gpu_addresses
-from sparkdist.runner.task_agent import TaskAgent
+from sparkdist.runner.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.task.agent import TaskAgent
+from sparkdist.spark.gpus import gpu_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
     host = task_host(spec, infos[index].address)
     hosted = None
     if spec.relay is not None:
-        from sparkdist.runner.relay import HostedJob
+        from sparkdist.runner.driver.relay import HostedJob
 
         if index == 0:
             hosted = HostedJob(spec.relay, spec.job.secret, host)

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from sparkdist.network import split_address
-from sparkdist.runner import messages, wire
+from sparkdist.runner.protocol import messages, wire
 
 RENDEZVOUS_TIMEOUT_S = 600.0
 

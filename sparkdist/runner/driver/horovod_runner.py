@@ -1,0 +1,150 @@
+"""`HorovodRunner`: the public entry point of the runner path.
+
+    HorovodRunner(np=2).run(main, lr=0.1)
+
+pickles `main` and its arguments here, on the driver, runs `main(**kwargs)` on every
+rank, and returns rank 0's value. The front only checks the options and prepares the
+payload; `job.run_job` launches it. See docs/architecture.md for the data flow, which
+module runs in which process, the messages and the environment contract.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sparkdist.runner.driver.job import JobReport, run_job
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.protocol import payload
+from sparkdist.runner.protocol.script import ScriptMain
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HorovodRunner", "JobReport"]
+
+
+class HorovodRunner:
+    """Run a training function on `np` ranks placed by a Spark barrier stage.
+
+    Args:
+        np: number of ranks. `np > 0`: on the cluster, one Spark barrier task per rank
+            (or per `ranks_per_task` ranks).
+            `np < 0`: `-np` ranks as subprocesses of the driver (for debugging).
+        driver_log_verbosity: "all" streams every rank's stdout/stderr to the driver,
+            each line prefixed with its rank; "log_callback_only" shows only
+            `sparkdist.log_to_driver` messages (and errors).
+        launcher: "mpi" (mpirun started inside the barrier stage), "direct" (each
+            task starts its ranks itself, no MPI), or "auto": mpi when `mpirun` is
+            installed.
+        start_timeout: seconds for the barrier stage to get its slots and every
+            rank to start.
+        timeout: seconds for the whole job; None for no limit.
+        env: extra environment variables for the ranks.
+        mpi_args: extra arguments for mpirun (e.g. ["--mca", "btl_tcp_links", "2"]).
+        network_interface: the interface (e.g. "eth0") the ranks and sparkdist's
+            channels use; by default the one carrying each executor's address.
+        timeline: a path on the driver for a Horovod timeline of the job (rank 0
+            records it wherever it runs; the driver writes it here). By default the
+            driver's HOROVOD_TIMELINE environment variable, as on Databricks.
+        max_failures: how many times a job that failed for a reason outside the
+            training code (a lost executor or host, a killed rank) is relaunched as a
+            whole. `main` resumes from `sparkdist.checkpoint.latest()`.
+        retry_on_exception: also relaunch when the training code raised (by default an
+            exception in `main` fails the job at once: a relaunch would repeat it).
+        checkpoint_dir: a directory on the driver for the checkpoints ranks save with
+            `sparkdist.checkpoint.save`; kept, so a later run resumes from it. By
+            default a temporary directory, removed when `run` returns.
+        ranks_per_task: ranks each Spark barrier task starts (`np > 0`; np must be a
+            multiple). Ranks of one task share its resources: with
+            `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
+            ranks split its four GPUs. Local ranks count within a task.
+    """
+
+    def __init__(
+        self,
+        *,
+        np: int,
+        driver_log_verbosity: str = "all",
+        launcher: str = "auto",
+        start_timeout: float = 600.0,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        mpi_args: Sequence[str] = (),
+        network_interface: str | None = None,
+        timeline: str | os.PathLike | None = None,
+        max_failures: int = 0,
+        retry_on_exception: bool = False,
+        checkpoint_dir: str | os.PathLike | None = None,
+        ranks_per_task: int = 1,
+    ):
+        self.options = RunnerOptions(
+            np=np,
+            driver_log_verbosity=driver_log_verbosity,
+            launcher=launcher,
+            start_timeout=start_timeout,
+            timeout=timeout,
+            env=env or {},
+            mpi_args=mpi_args,
+            network_interface=network_interface,
+            timeline=timeline,
+            max_failures=max_failures,
+            retry_on_exception=retry_on_exception,
+            checkpoint_dir=checkpoint_dir,
+            ranks_per_task=ranks_per_task,
+        )
+        self.last_job: JobReport | None = None
+
+    def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
+        """Run `main(**kwargs)` on every rank; return rank 0's return value.
+
+        `main` may also be the path of a Python script, run on every rank as
+        `__main__` with `args` as its command-line arguments:
+        `run("train.py", args=["--epochs", "3"])`. A non-zero exit is a failure.
+        """
+        return self._run(main, kwargs, all_results=False)[0]
+
+    def run_all(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> list[Any]:
+        """Like `run`, but return every rank's value, in rank order."""
+        return self._run(main, kwargs, all_results=True)
+
+    def _run(self, main: Callable | str | os.PathLike, kwargs: dict[str, Any], all_results: bool):
+        main, kwargs = _script_or_function(main, kwargs)
+        blob = payload.pack(main, _convert_dataframes(kwargs))
+        opts = self.options
+        self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher())
+        return run_job(opts, blob, all_results, self.last_job)
+
+
+def _script_or_function(main, kwargs: dict[str, Any]) -> tuple[Callable, dict[str, Any]]:
+    """A script path becomes a `ScriptMain` run with its `args`; a function stays."""
+    if not isinstance(main, (str, os.PathLike)):
+        return main, kwargs
+    unexpected = set(kwargs) - {"args"}
+    if unexpected:
+        raise ValueError(
+            f"a script takes only args=[...], not {sorted(unexpected)}; pass options "
+            "to the script as command-line arguments"
+        )
+    return ScriptMain.from_file(main, kwargs.get("args", ())), {}
+
+
+def _convert_dataframes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Spark DataFrame arguments become converter handles that each rank opens on its
+    own shard (`sparkdist.data`): the data goes to Parquet once, not into the payload."""
+    if "pyspark" not in sys.modules:
+        return kwargs
+    from pyspark.sql import DataFrame
+
+    frames = {k for k, v in kwargs.items() if isinstance(v, DataFrame)}
+    if not frames:
+        return kwargs
+    from sparkdist.data import make_spark_converter
+
+    converted = dict(kwargs)
+    for key in frames:
+        converted[key] = make_spark_converter(kwargs[key])
+        logger.info("DataFrame argument %r arrives in the ranks as a converter handle", key)
+    return converted

@@ -1,0 +1,272 @@
+"""One `HorovodRunner.run` on the driver: launch the job, relaunch it after a failure
+that `max_failures` allows, and report what it did.
+
+Each attempt has four steps: *place* (check the cluster's slots, start the job's
+authenticated service where the Spark layer says the tasks reach it), *launch* (on
+the driver for np < 0, else the job's barrier stage), *wait* (success, the first
+failure, or a time limit) and *collect* (stop everything, fill the `JobReport`, log
+to MLflow, write the timeline).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from sparkdist import job_environment, tracking
+from sparkdist.errors import SparkdistError
+from sparkdist.job_environment import JobEnvironment
+from sparkdist.network import join_address
+from sparkdist.runner.driver import retry, timeline_file
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.local_launch import LOCAL_HOST, LocalLaunch
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.relay import RelayPlan
+from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.driver.stage import BarrierStage, RelayedStage
+from sparkdist.runner.protocol import wire
+from sparkdist.runner.protocol.launch import Launch, LaunchSpec
+from sparkdist.runner.protocol.payload import driver_pythonpath
+from sparkdist.runner.protocol.processes import ProcessRecord
+from sparkdist.spark import Cluster, ServicePlace, active_cluster
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class JobReport:
+    """What the last job did: kept on the runner as `runner.last_job`."""
+
+    job_id: str
+    np: int
+    launcher: str
+    outcome: str = "running"
+    wall_time_s: float = 0.0
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    frameworks: list[str] = field(default_factory=list)
+    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
+    attempts: int = 1
+    """How many times the job was launched (more than 1 after relaunches)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each relaunched attempt failed, in order."""
+
+
+def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
+    """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
+    allow; return every rank's (unpickled) result."""
+    cluster = None if options.on_driver else active_cluster()
+    place = cluster.service_place() if cluster is not None else ServicePlace(LOCAL_HOST, LOCAL_HOST)
+    if place.in_stage:
+        _check_in_stage(options)
+    # In the stage, checkpoints live where task 0 can write them (checkpoint_dir), not here.
+    checkpoints = None if place.in_stage else CheckpointStore(options.checkpoint_dir)
+    attempt = _Attempt(options, cluster, place, report)
+    try:
+        for number in range(options.max_failures + 1):
+            job = JobSpec(
+                uuid.uuid4().hex[:12], options.num_ranks, blob, all_results,
+                options.driver_log_verbosity, options.ranks_per_task,
+            )  # fmt: skip
+            state = JobState(job, checkpoints=checkpoints)
+            report.attempts = number + 1
+            try:
+                return attempt.run(state, number)
+            except BaseException as exc:
+                reason = retry.retry_reason(exc, state, options.retry_on_exception)
+                if reason is None or number >= options.max_failures:
+                    raise
+                report.failures.append(reason)
+                logger.warning(
+                    "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
+                    "%d), %s", job.job_id, reason, number + 1, options.max_failures,
+                    _resume_point(checkpoints, options.checkpoint_dir),
+                )  # fmt: skip
+        raise AssertionError("unreachable: the last attempt returns or raises")
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+
+
+def _check_in_stage(options: RunnerOptions) -> None:
+    """The job's service runs in barrier task 0: say so once, and require storage that
+    outlives that task when a relaunch must resume from it."""
+    if options.max_failures and options.checkpoint_dir is None:
+        raise SparkdistError(
+            "the executors cannot reach this Spark Connect client, so the job's service "
+            "runs in barrier task 0, and relaunches (max_failures="
+            f"{options.max_failures}) resume from checkpoints that must outlive that task: "
+            "pass checkpoint_dir= a directory every executor shares (a DBFS path or a Unity "
+            "Catalog volume such as /Volumes/..., or a mounted file system)."
+        )
+    logger.warning(
+        "sparkdist: the executors cannot connect to this Spark Connect client, so the job "
+        "runs in relay mode: its service runs inside the cluster (barrier task 0), and the "
+        "ranks' logs, results and errors arrive here when the job ends, not live."
+    )
+
+
+class _Attempt:
+    """Launch the job once: place, launch, wait, collect."""
+
+    def __init__(
+        self, options: RunnerOptions, cluster: Cluster | None, place: ServicePlace, report
+    ):
+        self.options = options
+        self.cluster = cluster
+        self.place = place
+        self.report = report
+
+    def run(self, state: JobState, number: int) -> list[Any]:
+        report = self.report
+        report.job_id = state.job.job_id
+        report.outcome = "running"
+        secret = wire.new_secret()
+        service = self._place(state, secret)
+        timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
+        spec = self._launch_spec(state, service, secret, number, timeline_path)
+        where = "on the driver" if self.cluster is None else "on the cluster"
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, %s",
+            report.job_id, spec.num_ranks, report.launcher, where,
+        )  # fmt: skip
+        if self.cluster is None:
+            launch: Launch = LocalLaunch(spec, state)
+        else:
+            stage = RelayedStage if self.place.in_stage else BarrierStage
+            launch = stage(self.cluster, spec, state)
+        started = time.monotonic()
+        try:
+            self._launch_and_wait(launch, state, started)
+        finally:
+            self._collect(launch, service, state, started, timeline_path)
+        return [_load_result(r, blob) for r, blob in enumerate(state.results())]
+
+    def _place(self, state: JobState, secret: bytes) -> DriverService:
+        """Check the cluster can hold the job; start the job's service where the
+        executors (or the local ranks) reach it."""
+        if self.cluster is not None:
+            opts = self.options
+            self.cluster.check_slots(state.job.num_ranks, opts.ranks_per_task, opts.start_timeout)
+        return DriverService(state, secret, self.place.bind, self.place.advertise)
+
+    def _launch_spec(
+        self,
+        state: JobState,
+        service: DriverService,
+        secret: bytes,
+        number: int,
+        timeline_path: str | None,
+    ) -> LaunchSpec:
+        """What every task needs to start its part of this attempt."""
+        opts = self.options
+        rank_env = {**tracking.rank_environment(), **opts.env, job_environment.ATTEMPT: str(number)}
+        if timeline_path:
+            rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
+        launcher = self.report.launcher
+        relay = RelayPlan(
+            job=state.job,
+            start_timeout=opts.start_timeout,
+            timeout=opts.timeout,
+            launcher_expected=launcher == "mpi",
+            checkpoint_dir=opts.checkpoint_dir,
+        )
+        job = JobEnvironment(
+            job_id=state.job.job_id,
+            driver=join_address(*service.address),
+            secret=secret,
+            log_mode=opts.driver_log_verbosity,
+            launcher=launcher,
+        )
+        return LaunchSpec(
+            job=job,
+            num_ranks=state.job.num_ranks,
+            env=rank_env,
+            mpi_args=opts.mpi_args,
+            network_interface=opts.network_interface,
+            driver_path=os.environ.get("PATH", ""),
+            driver_pythonpath=driver_pythonpath(),
+            relay=relay if self.place.in_stage else None,
+            ranks_per_task=opts.ranks_per_task,
+        )
+
+    def _launch_and_wait(self, launch: Launch, state: JobState, started: float) -> None:
+        """Start the job and wait for its end; tell its processes to finish or abort."""
+        opts, report = self.options, self.report
+        try:
+            launch.start()
+            launch.wait(
+                start_deadline=started + opts.start_timeout,
+                deadline=started + opts.timeout if opts.timeout else None,
+                launcher_expected=report.launcher == "mpi",
+            )
+            state.stop("finish", "done")
+            report.outcome = "succeeded"
+        except BaseException as exc:
+            report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
+            raise
+
+    def _collect(
+        self,
+        launch: Launch,
+        service: DriverService,
+        state: JobState,
+        started: float,
+        timeline_path: str | None,
+    ) -> None:
+        """Stop what the job started, and record what it did (report, MLflow, timeline)."""
+        report = self.report
+        leftovers = launch.stop(finished=report.outcome == "succeeded")
+        service.close()
+        report.wall_time_s = time.monotonic() - started
+        report.processes += [p for p in state.started_processes() if p not in report.processes]
+        report.files = dict(state.files)
+        report.frameworks = list(state.frameworks)
+        tracking.log_job(
+            np=self.options.np,
+            launcher=report.launcher,
+            backend=",".join(report.frameworks) or "none",
+            wall_time_s=report.wall_time_s,
+            outcome=report.outcome,
+        )
+        try:
+            timeline_file.save_timeline(report.files, timeline_path)
+        except OSError as exc:
+            logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
+        if leftovers:
+            logger.warning("processes of job %s still alive after stop: %s", report.job_id,
+                           leftovers)  # fmt: skip
+        logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
+                    report.wall_time_s)  # fmt: skip
+
+
+def _resume_point(checkpoints: CheckpointStore | None, directory: str | None) -> str:
+    if checkpoints is None:
+        return f"from the newest checkpoint in {directory}"
+    steps = checkpoints.steps()
+    return (
+        f"from the checkpoint of step {steps[-1]}"
+        if steps
+        else "from scratch (no checkpoint saved yet)"
+    )
+
+
+def _load_result(rank: int, blob: bytes | None) -> Any:
+    if blob is None:
+        return None
+    try:
+        return cloudpickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001
+        raise SparkdistError(
+            f"rank {rank}'s return value cannot be unpickled on the driver: {exc}. Return "
+            "plain Python/numpy values (e.g. a state_dict converted with .tolist() or "
+            "saved to a file) or install the same libraries on the driver."
+        ) from exc

@@ -1,0 +1,123 @@
+"""The one interface every path uses to run work on Spark, whatever the kind of session.
+
+A classic session (a SparkContext in this process: `classic.ClassicSpark`) and a Spark
+Connect client (`connect.ConnectSpark`) differ only in how stages are submitted,
+tagged and cancelled, how slots are counted, and whether the executors can reach this
+process. `active_cluster()` picks the right one for the active session.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from sparkdist.errors import SparkdistError
+
+BarrierTask = Callable[[Iterator], Iterator[bytes]]
+"""One barrier task's part of a job; yields one value."""
+
+PlainTask = Callable[[int], bytes]
+"""One task of a plain job, given its index; returns one value."""
+
+
+def job_tag(job_id: str) -> str:
+    """The tag (job group) under which a runner job's stage runs, so it can be cancelled."""
+    return f"sparkdist-{job_id}"
+
+
+@dataclass(frozen=True)
+class ServicePlace:
+    """Where a job's service listens so that every task can reach it."""
+
+    bind: str
+    """The address the service binds to."""
+    advertise: str
+    """The address tasks connect to."""
+    in_stage: bool = False
+    """True when the executors cannot reach this process (a Spark Connect client behind
+    a firewall): the service must run inside the stage, in its task 0."""
+
+
+class Cluster(Protocol):
+    """Everything sparkdist asks of Spark; one implementation per kind of session."""
+
+    kind: str
+    """"classic" (a SparkContext in this process) or "connect" (a Spark Connect client)."""
+
+    def slots(self) -> int:
+        """The task slots the cluster is configured to have (or, if unknown, has now)."""
+
+    def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
+        """Raise `NotEnoughSlotsError` (with both numbers) rather than hang, when the
+        cluster cannot run np // ranks_per_task barrier tasks at once."""
+
+    def service_place(self) -> ServicePlace:
+        """Where a job's service should listen (probing once whether executors reach
+        this process, under Spark Connect)."""
+
+    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
+        """Run `task` in `num_tasks` barrier tasks tagged `tag`; block until the stage
+        ends and return what each task yielded."""
+
+    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
+        """Run `task(i)` in `num_tasks` ordinary tasks (no gang scheduling) tagged `tag`;
+        block until all ended and return their values in task order."""
+
+    def cancel(self, tag: str) -> None:
+        """Cancel the Spark jobs tagged `tag` (from any thread)."""
+
+
+def spark_error_summary(exc: BaseException) -> str:
+    """The Python error inside a Py4J/Spark error, instead of a Java stack."""
+    python = python_error_in(exc)
+    if python is not None:
+        return python
+    text = str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:300]
+
+
+def python_error_in(exc: BaseException) -> str | None:
+    """The last Python exception line a Spark task raised, quoted in a Spark error."""
+    found = re.findall(r"^\s*(\w+(?:Error|Exception): .+)$", str(exc), re.M)
+    python = [line for line in found if not line.startswith(("org.", "java.", "py4j"))]
+    return python[-1].strip() if python else None
+
+
+def active_cluster(what: str = "np > 0 runs on a Spark cluster") -> Cluster:
+    """The active session's `Cluster`, found as pyspark finds it for both kinds
+    (`SparkSession.active()`: this thread's session, else the default one)."""
+    from pyspark.sql import SparkSession
+
+    try:
+        session = SparkSession.active()
+    except Exception:  # noqa: BLE001 - pyspark's NO_ACTIVE_OR_DEFAULT_SESSION
+        session = None
+    if session is None:
+        sc = _active_spark_context()
+        if sc is not None:  # a SparkContext made without a SparkSession
+            from sparkdist.spark.classic import ClassicSpark
+
+            return ClassicSpark(sc)
+        raise SparkdistError(
+            f"{what}, but no SparkSession is active. Start one "
+            "(SparkSession.builder.getOrCreate(), or .remote('sc://host:15002') for Spark "
+            "Connect) or use np < 0 to run on the driver."
+        )
+    from sparkdist.spark.connect import ConnectSpark, is_connect_session
+
+    if is_connect_session(session):
+        return ConnectSpark(session)
+    from sparkdist.spark.classic import ClassicSpark
+
+    return ClassicSpark(session.sparkContext)
+
+
+def _active_spark_context():
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pyspark-client: Connect only
+        return None
+    return SparkContext._active_spark_context
