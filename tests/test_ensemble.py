@@ -807,6 +807,89 @@ def test_spark_ml_pipeline_fit_save_load(spark, tmp_path, cancer):
     )
 
 
+def test_one_parameter_table_for_sklearn_and_spark_ml():
+    import inspect
+
+    from sparkdist.ensemble.params import ENSEMBLE_PARAMS
+
+    spark_names = {
+        "estimator": "estimator",
+        "n_estimators": "nEstimators",
+        "max_samples": "maxSamples",
+        "bootstrap": "bootstrap",
+        "max_features": "maxFeatures",
+        "voting": "voting",
+        "weights": "weights",
+        "validation_fraction": "validationFraction",
+        "random_state": "seed",
+        "shuffle": "shuffle",
+    }
+    defaults = {
+        "estimator": None,
+        "n_estimators": 8,
+        "max_samples": 1.0,
+        "bootstrap": False,
+        "max_features": 1.0,
+        "voting": "soft",
+        "weights": "uniform",
+        "validation_fraction": None,
+        "random_state": None,
+        "shuffle": True,
+    }
+    assert {p.name: p.spark_name for p in ENSEMBLE_PARAMS} == spark_names
+    assert {p.name: p.default for p in ENSEMBLE_PARAMS} == defaults
+    # scikit-learn's signature (get_params reads it): the table's names, order and defaults.
+    sklearn = inspect.signature(PartitionEnsemble).parameters
+    assert list(sklearn) == [p.name for p in ENSEMBLE_PARAMS]
+    assert {name: p.default for name, p in sklearn.items()} == defaults
+    assert PartitionEnsemble().get_params() == defaults
+
+    # Spark ML: a Param, a getter and a default per entry; the keyword signature of
+    # __init__ and setParams names every Param with its default.
+    stage = SparkPartitionEnsemble()
+    for param in ENSEMBLE_PARAMS:
+        spark_param = stage.getParam(param.spark_name)
+        assert spark_param.doc == param.doc
+        assert stage.isDefined(spark_param) is (param.default is not None)
+        getter = "get" + param.spark_name[0].upper() + param.spark_name[1:]
+        assert getattr(stage, getter)() == param.default
+    for method in (SparkPartitionEnsemble, SparkPartitionEnsemble.setParams):
+        keywords = dict(inspect.signature(method).parameters)
+        keywords.pop("self", None)
+        assert {p.kind for p in keywords.values()} == {inspect.Parameter.KEYWORD_ONLY}
+        assert set(keywords) == {p.name for p in stage.params}
+        for param in stage.params:
+            default = stage.getOrDefault(param) if stage.isDefined(param) else None
+            assert keywords[param.name].default == default, param.name
+    assert [stage.getBootstrap(), stage.getShuffle()] == [False, True]  # bools, not 0/1
+    assert type(stage.getNEstimators()) is int and type(stage.getMaxSamples()) is float
+
+
+def test_spark_ml_stage_takes_its_params_by_keyword_only():
+    stage = SparkPartitionEnsemble(nEstimators=3, seed=2**40 + 5, featuresCols=["a", "b"])
+    assert stage._input_kwargs == {"nEstimators": 3, "seed": 2**40 + 5, "featuresCols": ["a", "b"]}
+    assert (stage.getNEstimators(), stage.getSeed(), stage.getFeaturesCols()) == (
+        3,
+        2**40 + 5,
+        ["a", "b"],
+    )
+    assert stage._ensemble_params()["random_state"] == 5  # a Spark ML seed cut to 31 bits
+    assert stage.setParams(maxSamples=0.5) is stage and stage.getMaxSamples() == 0.5
+    assert stage._input_kwargs == {"maxSamples": 0.5} and stage.getNEstimators() == 3
+    assert stage._json_param_map() == {
+        "nEstimators": 3,
+        "seed": 2**40 + 5,
+        "featuresCols": ["a", "b"],
+        "maxSamples": 0.5,
+    }
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nEstimator'"):
+        SparkPartitionEnsemble(nEstimator=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_estimators'"):
+        stage.setParams(n_estimators=3)
+    with pytest.raises(TypeError, match="forces keyword arguments"):
+        SparkPartitionEnsemble(logistic())
+
+
 # --- bad input: clear errors before training, naming the column ----------------------------
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from sparkdist.ensemble.model import PartitionEnsembleModel
+from sparkdist.ensemble.params import DEFAULT
 from sparkdist.ensemble.parquet_source import parse_bytes
 from sparkdist.ensemble.partitioning import SpreadPlan, own_parts, partition_keys, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
@@ -33,7 +34,6 @@ from sparkdist.ensemble.training import (
     train_partition,
 )
 from sparkdist.ensemble.validation import (
-    DEFAULTS,
     DataReport,
     DataSummary,
     Settings,
@@ -84,18 +84,19 @@ class PartitionEnsemble(BaseEstimator):
 
     def __init__(
         self,
-        estimator: Any = None,
+        estimator: Any = DEFAULT["estimator"],
         *,
-        n_estimators: int = DEFAULTS.n_estimators,
-        max_samples: float = DEFAULTS.max_samples,
-        bootstrap: bool = DEFAULTS.bootstrap,
-        max_features: float | int = DEFAULTS.max_features,
-        voting: str = DEFAULTS.voting,
-        weights: str = DEFAULTS.weights,
-        validation_fraction: float | None = None,
-        random_state: int | None = None,
-        shuffle: bool = DEFAULTS.shuffle,
+        n_estimators: int = DEFAULT["n_estimators"],
+        max_samples: float = DEFAULT["max_samples"],
+        bootstrap: bool = DEFAULT["bootstrap"],
+        max_features: float | int = DEFAULT["max_features"],
+        voting: str = DEFAULT["voting"],
+        weights: str = DEFAULT["weights"],
+        validation_fraction: float | None = DEFAULT["validation_fraction"],
+        random_state: int | None = DEFAULT["random_state"],
+        shuffle: bool = DEFAULT["shuffle"],
     ) -> None:
+        # Written out, not derived: scikit-learn's get_params reads this signature.
         self.estimator = estimator
         self.n_estimators = n_estimators
         self.max_samples = max_samples

@@ -9,9 +9,12 @@ xgboost.spark: Spark ML's metadata for the Params, plus the ensemble's own direc
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -34,10 +37,10 @@ from pyspark.ml.util import (
 )
 
 from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
+from sparkdist.ensemble.params import ENSEMBLE_PARAMS
 from sparkdist.ensemble.partition_ensemble import PartitionEnsemble
 from sparkdist.ensemble.serialization import check_sklearn_version, library_versions
-from sparkdist.ensemble.storage import open_storage
-from sparkdist.ensemble.validation import DEFAULTS
+from sparkdist.spark.storage import open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -45,126 +48,117 @@ _ENSEMBLE_DIR = "ensemble"
 _ESTIMATOR_DIR = "estimator"
 
 
-class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol):
-    """Params shared by the estimator and the model."""
+_CONVERTERS = {
+    int: TypeConverters.toInt,
+    float: TypeConverters.toFloat,
+    bool: TypeConverters.toBoolean,
+    str: TypeConverters.toString,
+}
 
-    estimator: Param[Any] = Param(
-        Params._dummy(),
-        "estimator",
-        "scikit-learn-compatible classifier or regressor, trained once per partition",
-    )
+# The stage's column Params beside the ensemble's own, with their defaults, for its keyword
+# signature: featuresCols is declared below, the others by pyspark's shared mixins.
+_COLUMN_PARAMS = (
+    ("featuresCol", "features"),
+    ("featuresCols", None),
+    ("labelCol", "label"),
+    ("predictionCol", "prediction"),
+    ("probabilityCol", "probability"),
+)
+
+
+def _getter_name(spark_name: str) -> str:
+    return "get" + spark_name[0].upper() + spark_name[1:]
+
+
+def _declare_ensemble_params(cls: type) -> type:
+    """A Param and its getter (getNEstimators, ...) for each of ENSEMBLE_PARAMS, as
+    xgboost.spark declares its Params from the XGBoost estimator's."""
+    for param in ENSEMBLE_PARAMS:
+        converter = _CONVERTERS.get(param.value_type)  # None: any object (the estimator)
+        spark_param: Param[Any] = Param(
+            Params._dummy(), param.spark_name, param.doc, typeConverter=converter
+        )
+        setattr(cls, param.spark_name, spark_param)
+        getter = _getter(param.spark_name)
+        getter.__qualname__ = f"{cls.__qualname__}.{getter.__name__}"
+        setattr(cls, getter.__name__, getter)
+    return cls
+
+
+def _getter(spark_name: str) -> Callable[[Any], Any]:
+    def getter(self: Any) -> Any:
+        return self._get_or_none(spark_name)
+
+    getter.__name__ = _getter_name(spark_name)
+    getter.__doc__ = f"The value of {spark_name}; None when it is unset and has no default."
+    return getter
+
+
+@_declare_ensemble_params
+class _PartitionEnsembleParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol):
+    """Params shared by the estimator and the model: the ensemble's own (declared from
+    ENSEMBLE_PARAMS) and the columns."""
+
     featuresCols: Param[list[str]] = Param(
         Params._dummy(),
         "featuresCols",
         "numeric feature columns, used instead of featuresCol when set",
         typeConverter=TypeConverters.toListString,
     )
-    nEstimators: Param[int] = Param(
-        Params._dummy(),
-        "nEstimators",
-        "number of partitions, one model each",
-        typeConverter=TypeConverters.toInt,
-    )
-    maxSamples: Param[float] = Param(
-        Params._dummy(),
-        "maxSamples",
-        "fraction of its partition's rows each model fits on, in (0, 1]",
-        typeConverter=TypeConverters.toFloat,
-    )
-    bootstrap: Param[bool] = Param(
-        Params._dummy(),
-        "bootstrap",
-        "draw each model's rows with replacement",
-        typeConverter=TypeConverters.toBoolean,
-    )
-    maxFeatures: Param[float] = Param(
-        Params._dummy(),
-        "maxFeatures",
-        "fraction of the features in each model's random subspace, in (0, 1]",
-        typeConverter=TypeConverters.toFloat,
-    )
-    voting: Param[str] = Param(
-        Params._dummy(),
-        "voting",
-        "'soft' (average probabilities) or 'hard' (count votes) for classifiers",
-        typeConverter=TypeConverters.toString,
-    )
-    weights: Param[str] = Param(
-        Params._dummy(),
-        "weights",
-        "'uniform', or 'validation' to weight models by their held-out score",
-        typeConverter=TypeConverters.toString,
-    )
-    shuffle: Param[bool] = Param(
-        Params._dummy(),
-        "shuffle",
-        "spread all rows over all models with a shuffle (True), or keep rows in the task "
-        "that reads them (False: faster, biased if the data is sorted)",
-        typeConverter=TypeConverters.toBoolean,
-    )
-    validationFraction: Param[float] = Param(
-        Params._dummy(),
-        "validationFraction",
-        "share of each partition held out to score its model",
-        typeConverter=TypeConverters.toFloat,
-    )
-    seed: Param[int] = Param(
-        Params._dummy(),
-        "seed",
-        "random seed for the row spread and sampling; unset draws one",
-        typeConverter=TypeConverters.toInt,
-    )
 
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
-            nEstimators=DEFAULTS.n_estimators,
-            maxSamples=DEFAULTS.max_samples,
-            bootstrap=DEFAULTS.bootstrap,
-            maxFeatures=DEFAULTS.max_features,
-            voting=DEFAULTS.voting,
-            weights=DEFAULTS.weights,
-            shuffle=DEFAULTS.shuffle,
+            **{p.spark_name: p.default for p in ENSEMBLE_PARAMS if p.default is not None}
         )
 
-    def getEstimator(self) -> Any:
-        return self.getOrDefault(self.estimator)
-
     def getFeaturesCols(self) -> list[str] | None:
-        return self.getOrDefault(self.featuresCols) if self.isDefined(self.featuresCols) else None
+        return self._get_or_none("featuresCols")
 
-    def getNEstimators(self) -> int:
-        return self.getOrDefault(self.nEstimators)
+    def _get_or_none(self, spark_name: str) -> Any:
+        param = self.getParam(spark_name)
+        return self.getOrDefault(param) if self.isDefined(param) else None
 
-    def getMaxSamples(self) -> float:
-        return self.getOrDefault(self.maxSamples)
-
-    def getBootstrap(self) -> bool:
-        return self.getOrDefault(self.bootstrap)
-
-    def getMaxFeatures(self) -> float:
-        return self.getOrDefault(self.maxFeatures)
-
-    def getVoting(self) -> str:
-        return self.getOrDefault(self.voting)
-
-    def getShuffle(self) -> bool:
-        return self.getOrDefault(self.shuffle)
-
-    def getWeights(self) -> str:
-        return self.getOrDefault(self.weights)
-
-    def getValidationFraction(self) -> float | None:
-        if not self.isDefined(self.validationFraction):
-            return None
-        return self.getOrDefault(self.validationFraction)
-
-    def getSeed(self) -> int | None:
-        return self.getOrDefault(self.seed) if self.isDefined(self.seed) else None
+    def _ensemble_params(self) -> dict[str, Any]:
+        """PartitionEnsemble's parameters from the Params; a Spark ML seed may be any long,
+        random_state is cut to 31 bits."""
+        params = {p.name: self._get_or_none(p.spark_name) for p in ENSEMBLE_PARAMS}
+        if params["random_state"] is not None:
+            params["random_state"] %= 2**31
+        return params
 
     def _json_param_map(self) -> dict[str, Any]:
         """User-set Params as JSON; the estimator object is stored separately."""
         return {p.name: v for p, v in self._paramMap.items() if p.name != "estimator"}
+
+
+# The keyword signature of SparkPartitionEnsemble's __init__ and setParams.
+_STAGE_SIGNATURE = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+        for name, default in [(p.spark_name, p.default) for p in ENSEMBLE_PARAMS]
+        + list(_COLUMN_PARAMS)
+    ]
+)
+
+
+def _stage_keywords(method: Callable[..., Any]) -> Callable[..., Any]:
+    """pyspark's keyword_only (the keywords given land in `self._input_kwargs`) with
+    `_STAGE_SIGNATURE` as the signature: help() lists the Params and their defaults, and
+    any other name is a TypeError, as with a signature written out."""
+
+    @functools.wraps(method)
+    def checked(self: Any, **kwargs: Any) -> Any:
+        try:
+            _STAGE_SIGNATURE.bind(self, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{method.__qualname__}() {error}") from None
+        return method(self, **kwargs)
+
+    wrapper = keyword_only(checked)
+    wrapper.__signature__ = _STAGE_SIGNATURE  # type: ignore[attr-defined]
+    return wrapper
 
 
 class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, MLWritable):
@@ -174,49 +168,13 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
     >>> model = Pipeline(stages=[VectorAssembler(...), ensemble]).fit(df)
     """
 
-    @keyword_only
-    def __init__(
-        self,
-        *,
-        estimator: Any = None,
-        featuresCol: str = "features",
-        featuresCols: list[str] | None = None,
-        labelCol: str = "label",
-        predictionCol: str = "prediction",
-        probabilityCol: str = "probability",
-        nEstimators: int = DEFAULTS.n_estimators,
-        maxSamples: float = DEFAULTS.max_samples,
-        bootstrap: bool = DEFAULTS.bootstrap,
-        maxFeatures: float = DEFAULTS.max_features,
-        voting: str = DEFAULTS.voting,
-        weights: str = DEFAULTS.weights,
-        validationFraction: float | None = None,
-        seed: int | None = None,
-        shuffle: bool = DEFAULTS.shuffle,
-    ) -> None:
+    @_stage_keywords
+    def __init__(self, **params: Any) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
-    @keyword_only
-    def setParams(
-        self,
-        *,
-        estimator: Any = None,
-        featuresCol: str = "features",
-        featuresCols: list[str] | None = None,
-        labelCol: str = "label",
-        predictionCol: str = "prediction",
-        probabilityCol: str = "probability",
-        nEstimators: int = DEFAULTS.n_estimators,
-        maxSamples: float = DEFAULTS.max_samples,
-        bootstrap: bool = DEFAULTS.bootstrap,
-        maxFeatures: float = DEFAULTS.max_features,
-        voting: str = DEFAULTS.voting,
-        weights: str = DEFAULTS.weights,
-        validationFraction: float | None = None,
-        seed: int | None = None,
-        shuffle: bool = DEFAULTS.shuffle,
-    ) -> SparkPartitionEnsemble:
+    @_stage_keywords
+    def setParams(self, **params: Any) -> SparkPartitionEnsemble:
         """Set any of the Params by keyword."""
         return self._set(**self._input_kwargs)
 
@@ -227,23 +185,11 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         return self._set(nEstimators=value)
 
     def _fit(self, dataset: Any) -> SparkPartitionEnsembleModel:
-        if not self.isDefined(self.estimator) or self.getEstimator() is None:
+        if self._get_or_none("estimator") is None:
             raise ValueError(
                 "SparkPartitionEnsemble needs estimator=... (a scikit-learn or XGBoost model)"
             )
-        seed = self.getSeed()
-        ensemble = PartitionEnsemble(
-            self.getEstimator(),
-            n_estimators=self.getNEstimators(),
-            max_samples=self.getMaxSamples(),
-            bootstrap=self.getBootstrap(),
-            max_features=self.getMaxFeatures(),
-            voting=self.getVoting(),
-            weights=self.getWeights(),
-            validation_fraction=self.getValidationFraction(),
-            random_state=None if seed is None else seed % (2**31),
-            shuffle=self.getShuffle(),
-        )
+        ensemble = PartitionEnsemble(**self._ensemble_params())
         fitted = ensemble.fit(
             dataset,
             features_col=self.getFeaturesCols() or self.getFeaturesCol(),
