@@ -14,6 +14,7 @@ import numbers
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -23,7 +24,7 @@ from sklearn.base import BaseEstimator
 from sparkdist.ensemble.model import PartitionEnsembleModel
 from sparkdist.ensemble.params import DEFAULT
 from sparkdist.ensemble.parquet_source import parse_bytes
-from sparkdist.ensemble.partitioning import SpreadPlan, own_parts, partition_keys, spread
+from sparkdist.ensemble.partitioning import own_parts, partition_keys, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
 from sparkdist.ensemble.training import (
     RESULT_SCHEMA,
@@ -122,6 +123,25 @@ class PartitionEnsemble(BaseEstimator):
         read, and each training task checks those totals (and finds a classifier's
         classes) before it fits; a ValueError says what is wrong with the data.
         """
+        fit_started = time.perf_counter()
+        plan, route = self._plan(df, features_col, label_col)
+        started, training_started = time.perf_counter(), time.time()
+        rows = _run(df, plan, route)
+        trained = time.perf_counter()
+        model = self._assemble(rows, plan, route)
+        model.fit_timings_ = {
+            "checks_seconds": started - fit_started,
+            "training_job_seconds": trained - started,
+            "training_job_started": training_started,
+            "assemble_seconds": time.perf_counter() - trained,
+        }
+        return model
+
+    def _plan(
+        self, df: Any, features_col: str | Sequence[str], label_col: str
+    ) -> tuple[TrainingPlan, _Shuffled | _OwnRows]:
+        """Check the parameters and the schema, and plan the training job: what its tasks
+        need, and the route of the rows to them (chosen here, once, by `shuffle`)."""
         if not hasattr(df, "sparkSession") or not hasattr(df, "mapInArrow"):
             raise TypeError(
                 f"fit takes a Spark DataFrame, got {type(df).__name__}; for data in memory "
@@ -138,57 +158,35 @@ class PartitionEnsemble(BaseEstimator):
             self.validation_fraction,
             self.shuffle,
         )
-        fit_started = time.perf_counter()
         seed = self._seed()
         spec = resolve_features(df.schema, features_col)
         label_is_numeric = check_label_type(df.schema, label_col, settings.is_classifier)
         check_max_features(settings, spec.n_features)
-        element = spec.training_element(df.schema, self.estimator)
         plan = TrainingPlan(
             estimator=self.estimator,
             settings=settings,
             features=spec,
             label_col=label_col,
             label_is_numeric=label_is_numeric,
-            element=element,
+            element=spec.training_element(df.schema, self.estimator),
             random_state=seed,
         )
         slots = session_slots(df.sparkSession)
         n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
-        spread_plan = SpreadPlan(
-            keys=tuple(partition_keys(df.sparkSession, n_tasks)) if settings.shuffle else (),
-            n_models=settings.n_estimators,
-            seed=seed,
-            n_features=spec.n_features,
-            element=element,
-            is_classifier=settings.is_classifier,
-            label_is_numeric=label_is_numeric,
-        )
-        started = time.perf_counter()
-        training_started = time.time()
-        with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
-            if settings.shuffle:
-                training = spread(df, spec, label_col, spread_plan, slots).mapInArrow(
-                    partial(train_partition, plan), RESULT_SCHEMA
-                )
-            else:
-                parts, files = own_parts(df, spec, label_col, spread_plan, n_tasks)
-                training = parts.mapInArrow(
-                    partial(train_own_rows, plan, spread_plan, n_tasks, files), RESULT_SCHEMA
-                )
-            rows = training.collect()
-        trained = time.perf_counter()
-        logger.info(
-            "trained %d models in %.1fs",
-            sum(row["model_index"] >= 0 for row in rows),
-            trained - started,
-        )
+        if settings.shuffle:
+            return plan, _Shuffled(tuple(partition_keys(df.sparkSession, n_tasks)), slots)
+        return plan, _OwnRows(n_tasks)
+
+    def _assemble(
+        self, rows: Sequence[Any], plan: TrainingPlan, route: _Shuffled | _OwnRows
+    ) -> PartitionEnsembleModel:
+        """The fitted model from the training job's rows, once the data's totals pass the
+        checks (the ValueError of the first that fails)."""
         reports = [DataReport.from_dict(json.loads(r["report"])) for r in rows if r["report"]]
-        if settings.shuffle:  # every task saw the same totals
-            report = reports[0] if reports else DataReport()
-        else:  # each task's own part, in its last row
-            report = DataReport.combined(reports)
-        summary = summarize(report, spec, label_col, settings, label_is_numeric)
+        settings = plan.settings
+        summary = summarize(
+            route.totals(reports), plan.features, plan.label_col, settings, plan.label_is_numeric
+        )
         logger.info(
             "trained %d models on %d rows x %d features%s",
             settings.n_estimators,
@@ -197,22 +195,14 @@ class PartitionEnsemble(BaseEstimator):
             "" if summary.classes is None else f", {len(summary.classes)} classes",
         )
         params = _json_params(self.get_params(deep=False))
-        params["random_state"] = seed
-        features_per_model = choose_features(summary.features.n_features, settings, seed)
-        model = assemble_model(
+        params["random_state"] = plan.random_state
+        return assemble_model(
             [row for row in rows if row["model_index"] >= 0],
             summary,
             settings,
-            features_per_model,
+            choose_features(summary.features.n_features, settings, plan.random_state),
             params,
         )
-        model.fit_timings_ = {
-            "checks_seconds": started - fit_started,
-            "training_job_seconds": trained - started,
-            "training_job_started": training_started,
-            "assemble_seconds": time.perf_counter() - trained,
-        }
-        return model
 
     def _seed(self) -> int:
         if self.random_state is None:
@@ -227,6 +217,56 @@ class PartitionEnsemble(BaseEstimator):
         if not 0 <= self.random_state < 2**63:
             raise ValueError(f"random_state must be >= 0, got {self.random_state}")
         return int(self.random_state)
+
+
+@dataclass(frozen=True)
+class _Shuffled:
+    """shuffle=True: a spread stage sends every row at random to its model's training
+    task, and every training task receives every source task's report."""
+
+    keys: tuple[int, ...]  # keys[p] is hashed to training partition p
+    slots: int | None  # the cluster's task slots, for cutting Parquet files into splits
+
+    def training_job(self, df: Any, plan: TrainingPlan) -> Any:
+        spread_plan = plan.spread_plan(self.keys)
+        chunks = spread(df, plan.features, plan.label_col, spread_plan, self.slots)
+        return chunks.mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
+
+    def totals(self, reports: Sequence[DataReport]) -> DataReport:
+        """Every task saw the same totals: any one report holds them."""
+        return reports[0] if reports else DataReport()
+
+
+@dataclass(frozen=True)
+class _OwnRows:
+    """shuffle=False: each of `n_tasks` training tasks reads its own part of the data and
+    spreads it over its own models; its report counts that part only."""
+
+    n_tasks: int
+
+    def training_job(self, df: Any, plan: TrainingPlan) -> Any:
+        spread_plan = plan.spread_plan()
+        parts, files = own_parts(df, plan.features, plan.label_col, spread_plan, self.n_tasks)
+        return parts.mapInArrow(
+            partial(train_own_rows, plan, spread_plan, self.n_tasks, files), RESULT_SCHEMA
+        )
+
+    def totals(self, reports: Sequence[DataReport]) -> DataReport:
+        """The parts' reports (each task's last row) add up to the whole data's."""
+        return DataReport.combined(reports)
+
+
+def _run(df: Any, plan: TrainingPlan, route: _Shuffled | _OwnRows) -> list[Any]:
+    """Run the training job: its rows, one per model trained and the tasks' reports."""
+    started = time.perf_counter()
+    with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
+        rows = route.training_job(df, plan).collect()
+    logger.info(
+        "trained %d models in %.1fs",
+        sum(row["model_index"] >= 0 for row in rows),
+        time.perf_counter() - started,
+    )
+    return rows
 
 
 def assemble_model(

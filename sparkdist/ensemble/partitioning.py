@@ -198,7 +198,7 @@ def _cut(
     Rows of a piece that fails a check (null label, null or odd-sized feature vector) are
     not sent: training will not run, and the report says why.
     """
-    source = _partition_id()
+    source = max(0, partition_id())  # source 0 outside a task: it seeds the draw
     rng = np.random.default_rng([plan.seed, 2, source])
     for piece, (X, labels) in enumerate(pieces):
         if X is not None and report.clean:
@@ -314,11 +314,13 @@ def _vector_width(vectors: pa.Array) -> int:
     return len(valid[0]) if len(valid) else 1
 
 
-def _partition_id() -> int:
+def partition_id() -> int:
+    """This Spark task's partition; -1 outside a task (a function called directly), which
+    the stats record as is and callers that need a part number read as 0."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return 0 if context is None else context.partitionId()
+    return -1 if context is None else context.partitionId()
 
 
 def partition_keys(spark: Any, n_partitions: int) -> list[int]:

@@ -26,7 +26,13 @@ import pyarrow as pa
 
 from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.parquet_source import ParquetSource
-from sparkdist.ensemble.partitioning import SpreadPlan, file_pieces, read_chunks, spark_pieces
+from sparkdist.ensemble.partitioning import (
+    SpreadPlan,
+    file_pieces,
+    partition_id,
+    read_chunks,
+    spark_pieces,
+)
 from sparkdist.ensemble.serialization import dump_estimator, library_versions
 from sparkdist.ensemble.validation import DataReport, DataSummary, Settings, summarize
 
@@ -58,6 +64,19 @@ class TrainingPlan:
     label_is_numeric: bool
     element: str  # "float" or "double": the features' type in the chunks
     random_state: int
+
+    def spread_plan(self, keys: tuple[int, ...] = ()) -> SpreadPlan:
+        """What the tasks that read the rows need of this plan to cut them into chunks;
+        `keys` reach the training partitions of a shuffle (none without one)."""
+        return SpreadPlan(
+            keys=keys,
+            n_models=self.settings.n_estimators,
+            seed=self.random_state,
+            n_features=self.features.n_features,
+            element=self.element,
+            is_classifier=self.settings.is_classifier,
+            label_is_numeric=self.label_is_numeric,
+        )
 
 
 @dataclass
@@ -155,7 +174,7 @@ def train_own_rows(
     """
     task_started = time.time()
     rss_before, started = _reset_peak_rss(), time.perf_counter()
-    part = max(0, _partition_id())
+    part = max(0, partition_id())  # part 0 outside a task (called directly)
     models = list(range(part, plan.settings.n_estimators, n_parts))
     report = DataReport()
     rows = _read_own_rows(plan, spread_plan, files, part, len(models), report, batches)
@@ -389,7 +408,7 @@ def fit_one(
 
     stats = EstimatorStats(
         model_index=model_index,
-        partition_id=_partition_id(),
+        partition_id=partition_id(),
         rows=n_rows,
         rows_fit=len(y_fit),
         rows_validation=0 if validation_rows is None else len(validation_rows),
@@ -471,13 +490,6 @@ def _configured_clone(estimator: Any, rng: np.random.Generator) -> Any:
     if "n_jobs" in params and params["n_jobs"] is None:
         updates["n_jobs"] = _task_cpus()
     return estimator.set_params(**updates) if updates else estimator
-
-
-def _partition_id() -> int:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return -1 if context is None else context.partitionId()
 
 
 def _task_cpus() -> int:
