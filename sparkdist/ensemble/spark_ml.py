@@ -1,7 +1,9 @@
 """Spark ML Estimator/Model pair around PartitionEnsemble, for `pyspark.ml.Pipeline`.
 
-Parameters are Spark ML Params (camelCase, as in Spark ML); fitting delegates to
-PartitionEnsemble and prediction to PartitionEnsembleModel.transform. Persistence follows
+Parameters are Spark ML Params (camelCase, as in Spark ML), declared from the ensemble's
+one parameter table (params.ENSEMBLE_PARAMS) with their getters and the stage's keyword
+signature; fitting delegates to PartitionEnsemble and prediction to
+PartitionEnsembleModel.transform. Persistence follows
 xgboost.spark: Spark ML's metadata for the Params, plus the ensemble's own directory
 (manifest and one file per model) written through Spark, so `Pipeline.save`,
 `PipelineModel.save` and their loads work on any filesystem Spark can write.
