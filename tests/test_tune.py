@@ -1,5 +1,5 @@
-"""sparkdist.tune: Optuna trials run on real Spark, single-node (one task each, on the
-session's 2-slot local-cluster) and distributed (2-rank runner jobs, on a 4-slot
+"""sparkdist.tune: Optuna trials run on real Spark, single-node (long-lived worker tasks,
+on the session's 2-slot local-cluster) and distributed (2-rank runner jobs, on a 4-slot
 local-cluster in a driver subprocess, since a process holds one SparkContext)."""
 
 from __future__ import annotations
@@ -50,6 +50,99 @@ def test_single_node_trials_run_in_parallel(sc):
     assert study.best_trial.number == best.number
     assert set(study.best_params) == {"x", "kind"}
     assert len(study.trials_dataframe()) == 4
+
+
+def where_it_ran(trial):
+    """Records the Spark task that ran the trial; trial 3 fails."""
+    import os
+    import time
+
+    from pyspark import TaskContext
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    context = TaskContext.get()
+    trial.set_user_attr("task", [context.stageId(), context.partitionId(), os.getpid()])
+    time.sleep(0.5)
+    if trial.number == 3:
+        raise ValueError("trial 3 fails")
+    return x
+
+
+def test_trials_run_in_one_job_of_long_lived_tasks(sc):
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, where_it_ran, n_trials=8, parallelism=2)
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE"] * 3 + ["FAIL"] + ["COMPLETE"] * 4
+    assert "ValueError: trial 3 fails" in study.trials[3].user_attrs["traceback"]
+    tasks = [tuple(t.user_attrs["task"]) for t in study.trials]
+    # One stage (so one Spark job) of two tasks, each a worker process running trial
+    # after trial; the worker whose trial failed ran the next ones too.
+    assert len({stage for stage, _, _ in tasks}) == 1
+    assert {part for _, part, _ in tasks} == {0, 1}
+    assert len({pid for _, _, pid in tasks}) == 2
+    failed_worker = tasks[3][2]
+    assert any(pid == failed_worker for _, _, pid in tasks[4:])
+
+
+def dies_on_trial_one(trial):
+    import os
+    import signal
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    if trial.number == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the Python worker dies, as on a lost executor
+    return x
+
+
+def test_lost_task_fails_its_trial_and_the_rest_run(sc):
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, dies_on_trial_one, n_trials=5, parallelism=2)
+    states = {t.number: t.state.name for t in study.trials}
+    assert states == {0: "COMPLETE", 1: "FAIL", 2: "COMPLETE", 3: "COMPLETE", 4: "COMPLETE"}
+    assert "ended before the trial did" in study.trials[1].user_attrs["traceback"]
+
+
+def test_shared_value_is_fetched_once_per_worker_process(sc):
+    import cloudpickle
+    import numpy as np
+
+    array = np.arange(2_000_000, dtype=np.float64)  # 16 MB
+    data = sparkdist.tune.share({"array": array})
+
+    def objective(trial):
+        import os
+
+        value = data.value
+        trial.set_user_attr("seen", [os.getpid(), id(value), float(value["array"].sum())])
+        return trial.suggest_float("x", 0, 1)
+
+    # The objective travels without the value: only the handle's key.
+    assert len(cloudpickle.dumps(objective)) < 20_000
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, objective, n_trials=6, parallelism=2)
+    seen = [t.user_attrs["seen"] for t in study.trials]
+    assert all(total == float(array.sum()) for _, _, total in seen)
+    # Every trial of a worker process read the same object: fetched once, then cached.
+    by_pid = {}
+    for pid, object_id, _ in seen:
+        by_pid.setdefault(pid, set()).add(object_id)
+    assert all(len(ids) == 1 for ids in by_pid.values())
+    assert data.value["array"] is array  # on the driver, the driver's own object
+
+
+def test_broadcast_works_on_classic_single_node_and_is_refused_for_ranks(sc):
+    data = sc.broadcast([1.0, 2.0, 3.0])
+
+    def objective(trial):
+        return sum(data.value) + trial.suggest_float("x", 0, 1)
+
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, objective, n_trials=2)
+    assert all(6.0 <= t.value <= 7.0 for t in study.trials)
+    with pytest.raises(sparkdist.SparkdistError, match="sparkdist.tune.share") as info:
+        sparkdist.tune.optimize(study, objective, n_trials=1, np=2)
+    assert "broadcast variable data" in str(info.value)
+    assert len(study.trials) == 2
 
 
 def failing_on_odd(trial):
@@ -121,17 +214,18 @@ def test_bad_arguments_fail_early(sc):
     assert study.trials == []
 
 
-def sleeps_two_seconds(trial):
+def sleeps_four_seconds(trial):
     import time
 
-    time.sleep(2.0)
+    time.sleep(4.0)
     return trial.suggest_float("x", 0, 1)
 
 
 def test_timeout_starts_no_new_trial(sc):
     study = optuna.create_study()
-    sparkdist.tune.optimize(study, sleeps_two_seconds, n_trials=20, timeout=1.0)
-    # The first two trials (2 slots) started before the time ran out and finished.
+    sparkdist.tune.optimize(study, sleeps_four_seconds, n_trials=20, timeout=3.0)
+    # Each of the 2 workers started a trial before the time ran out (its task starts in
+    # well under 3 s) and finished it; none started another after 4 s.
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
 
 
@@ -145,7 +239,7 @@ def test_objective_that_cannot_travel_fails_at_once(sc):
     study = optuna.create_study()
     with pytest.raises(sparkdist.PayloadError, match="lock"):
         sparkdist.tune.optimize(study, objective, n_trials=2)
-    assert [t.state.name for t in study.trials] == ["FAIL"]
+    assert study.trials == []  # refused before any trial started
 
 
 def sleeps_unless_first(trial):
@@ -174,6 +268,10 @@ def test_keyboard_interrupt_cancels_running_trials(sc):
     assert returned is study
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "FAIL"]
     assert "cancelled" in study.trials[1].user_attrs["traceback"]
+    # The job ended (Spark's status tracker hears of it through its listener bus).
+    deadline = time.monotonic() + 30
+    while list(sc.statusTracker().getActiveJobsIds()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert list(sc.statusTracker().getActiveJobsIds()) == []
 
 

@@ -1,4 +1,9 @@
-"""The messages of tune's channel: a remote trial calls the driver's trial service.
+"""The messages of tune's channels, to the driver's trial service:
+
+* a remote trial calls the driver's `optuna.Trial` (`TrialCall`);
+* a single-node worker (a long-lived Spark task) asks for its next trial (`AskTrial`,
+  answered `RunTrial` or `NoMoreTrials`) and reports each outcome (`TrialDone`);
+* a trial reads a value shared with `sparkdist.tune.share` (`FetchShared`).
 
 Registered on the runner's message protocol (`runner.protocol.messages.register`), so
 they travel on the same authenticated channels and are checked the same way.
@@ -6,7 +11,7 @@ they travel on the same authenticated channels and are checked the same way.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sparkdist.runner.protocol.messages import register
 
@@ -19,3 +24,41 @@ class TrialCall(NamedTuple):
     op: str
     args: tuple
     kwargs: dict
+
+
+@register("ask_trial")
+class AskTrial(NamedTuple):
+    """A worker is free: answered by `RunTrial` or `NoMoreTrials`."""
+
+    worker: int
+    pid: int
+
+
+@register("run_trial")
+class RunTrial(NamedTuple):
+    """The trial the worker runs next (its parameters so far: enqueued ones)."""
+
+    number: int
+    params: dict
+
+
+@register("no_more_trials")
+class NoMoreTrials(NamedTuple):
+    """The search starts no more trials; the worker's task ends."""
+
+    reason: str
+
+
+@register("trial_done")
+class TrialDone(NamedTuple):
+    """A worker's trial ended with `outcome` (a `tune.outcome.Outcome`); answered `Ok()`."""
+
+    number: int
+    outcome: Any
+
+
+@register("fetch_shared")
+class FetchShared(NamedTuple):
+    """The pickled value of a `share` handle, answered `Ok(bytes)` or `Failed(error)`."""
+
+    key: str

@@ -1,84 +1,98 @@
-"""The driver's trial service: carries out the calls of remote trials on the real
-`optuna.Trial` objects of the study, over `sparkdist.runner.protocol.wire` channels authenticated
-with the search's secret."""
+"""The driver's trial service: the one server of a search, on `runner.protocol.wire`
+channels authenticated with the search's secret. It answers
+
+* remote trials' calls (`TrialCall`), carried out by the search's `Ledger`;
+* single-node workers asking for their next trial (`AskTrial`) and reporting its end
+  (`TrialDone`); a worker whose channel closes while it holds a trial (its task was
+  lost) has that trial recorded failed;
+* requests for values shared with `sparkdist.tune.share` (`FetchShared`).
+"""
 
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any
 
 import optuna
 
 from sparkdist.runner.protocol import messages, wire
-from sparkdist.tune.messages import TrialCall
+from sparkdist.tune.ledger import Ledger
+from sparkdist.tune.messages import (
+    AskTrial,
+    FetchShared,
+    NoMoreTrials,
+    RunTrial,
+    TrialCall,
+    TrialDone,
+)
+from sparkdist.tune.outcome import Outcome
 from sparkdist.tune.remote_trial import RemoteTrial
+from sparkdist.tune.shared import blob_for
 
 logger = logging.getLogger(__name__)
 
-_OPS = frozenset(
-    {
-        "suggest_float",
-        "suggest_int",
-        "suggest_categorical",
-        "report",
-        "should_prune",
-        "set_user_attr",
-    }
+REQUESTS = (TrialCall, AskTrial, TrialDone, FetchShared)
+LOST = (
+    "the Spark task running this trial ended before the trial did (a lost executor or "
+    "a killed Python worker)"
 )
 
 
 class TrialService:
-    """Serves every running trial of one search; one lock keeps the study's calls in order."""
+    """Serves the workers, remote trials and shared values of one search."""
 
-    def __init__(self, bind_host: str, advertise_host: str):
-        self._secret = wire.new_secret()
-        self._trials: dict[int, optuna.Trial] = {}
-        self._pruned: set[int] = set()
-        self._lock = threading.Lock()
-        self._server = wire.Server(self._secret, self._serve, host=bind_host, name="sparkdist-tune")
+    def __init__(self, ledger: Ledger, bind_host: str, advertise_host: str):
+        self.ledger = ledger
+        self.secret = wire.new_secret()
+        self._server = wire.Server(self.secret, self._serve, host=bind_host, name="sparkdist-tune")
         self.address = (advertise_host, self._server.address[1])
 
-    def add(self, trial: optuna.Trial) -> RemoteTrial:
-        """Accept calls for `trial`; return the proxy its objective gets."""
-        with self._lock:
-            self._trials[trial.number] = trial
-        return RemoteTrial(self.address, self._secret, trial.number, trial.params)
-
-    def remove(self, number: int) -> None:
-        """Refuse further calls for a finished trial."""
-        with self._lock:
-            self._trials.pop(number, None)
-
-    def was_pruned(self, number: int) -> bool:
-        """Whether the pruner told this trial to stop."""
-        with self._lock:
-            return number in self._pruned
+    def remote_trial(self, trial: optuna.Trial) -> RemoteTrial:
+        """The proxy a running trial's objective gets."""
+        return RemoteTrial(self.address, self.secret, trial.number, trial.params)
 
     def _serve(self, channel: wire.Channel) -> None:
-        while True:
-            raw = channel.recv()
-            try:
-                reply = self._call(messages.decode(raw, (TrialCall,)))
-            except messages.MalformedMessage as exc:
-                logger.warning("sparkdist.tune: refused a request: %s", exc)
-                reply = messages.Rejected(str(exc))
-            channel.send(messages.encode(reply))
+        held = None  # the trial this channel's worker runs, if it is a worker
+        try:
+            while True:
+                raw = channel.recv()
+                try:
+                    request = messages.decode(raw, REQUESTS)
+                except messages.MalformedMessage as exc:
+                    logger.warning("sparkdist.tune: refused a request: %s", exc)
+                    channel.send(messages.encode(messages.Rejected(str(exc))))
+                    continue
+                if isinstance(request, AskTrial):
+                    trial = self.ledger.next_trial()
+                    if trial is None:
+                        reply = NoMoreTrials("the search starts no more trials")
+                    else:
+                        held = trial.number
+                        reply = RunTrial(trial.number, trial.params)
+                elif isinstance(request, TrialDone):
+                    reply = self._done(request)
+                    held = None
+                else:
+                    reply = self._answer(request)
+                channel.send(messages.encode(reply))
+        finally:
+            if held is not None:
+                self.ledger.lose(held, LOST)
 
-    def _call(self, call: TrialCall) -> Any:
-        number, op = call.number, call.op
-        with self._lock:
-            trial = self._trials.get(number)
-            if trial is None or op not in _OPS:
-                what = f"trial {number} is not running" if trial is None else f"no call {op!r}"
-                return messages.Failed(RuntimeError(f"sparkdist.tune: {what}"))
-            try:
-                value = getattr(trial, op)(*call.args, **call.kwargs)
-            except Exception as exc:  # noqa: BLE001 - raised again in the objective
-                return messages.Failed(exc)
-            if op == "should_prune" and value:
-                self._pruned.add(number)
-            return messages.Ok(value)
+    def _done(self, request: TrialDone):
+        if not isinstance(request.outcome, Outcome):
+            return messages.Rejected("trial_done: outcome must be an Outcome")
+        self.ledger.finish(request.number, request.outcome)
+        return messages.Ok()
+
+    def _answer(self, request):
+        try:
+            if isinstance(request, FetchShared):
+                return messages.Ok(blob_for(request.key))
+            return messages.Ok(
+                self.ledger.call(request.number, request.op, request.args, request.kwargs)
+            )
+        except Exception as exc:  # noqa: BLE001 - raised again in the objective
+            return messages.Failed(exc)
 
     def close(self) -> None:
         self._server.close()

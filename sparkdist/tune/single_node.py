@@ -1,61 +1,99 @@
-"""Single-node trials: the objective runs as one Spark task, in its own job group so
-that the driver can cancel it."""
+"""Single-node trials: one Spark job of `workers` long-lived tasks (`tune.worker`), each
+pulling trial after trial from the driver's trial service, so a trial costs no Spark job
+and its worker's imports and shared data stay loaded.
+
+A lost task does not hang the search: its trial is recorded failed when its channel
+closes, Spark's task retry starts a new worker that pulls the next trial, and if the job
+itself fails while trials remain, a new job runs them (as long as jobs make progress).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import sys
+import threading
+import uuid
 
 import cloudpickle
 
+from sparkdist.errors import SparkdistError
 from sparkdist.runner.protocol import payload
-from sparkdist.runner.protocol.payload import driver_pythonpath
 from sparkdist.spark import spark_error_summary
-from sparkdist.tune.outcome import FAILED, Outcome, run_objective
-from sparkdist.tune.remote_trial import RemoteTrial
+from sparkdist.tune.ledger import Ledger
+from sparkdist.tune.service import LOST, TrialService
+from sparkdist.tune.worker import run_worker
 
 logger = logging.getLogger(__name__)
 
-
-def _run_in_task(blob: bytes, import_path: str) -> Outcome:
-    """In the Spark task: make the driver's modules importable (an objective defined in
-    a module is pickled by reference, as the runner's ranks see it), then run it."""
-    for entry in import_path.split(os.pathsep):
-        if entry and entry not in sys.path and os.path.isdir(entry):
-            sys.path.append(entry)
-    objective, kwargs = cloudpickle.loads(blob)
-    return run_objective(objective, kwargs["trial"])
+POLL_S = 0.25
+CANCEL_WAIT_S = 120.0
 
 
-class SingleNodeTrial:
-    """One trial as a one-task Spark job."""
+class SingleNodeTrials:
+    """Runs a search's single-node trials on `workers` Spark tasks at a time."""
 
-    def __init__(self, cluster, objective, trial: RemoteTrial, search_id: str):
-        self.cluster = cluster
+    def __init__(self, cluster, objective, service: TrialService, ledger: Ledger, workers: int):
         # Pickled now, on the driver's main thread: an objective that cannot travel fails
         # the search at once with the name of the culprit (`PayloadError`).
-        payload.pack(objective, {"trial": trial})
+        payload.pack(objective, {})
+        self.cluster = cluster
         self.objective = objective
-        self.trial = trial
-        self.number = trial.number
-        self.group = f"sparkdist-tune-{search_id}-{trial.number}"
+        self.service = service
+        self.ledger = ledger
+        self.workers = workers
+        self.tag = f"sparkdist-tune-{uuid.uuid4().hex[:8]}"
+        self.jobs = 0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
-    def run(self) -> Outcome:
-        # Pickled again in the thread that submits the job: pyspark ships the broadcast
+    def run(self) -> None:
+        """Run jobs until the search starts no more trials; a job that fails without
+        finishing any trial ends the search with its error."""
+        while self.ledger.can_start():
+            finished = self.ledger.finished
+            remaining = self.ledger.n_trials - self.ledger.started
+            self._start_job(min(self.workers, remaining))
+            while self._thread.is_alive():
+                self._thread.join(POLL_S)
+                self.ledger.check_failures()
+            self.ledger.fail_running(LOST)
+            self.ledger.check_failures()
+            if self._error is None:
+                return
+            summary = spark_error_summary(self._error)
+            if self.ledger.finished == finished:
+                raise SparkdistError(f"the Spark job running the trials failed: {summary}")
+            logger.warning("sparkdist.tune: the trials' Spark job failed (%s); a new job "
+                           "runs the remaining trials", summary)  # fmt: skip
+
+    def _start_job(self, workers: int) -> None:
+        self.jobs += 1
+        self._error = None
+        self._thread = threading.Thread(
+            target=self._job, args=(workers,), name="sparkdist-tune-job", daemon=True
+        )
+        self._thread.start()
+
+    def _job(self, workers: int) -> None:
+        # Pickled in the thread that submits the job: pyspark ships the broadcast
         # variables the objective uses with the job pickled in the same thread.
-        blob = cloudpickle.dumps((self.objective, {"trial": self.trial}))
-        import_path = driver_pythonpath()
+        blob = cloudpickle.dumps(self.objective)
+        address, secret = self.service.address, self.service.secret
+        import_path = payload.driver_pythonpath()
 
-        def task(_index: int) -> bytes:
-            return cloudpickle.dumps(_run_in_task(blob, import_path))
+        def task(index: int) -> bytes:
+            return run_worker(index, blob, address, secret, import_path)
 
         try:
-            (outcome,) = self.cluster.run_tasks(1, task, self.group)
-            return cloudpickle.loads(outcome)
-        except Exception as exc:  # noqa: BLE001 - a lost task or a cancelled job
-            return Outcome(FAILED, traceback=f"the trial's Spark task failed: "
-                           f"{spark_error_summary(exc)}")  # fmt: skip
+            summaries = self.cluster.run_tasks(workers, task, self.tag)
+        except BaseException as exc:  # noqa: BLE001 - reported by run() on the main thread
+            self._error = exc
+            return
+        for summary in summaries:
+            logger.info("sparkdist.tune: worker %s", json.loads(summary))
 
     def cancel(self) -> None:
-        self.cluster.cancel(self.group)
+        """Cancel the running job (its tasks, and so their trials) and wait for it."""
+        if self._thread is not None and self._thread.is_alive():
+            self.cluster.cancel(self.tag)
+            self._thread.join(CANCEL_WAIT_S)
