@@ -328,6 +328,162 @@ def scenario_relay_resume(spark):
     }
 
 
+def tune_objective(trial):
+    """Reads shared data; reports steps for the pruner; trial 2 fails; records its task."""
+    import os
+    import time
+
+    import optuna
+    from pyspark import TaskContext
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    context = TaskContext.get()
+    trial.set_user_attr("task", [context.stageId(), context.partitionId(), os.getpid()])
+    trial.set_user_attr("shared_sum", float(SHARED[0].value.sum()))
+    # Trial 0 waits (up to 60 s) until a trial started in another process: both workers
+    # run trials whatever the load.
+    open(os.path.join(RENDEZVOUS[0], str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while trial.number == 0 and len(os.listdir(RENDEZVOUS[0])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if trial.number == 2:
+        raise ValueError("trial 2 fails (connect test)")
+    for step in range(3):
+        trial.report(x + 1.0 / (step + 1), step)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+    return x
+
+
+SHARED: list = []  # the share() handle, set by the scenario (pickled with the objective)
+RENDEZVOUS: list = []  # a directory, set by the scenario
+
+
+def uses_spark_context(trial):
+    """What `spark.sparkContext` does in a trial on Connect (pyspark's own error)."""
+    from pyspark.sql.connect.session import SparkSession
+
+    trial.suggest_float("x", 0.0, 1.0)
+    return object.__new__(SparkSession).sparkContext
+
+
+def sleeps_four_seconds(trial):
+    import time
+
+    time.sleep(4.0)
+    return trial.suggest_float("x", 0, 1)
+
+
+def sleeps_unless_first(trial):
+    import time
+
+    trial.suggest_float("x", 0, 1)
+    if trial.number == 0:
+        return 0.0
+    trial.set_user_attr("started", True)
+    time.sleep(600)
+    return 1.0
+
+
+def scenario_tune(spark):
+    """Single-node trials on Connect: one job of 2 long-lived tasks, shared data, a pruned
+    and a failing trial; then the refusals, a timeout and a Ctrl-C."""
+    import _thread
+    import tempfile
+    import threading
+
+    import numpy as np
+    import optuna
+
+    import sparkdist.tune
+    from sparkdist.errors import ConnectUnsupportedError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    array = np.arange(1_000_000, dtype=np.float64)
+    SHARED[:] = [sparkdist.tune.share(array)]
+    RENDEZVOUS[:] = [tempfile.mkdtemp()]
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=1.2))
+    study.enqueue_trial({"x": 0.9})  # pruned at step 0
+    for x in (0.1, 0.15, 0.05, 0.12, 0.18):  # under the threshold from step 0
+        study.enqueue_trial({"x": x})
+    sparkdist.tune.optimize(study, tune_objective, n_trials=6, parallelism=2)
+    out = {
+        "states": [t.state.name for t in study.trials],
+        "tasks": [t.user_attrs.get("task") for t in study.trials],
+        "shared_sums": [t.user_attrs.get("shared_sum") for t in study.trials],
+        "expected_sum": float(array.sum()),
+        "failure": study.trials[2].user_attrs.get("traceback"),
+        "best": study.best_value,
+    }
+    hinted = optuna.create_study()
+    sparkdist.tune.optimize(hinted, uses_spark_context, n_trials=1)
+    out["hint"] = hinted.trials[0].user_attrs["traceback"]
+    try:
+        sparkdist.tune.optimize(optuna.create_study(), lambda t: spark.range(1).count(),
+                                n_trials=1)  # fmt: skip
+        out["session_error"] = None
+    except ConnectUnsupportedError as exc:
+        out["session_error"] = str(exc)
+    os.environ["SPARKDIST_CONNECT_RELAY"] = "always"  # as if executors cannot reach us
+    try:
+        sparkdist.tune.optimize(optuna.create_study(), tune_objective, n_trials=1)
+        out["unreachable_error"] = None
+    except ConnectUnsupportedError as exc:
+        out["unreachable_error"] = str(exc)
+    finally:
+        del os.environ["SPARKDIST_CONNECT_RELAY"]
+
+    interrupted = optuna.create_study()
+
+    def interrupt_when_both_run():
+        while sum(t.user_attrs.get("started", False) for t in interrupted.get_trials()) < 2:
+            time.sleep(0.2)
+        _thread.interrupt_main()  # what Ctrl-C does
+
+    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    started = time.monotonic()
+    returned = sparkdist.tune.optimize(interrupted, sleeps_unless_first, n_trials=5)
+    out["interrupt_s"] = time.monotonic() - started
+    out["interrupt_returned"] = returned is interrupted
+    out["interrupted"] = [t.state.name for t in interrupted.trials]
+    out["interrupt_why"] = interrupted.trials[1].user_attrs.get("traceback")
+    timed = optuna.create_study()
+    sparkdist.tune.optimize(timed, sleeps_four_seconds, n_trials=20, timeout=3.0)
+    out["timed"] = [t.state.name for t in timed.trials]
+    return out
+
+
+def ranks_objective(trial):
+    """2 ranks: both read the shared value and get the same suggestion; rank 0 reports."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    lr = trial.suggest_float("lr", 1e-3, 1e-1, log=True)
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(SHARED[0].value[int(os.environ["RANK"])]) + lr])
+    dist.all_reduce(value)
+    trial.report(value.item(), 0)
+    dist.destroy_process_group()
+    return value.item()
+
+
+def scenario_tune_np2(spark):
+    import optuna
+
+    import sparkdist.tune
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    SHARED[:] = [sparkdist.tune.share([10.0, 20.0])]
+    study = optuna.create_study()
+    study.enqueue_trial({"lr": 0.01})
+    sparkdist.tune.optimize(study, ranks_objective, n_trials=1, np=2)
+    trial = study.trials[0]
+    return {"state": trial.state.name, "value": trial.value,
+            "steps": sorted(trial.intermediate_values)}  # fmt: skip
+
+
 def alive(runner) -> list[int]:
     """The job's recorded processes that still run 15 s after the job ended (tasks stop
     them as they end, which may be just after the client has its answer)."""

@@ -184,3 +184,35 @@ def test_doctor_opens_a_connect_session(connect_url):
         timeout=120,
     )  # fmt: skip
     assert "nothing accepts connections at 127.0.0.1:1" in proc.stdout
+
+
+def test_tune_single_node_trials_on_connect(connect_url):
+    result, _ = run_client(connect_url, "tune")
+    assert result["states"] == ["PRUNED", "COMPLETE", "FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
+    assert "ValueError: trial 2 fails (connect test)" in result["failure"]
+    assert result["best"] == pytest.approx(0.05)
+    # One Spark job (one stage) of 2 long-lived tasks ran all 6 trials.
+    tasks = result["tasks"]
+    assert len({stage for stage, _, _ in tasks}) == 1
+    assert {part for _, part, _ in tasks} == {0, 1}
+    assert result["shared_sums"] == [result["expected_sum"]] * 6
+    # Classic-only things name the alternative.
+    assert "JVM_ATTRIBUTE_NOT_SUPPORTED" in result["hint"]
+    assert "sparkdist.tune.share" in result["hint"]
+    assert "Spark Connect client object" in result["session_error"]
+    assert "sparkdist.tune.share" in result["session_error"]
+    assert "executors cannot open connections" in result["unreachable_error"]
+    # Ctrl-C cancelled the two running trials and returned the study.
+    assert result["interrupt_returned"] and result["interrupt_s"] < 120
+    assert result["interrupted"] == ["COMPLETE", "FAIL", "FAIL"]
+    assert "cancelled" in result["interrupt_why"]
+    # The time limit: each worker started one trial within it, none after.
+    assert result["timed"] == ["COMPLETE", "COMPLETE"]
+
+
+def test_tune_distributed_trial_on_connect(connect_url):
+    pytest.importorskip("torch")
+    result, _ = run_client(connect_url, "tune_np2")
+    assert result["state"] == "COMPLETE"
+    assert result["value"] == pytest.approx(30.0 + 2 * 0.01)
+    assert result["steps"] == [0]

@@ -52,25 +52,39 @@ def test_single_node_trials_run_in_parallel(sc):
     assert len(study.trials_dataframe()) == 4
 
 
-def where_it_ran(trial):
-    """Records the Spark task that ran the trial; trial 3 fails."""
+def wait_for_two_workers(trial, rendezvous: str) -> None:
+    """Trial 0 waits (up to 60 s) until a trial has started in another process, so both
+    workers of the job run trials whatever the machine's load."""
     import os
     import time
+
+    open(os.path.join(rendezvous, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while trial.number == 0 and len(os.listdir(rendezvous)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def where_it_ran(trial, rendezvous: str):
+    """Records the Spark task that ran the trial; trial 3 fails."""
+    import os
 
     from pyspark import TaskContext
 
     x = trial.suggest_float("x", 0.0, 1.0)
     context = TaskContext.get()
     trial.set_user_attr("task", [context.stageId(), context.partitionId(), os.getpid()])
-    time.sleep(0.5)
+    wait_for_two_workers(trial, rendezvous)
     if trial.number == 3:
         raise ValueError("trial 3 fails")
     return x
 
 
-def test_trials_run_in_one_job_of_long_lived_tasks(sc):
+def test_trials_run_in_one_job_of_long_lived_tasks(sc, tmp_path):
+    def objective(trial):
+        return where_it_ran(trial, str(tmp_path))
+
     study = optuna.create_study()
-    sparkdist.tune.optimize(study, where_it_ran, n_trials=8, parallelism=2)
+    sparkdist.tune.optimize(study, objective, n_trials=8, parallelism=2)
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE"] * 3 + ["FAIL"] + ["COMPLETE"] * 4
     assert "ValueError: trial 3 fails" in study.trials[3].user_attrs["traceback"]

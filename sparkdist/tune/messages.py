@@ -2,7 +2,8 @@
 
 * a remote trial calls the driver's `optuna.Trial` (`TrialCall`);
 * a single-node worker (a long-lived Spark task) asks for its next trial (`AskTrial`,
-  answered `RunTrial` or `NoMoreTrials`) and reports each outcome (`TrialDone`);
+  answered `RunTrial` or `NoMoreTrials`) and reports each outcome (`TrialDone`), and
+  holds a second channel (`WatchWorker`) whose end tells it to stop at once;
 * a trial reads a value shared with `sparkdist.tune.share` (`FetchShared`).
 
 Registered on the runner's message protocol (`runner.protocol.messages.register`), so
@@ -55,6 +56,14 @@ class TrialDone(NamedTuple):
 
     number: int
     outcome: Any
+
+
+@register("watch_worker")
+class WatchWorker(NamedTuple):
+    """A worker's second channel, never answered: when the driver closes it (the search
+    is cancelled) or its process ends, the worker kills its own process."""
+
+    worker: int
 
 
 @register("fetch_shared")

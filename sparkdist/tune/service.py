@@ -5,12 +5,15 @@ channels authenticated with the search's secret. It answers
 * single-node workers asking for their next trial (`AskTrial`) and reporting its end
   (`TrialDone`); a worker whose channel closes while it holds a trial (its task was
   lost) has that trial recorded failed;
-* requests for values shared with `sparkdist.tune.share` (`FetchShared`).
+* requests for values shared with `sparkdist.tune.share` (`FetchShared`);
+* each worker's watch channel (`WatchWorker`), closed by `stop_workers` to make the
+  workers end their processes at once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import optuna
 
@@ -23,6 +26,7 @@ from sparkdist.tune.messages import (
     RunTrial,
     TrialCall,
     TrialDone,
+    WatchWorker,
 )
 from sparkdist.tune.outcome import Outcome
 from sparkdist.tune.remote_trial import RemoteTrial
@@ -30,7 +34,7 @@ from sparkdist.tune.shared import blob_for
 
 logger = logging.getLogger(__name__)
 
-REQUESTS = (TrialCall, AskTrial, TrialDone, FetchShared)
+REQUESTS = (TrialCall, AskTrial, TrialDone, FetchShared, WatchWorker)
 LOST = (
     "the Spark task running this trial ended before the trial did (a lost executor or "
     "a killed Python worker)"
@@ -43,6 +47,8 @@ class TrialService:
     def __init__(self, ledger: Ledger, bind_host: str, advertise_host: str):
         self.ledger = ledger
         self.secret = wire.new_secret()
+        self._watches: set[wire.Channel] = set()
+        self._watches_lock = threading.Lock()
         self._server = wire.Server(self.secret, self._serve, host=bind_host, name="sparkdist-tune")
         self.address = (advertise_host, self._server.address[1])
 
@@ -61,6 +67,10 @@ class TrialService:
                     logger.warning("sparkdist.tune: refused a request: %s", exc)
                     channel.send(messages.encode(messages.Rejected(str(exc))))
                     continue
+                if isinstance(request, WatchWorker):
+                    with self._watches_lock:
+                        self._watches.add(channel)
+                    continue  # never answered: the next recv ends when the worker does
                 if isinstance(request, AskTrial):
                     trial = self.ledger.next_trial()
                     if trial is None:
@@ -75,6 +85,8 @@ class TrialService:
                     reply = self._answer(request)
                 channel.send(messages.encode(reply))
         finally:
+            with self._watches_lock:
+                self._watches.discard(channel)
             if held is not None:
                 self.ledger.lose(held, LOST)
 
@@ -94,5 +106,13 @@ class TrialService:
         except Exception as exc:  # noqa: BLE001 - raised again in the objective
             return messages.Failed(exc)
 
+    def stop_workers(self) -> None:
+        """Close every worker's watch channel: each kills its own process."""
+        with self._watches_lock:
+            watches, self._watches = list(self._watches), set()
+        for channel in watches:
+            channel.close()
+
     def close(self) -> None:
+        self.stop_workers()
         self._server.close()

@@ -43,7 +43,10 @@ class SingleNodeTrials:
         self.workers = workers
         self.tag = f"sparkdist-tune-{uuid.uuid4().hex[:8]}"
         self.jobs = 0
-        self._thread: threading.Thread | None = None
+        # Set when the running job's thread ends. Not Thread.join: on Python < 3.13 a
+        # join interrupted by Ctrl-C can mark the still-running thread as stopped.
+        self._ended = threading.Event()
+        self._ended.set()
         self._error: BaseException | None = None
 
     def run(self) -> None:
@@ -53,8 +56,7 @@ class SingleNodeTrials:
             finished = self.ledger.finished
             remaining = self.ledger.n_trials - self.ledger.started
             self._start_job(min(self.workers, remaining))
-            while self._thread.is_alive():
-                self._thread.join(POLL_S)
+            while not self._ended.wait(POLL_S):
                 self.ledger.check_failures()
             self.ledger.fail_running(LOST)
             self.ledger.check_failures()
@@ -69,10 +71,10 @@ class SingleNodeTrials:
     def _start_job(self, workers: int) -> None:
         self.jobs += 1
         self._error = None
-        self._thread = threading.Thread(
+        self._ended.clear()
+        threading.Thread(
             target=self._job, args=(workers,), name="sparkdist-tune-job", daemon=True
-        )
-        self._thread.start()
+        ).start()
 
     def _job(self, workers: int) -> None:
         # Pickled in the thread that submits the job: pyspark ships the broadcast
@@ -85,15 +87,16 @@ class SingleNodeTrials:
             return run_worker(index, blob, address, secret, import_path)
 
         try:
-            summaries = self.cluster.run_tasks(workers, task, self.tag)
+            for summary in self.cluster.run_tasks(workers, task, self.tag):
+                logger.info("sparkdist.tune: worker %s", json.loads(summary))
         except BaseException as exc:  # noqa: BLE001 - reported by run() on the main thread
             self._error = exc
-            return
-        for summary in summaries:
-            logger.info("sparkdist.tune: worker %s", json.loads(summary))
+        finally:
+            self._ended.set()
 
     def cancel(self) -> None:
         """Cancel the running job (its tasks, and so their trials) and wait for it."""
-        if self._thread is not None and self._thread.is_alive():
+        if not self._ended.is_set():
+            self.service.stop_workers()
             self.cluster.cancel(self.tag)
-            self._thread.join(CANCEL_WAIT_S)
+            self._ended.wait(CANCEL_WAIT_S)

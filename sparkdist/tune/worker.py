@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 
 import cloudpickle
 
 from sparkdist.runner.protocol import messages, wire
 from sparkdist.tune import shared
-from sparkdist.tune.messages import AskTrial, NoMoreTrials, RunTrial, TrialDone
+from sparkdist.tune.messages import AskTrial, NoMoreTrials, RunTrial, TrialDone, WatchWorker
 from sparkdist.tune.outcome import run_objective
 from sparkdist.tune.remote_trial import RemoteTrial
 
@@ -29,6 +31,8 @@ def run_worker(
     objective = cloudpickle.loads(blob)
     shared.serve_from(address, secret)
     channel = wire.connect(address, secret)
+    done = threading.Event()
+    watch = _watch_driver(index, address, secret, done)
     ran = []
     try:
         while True:
@@ -42,5 +46,26 @@ def run_worker(
             messages.reply_to(raw, (messages.Ok,))
             ran.append(order.number)
     finally:
+        done.set()
+        watch.close()
         channel.close()
     return json.dumps({"worker": index, "pid": os.getpid(), "trials": ran}).encode()
+
+
+def _watch_driver(index: int, address: tuple[str, int], secret: bytes, done: threading.Event):
+    """Kill this process when the driver closes the watch channel (the search was
+    cancelled) or goes away, unless the worker is done: an objective left running would
+    hold its task slot, whatever Spark's task kill does to a busy Python worker."""
+    watch = wire.connect(address, secret)
+    watch.send(messages.encode(WatchWorker(index)))
+
+    def wait_for_end() -> None:
+        try:
+            watch.recv()
+        except Exception:  # noqa: BLE001 - the channel's end is the signal
+            pass
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_end, name="sparkdist-tune-watch", daemon=True).start()
+    return watch
