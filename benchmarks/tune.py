@@ -1,11 +1,13 @@
 """Parallel trials: sparkdist.tune against the peers, same objective, same number of trials.
 
-Part 1, single-node trials (local-cluster[2,1,1024], 2 task slots): 16 XGBoost trials on a
-broadcast dataset, 2 at once,
+Part 1, single-node trials (local-cluster[2,1,1024], 2 task slots): 16 XGBoost trials on
+one dataset, 2 at once,
   * sparkdist: `sparkdist.tune.optimize(study, objective, n_trials=16, parallelism=2)` with
-    Optuna's TPE sampler (seed 0);
+    Optuna's TPE sampler (seed 0), the data shared with `sparkdist.tune.share` (2
+    long-lived worker tasks pull the 16 trials);
   * Hyperopt: `fmin(..., algo=tpe.suggest, trials=SparkTrials(parallelism=2))`, the same
-    search space (Hyperopt's TPE, seed 0).
+    search space (Hyperopt's TPE, seed 0), the data a broadcast variable (a Spark job
+    per trial).
 Part 2, distributed trials (local-cluster[2,2,1024], 4 slots): 4 trials of a 2-rank torch
 DDP training on scikit-learn's digits, with the same 4 learning rates,
   * sparkdist: `optimize(..., np=2)` with the 4 trials queued, 2 at once;
@@ -80,12 +82,14 @@ def single_node_part() -> list[dict]:
     spark = build_spark("local-cluster[2,1,1024]")
     sc = spark.sparkContext
     x, y = make_classification(n_samples=20_000, n_features=30, n_informative=12, random_state=0)
-    data = sc.broadcast(train_test_split(x, y, test_size=0.25, random_state=0))
+    split = train_test_split(x, y, test_size=0.25, random_state=0)
+    data = sc.broadcast(split)
     sc.parallelize(range(4), 4).map(lambda i: len(data.value)).collect()  # warm workers
+    shared = sparkdist.tune.share(split)
 
     def objective(trial):
         return xgb_loss(
-            data,
+            shared,
             trial.suggest_int("n_estimators", 20, 200, log=True),
             trial.suggest_int("max_depth", 2, 8),
             trial.suggest_float("learning_rate", 0.01, 0.5, log=True),

@@ -5,12 +5,14 @@
 # MAGIC Optuna holds the search on the driver (its samplers, pruners and storage); sparkdist runs
 # MAGIC the trials on the cluster, as many at once as the free task slots allow:
 # MAGIC
-# MAGIC * **single-node trials** (`np=None`): each trial is one Spark task (XGBoost here);
+# MAGIC * **single-node trials** (`np=None`): `parallelism` long-lived Spark tasks (one Spark job)
+# MAGIC   each run trial after trial, pulling the next one from the driver (XGBoost here);
 # MAGIC * **distributed trials** (`np=2`): each trial is a runner job of 2 ranks (torch DDP here),
 # MAGIC   and a trial the pruner stops ends on all its ranks.
 # MAGIC
 # MAGIC The objective is ordinary Optuna code: `trial.suggest_*`, `trial.report`,
 # MAGIC `trial.should_prune()`. Every call reaches the driver's study over an authenticated channel.
+# MAGIC The same code runs from a classic session or a Spark Connect one.
 
 # COMMAND ----------
 
@@ -34,11 +36,13 @@ os.makedirs(OUTPUT_DIR, exist_ok=True)
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## XGBoost, one Spark task per trial
+# MAGIC ## XGBoost, single-node trials
 # MAGIC
-# MAGIC A small dataset travels to the executors once, as a broadcast variable; each trial reads
-# MAGIC it, trains a classifier with the suggested parameters and returns the validation
-# MAGIC log-loss. The search is logged to MLflow: one parent run, one child run per trial.
+# MAGIC A small dataset is shared with `sparkdist.tune.share`: it stays on the driver, and each
+# MAGIC executor process fetches it once, on the first `data.value` (on a classic session a
+# MAGIC broadcast variable works too; a Spark Connect session has none). Each trial trains a
+# MAGIC classifier with the suggested parameters and returns the validation log-loss. The search
+# MAGIC is logged to MLflow: one parent run, one child run per trial.
 
 # COMMAND ----------
 
@@ -50,7 +54,7 @@ from sklearn.model_selection import train_test_split
 import sparkdist.tune
 
 x, y = make_classification(n_samples=2_000, n_features=20, n_informative=8, random_state=0)
-data = spark.sparkContext.broadcast(train_test_split(x, y, test_size=0.25, random_state=0))
+data = sparkdist.tune.share(train_test_split(x, y, test_size=0.25, random_state=0))
 
 
 def xgb_objective(trial):

@@ -116,6 +116,25 @@ def test_lost_task_fails_its_trial_and_the_rest_run(sc):
     assert "ended before the trial did" in study.trials[1].user_attrs["traceback"]
 
 
+def dies_on_trials_one_to_four(trial):
+    import os
+    import signal
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    if 1 <= trial.number <= 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_failed_job_is_followed_by_a_new_one_for_the_rest(sc):
+    # One worker task, lost 4 times: Spark gives up on the job (spark.task.maxFailures=4),
+    # and a new job runs the remaining trials.
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, dies_on_trials_one_to_four, n_trials=7, parallelism=1)
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE"] + ["FAIL"] * 4 + ["COMPLETE"] * 2
+
+
 def test_shared_value_is_fetched_once_per_worker_process(sc):
     import cloudpickle
     import numpy as np

@@ -2,9 +2,10 @@
 call goes to the real `optuna.Trial` held by the driver (see `service.py`).
 
 Optuna samples define-by-run, inside the objective, so a suggestion can only be made by
-the driver's study while the objective runs. The proxy is picklable: it travels inside
-the Spark task's closure or the runner's payload, never on a command line, and it
-connects (HMAC-authenticated with the search's secret) on first use.
+the driver's study while the objective runs. A single-node worker makes one for each
+trial it is given; a distributed trial's proxy is pickled into the runner's payload
+(never on a command line). It connects (HMAC-authenticated with the search's secret) on
+first use.
 """
 
 from __future__ import annotations
