@@ -98,7 +98,7 @@ def optimize(
             "HorovodRunner jobs do run from here (relay mode)."
         )
     ledger = Ledger(study, n_trials, timeout, max_failed_trials)
-    service = TrialService(ledger, place.bind, place.advertise)
+    service = TrialService(place.bind, place.advertise, ledger)
     try:
         if np is None:
             trials = SingleNodeTrials(cluster, objective, service, ledger, at_once)

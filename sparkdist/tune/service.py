@@ -44,13 +44,20 @@ LOST = (
 class TrialService:
     """Serves the workers, remote trials and shared values of one search."""
 
-    def __init__(self, ledger: Ledger, bind_host: str, advertise_host: str):
+    def __init__(self, bind_host: str, advertise_host: str, ledger: Ledger | None = None):
         self.ledger = ledger
-        self.secret = wire.new_secret()
+        """The search served; None: refuse every request (no search runs)."""
+        self._secret = wire.new_secret()
         self._watches: set[wire.Channel] = set()
         self._watches_lock = threading.Lock()
-        self._server = wire.Server(self.secret, self._serve, host=bind_host, name="sparkdist-tune")
+        self._server = wire.Server(self._secret, self._serve, host=bind_host,
+                                   name="sparkdist-tune")  # fmt: skip
         self.address = (advertise_host, self._server.address[1])
+
+    @property
+    def secret(self) -> bytes:
+        """The search's secret, for the workers' channels."""
+        return self._secret
 
     def remote_trial(self, trial: optuna.Trial) -> RemoteTrial:
         """The proxy a running trial's objective gets."""
@@ -66,6 +73,9 @@ class TrialService:
                 except messages.MalformedMessage as exc:
                     logger.warning("sparkdist.tune: refused a request: %s", exc)
                     channel.send(messages.encode(messages.Rejected(str(exc))))
+                    continue
+                if self.ledger is None:
+                    channel.send(messages.encode(messages.Rejected("no search is running")))
                     continue
                 if isinstance(request, WatchWorker):
                     with self._watches_lock:

@@ -18,6 +18,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Generic, TypeVar
 
+import cloudpickle
+
 from sparkdist.errors import ConnectUnsupportedError
 from sparkdist.runner.protocol import messages, payload, wire
 from sparkdist.tune.messages import FetchShared
@@ -72,7 +74,7 @@ class Shared(Generic[T]):
         """The value pickled, once (for the trial service)."""
         with self._blob_lock:
             if self._blob is None:
-                self._blob = pickle.dumps(self._value, protocol=pickle.HIGHEST_PROTOCOL)
+                self._blob = cloudpickle.dumps(self._value)
             return self._blob
 
 
@@ -129,8 +131,6 @@ def check_objective(objective: Any, kind: str, np: int | None) -> None:
     broadcast variable on a Spark Connect session or in the ranks of a distributed trial
     (which are not Spark tasks), and a Spark Connect session or DataFrame (no Connect
     session is active in a task)."""
-    from pyspark.broadcast import Broadcast
-
     from sparkdist.spark import is_connect_session
 
     referenced = _referenced(objective)
@@ -143,6 +143,10 @@ def check_objective(objective: Any, kind: str, np: int | None) -> None:
         )
     if kind != "connect" and np is None:
         return  # classic single-node trials run in Spark tasks, where broadcasts work
+    try:
+        from pyspark.broadcast import Broadcast
+    except ImportError:  # pyspark-client (Connect only) has no broadcast variables
+        return
     found = [name for name, value in referenced if isinstance(value, Broadcast)]
     if found:
         where = "on a Spark Connect session" if kind == "connect" else (
