@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import cloudpickle
 
-from sparkdist.errors import ConnectUnsupportedError
+from sparkdist.errors import ConnectUnsupportedError, PayloadError
 from sparkdist.runner.protocol import messages, payload, wire
 from sparkdist.tune.messages import FetchShared
 
@@ -148,12 +148,16 @@ def check_objective(objective: Any, kind: str, np: int | None) -> None:
     except ImportError:  # pyspark-client (Connect only) has no broadcast variables
         return
     found = [name for name, value in referenced if isinstance(value, Broadcast)]
-    if found:
-        where = "on a Spark Connect session" if kind == "connect" else (
-            f"in distributed trials (np={np}: the ranks are not Spark tasks)")  # fmt: skip
+    if found and kind == "connect":
         raise ConnectUnsupportedError(
             f"the objective uses the pyspark broadcast variable {', '.join(found)}, which "
-            f"cannot be read {where}. {HINT}"
+            f"cannot be read on a Spark Connect session. {HINT}"
+        )
+    if found:
+        raise PayloadError(
+            f"the objective uses the pyspark broadcast variable {', '.join(found)}, which "
+            f"cannot be read in distributed trials (np={np}: the ranks are not Spark "
+            f"tasks). {HINT}"
         )
 
 

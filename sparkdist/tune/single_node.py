@@ -42,7 +42,6 @@ class SingleNodeTrials:
         self.ledger = ledger
         self.workers = workers
         self.tag = f"sparkdist-tune-{uuid.uuid4().hex[:8]}"
-        self.jobs = 0
         # Set when the running job's thread ends. Not Thread.join: on Python < 3.13 a
         # join interrupted by Ctrl-C can mark the still-running thread as stopped.
         self._ended = threading.Event()
@@ -69,7 +68,6 @@ class SingleNodeTrials:
                            "runs the remaining trials", summary)  # fmt: skip
 
     def _start_job(self, workers: int) -> None:
-        self.jobs += 1
         self._error = None
         self._ended.clear()
         threading.Thread(
