@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkdist.runner.protocol.script import ScriptMain
+from sparkdist.spark.gpus import driver_resources
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +97,6 @@ def _conf(spark: Any, key: str, default: str) -> str:
     return spark.conf.get(key, default)
 
 
-def _resources(spark: Any) -> dict[str, Any]:
-    """The driver's Spark resources, from the SparkContext or, on Spark Connect, the
-    server, as pyspark's distributor finds them."""
-    try:
-        return spark.sparkContext.resources
-    except Exception:  # noqa: BLE001 - a Connect session has no SparkContext
-        return spark._client._resources()
-
-
 class TorchDistributor:
     """Run a torch function or script on `num_processes` ranks, as pyspark's does.
 
@@ -151,7 +143,7 @@ class TorchDistributor:
                 )
             return self.num_processes // task_gpu_amount
         key = "spark.driver.resource.gpu.amount"
-        if "gpu" not in _resources(self.spark):
+        if "gpu" not in driver_resources(self.spark):
             raise RuntimeError("GPUs were unable to be found on the driver.")
         available = int(float(_conf(self.spark, key, "0")))
         if available == 0:

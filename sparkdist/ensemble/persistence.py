@@ -24,8 +24,8 @@ from sparkdist.ensemble.serialization import (
     library_versions,
     load_estimator,
 )
-from sparkdist.ensemble.storage import open_storage
 from sparkdist.ensemble.training import EstimatorStats
+from sparkdist.spark.storage import open_storage
 
 logger = logging.getLogger(__name__)
 

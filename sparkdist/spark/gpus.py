@@ -33,3 +33,12 @@ def driver_gpu_addresses() -> list[str]:
     except Exception:  # noqa: BLE001 - a stopped or remote (Connect) context has none to give
         logger.debug("could not read the driver's GPU resources", exc_info=True)
         return []
+
+
+def driver_resources(spark: Any) -> dict[str, Any]:
+    """The driver's Spark resources, from the SparkContext or, on Spark Connect, the
+    server, as pyspark's distributor finds them."""
+    try:
+        return spark.sparkContext.resources
+    except Exception:  # noqa: BLE001 - a Connect session has no SparkContext
+        return spark._client._resources()

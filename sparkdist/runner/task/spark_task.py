@@ -11,7 +11,7 @@
 The driver gathers the agents rather than Spark's `BarrierTaskContext.allGather`,
 whose tasks check for the answer once a second: a second or more per job.
 
-In relay mode (`relay.py`) task 0 first starts the job's service (a thread of its
+In relay mode (`runner/driver/relay.py`) task 0 first starts the job's service (a thread of its
 Python worker) and tells the other tasks its address with the one `allGather` of the
 job; everything else is the same.
 """
