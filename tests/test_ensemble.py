@@ -1048,7 +1048,7 @@ def _spread_table(X, y, n_models: int, spec: FeatureSpec) -> pa.Table:
 
 
 def test_outside_a_task_partition_id_is_minus_one_and_a_source_is_zero(cancer):
-    from sparkdist.ensemble.partitioning import partition_id
+    from sparkdist.spark.task import partition_id
 
     X, y = cancer
     table = _spread_table(X, y, 2, FeatureSpec(X.shape[1], features_col="x"))

@@ -37,6 +37,7 @@ import pyarrow as pa
 from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.parquet_source import ParquetSource, find_parquet_source, read_split
 from sparkdist.ensemble.validation import DataReport
+from sparkdist.spark.task import partition_id
 
 logger = logging.getLogger(__name__)
 
@@ -312,15 +313,6 @@ def _labels_type(label_is_numeric: bool) -> pa.DataType:
 def _vector_width(vectors: pa.Array) -> int:
     valid = vectors.drop_null() if vectors.null_count else vectors
     return len(valid[0]) if len(valid) else 1
-
-
-def partition_id() -> int:
-    """This Spark task's partition; -1 outside a task (a function called directly), which
-    the stats record as is and callers that need a part number read as 0."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return -1 if context is None else context.partitionId()
 
 
 def partition_keys(spark: Any, n_partitions: int) -> list[int]:

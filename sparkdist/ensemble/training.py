@@ -29,12 +29,12 @@ from sparkdist.ensemble.parquet_source import ParquetSource
 from sparkdist.ensemble.partitioning import (
     SpreadPlan,
     file_pieces,
-    partition_id,
     read_chunks,
     spark_pieces,
 )
 from sparkdist.ensemble.serialization import dump_estimator, library_versions
 from sparkdist.ensemble.validation import DataReport, DataSummary, Settings, summarize
+from sparkdist.spark.task import partition_id, task_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -488,15 +488,8 @@ def _configured_clone(estimator: Any, rng: np.random.Generator) -> Any:
     if "random_state" in params:
         updates["random_state"] = int(rng.integers(np.iinfo(np.int32).max))
     if "n_jobs" in params and params["n_jobs"] is None:
-        updates["n_jobs"] = _task_cpus()
+        updates["n_jobs"] = task_cpus()
     return estimator.set_params(**updates) if updates else estimator
-
-
-def _task_cpus() -> int:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return 1 if context is None else max(1, context.cpus())
 
 
 def _reset_peak_rss() -> int:
