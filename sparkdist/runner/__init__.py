@@ -1,5 +1,14 @@
-"""The runner path: HorovodRunner on a Spark barrier stage, launched through mpirun.
+"""The runner path: HorovodRunner on a Spark barrier stage, launched through mpirun or
+directly.
 
-The public names live in `sparkdist` (imported lazily there); this package itself
-imports nothing, so rank processes load only the modules they use.
+Split by the process the code runs in, as torch.distributed.elastic is:
+
+* `driver/`: the driver's process (the front, the job's service and state, retries);
+* `task/`: a Spark task on an executor (task agents, mpirun's rsh agent);
+* `rank/`: a rank's supervisor and the rank itself;
+* `protocol/`: what they share (channels, messages, payload, launch spec, processes).
+
+Spark itself is reached only through `sparkdist.spark`. The public names live in
+`sparkdist` (imported lazily there); this package imports nothing, so rank processes
+load only the modules they use.
 """
