@@ -195,3 +195,23 @@ def test_checkpoint_store_on_a_url_filesystem():
     store.save(5, b"five")
     assert store.steps() == [5]
     assert CheckpointStore("memory://sparkdist-test/run-1").latest() == (5, b"five")
+
+
+def returns_one():
+    return 1
+
+
+def test_mpirun_that_cannot_start_is_launched_once_more_then_reported(sc):
+    """Open MPI's start-up failing before any rank started ("orte_session_dir failed") is
+    launched once more without counting against max_failures; failing again, the job
+    reports Open MPI's own words."""
+    from sparkdist import JobFailedError
+
+    runner = HorovodRunner(
+        np=2, launcher="mpi", mpi_args=["--mca", "orte_tmpdir_base", "/proc/sparkdist-absent"]
+    )
+    with pytest.raises(JobFailedError, match="mpirun exited") as caught:
+        runner.run(returns_one)
+    assert "orte_session_dir failed" in "\n".join(caught.value.output_tail)
+    assert runner.last_job.attempts == 2
+    assert runner.last_job.failures == ["mpirun could not start its daemons"]

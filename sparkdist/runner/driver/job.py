@@ -69,27 +69,38 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
     # In the stage, checkpoints live where task 0 can write them (checkpoint_dir), not here.
     checkpoints = None if place.in_stage else CheckpointStore(options.checkpoint_dir)
     attempt = _Attempt(options, cluster, place, report)
+    relaunches = 0
+    start_retried = False
     try:
-        for number in range(options.max_failures + 1):
+        while True:
             job = JobSpec(
                 uuid.uuid4().hex[:12], options.num_ranks, blob, all_results,
                 options.driver_log_verbosity, options.ranks_per_task,
             )  # fmt: skip
             state = JobState(job, checkpoints=checkpoints)
-            report.attempts = number + 1
+            number = report.attempts = len(report.failures) + 1
             try:
-                return attempt.run(state, number)
+                return attempt.run(state, number - 1)
             except BaseException as exc:
+                if not start_retried and retry.mpi_start_failed(exc, state):
+                    start_retried = True
+                    report.failures.append("mpirun could not start its daemons")
+                    logger.warning(
+                        "sparkdist job %s: mpirun could not start its daemons before any "
+                        "rank started; launching it once more. Open MPI said:\n%s",
+                        job.job_id, "\n".join(exc.output_tail),
+                    )  # fmt: skip
+                    continue
                 reason = retry.retry_reason(exc, state, options.retry_on_exception)
-                if reason is None or number >= options.max_failures:
+                if reason is None or relaunches >= options.max_failures:
                     raise
+                relaunches += 1
                 report.failures.append(reason)
                 logger.warning(
                     "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
-                    "%d), %s", job.job_id, reason, number + 1, options.max_failures,
+                    "%d), %s", job.job_id, reason, relaunches, options.max_failures,
                     _resume_point(checkpoints, options.checkpoint_dir),
                 )  # fmt: skip
-        raise AssertionError("unreachable: the last attempt returns or raises")
     finally:
         if checkpoints is not None:
             checkpoints.close()

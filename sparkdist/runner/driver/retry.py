@@ -6,6 +6,12 @@ machine, an operator), or the job failed outside any rank. An exception raised b
 training code is a bug or bad data that a relaunch would only repeat, so it is not
 retried unless asked (`retry_on_exception=True`). Errors that a relaunch cannot cure are
 never retried: an unpicklable function, too few task slots, a time limit, Ctrl-C.
+
+Apart from those relaunches, a job whose mpirun could not start its daemons, before any
+rank started, is launched once more whatever `max_failures` says (`mpi_start_failed`):
+none of the user's code ran, and Open MPI's start-up fails now and then on a loaded host
+when several daemons of one job share a machine ("orte_session_dir failed", "ORTE was
+unable to reliably start one or more daemons").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from sparkdist.errors import (
 from sparkdist.runner.driver.job_state import JobState
 
 NEVER_RETRIED = (PayloadError, NotEnoughSlotsError, JobTimeoutError)
+MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably start")
 
 
 def retry_reason(exc: BaseException, state: JobState, retry_on_exception: bool) -> str | None:
@@ -34,3 +41,13 @@ def retry_reason(exc: BaseException, state: JobState, retry_on_exception: bool) 
     if retry_on_exception:
         return f"rank {exc.rank} failed and retry_on_exception=True: {exc.reason or 'exit'}"
     return None
+
+
+def mpi_start_failed(exc: BaseException, state: JobState) -> bool:
+    """Whether mpirun failed to start the job's daemons before any rank started, so that
+    launching the job again repeats nothing of the user's."""
+    if not isinstance(exc, JobFailedError) or isinstance(exc, RankFailedError):
+        return False
+    if any(rank.started for rank in state.ranks.values()):
+        return False
+    return any(sign in line for line in exc.output_tail for sign in MPI_START_FAILURES)
