@@ -51,13 +51,18 @@ def _run(args: argparse.Namespace) -> int:
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
+    try:
+        runner = HorovodRunner(
+            np=args.np,
+            launcher=args.launcher,
+            start_timeout=args.start_timeout,
+            timeout=args.timeout,
+            roles=args.roles,
+        )
+    except ValueError as exc:  # checked before any Spark starts
+        print(f"sparkdist run: {exc}", file=sys.stderr)
+        return 2
     spark = _session(args) if args.np > 0 else None
-    runner = HorovodRunner(
-        np=args.np,
-        launcher=args.launcher,
-        start_timeout=args.start_timeout,
-        timeout=args.timeout,
-    )
     try:
         runner.run(args.script, args=script_args)
     except SparkdistError as exc:
@@ -126,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", default="auto", choices=["auto", "mpi", "direct"])
     run.add_argument("--start-timeout", type=float, default=600.0)
     run.add_argument("--timeout", type=float, default=None)
+    run.add_argument(
+        "--roles",
+        help="a parameter-server job's roles, e.g. chief=1,worker=2,ps=1 (they add up to --np)",
+    )
     run.add_argument("script", help="the Python training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     run.set_defaults(func=_run)

@@ -1,4 +1,6 @@
-"""TensorFlow: TF_CONFIG for `tf.distribute.MultiWorkerMirroredStrategy`, one worker per rank.
+"""TensorFlow: TF_CONFIG for `tf.distribute.MultiWorkerMirroredStrategy`, one worker per rank,
+or for `ParameterServerStrategy` in a job with roles (`sparkdist/roles.py`), whose
+worker and ps ranks run their TensorFlow server here (`serve`).
 
 Why: MultiWorkerMirroredStrategy finds its peers only through TF_CONFIG, a JSON list of
 every worker's `host:port` plus this worker's index. Each rank picks a free port on its
@@ -25,12 +27,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
 import socket
-from typing import Any
+from typing import Any, NoReturn
 
 from sparkdist import native_logs
 from sparkdist.backends import keras_compat
 from sparkdist.backends.base import RankContext
+from sparkdist.roles import ORDER, Roles
+
+logger = logging.getLogger(__name__)
 
 # The rank's port reservation, kept (open) until the process exits.
 _reservations: list[socket.socket] = []
@@ -39,6 +46,30 @@ _reservations: list[socket.socket] = []
 def tf_config(workers: list[str], index: int) -> dict[str, Any]:
     """The TF_CONFIG of worker `index` in a cluster of `workers` (`host:port` each)."""
     return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+
+
+def roles_tf_config(addresses: list[str], roles: Roles, rank: int) -> dict[str, Any]:
+    """The TF_CONFIG of `rank` in a parameter-server job: every role's `host:port`
+    list (ranks in role order) and this rank's role and index."""
+    cluster = {
+        role: [addresses[r] for r in roles.ranks_of(role)] for role in ORDER if getattr(roles, role)
+    }
+    role, index = roles.role_of(rank)
+    return {"cluster": cluster, "task": {"type": role, "index": index}}
+
+
+def serve(role: str, index: int) -> NoReturn:
+    """A parameter-server job's `worker` or `ps` rank: run this rank's TensorFlow server
+    (from TF_CONFIG) until the driver stops the rank, once the chief is done."""
+    import tensorflow as tf
+
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster), job_name=role, task_index=index, protocol="grpc", start=True
+    )
+    logger.info("TensorFlow %s server %d serving at %s", role, index, server.target)
+    server.join()  # never returns
+    raise AssertionError("tf.distribute.Server.join() returned")
 
 
 def reserve_shared_port(host: str) -> socket.socket:
@@ -55,7 +86,13 @@ class TensorFlowBackend:
     name = "tensorflow"
 
     def prepare(self, ctx: RankContext) -> None:
+        roles = Roles.from_env(ctx.env)
         if importlib.util.find_spec("tensorflow") is None:
+            if roles is not None:
+                raise RuntimeError(
+                    "this parameter-server job (roles=...) needs TensorFlow, which is not "
+                    "installed in the ranks' Python environment"
+                )
             return
         native_logs.set_default_level(ctx.env)
         if "TF_CONFIG" in ctx.env:
@@ -70,7 +107,11 @@ class TensorFlowBackend:
             rendezvous.put("tensorflow/workers", workers)
         else:
             workers = rendezvous.get("tensorflow/workers")
-        ctx.env["TF_CONFIG"] = json.dumps(tf_config(workers, ctx.rank))
+        if roles is not None:
+            config = roles_tf_config(workers, roles, ctx.rank)
+        else:
+            config = tf_config(workers, ctx.rank)
+        ctx.env["TF_CONFIG"] = json.dumps(config)
         ctx.env["TF_GRPC_REUSE_PORT"] = "1"
-        if ctx.world_size > 1:
+        if ctx.world_size > 1 and roles is None:
             keras_compat.install(ctx.env)

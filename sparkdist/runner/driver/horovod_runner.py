@@ -61,6 +61,11 @@ class HorovodRunner:
             multiple). Ranks of one task share its resources: with
             `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
             ranks split its four GPUs. Local ranks count within a task.
+        roles: ranks with roles, for TensorFlow's ParameterServerStrategy: e.g.
+            `{"chief": 1, "worker": 2, "ps": 1}` (they must add up to np). Rank 0 is
+            the chief and runs `main` (the coordinator); the worker and ps ranks run
+            TensorFlow servers, stopped when the chief returns. See "Parameter servers"
+            in the README.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class HorovodRunner:
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
         ranks_per_task: int = 1,
+        roles: Mapping[str, int] | str | None = None,
     ):
         self.options = RunnerOptions(
             np=np,
@@ -94,6 +100,7 @@ class HorovodRunner:
             retry_on_exception=retry_on_exception,
             checkpoint_dir=checkpoint_dir,
             ranks_per_task=ranks_per_task,
+            roles=roles,
         )
         self.last_job: JobReport | None = None
 

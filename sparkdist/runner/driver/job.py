@@ -75,7 +75,7 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
         while True:
             job = JobSpec(
                 uuid.uuid4().hex[:12], options.num_ranks, blob, all_results,
-                options.driver_log_verbosity, options.ranks_per_task,
+                options.driver_log_verbosity, options.ranks_per_task, options.roles,
             )  # fmt: skip
             state = JobState(job, checkpoints=checkpoints)
             number = report.attempts = len(report.failures) + 1
@@ -181,6 +181,8 @@ class _Attempt:
         rank_env = {**tracking.rank_environment(), **opts.env, job_environment.ATTEMPT: str(number)}
         if timeline_path:
             rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
+        if opts.roles is not None:
+            rank_env.update(opts.roles.to_env())
         launcher = self.report.launcher
         relay = RelayPlan(
             job=state.job,

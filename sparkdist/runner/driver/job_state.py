@@ -16,6 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from sparkdist.errors import describe_exit
+from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker
@@ -50,6 +52,15 @@ class JobSpec:
     log_mode: str
     ranks_per_task: int = 1
     """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
+    roles: Roles | None = None
+    """A parameter-server job's roles: its server ranks stop when the chief is done."""
+
+    def server_rank(self, rank: int) -> bool:
+        return self.roles is not None and self.roles.role_of(rank)[0] in SERVERS
+
+    def tolerates_loss(self, rank: int) -> bool:
+        """A parameter-server worker: its coordinator reschedules what it was running."""
+        return self.roles is not None and self.roles.role_of(rank)[0] == "worker"
 
     @property
     def num_tasks(self) -> int:
@@ -83,6 +94,9 @@ class JobState:
         self.rendezvous = RendezvousStore()
         self.failures = FailureTracker(self)
         self._peers: dict[tuple[str, int], wire.Channel] = {}
+        self.chief_done = False
+        """With roles: the chief returned, so the servers are told to finish."""
+        self.workers_lost: set[int] = set()
 
     # --- peers ------------------------------------------------------------------------
 
@@ -93,7 +107,10 @@ class JobState:
             self._peers[(kind, number)] = channel
             if kind == "task":
                 self.tasks_started.add(number)
-            return self.failures.stopping
+            late_server = self.chief_done and kind == "supervisor"
+        if late_server and self.job.server_rank(number):
+            self._finish_servers([channel])
+        return self.failures.stopping
 
     def disconnected(self, kind: str, number: int) -> None:
         with self.cond:
@@ -174,7 +191,24 @@ class JobState:
             self.ranks[rank].has_result = True
             if rank == 0:
                 self.frameworks = frameworks
+                self.chief_done = self.job.roles is not None
             self.cond.notify_all()
+            servers = [
+                channel
+                for (kind, number), channel in self._peers.items()
+                if self.chief_done and kind == "supervisor" and self.job.server_rank(number)
+            ]
+        if servers:
+            self._finish_servers(servers)
+
+    def _finish_servers(self, channels: list[wire.Channel]) -> None:
+        """The chief is done: its servers (which never return) are stopped."""
+        order = messages.encode(messages.Finish("the chief finished"))
+        for channel in channels:
+            try:
+                channel.send(order)
+            except OSError:
+                pass  # that supervisor is gone already
 
     def rank_error(self, rank: int, traceback: str, reason: str) -> None:
         with self.cond:
@@ -189,9 +223,31 @@ class JobState:
             if tail:
                 state.tail.extend(line for line in tail if line not in state.tail)
             self.cond.notify_all()
-        if exit_code != 0:
+        if exit_code != 0 and self.job.tolerates_loss(rank) and state.traceback is None:
+            self.worker_lost(rank, exit_code)
+        elif exit_code != 0:
             killed = exit_code == -signal.SIGKILL and state.traceback is None
             self.failures.notice(rank, None, outside_user_code=killed)
+
+    def worker_lost(self, rank: int, exit_code: int | None) -> None:
+        """A parameter-server worker ended without an error of its own (killed, its host
+        lost): the job goes on while another worker is left."""
+        workers = self.job.roles.ranks_of("worker")
+        with self.cond:
+            self.workers_lost.add(rank)
+            left = len(workers) - len(self.workers_lost)
+        how = f"ended with {describe_exit(exit_code)}"
+        if left > 0:
+            logger.warning(
+                "sparkdist job %s: worker rank %d %s; the chief's coordinator runs its steps "
+                "on the %d worker(s) left", self.job.job_id, rank, how, left,
+            )  # fmt: skip
+            return
+        self.failures.notice(
+            rank,
+            f"every worker of the parameter-server job was lost (the last, rank {rank}, {how})",
+            outside_user_code=True,
+        )
 
     def launcher_output(self, lines: list[str]) -> None:
         with self.cond:
@@ -217,8 +273,12 @@ class JobState:
 
     def succeeded(self) -> bool:
         needed = self.ranks.values() if self.job.all_results else [self.ranks[0]]
+        needed = [s for s in needed if not self.job.server_rank(s.rank)]
         return (
-            all(s.exited and s.exit_code == 0 for s in self.ranks.values())
+            all(
+                s.exited and (s.exit_code == 0 or r in self.workers_lost)
+                for r, s in self.ranks.items()
+            )
             and all(s.has_result for s in needed)
             and self.launcher_exit in (None, 0)
         )

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sparkdist.roles import Roles
 from sparkdist.runner.protocol.launch import mpirun_available
 
 LOG_MODES = ("all", "log_callback_only")
@@ -34,9 +35,13 @@ class RunnerOptions:
     retry_on_exception: bool = False
     checkpoint_dir: str | None = None
     ranks_per_task: int = 1
+    roles: Roles | Mapping[str, int] | str | None = None
 
     def __post_init__(self) -> None:
         _check_np(self.np)
+        roles = None if self.roles is None else Roles.parse(self.roles)
+        if roles is not None:
+            roles.check_ranks(abs(self.np))
         _check_ranks_per_task(self.ranks_per_task, self.np)
         if self.driver_log_verbosity not in LOG_MODES:
             raise ValueError(
@@ -69,6 +74,7 @@ class RunnerOptions:
             "retry_on_exception": bool(self.retry_on_exception),
             "timeline": _path(self.timeline),
             "checkpoint_dir": _path(self.checkpoint_dir),
+            "roles": roles,
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)

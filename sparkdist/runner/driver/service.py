@@ -149,7 +149,9 @@ class _SupervisorPeer(_StreamPeer):
         rank = self.number
         with self.state.cond:
             exited = self.state.ranks[rank].exited
-        if not exited:
+        if not exited and self.state.job.tolerates_loss(rank):
+            self.state.worker_lost(rank, None)
+        elif not exited:
             self.state.failures.notice(
                 rank,
                 f"lost contact with rank {rank} (its supervisor process died, or its host "

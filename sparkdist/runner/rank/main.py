@@ -11,8 +11,8 @@ import socket
 import sys
 import traceback
 
-from sparkdist import job_environment, tracking
-from sparkdist.backends import RankContext, prepare_rank
+from sparkdist import job_environment, roles, tracking
+from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
 from sparkdist.runner.protocol import messages
 from sparkdist.runner.protocol.processes import die_with_parent
@@ -67,6 +67,9 @@ def main() -> None:
         import cloudpickle
 
         prepare_rank(rank_context(client, place, os.environ))
+        role = roles.rank_role(os.environ)
+        if role is not None and role[0] in roles.SERVERS:
+            tensorflow.serve(*role)  # until the driver stops it: the chief is done
         tracking.setup_rank()
         fn, kwargs = cloudpickle.loads(job.payload)
         value = fn(**kwargs)

@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 
-from sparkdist import job_environment, native_logs
+from sparkdist import job_environment, native_logs, roles
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
@@ -65,6 +65,9 @@ class Supervisor:
         self.tail: deque[str] = deque(maxlen=messages.TAIL_LINES)
         self.lines: queue.Queue = queue.Queue()
         self.bye = threading.Event()
+        self.finished = threading.Event()
+        """A server rank (parameter-server job) that the driver stopped: its chief is done."""
+        self.role = roles.rank_role({**self.env, **self.layout})
         self.child = None
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
@@ -104,6 +107,8 @@ class Supervisor:
         exit_code = self.child.wait()
         # Whatever the rank left behind in its process group goes with it.
         stop_group(self.child, grace_s=1.0)
+        if self.finished.is_set():
+            exit_code = 0
         for reader in readers:
             reader.join(timeout=5)
         self.lines.put(None)
@@ -111,6 +116,10 @@ class Supervisor:
         self._send(messages.RankExit(exit_code, list(self.tail)))
         self.bye.wait(timeout=10)
         self.channel.close()
+        if self.role is not None and self.role[0] == "worker":
+            # The driver decides whether the job survives a lost worker (it does while
+            # another worker is left); a non-zero exit here would make mpirun end it.
+            return 0
         return exit_status(exit_code)
 
     def _pass_on_sigterm(self, signum, frame) -> None:
@@ -158,6 +167,9 @@ class Supervisor:
                     return
                 if isinstance(order, messages.Abort):
                     break
+                if isinstance(order, messages.Finish) and self.child is not None:
+                    self.finished.set()
+                    stop_group(self.child, grace_s=TERM_GRACE_S)
                 if isinstance(order, messages.Rejected):
                     sys.stderr.write(f"sparkdist supervisor: the driver rejected: {order}\n")
         except (EOFError, OSError, messages.MalformedMessage):
