@@ -1,0 +1,235 @@
+"""Parameter-server training on digits with TensorFlow (tested with 2.21).
+
+Every function here runs in ONE process of a cluster described by the TF_CONFIG env var:
+
+* `custom_loop` and `keras_fit` run on the chief only (TF_CONFIG task type "chief"); the
+  cluster also has `worker` and `ps` entries, each served by a separate process running
+  `tf.distribute.Server(ClusterSpec(cluster), job_name=role, task_index=i,
+  protocol="grpc", start=True).join()` (see `serve`).
+* `mirrored_baseline` runs on every rank of a cluster that has only `worker` entries.
+
+Data: scikit-learn's `load_digits` (nothing is downloaded), X / 16, 20 % held out
+(stratified, fixed seed). The accuracy is measured on the chief.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+HIDDEN = 128
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_split(seed: int = 0):
+    """(x_train, x_test, y_train, y_test) as float32 / int32 numpy arrays."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int32)
+    return train_test_split(x, y, test_size=0.2, stratify=y, random_state=seed)
+
+
+def tf_config() -> dict:
+    return json.loads(os.environ["TF_CONFIG"])
+
+
+def serve(role: str, index: int, cluster: dict | None = None) -> None:
+    """Run a worker or ps server forever (what the runner does on non-chief ranks)."""
+    import tensorflow as tf
+
+    cluster = cluster or tf_config()["cluster"]
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster), job_name=role, task_index=index,
+        protocol="grpc", start=True,
+    )
+    server.join()
+
+
+def file_barrier(after_step: int, ready_path: str, go_path: str,
+                 timeout: float = 300.0, poll: float = 0.05) -> Callable[[int], None]:
+    """An `on_step` hook for `custom_loop`: after scheduling step `after_step` the chief
+    creates `ready_path` and blocks until `go_path` exists (e.g. until a test has killed
+    a worker). Raises TimeoutError after `timeout` seconds."""
+
+    def on_step(step: int) -> None:
+        if step != after_step:
+            return
+        Path(ready_path).write_text(str(step))
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(go_path):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{go_path} did not appear within {timeout} s")
+            time.sleep(poll)
+
+    return on_step
+
+
+def _variable_devices(variables) -> list[str]:
+    """Device strings of the (possibly Keras-wrapped, possibly sharded) variables."""
+    devices = []
+    for v in variables:
+        inner = getattr(v, "value", v)  # Keras 3 Variable -> tf variable
+        if callable(inner):  # tf.Variable.value is a method
+            inner = v
+        shards = getattr(inner, "variables", None)  # ShardedVariable
+        for part in shards if shards is not None else [inner]:
+            devices.append(part.device)
+    return devices
+
+
+def _keras(impl: str, shards: int = 1):
+    """The Keras module to build the model with.
+
+    "tf.keras": whatever `tf.keras` is (Keras 3 unless TF_USE_LEGACY_KERAS=1 was set
+    before tensorflow was imported); "tf_keras": the tf-keras (Keras 2) package;
+    "auto": tf_keras when variables are sharded (Keras 3 cannot take gradients of a
+    ShardedVariable), else tf.keras."""
+    if impl == "auto":
+        impl = "tf_keras" if shards > 1 else "tf.keras"
+    if impl == "tf_keras":
+        import tf_keras
+
+        return tf_keras
+    if impl == "tf.keras":
+        import tensorflow as tf
+
+        return tf.keras
+    raise ValueError(f"keras_impl must be 'auto', 'tf.keras' or 'tf_keras', not {impl!r}")
+
+
+def _keras_name(keras) -> str:
+    version = getattr(keras, "__version__", None) or getattr(keras, "version", lambda: "?")()
+    return f"{getattr(keras, '__name__', keras)} {version}"
+
+
+def _mlp(keras):
+    return keras.Sequential(
+        [
+            keras.Input(shape=(64,)),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+def _partitioner(tf, shards: int):
+    if shards <= 1:
+        return None
+    return tf.distribute.experimental.partitioners.FixedShardsPartitioner(shards)
+
+
+def _accuracy(model, x, y) -> float:
+    import numpy as np
+
+    logits = np.asarray(model(x, training=False))
+    return float((logits.argmax(axis=1) == y).mean())
+
+
+# --------------------------------------------------------------------------- PS loop
+
+
+def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: int = 0,
+                learning_rate: float = 0.01,
+                on_step: Callable[[int], None] | None = None,
+                keras_impl: str = "auto") -> dict:
+    """Train with ParameterServerStrategy + ClusterCoordinator and a custom loop.
+
+    `on_step(k)` (if given) is called on the chief right after step k (1-based) has been
+    scheduled; use it (or `file_barrier`) to kill a worker at a known point.
+    """
+    started = time.perf_counter()
+    import tensorflow as tf
+
+    imported = time.perf_counter()
+    keras = _keras(keras_impl, shards)
+    x_train, x_test, y_train, y_test = load_split(seed)
+    keras.utils.set_random_seed(seed)
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=_partitioner(tf, shards)
+    )
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    connected = time.perf_counter()
+
+    def dataset_fn(_input_context=None):
+        return (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(len(x_train), seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch_size, drop_remainder=True)
+            .prefetch(2)
+        )
+
+    with strategy.scope():
+        model = _mlp(keras)
+        optimizer = keras.optimizers.Adam(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="none"
+    )
+
+    per_worker_dataset = coordinator.create_per_worker_dataset(dataset_fn)
+    per_worker_iterator = iter(per_worker_dataset)
+
+    @tf.function
+    def train_step(iterator):
+        def replica_fn(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(loss_fn(y, logits))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        x, y = next(iterator)
+        losses = strategy.run(replica_fn, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    t0 = time.perf_counter()
+    first = coordinator.schedule(train_step, args=(per_worker_iterator,))
+    first_loss = float(first.fetch())
+    t1 = time.perf_counter()
+    if on_step is not None:
+        on_step(1)
+    last = first
+    for step in range(2, steps + 1):
+        last = coordinator.schedule(train_step, args=(per_worker_iterator,))
+        if on_step is not None:
+            on_step(step)
+    coordinator.join()
+    t2 = time.perf_counter()
+    last_loss = float(last.fetch())
+
+    accuracy = _accuracy(model, x_test, y_test)
+    cluster = resolver.cluster_spec().as_dict()
+    return {
+        "accuracy": accuracy,
+        "steps": steps,
+        "batch_size": batch_size,
+        "examples_per_second": steps * batch_size / (t2 - t0),
+        "steady_examples_per_second": (
+            (steps - 1) * batch_size / (t2 - t1) if steps > 1 else None
+        ),
+        "import_seconds": imported - started,
+        "connect_seconds": connected - imported,
+        "first_step_seconds": t1 - t0,
+        "train_seconds": t2 - t0,
+        "total_seconds": time.perf_counter() - started,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        "optimizer_iterations": int(optimizer.iterations.numpy()),
+        "variable_devices": _variable_devices(model.variables),
+        "num_workers": len(cluster.get("worker", [])),
+        "num_ps": len(cluster.get("ps", [])),
+        "shards": shards,
+        "keras": _keras_name(keras),
+    }
