@@ -2,7 +2,8 @@
 pipeline whose first stage lives on rank 0 and whose every further stage is a
 `RemoteModule` on the next rank, trained with distributed autograd and
 `DistributedOptimizer`. The ranks also join a Gloo process group on the same
-MASTER_ADDR/MASTER_PORT (rank 0's TCPStore then serves both).
+MASTER_ADDR/MASTER_PORT (rank 0's TCPStore then serves both). RPC starts and stops
+through `sparkdist.backends.torch_rpc`.
 
 Rank 0 returns the losses, where the remote stages live, and the largest difference
 between the trained weights and the same model trained in one process; every rank
@@ -111,19 +112,21 @@ def pipeline(steps: int = 30) -> dict:
     """Run on every rank: join the process group and RPC, train from rank 0, leave."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.rpc as rpc
+
+    from sparkdist.backends import torch_rpc
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=120)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+    # Names ("worker0", ...) and the env:// rendezvous come from the runner's environment;
+    # shutdown keeps rank 0 (the store's host) up until every rank has left RPC.
+    torch_rpc.init_rpc(num_worker_threads=8, rpc_timeout=120)
     result = _driver(world_size, steps) if rank == 0 else {}
     # Every rank has served or sent RPCs by now: who it talked to, before leaving.
     peers = _tcp_peers()
     check = torch.tensor([1.0])
     dist.all_reduce(check)  # the Gloo group still works beside RPC
-    rpc.shutdown()
+    torch_rpc.shutdown()
     dist.destroy_process_group()
     env = os.environ
     return {
