@@ -215,3 +215,25 @@ def test_mpirun_that_cannot_start_is_launched_once_more_then_reported(sc):
     assert "orte_session_dir failed" in "\n".join(caught.value.output_tail)
     assert runner.last_job.attempts == 2
     assert runner.last_job.failures == ["mpirun could not start its daemons"]
+
+
+def daemon_session_dir() -> dict:
+    """This rank's task directory, and the orte_tmpdir_base its orted was started with."""
+    import psutil
+
+    given = None
+    for process in psutil.Process().parents():
+        argv = process.cmdline()
+        if argv and os.path.basename(argv[0]) == "orted":
+            given = argv[argv.index("orte_tmpdir_base") + 1]
+            break
+    return {"task_dir": os.environ["OMPI_MCA_orte_tmpdir_base"], "orted_dir": given}
+
+
+def test_each_task_daemon_keeps_its_session_in_its_own_task_directory(sc):
+    """mpirun tells every orted to use task 0's directory, which task 0 removes when it
+    ends; the task agent starts its orted with its own task's directory instead."""
+    first, second = HorovodRunner(np=2, launcher="mpi").run_all(daemon_session_dir)
+    # Every task's ranks run under an orted its agent started (mpirun runs none itself).
+    assert first["orted_dir"] == first["task_dir"]
+    assert second["orted_dir"] == second["task_dir"] != first["task_dir"]

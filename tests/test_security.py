@@ -126,3 +126,19 @@ def test_orted_commands_accepted(command):
 def test_other_commands_rejected(command):
     with pytest.raises(RejectedCommand):
         parse_orted_command(command)
+
+
+def test_each_orted_keeps_its_session_under_its_own_task():
+    """mpirun hands every daemon task 0's orte_tmpdir_base; the agent puts its own."""
+    from sparkdist.runner.task.agent import own_session_dir
+
+    task0, task1 = "/tmp/sparkdist-ab12-task0-x1", "/tmp/sparkdist-ab12-task1-y2"
+    args = ["-mca", "ess", "env", "-mca", "orte_tmpdir_base", task0, "--tree-spawn"]
+    assert own_session_dir(args, task1) == [
+        "-mca", "ess", "env", "-mca", "orte_tmpdir_base", task1, "--tree-spawn",
+    ]  # fmt: skip
+    assert own_session_dir(args, None) == args
+    # The user's own choice (mpi_args) and another job's directory stay as they are.
+    for other in ("/scratch/ompi", "/tmp/sparkdist-cd34-task0-z3"):
+        args = ["-mca", "orte_tmpdir_base", other]
+        assert own_session_dir(args, task1) == args

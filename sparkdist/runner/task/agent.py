@@ -62,6 +62,33 @@ def parse_orted_command(command: str) -> list[str]:
     return args
 
 
+def own_session_dir(args: list[str], tmpdir: str | None) -> list[str]:
+    """`args` with `orte_tmpdir_base` set to this task's own directory.
+
+    mpirun passes every daemon its own `-mca orte_tmpdir_base` (task 0's directory, from
+    task 0's environment), so all of a job's daemons would share task 0's session tree,
+    which task 0 removes when it ends while another task's daemon may still be creating
+    its files there: "orte_session_dir failed ... ORTE was unable to reliably start".
+    Each daemon keeps its session under its own task's directory instead. A directory
+    the user chose (`mpi_args`) is left as it is: only another task's of this job
+    (`sparkdist-JOB-taskN-...`, beside this task's) is replaced.
+    """
+    if tmpdir is None:
+        return args
+    job_prefix = os.path.basename(tmpdir).rsplit("-task", 1)[0] + "-task"
+    args = list(args)
+    for i, arg in enumerate(args[:-2]):
+        value = args[i + 2]
+        if (
+            arg in ("-mca", "--mca")
+            and args[i + 1] == "orte_tmpdir_base"
+            and os.path.dirname(value) == os.path.dirname(tmpdir)
+            and os.path.basename(value).startswith(job_prefix)
+        ):
+            args[i + 2] = tmpdir
+    return args
+
+
 class TaskAgent:
     """Serves verified `orted` launches for one Spark task of one job."""
 
@@ -99,6 +126,7 @@ class TaskAgent:
             logger.warning("task agent refused a command: %s", exc)
             self._reply(channel, messages.Rejected(str(exc)))
             return
+        args = own_session_dir(args, self._env.get("OMPI_MCA_orte_tmpdir_base"))
         # Spawned from this handler thread, which waits for the daemon: the daemon's
         # parent-death signal is tied to this thread staying alive until it ends.
         proc = popen_group(
