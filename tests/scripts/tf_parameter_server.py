@@ -185,7 +185,7 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
         def replica_fn(x, y):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
-                loss = tf.reduce_mean(loss_fn(y, logits))
+                loss = tf.nn.compute_average_loss(loss_fn(y, logits))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
@@ -231,5 +231,188 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
         "num_workers": len(cluster.get("worker", [])),
         "num_ps": len(cluster.get("ps", [])),
         "shards": shards,
+        "keras": _keras_name(keras),
+    }
+
+
+# --------------------------------------------------------------------------- model.fit
+
+
+def _legacy_tf_keras(tf):
+    """`tf.keras` if it is tf-keras (Keras 2), else raise a clear error."""
+    module = tf.keras.layers.Dense.__module__
+    if not module.startswith("tf_keras"):
+        raise RuntimeError(
+            "tf.keras is Keras 3 in this process (tf.keras.layers.Dense comes from "
+            f"{module}); Keras 3 model.fit does not support ParameterServerStrategy. "
+            "Set TF_USE_LEGACY_KERAS=1 in the rank's environment (the runner's env "
+            "option) before the first use of tf.keras, or use keras_impl='tf_keras'."
+        )
+    return tf.keras
+
+
+def keras_fit(epochs: int = 5, steps_per_epoch: int = 60, batch_size: int = 64,
+              shards: int = 1, seed: int = 0, learning_rate: float = 0.01,
+              steps_per_execution: int = 1, keras_impl: str = "tf_keras") -> dict:
+    """`model.fit` under ParameterServerStrategy, with tf-keras (Keras 2).
+
+    keras_impl="tf_keras" imports the tf_keras package directly, which works whatever
+    `tf.keras` is (no env var needed); "tf.keras" uses `tf.keras` and requires it to
+    be tf-keras (TF_USE_LEGACY_KERAS=1 set before the first access of `tf.keras`).
+    Keras 3 cannot do this (see the error in `_legacy_tf_keras`)."""
+    started = time.perf_counter()
+    import tensorflow as tf
+
+    if keras_impl == "tf.keras":
+        keras = _legacy_tf_keras(tf)
+    elif keras_impl == "tf_keras":
+        import tf_keras as keras
+    else:
+        raise ValueError(f"keras_impl must be 'tf_keras' or 'tf.keras', not {keras_impl!r}")
+    imported = time.perf_counter()
+    x_train, x_test, y_train, y_test = load_split(seed)
+    keras.utils.set_random_seed(seed)
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=_partitioner(tf, shards)
+    )
+    connected = time.perf_counter()
+
+    def dataset_fn(input_context=None):
+        return (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(len(x_train), seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch_size, drop_remainder=True)
+            .prefetch(2)
+        )
+
+    with strategy.scope():
+        model = _mlp(keras)
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )
+    t0 = time.perf_counter()
+    history = model.fit(
+        keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0,
+    )
+    t1 = time.perf_counter()
+    accuracy = _accuracy(model, x_test, y_test)
+    cluster = resolver.cluster_spec().as_dict()
+    steps = epochs * steps_per_epoch
+    return {
+        "accuracy": accuracy,
+        "steps": steps,
+        "batch_size": batch_size,
+        "examples_per_second": steps * batch_size / (t1 - t0),
+        "import_seconds": imported - started,
+        "connect_seconds": connected - imported,
+        "train_seconds": t1 - t0,
+        "total_seconds": time.perf_counter() - started,
+        "loss": [float(v) for v in history.history["loss"]],
+        "train_accuracy": [float(v) for v in history.history["accuracy"]],
+        "variable_devices": _variable_devices(model.variables),
+        "num_workers": len(cluster.get("worker", [])),
+        "num_ps": len(cluster.get("ps", [])),
+        "shards": shards,
+        "keras": _keras_name(keras),
+    }
+
+
+# --------------------------------------------------------------------------- MWMS
+
+
+def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
+                      learning_rate: float = 0.01, keras_impl: str = "tf.keras") -> dict:
+    """The same model and number of examples with MultiWorkerMirroredStrategy.
+
+    Run on EVERY rank (TF_CONFIG has only `worker` entries). To match `custom_loop`
+    (`steps` steps of `batch_size` examples, each step on one worker), every worker
+    takes `batch_size` examples per synchronous step (global batch = batch_size * N)
+    for ceil(steps / N) steps, i.e. the same per-step work per worker and >= the same
+    total number of examples. Every rank returns a dict; the accuracy is computed on
+    every rank (the weights are identical)."""
+    started = time.perf_counter()
+    import tensorflow as tf
+
+    imported = time.perf_counter()
+    keras = _keras(keras_impl)
+    x_train, x_test, y_train, y_test = load_split(seed)
+    keras.utils.set_random_seed(seed)
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    connected = time.perf_counter()
+    workers = strategy.num_replicas_in_sync
+    global_batch = batch_size * workers
+    sync_steps = -(-steps // workers)
+
+    def dataset_fn(input_context):
+        return (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(len(x_train), seed=seed + input_context.input_pipeline_id,
+                     reshuffle_each_iteration=True)
+            .repeat()
+            .batch(input_context.get_per_replica_batch_size(global_batch),
+                   drop_remainder=True)
+            .prefetch(2)
+        )
+
+    dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    with strategy.scope():
+        model = _mlp(keras)
+        optimizer = keras.optimizers.Adam(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="none"
+    )
+
+    @tf.function
+    def train_step(iterator):
+        def replica_fn(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.nn.compute_average_loss(
+                    loss_fn(y, logits), global_batch_size=global_batch
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        x, y = next(iterator)
+        losses = strategy.run(replica_fn, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    iterator = iter(dataset)
+    t0 = time.perf_counter()
+    first_loss = float(train_step(iterator))
+    t1 = time.perf_counter()
+    loss = first_loss
+    for _ in range(sync_steps - 1):
+        loss = train_step(iterator)
+    last_loss = float(loss)
+    t2 = time.perf_counter()
+    examples = sync_steps * global_batch
+    return {
+        "accuracy": _accuracy(model, x_test, y_test),
+        "steps": sync_steps,
+        "batch_size": batch_size,
+        "global_batch_size": global_batch,
+        "examples": examples,
+        "examples_per_second": examples / (t2 - t0),
+        "steady_examples_per_second": (
+            (sync_steps - 1) * global_batch / (t2 - t1) if sync_steps > 1 else None
+        ),
+        "import_seconds": imported - started,
+        "connect_seconds": connected - imported,
+        "first_step_seconds": t1 - t0,
+        "train_seconds": t2 - t0,
+        "total_seconds": time.perf_counter() - started,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        "num_workers": workers,
         "keras": _keras_name(keras),
     }
