@@ -28,7 +28,7 @@ the whole state to the driver.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -58,19 +58,57 @@ def save(state: Any, step: int) -> bool:
         raise ValueError(f"step must be an int >= 0 (e.g. the epochs done), got {step!r}")
     if int(os.environ.get("RANK", "0")) != 0:
         return False
-    reply = _client().request(messages.CheckpointSave(step, cloudpickle.dumps(state)))
+    saved = _Saved(state, int(os.environ.get("WORLD_SIZE", "1")))
+    reply = _client().request(messages.CheckpointSave(step, cloudpickle.dumps(saved)))
     if isinstance(reply, messages.Failed):
         raise RuntimeError(f"the driver could not store checkpoint {step}: {reply.error}")
+    if reply.value == "grow":
+        raise Resize(step)
     return True
 
 
 def latest() -> tuple[int, Any] | None:
     """(step, state) of the newest checkpoint of this training run, or None."""
+    found = resume()
+    return None if found is None else (found.step, found.state)
+
+
+class Resume(NamedTuple):
+    """The newest checkpoint: where a relaunched rank resumes from."""
+
+    step: int
+    state: Any
+    world_size: int
+    """How many ranks the job had when it saved this checkpoint (an elastic job's world
+    may have changed since: compare with WORLD_SIZE to rescale)."""
+
+
+def resume() -> Resume | None:
+    """The newest checkpoint with the world size that wrote it, or None."""
     reply = _client().request(messages.CheckpointLatest())
     if reply.value is None:
         return None
     step, blob = reply.value
-    return step, cloudpickle.loads(blob)
+    saved = cloudpickle.loads(blob)
+    if isinstance(saved, _Saved):
+        return Resume(step, saved.state, saved.world_size)
+    return Resume(step, saved, 0)  # saved by an older sparkdist: size unknown
+
+
+class _Saved(NamedTuple):
+    state: Any
+    world_size: int
+
+
+class Resize(BaseException):
+    """Raised by rank 0's `save` in an elastic job that is about to grow: the checkpoint
+    is stored, the rank stops here, and the job relaunches with more ranks from it. A
+    BaseException (as SystemExit), so that `except Exception` in training code lets it
+    through."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopping after checkpoint {step}: the job grows")
+        self.step = step
 
 
 def attempt() -> int:

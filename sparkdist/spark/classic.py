@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from sparkdist.errors import NotEnoughSlotsError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
-from sparkdist.spark.slots import check_slot_bound, configured_slots, slots_needed
+from sparkdist.spark.slots import (
+    check_barrier_allowed,
+    check_slot_bound,
+    configured_slots,
+    slots_needed,
+)
 
 
 class ClassicSpark:
@@ -38,6 +43,7 @@ class ClassicSpark:
         to `timeout_s` when the cluster could grow to enough slots.
         """
         conf = self.sc.getConf()
+        check_barrier_allowed(conf.get)
         check_slot_bound(np, self.sc.master, conf.get, ranks_per_task)
         deadline = time.monotonic() + timeout_s
         slots = self._free_slots()
@@ -50,6 +56,9 @@ class ClassicSpark:
                 )
             time.sleep(0.2)
             slots = self._free_slots()
+
+    def check_elastic(self, max_np: int, ranks_per_task: int) -> None:
+        check_slot_bound(max_np, self.sc.master, self.sc.getConf().get, ranks_per_task, "max_np")
 
     def service_place(self) -> ServicePlace:
         """The driver's own address, which every executor reaches."""

@@ -51,7 +51,12 @@ class Cluster(Protocol):
 
     def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
         """Raise `NotEnoughSlotsError` (with both numbers) rather than hang, when the
-        cluster cannot run np // ranks_per_task barrier tasks at once."""
+        cluster cannot run np // ranks_per_task barrier tasks at once, and a clear error
+        when dynamic allocation is on (Spark refuses barrier stages then)."""
+
+    def check_elastic(self, max_np: int, ranks_per_task: int) -> None:
+        """Raise `NotEnoughSlotsError` (with both numbers) when a fixed-size cluster can
+        never hold an elastic job's max_np ranks."""
 
     def service_place(self) -> ServicePlace:
         """Where a job's service should listen (probing once whether executors reach

@@ -20,7 +20,7 @@ from typing import Any
 from sparkdist.errors import ConnectUnsupportedError, SparkdistError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
-from sparkdist.spark.slots import check_slot_bound, configured_slots
+from sparkdist.spark.slots import check_barrier_allowed, check_slot_bound, configured_slots
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,12 @@ class ConnectSpark:
         return configured
 
     def check_slots(self, np: int, ranks_per_task: int, timeout_s: float) -> None:
+        check_barrier_allowed(self._conf)
         check_slot_bound(np, self._conf("spark.master", "") or "", self._conf, ranks_per_task)
+
+    def check_elastic(self, max_np: int, ranks_per_task: int) -> None:
+        master = self._conf("spark.master", "") or ""
+        check_slot_bound(max_np, master, self._conf, ranks_per_task, "max_np")
 
     def service_place(self) -> ServicePlace:
         """This client's address on the route to the server; in the stage when the

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sparkdist.errors import NotEnoughSlotsError
+from sparkdist.errors import NotEnoughSlotsError, SparkdistError
 
 
 def slots_upper_bound(master: str, task_cpus: int) -> int | None:
@@ -30,7 +30,7 @@ def configured_slots(master: str, conf_get: Callable[..., str | None]) -> int | 
     its configuration alone (right after start-up fewer may have registered); None when
     unknown or when dynamic allocation can grow it."""
     task_cpus = int(conf_get("spark.task.cpus", None) or "1")
-    if (conf_get("spark.dynamicAllocation.enabled", None) or "false").lower() == "true":
+    if dynamic_allocation(conf_get):
         return None
     bound = slots_upper_bound(master, task_cpus)
     if bound is None:
@@ -51,22 +51,41 @@ def session_slots(spark: Any) -> int | None:
     return slots
 
 
-def slots_needed(np: int, ranks_per_task: int = 1) -> str:
+def slots_needed(np: int, ranks_per_task: int = 1, name: str = "np") -> str:
     """How a slot error states the need, e.g. "np=4 ranks (2 per task) need 2 task slots"."""
     per_task = f" ({ranks_per_task} per task)" if ranks_per_task > 1 else ""
-    return f"np={np} ranks{per_task} need {np // ranks_per_task} task slots at once"
+    return f"{name}={np} ranks{per_task} need {np // ranks_per_task} task slots at once"
+
+
+def dynamic_allocation(conf_get: Callable[..., str | None]) -> bool:
+    return (conf_get("spark.dynamicAllocation.enabled", None) or "false").lower() == "true"
+
+
+def check_barrier_allowed(conf_get: Callable[..., str | None]) -> None:
+    """Spark refuses barrier stages under dynamic allocation (SPARK-24942): say so, and
+    what to do, before any Spark job rather than with Spark's own exception."""
+    if dynamic_allocation(conf_get):
+        raise SparkdistError(
+            "this Spark has dynamic allocation on (spark.dynamicAllocation.enabled=true), "
+            "where Spark refuses the barrier stage a fixed-size job needs (SPARK-24942). "
+            "Make the job elastic with min_np=/max_np= (its ranks run as plain tasks), or "
+            "turn dynamic allocation off."
+        )
 
 
 def check_slot_bound(
-    np: int, master: str, conf_get: Callable[..., str | None], ranks_per_task: int = 1
+    np: int,
+    master: str,
+    conf_get: Callable[..., str | None],
+    ranks_per_task: int = 1,
+    name: str = "np",
 ) -> None:
     """Raise `NotEnoughSlotsError` when a fixed-size cluster can never run the job's
-    barrier tasks at once (reading only configuration, so it works on any kind of
-    session)."""
+    tasks at once (reading only configuration, so it works on any kind of session)."""
     bound = configured_slots(master, conf_get)
     if bound is not None and np // ranks_per_task > bound:
         raise NotEnoughSlotsError(
-            f"{slots_needed(np, ranks_per_task)}, but this Spark ({master}, "
+            f"{slots_needed(np, ranks_per_task, name)}, but this Spark ({master}, "
             f"spark.task.cpus={conf_get('spark.task.cpus', None) or '1'}) has {bound} task "
-            "slots. Lower np, or give the cluster more executors or cores."
+            f"slots. Lower {name}, or give the cluster more executors or cores."
         )

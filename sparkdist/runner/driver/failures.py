@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 FAILURE_SETTLE_S = 3.0
 
 
+class WorldResize(Exception):
+    """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
+    can relaunch with more ranks (`runner/driver/elastic.py`)."""
+
+
 @dataclass
 class Failure:
     rank: int | None
@@ -143,6 +148,8 @@ class FailureTracker:
         job = self._job
         with job.cond:
             while True:
+                if job.resizing is not None and job.ranks[0].exited:
+                    raise WorldResize(job.resizing)
                 if self._ready():
                     raise self._error()
                 if job.succeeded() and (not launcher_expected or job.launcher_exit == 0):

@@ -66,6 +66,12 @@ class HorovodRunner:
             the chief and runs `main` (the coordinator); the worker and ps ranks run
             TensorFlow servers, stopped when the chief returns. See "Parameter servers"
             in the README.
+        min_np, max_np: make the job elastic (either one, the other defaults to np): it
+            starts as soon as min_np ranks' slots are free, with as many ranks as the
+            cluster holds up to max_np; after a lost executor it goes on at once with the
+            ranks the remaining slots hold (counted by `max_failures`), and when more
+            slots stay free it grows at rank 0's next `sparkdist.checkpoint.save`. Runs
+            where Spark's dynamic allocation is on. See "Elastic training" in the README.
     """
 
     def __init__(
@@ -85,6 +91,8 @@ class HorovodRunner:
         checkpoint_dir: str | os.PathLike | None = None,
         ranks_per_task: int = 1,
         roles: Mapping[str, int] | str | None = None,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
         self.options = RunnerOptions(
             np=np,
@@ -101,6 +109,8 @@ class HorovodRunner:
             checkpoint_dir=checkpoint_dir,
             ranks_per_task=ranks_per_task,
             roles=roles,
+            min_np=min_np,
+            max_np=max_np,
         )
         self.last_job: JobReport | None = None
 

@@ -25,6 +25,7 @@ from sparkdist.job_environment import JobEnvironment
 from sparkdist.network import join_address
 from sparkdist.runner.driver import retry, timeline_file
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.failures import WorldResize
 from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.local_launch import LOCAL_HOST, LocalLaunch
 from sparkdist.runner.driver.options import RunnerOptions
@@ -62,6 +63,10 @@ class JobReport:
 def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
     allow; return every rank's (unpickled) result."""
+    if options.elastic:
+        from sparkdist.runner.driver.elastic import run_elastic_job
+
+        return run_elastic_job(options, blob, all_results, report)
     cluster = None if options.on_driver else active_cluster()
     place = cluster.service_place() if cluster is not None else ServicePlace(LOCAL_HOST, LOCAL_HOST)
     if place.in_stage:
@@ -142,7 +147,11 @@ class _Attempt:
         secret = wire.new_secret()
         service = self._place(state, secret)
         timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
-        spec = self._launch_spec(state, service, secret, number, timeline_path)
+        relay = self._relay_plan(state) if self.place.in_stage else None
+        driver = join_address(*service.address)
+        spec = self.launch_spec(
+            state.job.job_id, state.job.num_ranks, driver, secret, number, timeline_path, relay
+        )
         where = "on the driver" if self.cluster is None else "on the cluster"
         logger.info(
             "sparkdist job %s: %d ranks, launcher %s, %s",
@@ -155,9 +164,13 @@ class _Attempt:
             launch = stage(self.cluster, spec, state)
         started = time.monotonic()
         try:
-            self._launch_and_wait(launch, state, started)
+            self.launch_and_wait(launch, state, started)
         finally:
-            self._collect(launch, service, state, started, timeline_path)
+            self.collect(launch, service, state, started, timeline_path)
+        return self.results(state)
+
+    @staticmethod
+    def results(state: JobState) -> list[Any]:
         return [_load_result(r, blob) for r, blob in enumerate(state.results())]
 
     def _place(self, state: JobState, secret: bytes) -> DriverService:
@@ -168,13 +181,25 @@ class _Attempt:
             self.cluster.check_slots(state.job.num_ranks, opts.ranks_per_task, opts.start_timeout)
         return DriverService(state, secret, self.place.bind, self.place.advertise)
 
-    def _launch_spec(
+    def _relay_plan(self, state: JobState) -> RelayPlan:
+        opts = self.options
+        return RelayPlan(
+            job=state.job,
+            start_timeout=opts.start_timeout,
+            timeout=opts.timeout,
+            launcher_expected=self.report.launcher == "mpi",
+            checkpoint_dir=opts.checkpoint_dir,
+        )
+
+    def launch_spec(
         self,
-        state: JobState,
-        service: DriverService,
+        job_id: str,
+        num_ranks: int,
+        driver: str,
         secret: bytes,
         number: int,
         timeline_path: str | None,
+        relay: RelayPlan | None,
     ) -> LaunchSpec:
         """What every task needs to start its part of this attempt."""
         opts = self.options
@@ -183,34 +208,26 @@ class _Attempt:
             rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
         if opts.roles is not None:
             rank_env.update(opts.roles.to_env())
-        launcher = self.report.launcher
-        relay = RelayPlan(
-            job=state.job,
-            start_timeout=opts.start_timeout,
-            timeout=opts.timeout,
-            launcher_expected=launcher == "mpi",
-            checkpoint_dir=opts.checkpoint_dir,
-        )
         job = JobEnvironment(
-            job_id=state.job.job_id,
-            driver=join_address(*service.address),
+            job_id=job_id,
+            driver=driver,
             secret=secret,
             log_mode=opts.driver_log_verbosity,
-            launcher=launcher,
+            launcher=self.report.launcher,
         )
         return LaunchSpec(
             job=job,
-            num_ranks=state.job.num_ranks,
+            num_ranks=num_ranks,
             env=rank_env,
             mpi_args=opts.mpi_args,
             network_interface=opts.network_interface,
             driver_path=os.environ.get("PATH", ""),
             driver_pythonpath=driver_pythonpath(),
-            relay=relay if self.place.in_stage else None,
+            relay=relay,
             ranks_per_task=opts.ranks_per_task,
         )
 
-    def _launch_and_wait(self, launch: Launch, state: JobState, started: float) -> None:
+    def launch_and_wait(self, launch: Launch, state: JobState, started: float) -> None:
         """Start the job and wait for its end; tell its processes to finish or abort."""
         opts, report = self.options, self.report
         try:
@@ -223,11 +240,11 @@ class _Attempt:
             state.stop("finish", "done")
             report.outcome = "succeeded"
         except BaseException as exc:
-            report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            report.outcome = _outcome(exc)
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
             raise
 
-    def _collect(
+    def collect(
         self,
         launch: Launch,
         service: DriverService,
@@ -259,6 +276,12 @@ class _Attempt:
                            leftovers)  # fmt: skip
         logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
                     report.wall_time_s)  # fmt: skip
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "resized" if isinstance(exc, WorldResize) else "failed"
 
 
 def _resume_point(checkpoints: CheckpointStore | None, directory: str | None) -> str:

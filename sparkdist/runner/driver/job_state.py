@@ -97,6 +97,10 @@ class JobState:
         self.chief_done = False
         """With roles: the chief returned, so the servers are told to finish."""
         self.workers_lost: set[int] = set()
+        self.grow_reason: str | None = None
+        """Elastic jobs: why the world should grow (more slots stayed free), if it should."""
+        self.resizing: str | None = None
+        """Elastic jobs: rank 0 was told to stop after its checkpoint, so the job can grow."""
 
     # --- peers ------------------------------------------------------------------------
 
@@ -171,6 +175,21 @@ class JobState:
             if rank is not None and self.ranks[rank].host == "?":
                 self.ranks[rank].host = host
         self.failures.notice(rank, reason, outside_user_code=True)
+
+    def request_grow(self, reason: str) -> None:
+        """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger."""
+        with self.cond:
+            self.grow_reason = reason
+
+    def answer_checkpoint(self, rank: int, step: int) -> str | None:
+        """After rank `rank` stored checkpoint `step`: "grow" when the job should stop
+        there to grow (rank 0 then ends), else None."""
+        with self.cond:
+            if rank != 0 or self.grow_reason is None or self.resizing is not None:
+                return None
+            self.resizing = f"{self.grow_reason}; resuming from step {step}"
+            self.failures.stop("growing")
+            return "grow"
 
     def rank_started(self, rank: int, host: str) -> None:
         with self.cond:

@@ -36,9 +36,12 @@ class RunnerOptions:
     checkpoint_dir: str | None = None
     ranks_per_task: int = 1
     roles: Roles | Mapping[str, int] | str | None = None
+    min_np: int | None = None
+    max_np: int | None = None
 
     def __post_init__(self) -> None:
         _check_np(self.np)
+        _check_elastic(self.np, self.min_np, self.max_np, self.ranks_per_task, self.roles)
         roles = None if self.roles is None else Roles.parse(self.roles)
         if roles is not None:
             roles.check_ranks(abs(self.np))
@@ -80,6 +83,20 @@ class RunnerOptions:
             object.__setattr__(self, name, value)
 
     @property
+    def elastic(self) -> bool:
+        """Whether the job's size may change (`min_np`/`max_np` given)."""
+        return self.min_np is not None or self.max_np is not None
+
+    @property
+    def size_range(self) -> tuple[int, int]:
+        """(min_np, max_np): each defaults to np, as in Horovod's elastic runner."""
+        np = abs(self.np)
+        return (
+            np if self.min_np is None else self.min_np,
+            np if self.max_np is None else self.max_np,
+        )
+
+    @property
     def num_ranks(self) -> int:
         """How many ranks the job has."""
         return abs(self.np)
@@ -103,6 +120,38 @@ def _check_np(np: int) -> None:
         raise ValueError(
             "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
             "for -np ranks on the driver"
+        )
+
+
+def _check_elastic(np: int, min_np, max_np, per_task: int, roles) -> None:
+    """min_np/max_np: ints >= 1 around np, on the cluster, in whole tasks."""
+    if min_np is None and max_np is None:
+        return
+    for name, value in (("min_np", min_np), ("max_np", max_np)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if np < 0:
+        raise ValueError(
+            f"min_np/max_np make the job elastic on the cluster, but np={np} runs every rank "
+            "on the driver: use np > 0"
+        )
+    low = np if min_np is None else min_np
+    high = np if max_np is None else max_np
+    if low < 1:
+        raise ValueError(f"min_np must be at least 1, got {low}")
+    if low > high:
+        raise ValueError(f"min_np={low} is more than max_np={high}")
+    if not low <= np <= high:
+        raise ValueError(f"np={np} must lie between min_np={low} and max_np={high}")
+    if low % per_task or high % per_task:
+        raise ValueError(
+            f"min_np={low} and max_np={high} must be multiples of ranks_per_task={per_task} "
+            "(the job grows and shrinks by whole Spark tasks)"
+        )
+    if roles is not None:
+        raise ValueError(
+            "roles (a parameter-server job) cannot be combined with min_np/max_np: "
+            "ParameterServerStrategy already tolerates lost workers"
         )
 
 

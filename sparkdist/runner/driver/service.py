@@ -198,7 +198,10 @@ class _RankPeer:
             case messages.RankError(traceback, reason):
                 state.rank_error(rank, traceback, reason)
             case messages.CheckpointSave(step, blob):
-                return self._checkpoint_save(step, blob)
+                reply = self._checkpoint_save(step, blob)
+                if isinstance(reply, messages.Ok):
+                    return messages.Ok(state.answer_checkpoint(rank, step))
+                return reply
             case messages.CheckpointLatest():
                 store = state.checkpoints
                 return messages.Ok(store.latest() if store else None)

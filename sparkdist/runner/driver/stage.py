@@ -72,9 +72,13 @@ class BarrierStage:
         return self._wait_local_gone()
 
     def _wait_local_gone(self) -> list[ProcessRecord]:
-        """The job's recorded processes on this machine that did not end within 5 s."""
-        local = [p for p in self.state.started_processes() if is_local_address(p.host)]
-        return wait_gone(local, timeout_s=5.0)
+        return wait_local_gone(self.state)
+
+
+def wait_local_gone(state: JobState) -> list[ProcessRecord]:
+    """The job's recorded processes on this machine that did not end within 5 s."""
+    local = [p for p in state.started_processes() if is_local_address(p.host)]
+    return wait_gone(local, timeout_s=5.0)
 
 
 class RelayedStage(BarrierStage):

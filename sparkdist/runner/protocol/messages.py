@@ -14,6 +14,8 @@ The channels (see docs/architecture.md):
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
   0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank;
+* an elastic job's plain task to its gang: `GangCheckIn`, answered by `GangSeat` (then
+  the task runs like a barrier task) or `GangRelease`;
 * mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
   and `OrtedExit`, or `Rejected`;
 
@@ -210,6 +212,36 @@ class CheckpointLatest(NamedTuple):
     pass
 
 
+# --- an elastic job's plain tasks and its gang (`runner/driver/gang.py`) -------------
+
+
+@register("gang_check_in")
+class GangCheckIn(NamedTuple):
+    """A plain Spark task of an elastic job is running and offers its slot."""
+
+    partition: int
+    host: str
+    pid: int
+
+
+@register("gang_seat")
+class GangSeat(NamedTuple):
+    """The task is task `index` of a world of `num_tasks` tasks (`num_ranks` ranks),
+    whose service listens at `driver`."""
+
+    index: int
+    num_tasks: int
+    num_ranks: int
+    driver: str
+
+
+@register("gang_release")
+class GangRelease(NamedTuple):
+    """The task is not needed: it ends, and frees its slot."""
+
+    reason: str
+
+
 # --- mpirun's rsh agent and a task agent --------------------------------------------
 
 
@@ -266,6 +298,7 @@ ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,)
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)
+GANG_ORDERS = (GangSeat, GangRelease, Rejected)
 
 
 def encode(message: NamedTuple) -> tuple:

@@ -11,7 +11,7 @@ import socket
 import sys
 import traceback
 
-from sparkdist import job_environment, roles, tracking
+from sparkdist import checkpoint, job_environment, roles, tracking
 from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
 from sparkdist.runner.protocol import messages
@@ -73,6 +73,8 @@ def main() -> None:
         tracking.setup_rank()
         fn, kwargs = cloudpickle.loads(job.payload)
         value = fn(**kwargs)
+    except checkpoint.Resize:
+        _exit_now(0)  # an elastic job grows: the driver relaunches it from the checkpoint
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _report_error(rank, exc)

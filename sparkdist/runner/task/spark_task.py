@@ -200,3 +200,33 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
             hosted.abort("barrier task 0 failed")
         raise
     yield hosted.finish(len(infos)) if hosted is not None else b""
+
+
+def run_gang_task(spec: LaunchSpec, gang: str, partition: int) -> bytes:
+    """The function of an elastic job's plain tasks (`runner/driver/gang.py`): check in
+    with the job's gang and either run as the task it seats this one as, or end at once
+    when it releases this one."""
+    from pyspark import TaskContext
+
+    channel = wire.connect(split_address(gang), spec.job.secret)
+    try:
+        # The address this executor reaches the driver from is one every task reaches.
+        host = (
+            address_of_interface(spec.network_interface)
+            if spec.network_interface
+            else channel.sock.getsockname()[0]
+        )
+        check_in = messages.GangCheckIn(partition, host, os.getpid())
+        reply = messages.decode(channel.request(messages.encode(check_in)), messages.GANG_ORDERS)
+        if not isinstance(reply, messages.GangSeat):
+            return b""
+        job = dataclasses.replace(spec.job, driver=reply.driver)
+        spec = dataclasses.replace(spec, job=job, num_ranks=reply.num_ranks)
+        task = TaskRun(spec, reply.index, reply.num_tasks, host)
+        try:
+            task.run(TaskContext.get())
+        finally:
+            task.close()
+    finally:
+        channel.close()
+    return b""

@@ -1,0 +1,131 @@
+"""An elastic job's gang: the plain Spark tasks that check in, and the world formed
+from them.
+
+Why: a barrier stage needs all its slots at once and Spark refuses it under dynamic
+allocation (SPARK-24942). An elastic attempt instead submits `max` plain tasks; each
+that Spark runs checks in here and waits. The gang seats the first ones (at least
+`min`; as many as arrive until none has for `settle_s`; at most `max`) and keeps later
+ones standing by: they hold slots the job can grow into, and the tasks Spark has not
+started yet are what makes dynamic allocation ask for executors. When the attempt ends,
+every task still waiting is released and ends, freeing its slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sparkdist.errors import NotEnoughSlotsError
+from sparkdist.network import join_address
+from sparkdist.runner.protocol import messages, wire
+
+logger = logging.getLogger(__name__)
+
+START_SETTLE_S = 2.0
+"""Once `min` tasks are in: how long without a new arrival before the world forms."""
+
+
+@dataclass
+class _Arrival:
+    check_in: messages.GangCheckIn
+    channel: wire.Channel
+    at: float
+    decision: tuple | None = None
+    decided: threading.Event = field(default_factory=threading.Event)
+    gone: bool = False
+
+
+class Gang:
+    """One attempt's check-ins, served on their own authenticated port."""
+
+    def __init__(self, secret: bytes, bind: str, advertise: str):
+        self._cond = threading.Condition()
+        self._waiting: list[_Arrival] = []
+        self._closed = False
+        self._server = wire.Server(secret, self._serve, host=bind, name="sparkdist-gang")
+        self.address = join_address(advertise, self._server.address[1])
+
+    def _serve(self, channel: wire.Channel) -> None:
+        try:
+            check_in = messages.decode(channel.recv(), (messages.GangCheckIn,))
+        except messages.MalformedMessage as exc:
+            channel.send(messages.encode(messages.Rejected(str(exc))))
+            return
+        arrival = _Arrival(check_in, channel, time.monotonic())
+        with self._cond:
+            if self._closed:
+                arrival.decision = messages.encode(messages.GangRelease("the job is over"))
+                arrival.decided.set()
+            else:
+                self._waiting.append(arrival)
+                self._cond.notify_all()
+        threading.Thread(target=self._watch, args=(arrival,), daemon=True).start()
+        arrival.decided.wait()
+        channel.send(arrival.decision)
+        if arrival.decision[0] == messages.GangSeat.tag:
+            # Held open: the seated task's end (or loss) is the job's business, not ours.
+            channel.recv()
+
+    def _watch(self, arrival: _Arrival) -> None:
+        """A task that waits sends nothing: its connection closing means it is gone."""
+        if arrival.decided.is_set():
+            return
+        try:
+            arrival.channel.sock.recv(1, socket.MSG_PEEK)
+        except OSError:
+            pass
+        with self._cond:
+            if not arrival.decided.is_set():
+                arrival.gone = True
+                if arrival in self._waiting:
+                    self._waiting.remove(arrival)
+                self._cond.notify_all()
+
+    def form(self, low: int, high: int, timeout_s: float, min_np: int, max_np: int) -> list:
+        """Wait for at least `low` tasks (up to `timeout_s`), then for more until none
+        arrives for START_SETTLE_S or `high` are in; return the chosen, in arrival order."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while len(self._waiting) < low:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NotEnoughSlotsError(
+                        f"only {len(self._waiting)} of the {low} task slots that min_np="
+                        f"{min_np} ranks need became free within {timeout_s:.0f}s "
+                        f"(max_np={max_np}); the job was stopped. Give the cluster more "
+                        "executors, or lower min_np."
+                    )
+                self._cond.wait(min(remaining, 0.5))
+            while len(self._waiting) < high:
+                quiet = time.monotonic() - max(a.at for a in self._waiting)
+                if quiet >= START_SETTLE_S:
+                    break
+                self._cond.wait(START_SETTLE_S - quiet)
+            return list(self._waiting[:high])
+
+    def seat(self, chosen: list, num_ranks: int, driver: str) -> None:
+        """Seat `chosen` as tasks 0..n-1 of the world, whose service is `driver`."""
+        with self._cond:
+            for index, arrival in enumerate(chosen):
+                self._waiting.remove(arrival)
+                seat = messages.GangSeat(index, len(chosen), num_ranks, driver)
+                arrival.decision = messages.encode(seat)
+                arrival.decided.set()
+
+    def standing_by(self) -> int:
+        """How many tasks wait with a free slot for the job to grow into."""
+        with self._cond:
+            return len(self._waiting)
+
+    def close(self) -> None:
+        """Release every task still waiting; later check-ins are released at once."""
+        with self._cond:
+            self._closed = True
+            waiting, self._waiting = self._waiting, []
+            for arrival in waiting:
+                arrival.decision = messages.encode(messages.GangRelease("the attempt is over"))
+                arrival.decided.set()
+        self._server.close()
