@@ -58,6 +58,10 @@ def _run(args: argparse.Namespace) -> int:
             start_timeout=args.start_timeout,
             timeout=args.timeout,
             roles=args.roles,
+            min_np=args.min_np,
+            max_np=args.max_np,
+            max_failures=args.max_failures,
+            checkpoint_dir=args.checkpoint_dir,
         )
     except ValueError as exc:  # checked before any Spark starts
         print(f"sparkdist run: {exc}", file=sys.stderr)
@@ -131,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", default="auto", choices=["auto", "mpi", "direct"])
     run.add_argument("--start-timeout", type=float, default=600.0)
     run.add_argument("--timeout", type=float, default=None)
+    run.add_argument("--min-np", type=int, help="elastic: start with at least this many ranks")
+    run.add_argument("--max-np", type=int, help="elastic: grow up to this many ranks")
+    run.add_argument(
+        "--max-failures", type=int, default=0, help="relaunches after a lost executor or rank"
+    )
+    run.add_argument("--checkpoint-dir", help="where sparkdist.checkpoint keeps checkpoints")
     run.add_argument(
         "--roles",
         help="a parameter-server job's roles, e.g. chief=1,worker=2,ps=1 (they add up to --np)",

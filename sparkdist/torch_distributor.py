@@ -105,6 +105,9 @@ class TorchDistributor:
     ranks, and every rank of a task (or of the driver) sees all its GPUs in
     CUDA_VISIBLE_DEVICES and picks one by LOCAL_RANK, as under torchrun. Without it,
     one task per rank, and ranks on the cluster see no GPU.
+
+    Keyword-only `min_processes`/`max_processes` make the job elastic (on the cluster),
+    as `HorovodRunner`'s `min_np`/`max_np`; other keywords go to `HorovodRunner`.
     """
 
     def __init__(
@@ -112,6 +115,9 @@ class TorchDistributor:
         num_processes: int = 1,
         local_mode: bool = True,
         use_gpu: bool = True,
+        *,
+        min_processes: int | None = None,
+        max_processes: int | None = None,
         **runner_options: Any,
     ):
         from pyspark.sql import SparkSession
@@ -121,6 +127,11 @@ class TorchDistributor:
         self.local_mode = local_mode
         self.use_gpu = use_gpu
         self.runner_options = runner_options
+        if min_processes is not None or max_processes is not None:
+            # Elastic, as HorovodRunner's min_np/max_np (keyword-only: pyspark's own
+            # positional signature stays as it is).
+            self.runner_options = {**runner_options, "min_np": min_processes,
+                                   "max_np": max_processes}  # fmt: skip
         self.num_tasks = self._get_num_tasks()
         if self.num_processes <= 0:
             raise ValueError("num_processes has to be a positive integer")
