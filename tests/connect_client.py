@@ -75,6 +75,10 @@ def scenario_values(spark):
     for launcher in ("direct", "mpi"):
         runner = HorovodRunner(np=2, launcher=launcher)
         out[launcher] = runner.run_all(rank_value, x=5)
+    # Elastic: plain tasks (mapInArrow without barrier) seated by the job's gang.
+    elastic = HorovodRunner(np=2, min_np=1, max_np=2)
+    out["elastic"] = elastic.run_all(rank_value, x=5)
+    out["elastic_alive"] = alive(elastic)
     return out
 
 
