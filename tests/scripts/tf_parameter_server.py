@@ -127,6 +127,36 @@ def _partitioner(tf, shards: int):
     return tf.distribute.experimental.partitioners.FixedShardsPartitioner(shards)
 
 
+def _join(coordinator, timeout: float | None) -> None:
+    """`coordinator.join()`, raising TimeoutError after `timeout` seconds.
+
+    join() never returns when every worker is gone: the coordinator waits (up to an
+    hour per failure) for a worker to come back at the same address."""
+    if timeout is None:
+        coordinator.join()
+        return
+    import threading
+
+    outcome: list = []
+
+    def target():
+        try:
+            coordinator.join()
+            outcome.append(None)
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=target, name="coordinator-join", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(
+            f"coordinator.join() did not finish within {timeout} s (no live worker?)"
+        )
+    if outcome and outcome[0] is not None:
+        raise outcome[0]
+
+
 def _accuracy(model, x, y) -> float:
     import numpy as np
 
@@ -140,7 +170,7 @@ def _accuracy(model, x, y) -> float:
 def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: int = 0,
                 learning_rate: float = 0.01,
                 on_step: Callable[[int], None] | None = None,
-                keras_impl: str = "auto") -> dict:
+                keras_impl: str = "auto", join_timeout: float | None = None) -> dict:
     """Train with ParameterServerStrategy + ClusterCoordinator and a custom loop.
 
     `on_step(k)` (if given) is called on the chief right after step k (1-based) has been
@@ -205,7 +235,7 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
         last = coordinator.schedule(train_step, args=(per_worker_iterator,))
         if on_step is not None:
             on_step(step)
-    coordinator.join()
+    _join(coordinator, join_timeout)
     t2 = time.perf_counter()
     last_loss = float(last.fetch())
 
