@@ -248,3 +248,48 @@ def test_sparkdist_run_takes_the_elastic_flags(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "np=3 must lie between min_np=1 and max_np=2" in done.stderr
+
+
+def frameworks_main(progress: str, release: str) -> dict:
+    """What Horovod, MPI, TensorFlow's TF_CONFIG and torch's variables say the world is;
+    a world smaller than 2 frees a slot and checkpoints until the job grows."""
+    import time
+
+    import horovod.torch as hvd
+    from mpi4py import MPI
+
+    hvd.init()
+    sizes = {
+        "WORLD_SIZE": int(os.environ["WORLD_SIZE"]),
+        "horovod": hvd.size(),
+        "mpi": MPI.COMM_WORLD.Get_size(),
+        "tf_config": len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]),
+    }
+    with open(progress, "a") as out:
+        out.write(json.dumps(sizes) + "\n")
+    if hvd.size() == 2:
+        return sizes
+    Path(release).touch()
+    step, deadline = 0, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        step += 1
+        checkpoint.save({}, step)  # raises checkpoint.Resize once the job grows
+        time.sleep(0.1)
+    raise AssertionError("the job never grew")
+
+
+@pytest.mark.horovod
+def test_every_framework_sees_the_world_after_it_grows(sc, tmp_path):
+    holder = SlotHolder(sc, tmp_path, slots=1)
+    progress, release = tmp_path / "sizes.jsonl", tmp_path / "release"
+    threading.Thread(
+        target=lambda: (wait_for(release.exists, "the release", 300), holder.release()),
+        daemon=True,
+    ).start()
+    runner = sparkdist.HorovodRunner(np=1, min_np=1, max_np=2, launcher="mpi")
+    result = runner.run(frameworks_main, progress=str(progress), release=str(release))
+    seen = [json.loads(line) for line in progress.read_text().splitlines()]
+    one = {"WORLD_SIZE": 1, "horovod": 1, "mpi": 1, "tf_config": 1}
+    two = {"WORLD_SIZE": 2, "horovod": 2, "mpi": 2, "tf_config": 2}
+    assert seen == [one, two, two] and result == two
+    assert runner.last_job.attempts == 2
