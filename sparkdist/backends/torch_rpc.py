@@ -142,11 +142,15 @@ def shutdown(*, leave_timeout: float = DEFAULT_LEAVE_TIMEOUT) -> None:
         raise RuntimeError("torch_rpc.shutdown() without torch_rpc.init_rpc()")
     _session = None
     store = session.store
+    left_key = LEFT_KEY.format(session=session.number, rank=session.rank)
     try:
         rpc.shutdown(graceful=True)
-    finally:
-        # Even if this rank's shutdown failed: rank 0 should not wait for it in vain.
-        store.set(LEFT_KEY.format(session=session.number, rank=session.rank), b"1")
+    except BaseException:
+        # Rank 0 should not wait for this rank in vain; the shutdown's error comes first.
+        with contextlib.suppress(Exception):
+            store.set(left_key, b"1")
+        raise
+    store.set(left_key, b"1")
     if session.rank != 0:
         return
     keys = [LEFT_KEY.format(session=session.number, rank=r) for r in range(1, session.world_size)]
@@ -182,6 +186,9 @@ def rpc_session(
         yield joined
     except BaseException:
         _session = None
-        rpc.shutdown(graceful=False)
+        try:
+            rpc.shutdown(graceful=False)
+        except Exception:  # noqa: BLE001 - the body's error is the one to report
+            logger.warning("RPC shutdown after an error failed too", exc_info=True)
         raise
     shutdown(leave_timeout=leave_timeout)
