@@ -139,7 +139,8 @@ class _ElasticAttempt:
             chosen = gang.form(
                 min_np // per_task, max_np // per_task, opts.start_timeout, min_np, max_np
             )
-        except BaseException:
+        except BaseException as exc:
+            report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             gang.close()
             tasks.stop()
             raise
@@ -174,6 +175,7 @@ class _TaskJob:
         self.tag = tag
         self.state: JobState | None = None
         self.cancelled = False
+        self.gang = gang
         task = functools.partial(run_gang_task, template, gang.address)
         self._thread = threading.Thread(
             target=self._run, args=(num_tasks, task), name=tag, daemon=True
@@ -184,8 +186,12 @@ class _TaskJob:
         try:
             self.cluster.run_tasks(num_tasks, task, self.tag)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
-            if self.cancelled or self.state is None:
+            if self.cancelled:
                 logger.debug("elastic tasks %s ended: %s", self.tag, spark_error_summary(exc))
+                return
+            if self.state is None:  # the world has not formed yet
+                self.gang.fail(f"the Spark job of the elastic tasks failed: "
+                               f"{spark_error_summary(exc)}")  # fmt: skip
                 return
             self.state.fail(f"the Spark job of the elastic tasks failed: "
                             f"{spark_error_summary(exc)}")  # fmt: skip

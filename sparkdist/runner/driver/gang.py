@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sparkdist.errors import NotEnoughSlotsError
+from sparkdist.errors import JobFailedError, NotEnoughSlotsError
 from sparkdist.network import join_address
 from sparkdist.runner.protocol import messages, wire
 
@@ -45,6 +45,7 @@ class Gang:
         self._cond = threading.Condition()
         self._waiting: list[_Arrival] = []
         self._closed = False
+        self._failed: str | None = None
         self._server = wire.Server(secret, self._serve, host=bind, name="sparkdist-gang")
         self.address = join_address(advertise, self._server.address[1])
 
@@ -90,6 +91,8 @@ class Gang:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while len(self._waiting) < low:
+                if self._failed is not None:
+                    raise JobFailedError(self._failed)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NotEnoughSlotsError(
@@ -105,6 +108,12 @@ class Gang:
                     break
                 self._cond.wait(START_SETTLE_S - quiet)
             return list(self._waiting[:high])
+
+    def fail(self, reason: str) -> None:
+        """The tasks' Spark job failed before the world formed: stop waiting for them."""
+        with self._cond:
+            self._failed = reason
+            self._cond.notify_all()
 
     def seat(self, chosen: list, num_ranks: int, driver: str) -> None:
         """Seat `chosen` as tasks 0..n-1 of the world, whose service is `driver`."""
