@@ -170,7 +170,7 @@ def _accuracy(model, x, y) -> float:
 def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: int = 0,
                 learning_rate: float = 0.01,
                 on_step: Callable[[int], None] | None = None,
-                keras_impl: str = "auto", join_timeout: float | None = None) -> dict:
+                keras_impl: str = "tf_keras", join_timeout: float | None = None) -> dict:
     """Train with ParameterServerStrategy + ClusterCoordinator and a custom loop.
 
     `on_step(k)` (if given) is called on the chief right after step k (1-based) has been
@@ -358,7 +358,7 @@ def keras_fit(epochs: int = 5, steps_per_epoch: int = 60, batch_size: int = 64,
 
 
 def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
-                      learning_rate: float = 0.01, keras_impl: str = "tf.keras") -> dict:
+                      learning_rate: float = 0.01, keras_impl: str = "tf_keras") -> dict:
     """The same model and number of examples with MultiWorkerMirroredStrategy.
 
     Run on EVERY rank (TF_CONFIG has only `worker` entries). To match `custom_loop`
