@@ -10,6 +10,28 @@ Every function here runs in ONE process of a cluster described by the TF_CONFIG 
 
 Data: scikit-learn's `load_digits` (nothing is downloaded), X / 16, 20 % held out
 (stratified, fixed seed). The accuracy is measured on the chief.
+
+Findings with TF 2.21 / Keras 3.15 / tf-keras 2.21 (2 CPU cores):
+
+* The model is built with the tf_keras package by default (`import tf_keras`, which
+  works whatever `tf.keras` is; no TF_USE_LEGACY_KERAS needed). With Keras 3
+  (`keras_impl="tf.keras"` without the env var) the custom loop trains with unsharded
+  variables, but (a) a FixedShardsPartitioner fails in `tape.gradient` with
+  "AttributeError: 'ShardedVariable' object has no attribute 'handle'" and (b)
+  `optimizer.iterations` undercounts (~250 for 300 steps: racy read-modify-write).
+* TF_USE_LEGACY_KERAS=1 is read at the first ACCESS of `tf.keras`, not at
+  `import tensorflow`; once `tf.keras` has resolved to Keras 3, setting it is ignored.
+* Keras 3 `model.fit` cannot use ParameterServerStrategy ("ValueError: To use this
+  dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset."
+  and there is no keras.utils.experimental.DatasetCreator); tf-keras `model.fit` works
+  with a DatasetCreator (or a tf.data.Dataset) plus steps_per_epoch.
+* MinSizePartitioner (default min_shard_bytes 256 KiB) never shards these small
+  kernels; FixedShardsPartitioner(2) shards every variable over both ps tasks.
+* A killed worker (one of two): its closures are retried on the other worker and
+  join() returns normally. If no worker is left, join() waits (up to an hour per
+  failure) for a worker to come back at the same address (a restarted server is
+  picked up), hence `join_timeout`. A killed ps makes the next schedule()/join()
+  raise tf.errors.UnavailableError (mentioning /job:ps) within about a second.
 """
 
 from __future__ import annotations
@@ -17,8 +39,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HIDDEN = 128
 
@@ -48,14 +70,18 @@ def serve(role: str, index: int, cluster: dict | None = None) -> None:
 
     cluster = cluster or tf_config()["cluster"]
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=role, task_index=index,
-        protocol="grpc", start=True,
+        tf.train.ClusterSpec(cluster),
+        job_name=role,
+        task_index=index,
+        protocol="grpc",
+        start=True,
     )
     server.join()
 
 
-def file_barrier(after_step: int, ready_path: str, go_path: str,
-                 timeout: float = 300.0, poll: float = 0.05) -> Callable[[int], None]:
+def file_barrier(
+    after_step: int, ready_path: str, go_path: str, timeout: float = 300.0, poll: float = 0.05
+) -> Callable[[int], None]:
     """An `on_step` hook for `custom_loop`: after scheduling step `after_step` the chief
     creates `ready_path` and blocks until `go_path` exists (e.g. until a test has killed
     a worker). Raises TimeoutError after `timeout` seconds."""
@@ -167,10 +193,16 @@ def _accuracy(model, x, y) -> float:
 # --------------------------------------------------------------------------- PS loop
 
 
-def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: int = 0,
-                learning_rate: float = 0.01,
-                on_step: Callable[[int], None] | None = None,
-                keras_impl: str = "tf_keras", join_timeout: float | None = None) -> dict:
+def custom_loop(
+    steps: int = 300,
+    batch_size: int = 64,
+    shards: int = 1,
+    seed: int = 0,
+    learning_rate: float = 0.01,
+    on_step: Callable[[int], None] | None = None,
+    keras_impl: str = "tf_keras",
+    join_timeout: float | None = None,
+) -> dict:
     """Train with ParameterServerStrategy + ClusterCoordinator and a custom loop.
 
     `on_step(k)` (if given) is called on the chief right after step k (1-based) has been
@@ -203,9 +235,7 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
     with strategy.scope():
         model = _mlp(keras)
         optimizer = keras.optimizers.Adam(learning_rate)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="none"
-    )
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     per_worker_dataset = coordinator.create_per_worker_dataset(dataset_fn)
     per_worker_iterator = iter(per_worker_dataset)
@@ -217,7 +247,7 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
                 logits = model(x, training=True)
                 loss = tf.nn.compute_average_loss(loss_fn(y, logits))
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # noqa: B905 (autograph)
             return loss
 
         x, y = next(iterator)
@@ -246,9 +276,7 @@ def custom_loop(steps: int = 300, batch_size: int = 64, shards: int = 1, seed: i
         "steps": steps,
         "batch_size": batch_size,
         "examples_per_second": steps * batch_size / (t2 - t0),
-        "steady_examples_per_second": (
-            (steps - 1) * batch_size / (t2 - t1) if steps > 1 else None
-        ),
+        "steady_examples_per_second": ((steps - 1) * batch_size / (t2 - t1) if steps > 1 else None),
         "import_seconds": imported - started,
         "connect_seconds": connected - imported,
         "first_step_seconds": t1 - t0,
@@ -281,9 +309,16 @@ def _legacy_tf_keras(tf):
     return tf.keras
 
 
-def keras_fit(epochs: int = 5, steps_per_epoch: int = 60, batch_size: int = 64,
-              shards: int = 1, seed: int = 0, learning_rate: float = 0.01,
-              steps_per_execution: int = 1, keras_impl: str = "tf_keras") -> dict:
+def keras_fit(
+    epochs: int = 5,
+    steps_per_epoch: int = 60,
+    batch_size: int = 64,
+    shards: int = 1,
+    seed: int = 0,
+    learning_rate: float = 0.01,
+    steps_per_execution: int = 1,
+    keras_impl: str = "tf_keras",
+) -> dict:
     """`model.fit` under ParameterServerStrategy, with tf-keras (Keras 2).
 
     keras_impl="tf_keras" imports the tf_keras package directly, which works whatever
@@ -329,7 +364,9 @@ def keras_fit(epochs: int = 5, steps_per_epoch: int = 60, batch_size: int = 64,
     t0 = time.perf_counter()
     history = model.fit(
         keras.utils.experimental.DatasetCreator(dataset_fn),
-        epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        verbose=0,
     )
     t1 = time.perf_counter()
     accuracy = _accuracy(model, x_test, y_test)
@@ -357,8 +394,13 @@ def keras_fit(epochs: int = 5, steps_per_epoch: int = 60, batch_size: int = 64,
 # --------------------------------------------------------------------------- MWMS
 
 
-def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
-                      learning_rate: float = 0.01, keras_impl: str = "tf_keras") -> dict:
+def mirrored_baseline(
+    steps: int = 300,
+    batch_size: int = 64,
+    seed: int = 0,
+    learning_rate: float = 0.01,
+    keras_impl: str = "tf_keras",
+) -> dict:
     """The same model and number of examples with MultiWorkerMirroredStrategy.
 
     Run on EVERY rank (TF_CONFIG has only `worker` entries). To match `custom_loop`
@@ -384,11 +426,13 @@ def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
     def dataset_fn(input_context):
         return (
             tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            .shuffle(len(x_train), seed=seed + input_context.input_pipeline_id,
-                     reshuffle_each_iteration=True)
+            .shuffle(
+                len(x_train),
+                seed=seed + input_context.input_pipeline_id,
+                reshuffle_each_iteration=True,
+            )
             .repeat()
-            .batch(input_context.get_per_replica_batch_size(global_batch),
-                   drop_remainder=True)
+            .batch(input_context.get_per_replica_batch_size(global_batch), drop_remainder=True)
             .prefetch(2)
         )
 
@@ -396,9 +440,7 @@ def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
     with strategy.scope():
         model = _mlp(keras)
         optimizer = keras.optimizers.Adam(learning_rate)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="none"
-    )
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     @tf.function
     def train_step(iterator):
@@ -409,7 +451,7 @@ def mirrored_baseline(steps: int = 300, batch_size: int = 64, seed: int = 0,
                     loss_fn(y, logits), global_batch_size=global_batch
                 )
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # noqa: B905 (autograph)
             return loss
 
         x, y = next(iterator)
