@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt setup.py | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt requirements/no-deps.txt setup.py | sha256sum | cut -c1-16)
 # The petastorm side environment: Spark 3.5 / pyarrow 14 / numpy 1.x, where petastorm imports.
 PETASTORM_VENV := .venv-petastorm
 PETASTORM_REQS := requirements/petastorm-side.txt
@@ -23,10 +23,11 @@ system:
 
 venv: $(STAMP)
 
-$(STAMP): requirements/lock.txt setup.py
+$(STAMP): requirements/lock.txt requirements/no-deps.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/lock.txt
+	$(PY) -m pip install -q --no-deps -r requirements/no-deps.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.sparkdist-*
 	touch $@
