@@ -49,6 +49,7 @@ def test_notebooks_are_all_tested():
         "04_horovod_timeline.py",
         "05_hyperparameter_search.py",
         "06_torch_frameworks.py",
+        "07_parameter_servers.py",
     }
     assert {p.name for p in NOTEBOOKS.glob("*.py")} == tested
 
@@ -160,3 +161,15 @@ def test_06_torch_frameworks(spark, tmp_path):
     deepspeed = ns["deepspeed_result"]
     assert deepspeed["world_size"] == 2 and deepspeed["zero_stage"] == 1
     assert deepspeed["loss"] < initial / 4
+
+
+def test_07_parameter_servers(spark, tmp_path):
+    ns = run_notebook("07_parameter_servers.py", spark, tmp_path)
+    assert ns["tf_result"]["workers"] == 2 and ns["tf_result"]["ps"] == 1
+    assert ns["tf_ps_accuracy"] >= 0.9
+    # Every trainer ran its epochs against the one server.
+    assert sorted(ns["torch_views"][0]["steps"]) == [1, 2, 3]
+    assert [v["steps"] for v in ns["torch_views"][1:]] == list(
+        ns["torch_views"][0]["steps"].values()
+    )
+    assert ns["torch_ps_accuracy"] >= 0.9
