@@ -3,8 +3,10 @@ session (built once, torn down at the end), and a driver process attached to it.
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from netns_cluster import NetnsCluster, can_build
+from netns_cluster import PREFIX, SUBNET, NetnsCluster, can_build
 from remote_driver import RemoteDriver
 
 
@@ -16,7 +18,14 @@ def cluster():
         pytest.skip(f"no multi-host cluster here: {reason}")
     # 3 cores a host: two drivers (one core a host each) and a Spark Connect server's
     # application (test_connect_relay.py) at once.
-    built = NetnsCluster(hosts=3, worker_cores=3).up()
+    # Two test sessions on one machine each need their own names and addresses
+    # (`up` removes whatever an earlier cluster of the same prefix left behind).
+    built = NetnsCluster(
+        hosts=3,
+        worker_cores=3,
+        prefix=os.environ.get("SPARKDIST_NETNS_PREFIX", PREFIX),
+        subnet=os.environ.get("SPARKDIST_NETNS_SUBNET", SUBNET),
+    ).up()
     try:
         yield built
     finally:

@@ -250,3 +250,86 @@ def rpc_pipeline_main(steps: int = 20) -> dict[str, Any]:
     from rpc_pipeline import pipeline
 
     return pipeline(steps)
+
+
+def _append_line(path: str, record: dict) -> None:
+    """One line per record, in one write (O_APPEND), so that readers never see half."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def elastic_main(
+    progress_dir: str,
+    min_steps: int,
+    stop_file: str,
+    step_s: float = 0.4,
+    max_steps: int = 400,
+) -> dict[str, Any]:
+    """DDP regression for an elastic job: one batch a step, a checkpoint after every step
+    (rank 0 appends (step, world size, attempt) to `progress_dir/steps.jsonl` after each
+    save the driver stored), resuming from the newest checkpoint at any world size.
+    Stops after `min_steps` once `stop_file` exists (the test says when), or at
+    `max_steps`. Each rank writes where it runs to `progress_dir/rank-N.json` when it
+    starts. The pause of `step_s` comes right after the save, so a test that strikes
+    as soon as it sees a step's line strikes between steps."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import checkpoint
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(240, 8)
+    y = x @ torch.arange(1.0, 9.0) + 0.5
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    step = 0
+    found = checkpoint.resume()
+    if found:
+        step = found.step
+        model.module.load_state_dict(found.state["model"])
+        optimizer.load_state_dict(found.state["optimizer"])
+    attempt = checkpoint.attempt()
+    where = {"rank": rank, "size": size, "attempt": attempt, "pid": os.getpid()}
+    with open(os.path.join(progress_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump({**where, "host": os.environ["SPARKDIST_TASK_HOST"]}, f)
+    steps_file = os.path.join(progress_dir, "steps.jsonl")
+    stop = torch.zeros(1)
+    while True:
+        if rank == 0:  # rank 0 decides, every rank stops at the same step
+            done = step >= max_steps or (step >= min_steps and os.path.exists(stop_file))
+            stop[0] = float(done)
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
+        xs, ys = x[rank::size], y[rank::size]
+        start = (step * 16) % max(len(xs) - 16, 1)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(
+            model(xs[start : start + 16]).squeeze(1), ys[start : start + 16]
+        )
+        loss.backward()
+        optimizer.step()
+        step += 1
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+        record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time()}
+        try:
+            saved = checkpoint.save(state, step)
+        except checkpoint.Resize:
+            _append_line(steps_file, record)  # stored: the larger world resumes after it
+            raise
+        if saved:
+            _append_line(steps_file, record)
+        time.sleep(step_s)
+    with torch.no_grad():
+        final = float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+    dist.destroy_process_group()
+    return {**where, "host": os.environ["SPARKDIST_TASK_HOST"], "step": step, "loss": final}
+
+
+def executor_count(spark) -> int:
+    return len(executor_hosts(spark))

@@ -41,6 +41,14 @@ DEAD_SUBNET = "10.213.9"
 MASTER_PORT = 7077
 MASTER_UI_PORT = 8080
 STATE_ROOT = Path("/tmp/sparkdist-netns")
+HOST_RESOURCE = "sparkdisthost"
+"""A custom Spark resource each worker has one of: an application whose executors ask
+for one (`HOST_RESOURCE_CONF`) gets at most one executor on each host, also after a
+host was lost (the master cannot stack a replacement on a survivor)."""
+HOST_RESOURCE_CONF = {
+    f"spark.executor.resource.{HOST_RESOURCE}.amount": "1",
+    f"spark.task.resource.{HOST_RESOURCE}.amount": "1",
+}
 
 
 def spark_home() -> str:
@@ -230,19 +238,37 @@ class NetnsCluster:
             ],
         )  # fmt: skip
         for i in range(self.state.hosts):
-            work = self.dir / f"work-h{i}"
-            work.mkdir(exist_ok=True)
-            self._spawn(
-                f"worker-{i}",
-                i,
-                [
-                    spark_class, "org.apache.spark.deploy.worker.Worker",
-                    "--host", self.address(i), "--cores", str(self.worker_cores),
-                    "--memory", self.worker_memory, "--work-dir", str(work),
-                    "--webui-port", "8081", self.master_url,
-                ],
-            )  # fmt: skip
+            self._spawn_worker(i)
         self.wait_workers(self.state.hosts, timeout_s)
+
+    def _worker_properties(self) -> Path:
+        """The workers' properties file: one HOST_RESOURCE each, found by a script."""
+        script = self.dir / "host-resource.sh"
+        found = json.dumps({"name": HOST_RESOURCE, "addresses": ["0"]})
+        script.write_text(f"#!/bin/sh\necho '{found}'\n")
+        script.chmod(0o755)
+        props = self.dir / "worker.properties"
+        props.write_text(
+            f"spark.worker.resource.{HOST_RESOURCE}.amount 1\n"
+            f"spark.worker.resource.{HOST_RESOURCE}.discoveryScript {script}\n"
+        )
+        return props
+
+    def _spawn_worker(self, i: int) -> None:
+        spark_class = os.path.join(spark_home(), "bin", "spark-class")
+        work = self.dir / f"work-h{i}"
+        work.mkdir(exist_ok=True)
+        self._spawn(
+            f"worker-{i}",
+            i,
+            [
+                spark_class, "org.apache.spark.deploy.worker.Worker",
+                "--host", self.address(i), "--cores", str(self.worker_cores),
+                "--memory", self.worker_memory, "--work-dir", str(work),
+                "--webui-port", "8081", "--properties-file", str(self._worker_properties()),
+                self.master_url,
+            ],
+        )  # fmt: skip
 
     def master_status(self) -> dict:
         url = f"http://{self.address(0)}:{MASTER_UI_PORT}/json/"
@@ -301,6 +327,51 @@ class NetnsCluster:
             except psutil.Error:
                 pass
         return found
+
+    def alive_worker_hosts(self) -> list[str]:
+        """The addresses of the workers the master sees as ALIVE."""
+        workers = self.master_status().get("workers", [])
+        return sorted(w["host"] for w in workers if w.get("state") == "ALIVE")
+
+    def _wait_master_sees(self, i: int, alive: bool, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if (self.address(i) in self.alive_worker_hosts()) == alive:
+                    return
+            except (OSError, ValueError):
+                pass  # the master is busy; ask again
+            time.sleep(0.2)
+        state = "alive" if alive else "gone"
+        raise TimeoutError(f"the master did not see host {i}'s worker {state} in {timeout_s}s")
+
+    def stop_worker(self, i: int, timeout_s: float = 60.0) -> list[int]:
+        """Lose host i's worker as a host is lost: SIGKILL its Worker JVM and everything
+        under it (executors of every application, their Python workers, job processes)
+        at once, by pid; wait until they are gone and the master has dropped the worker.
+        Returns the pids killed."""
+        worker = self.worker_process(i)
+        if not self.alive(f"worker-{i}"):
+            raise RuntimeError(f"host {i}'s worker is not running")
+        procs = [worker, *self.descendants(i)]
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+        if alive:
+            raise RuntimeError(f"processes of host {i} survived SIGKILL: {alive}")
+        self._wait_master_sees(i, False, timeout_s)
+        return [p.pid for p in procs]
+
+    def start_worker(self, i: int, timeout_s: float = 120.0) -> None:
+        """Start a worker on host i again (after `stop_worker`) and wait until the
+        master sees it alive."""
+        if self.alive(f"worker-{i}"):
+            raise RuntimeError(f"host {i}'s worker is still running")
+        self._spawn_worker(i)
+        self._wait_master_sees(i, True, timeout_s)
 
     def set_link(self, i: int, up: bool) -> None:
         """Connect (up) or cut off (down) host i from the bridge."""

@@ -1,0 +1,218 @@
+"""Elastic jobs (`HorovodRunner(min_np=..., max_np=...)`) on the namespaced standalone
+cluster: a world that shrinks when a host is lost and grows back when it returns, and
+elastic versus fixed-size jobs under Spark's dynamic allocation.
+
+Shares the session's cluster (conftest.py); what a test kills it restores, so later
+tests see three live workers and the main driver one executor on each host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from netns_cluster import HOST_RESOURCE_CONF
+from remote_driver import RemoteDriver
+from test_cluster import records, wait_all_gone, wait_no_job_processes
+
+pytestmark = pytest.mark.cluster
+
+RUNNER = {"start_timeout": 120, "timeout": 300}
+
+DYNAMIC_ALLOCATION = {
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.minExecutors": "0",
+    "spark.dynamicAllocation.initialExecutors": "0",
+    "spark.dynamicAllocation.maxExecutors": "3",
+}
+
+
+@contextmanager
+def submit_conf(conf: dict[str, str]):
+    """Extra Spark settings for the remote drivers started inside (remote_driver.py
+    passes this process's environment on; spark-submit reads PYSPARK_SUBMIT_ARGS)."""
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    args = " ".join(f"--conf {key}={value}" for key, value in conf.items())
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"{args} pyspark-shell"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+
+
+@pytest.fixture(scope="module")
+def host_driver(cluster, driver):
+    """An application with at most one executor (one task slot) on each host, also
+    after a host is lost: so an elastic job's ranks land on different hosts and a lost
+    host's slot stays lost until a worker returns there. (It asks for the main driver
+    first, so that the main application's executors are placed before this one's.)"""
+    with submit_conf(HOST_RESOURCE_CONF):
+        remote = RemoteDriver(cluster, "elastic", cores=3)
+    try:
+        wait_executors(remote, 3)
+        yield remote
+    finally:
+        remote.close()
+
+
+@pytest.fixture(scope="module")
+def dynamic_driver(cluster):
+    """An application under dynamic allocation that starts with no executor."""
+    with submit_conf(DYNAMIC_ALLOCATION):
+        remote = RemoteDriver(cluster, "dynamic", cores=3)
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+def wait_executors(remote: RemoteDriver, count: int, timeout_s: float = 90) -> list[str]:
+    """Wait until `remote`'s application has `count` executors; return their hosts."""
+    deadline = time.monotonic() + timeout_s
+    hosts: list[str] = []
+    while time.monotonic() < deadline:
+        hosts = remote.call("executor_hosts", timeout=30)
+        if len(hosts) >= count:
+            return hosts
+        time.sleep(0.5)
+    raise TimeoutError(f"driver {remote.name} has {hosts} as executors, not {count}")
+
+
+def read_steps(progress: Path) -> list[dict]:
+    path = progress / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_step(progress: Path, job, timeout_s: float = 150, **want) -> dict:
+    """Wait for a step recorded with the fields of `want` (and step >= want['step']);
+    fail at once with the job's result if the job ended first."""
+    min_step = want.pop("step", 0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for row in read_steps(progress):
+            if row["step"] >= min_step and all(row[k] == v for k, v in want.items()):
+                return row
+        if job.done():
+            raise AssertionError(f"the job ended before a step with {want}: {job.result()}")
+        time.sleep(0.02)
+    raise TimeoutError(f"no step with {want} (step >= {min_step}) in {progress}")
+
+
+def rank_hosts(progress: Path, attempt: int) -> dict[int, str]:
+    """rank -> host of the ranks of `attempt` (from their rank-N.json)."""
+    found = {}
+    for path in progress.glob("rank-*.json"):
+        where = json.loads(path.read_text())
+        if where["attempt"] == attempt:
+            found[where["rank"]] = where["host"]
+    return found
+
+
+def host_index(cluster, address: str) -> int:
+    return next(i for i in range(cluster.state.hosts) if cluster.address(i) == address)
+
+
+def restore_one_executor_per_host(cluster, remote: RemoteDriver) -> list[str]:
+    """After a host's loss, the master gave `remote`'s application (no host resource)
+    a replacement executor on a survivor. Stop that one (by pid): the master places it
+    again on the worker with the most free cores (Spark's default worker selection),
+    the returned host. Returns the application's executor hosts then."""
+    app = remote.call("app_id")
+    for i in range(cluster.state.hosts):
+        mine = [p for p in cluster.executors(i) if app in " ".join(p.cmdline())]
+        for extra in sorted(mine, key=lambda p: p.create_time())[1:]:
+            extra.kill()
+            extra.wait(30)
+    everywhere = [cluster.address(i) for i in range(cluster.state.hosts)]
+    deadline = time.monotonic() + 90
+    while (hosts := remote.call("executor_hosts")) != everywhere:
+        assert time.monotonic() < deadline, f"{remote.name}'s executors stay on {hosts}"
+        time.sleep(0.5)
+    return hosts
+
+
+def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver, tmp_path):
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    job = host_driver.submit(
+        "run_job",
+        main="elastic_main",
+        np=3,
+        runner={**RUNNER, "min_np": 1, "max_np": 3, "max_failures": 2},
+        kwargs={"progress_dir": str(progress), "min_steps": 1, "stop_file": str(stop_file)},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, attempt=0)
+        hosts = rank_hosts(progress, 0)
+        assert sorted(hosts.values()) == [cluster.address(i) for i in range(3)]
+        lost = host_index(cluster, hosts[2])  # not rank 0's host: its saves are the record
+        cluster.stop_worker(lost)
+        # Relaunched at once with the two hosts left, from its checkpoint.
+        wait_step(progress, job, world_size=2)
+        assert sorted(rank_hosts(progress, 1).values()) == sorted(
+            cluster.address(i) for i in range(3) if i != lost
+        )
+        cluster.start_worker(lost)
+        # Grows back at a checkpoint once the new host's task stood by.
+        wait_step(progress, job, world_size=3, attempt=2)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        if lost is not None and not cluster.alive(f"worker-{lost}"):
+            cluster.start_worker(lost)
+
+    assert result["ok"], result.get("error")
+    steps = read_steps(progress)
+    numbers = [row["step"] for row in steps]
+    assert numbers == list(range(1, len(steps) + 1)), numbers  # each step once, in order
+    sizes = [row["world_size"] for row in steps]
+    changes = [size for i, size in enumerate(sizes) if i == 0 or sizes[i - 1] != size]
+    assert changes == [3, 2, 3], sizes
+    assert [row["attempt"] for row in steps] == sorted(row["attempt"] for row in steps)
+    assert result["attempts"] == 3
+    assert len(result["failures"]) == 2
+    assert cluster.address(lost) in result["failures"][0], result["failures"]
+    assert result["failures"][1].startswith("grew:"), result["failures"]
+    values = result["values"]
+    assert sorted(v["host"] for v in values) == [cluster.address(i) for i in range(3)]
+    assert all(v["size"] == 3 and v["attempt"] == 2 and v["step"] == len(steps) for v in values)
+    assert values[0]["loss"] < 40.0  # from about 200 at the start
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
+    # The cluster is whole again: three workers, the main driver on every host.
+    assert cluster.alive_worker_hosts() == [cluster.address(i) for i in range(3)]
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
+def test_dynamic_allocation_elastic_runs_fixed_size_refused(cluster, dynamic_driver):
+    assert dynamic_driver.call("executor_count") == 0
+    elastic = dynamic_driver.call(
+        "run_job", main="network_main", np=3, runner={**RUNNER, "min_np": 1, "max_np": 3}
+    )
+    assert elastic["ok"], elastic.get("error")
+    # Spark asked the master for executors for the job's tasks, and the ranks ran there.
+    hosts = dynamic_driver.call("executor_hosts")
+    assert 1 <= len(hosts) <= 3
+    values = elastic["values"]
+    assert {v["host"] for v in values} <= set(hosts)
+    assert [v["sum"] for v in values] == [float(sum(range(1, len(values) + 1)))] * len(values)
+
+    fixed = dynamic_driver.call("run_job", main="network_main", np=3, runner=RUNNER)
+    assert not fixed["ok"]
+    assert fixed["error_type"] == "SparkdistError", fixed["error"]
+    assert "dynamic allocation" in fixed["error"] and "min_np" in fixed["error"]
+    assert "BarrierJobRunWithDynamicAllocation" not in fixed["error"]
+    assert wait_no_job_processes(cluster, 30) == []
