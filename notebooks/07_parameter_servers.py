@@ -130,7 +130,7 @@ print(
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC The model reaches a test accuracy of at least 0.9 (about 0.95 in our runs) after
+# MAGIC The model reaches a test accuracy of at least 0.9 (about 0.96 in our runs) after
 # MAGIC 4 epochs of 50 steps. To shard the variables over several ps ranks, pass
 # MAGIC `variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)`
 # MAGIC to the strategy with `roles={"chief": 1, "worker": 2, "ps": 2}` (and `np=5`).
