@@ -333,3 +333,62 @@ def elastic_main(
 
 def executor_count(spark) -> int:
     return len(executor_hosts(spark))
+
+
+def run_torch_distributor(
+    spark, progress_dir: str, steps: int, step_s: float = 0.4, num_processes: int = 3
+) -> dict[str, Any]:
+    """pyspark's own TorchDistributor (barrier stage, torchrun in each task) on the
+    same kind of training loop as `elastic_main`, without checkpoints; rank 0 appends
+    (step, world size) to `progress_dir/steps.jsonl`. Reports success or the failure."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    def train(progress_dir: str, steps: int, step_s: float) -> int:
+        # Defined here so that it travels by value: the torchrun processes cannot import
+        # this module.
+        import json
+        import os
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        with open(os.path.join(progress_dir, f"rank-{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "size": size, "attempt": 0, "pid": os.getpid()}, f)
+        torch.manual_seed(0)
+        x = torch.randn(240, 8)
+        y = x @ torch.arange(1.0, 9.0) + 0.5
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+        xs, ys = x[rank::size], y[rank::size]
+        for step in range(1, steps + 1):
+            start = ((step - 1) * 16) % (len(xs) - 16)
+            optimizer.zero_grad()
+            out = model(xs[start : start + 16]).squeeze(1)
+            torch.nn.functional.mse_loss(out, ys[start : start + 16]).backward()
+            optimizer.step()
+            if rank == 0:
+                row = {"step": step, "world_size": size, "attempt": 0, "at": time.time()}
+                fd = os.open(
+                    os.path.join(progress_dir, "steps.jsonl"),
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                    0o644,
+                )
+                os.write(fd, (json.dumps(row) + "\n").encode())
+                os.close(fd)
+            time.sleep(step_s)
+        dist.destroy_process_group()
+        return size
+
+    out: dict[str, Any] = {"ok": False}
+    try:
+        distributor = TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=False)
+        out["value"] = distributor.run(train, progress_dir, steps, step_s)
+        out["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        out["failed_at"] = time.time()
+        out["error_type"] = type(exc).__name__
+        out["error"] = str(exc)
+    return out
