@@ -392,3 +392,30 @@ def run_torch_distributor(
         out["error_type"] = type(exc).__name__
         out["error"] = str(exc)
     return out
+
+
+def _scripts_on_path() -> None:
+    """tests/scripts, where the shared training code lives, on this rank's path."""
+    import sys
+
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+
+
+def tf_parameter_server_main(steps: int = 300) -> dict[str, Any]:
+    """The chief of a parameter-server job (roles=): tests/scripts/tf_parameter_server.py's
+    custom loop; the worker and ps ranks run sparkdist's TensorFlow servers."""
+    _scripts_on_path()
+    from tf_parameter_server import custom_loop, tf_config
+
+    result = custom_loop(steps=steps)
+    return {"accuracy": result["accuracy"], "tf_config": tf_config()}
+
+
+def rpc_parameter_server_main(epochs: int = 10) -> dict[str, Any]:
+    """tests/scripts/rpc_parameter_server.py: rank 0 serves the model, the others train."""
+    _scripts_on_path()
+    from rpc_parameter_server import train
+
+    return {**train(epochs=epochs), "host": os.environ.get("SPARKDIST_TASK_HOST")}
