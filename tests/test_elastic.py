@@ -3,7 +3,7 @@ bad input refused before any Spark job, a job that starts with the one slot free
 grows when the other frees, a job below min_np that fails clearly and leaves nothing,
 a rank killed and the world relaunched from its checkpoint, and the fronts (the
 TorchDistributor keyword, the command's flags). Executors lost and dynamic allocation
-are in tests/cluster/test_elastic.py (a standalone cluster that really shrinks)."""
+are in tests/cluster/test_elastic_cluster.py (a standalone cluster that really shrinks)."""
 
 from __future__ import annotations
 
