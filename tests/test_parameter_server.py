@@ -3,7 +3,8 @@ real Spark (local-cluster: two one-core executors, so four ranks run two per tas
 the chief trains digits with a ClusterCoordinator while sparkdist runs the worker and ps
 servers; the servers are gone after the job; variables shard over two parameter
 servers; a worker killed mid-training is tolerated; a raising chief fails the job with its
-traceback. The same across the namespaced hosts is in tests/cluster/test_parameter_server_cluster.py."""
+traceback. The same across the namespaced hosts is in
+tests/cluster/test_parameter_server_cluster.py."""
 
 from __future__ import annotations
 

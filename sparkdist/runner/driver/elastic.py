@@ -59,8 +59,7 @@ def run_elastic_job(options: RunnerOptions, blob: bytes, all_results: bool, repo
         )
     checkpoints = CheckpointStore(options.checkpoint_dir)
     attempt = _ElasticAttempt(options, cluster, place, report)
-    relaunches = 0
-    start_retried = False
+    budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
     world, why = 0, "start"
     try:
         while True:
@@ -70,42 +69,35 @@ def run_elastic_job(options: RunnerOptions, blob: bytes, all_results: bool, repo
             except WorldResize as exc:
                 world, why = attempt.world, f"{exc}"
                 report.failures.append(f"grew: {exc}")
-                continue
             except BaseException as exc:
-                state = attempt.state
-                if state is None:
+                relaunch = None if attempt.state is None else budget.relaunch(exc, attempt.state)
+                if relaunch is None:
                     raise
                 world = attempt.world
-                if not start_retried and retry.mpi_start_failed(exc, state):
-                    start_retried = True
-                    report.failures.append("mpirun could not start its daemons")
-                    why = "mpirun could not start its daemons; launching once more"
-                    continue
-                reason = retry.retry_reason(exc, state, options.retry_on_exception)
-                if reason is None or relaunches >= options.max_failures:
-                    raise
-                relaunches += 1
-                report.failures.append(reason)
-                steps = checkpoints.steps()
-                why = f"{reason}; resuming from " + (
-                    f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
-                )
-                why += f" (relaunch {relaunches} of at most {options.max_failures})"
+                report.failures.append(relaunch.reason)
+                why = f"{relaunch.reason}; resuming from {_resume_point(checkpoints)}"
+                if relaunch.counted:
+                    why += f" (relaunch {budget.used} of at most {options.max_failures})"
     finally:
         checkpoints.close()
+
+
+def _resume_point(checkpoints: CheckpointStore) -> str:
+    steps = checkpoints.steps()
+    return f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
 
 
 class _ElasticAttempt:
     """One world of an elastic job: gang, seat, run, collect."""
 
     def __init__(self, options: RunnerOptions, cluster: Cluster, place, report):
-        from sparkdist.runner.driver.job import _Attempt
+        from sparkdist.runner.driver.job import Attempt
 
         self.options = options
         self.cluster = cluster
         self.place = place
         self.report = report
-        self.base = _Attempt(options, cluster, place, report)
+        self.base = Attempt(options, cluster, place, report)
         self.state: JobState | None = None
         self.world = 0
 

@@ -73,9 +73,8 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
         _check_in_stage(options)
     # In the stage, checkpoints live where task 0 can write them (checkpoint_dir), not here.
     checkpoints = None if place.in_stage else CheckpointStore(options.checkpoint_dir)
-    attempt = _Attempt(options, cluster, place, report)
-    relaunches = 0
-    start_retried = False
+    attempt = Attempt(options, cluster, place, report)
+    budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
     try:
         while True:
             job = JobSpec(
@@ -87,23 +86,20 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
             try:
                 return attempt.run(state, number - 1)
             except BaseException as exc:
-                if not start_retried and retry.mpi_start_failed(exc, state):
-                    start_retried = True
-                    report.failures.append("mpirun could not start its daemons")
+                relaunch = budget.relaunch(exc, state)
+                if relaunch is None:
+                    raise
+                report.failures.append(relaunch.reason)
+                if not relaunch.counted:
                     logger.warning(
                         "sparkdist job %s: mpirun could not start its daemons before any "
                         "rank started; launching it once more. Open MPI said:\n%s",
                         job.job_id, "\n".join(exc.output_tail),
                     )  # fmt: skip
                     continue
-                reason = retry.retry_reason(exc, state, options.retry_on_exception)
-                if reason is None or relaunches >= options.max_failures:
-                    raise
-                relaunches += 1
-                report.failures.append(reason)
                 logger.warning(
                     "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
-                    "%d), %s", job.job_id, reason, relaunches, options.max_failures,
+                    "%d), %s", job.job_id, relaunch.reason, budget.used, options.max_failures,
                     _resume_point(checkpoints, options.checkpoint_dir),
                 )  # fmt: skip
     finally:
@@ -129,7 +125,7 @@ def _check_in_stage(options: RunnerOptions) -> None:
     )
 
 
-class _Attempt:
+class Attempt:
     """Launch the job once: place, launch, wait, collect."""
 
     def __init__(

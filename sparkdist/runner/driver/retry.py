@@ -16,6 +16,8 @@ unable to reliably start one or more daemons").
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sparkdist.errors import (
     JobFailedError,
     JobTimeoutError,
@@ -51,3 +53,31 @@ def mpi_start_failed(exc: BaseException, state: JobState) -> bool:
     if any(rank.started for rank in state.ranks.values()):
         return False
     return any(sign in line for line in exc.output_tail for sign in MPI_START_FAILURES)
+
+
+class Relaunch(NamedTuple):
+    reason: str
+    counted: bool
+    """False for the one start-up relaunch, which `max_failures` does not count."""
+
+
+class RelaunchBudget:
+    """A job's relaunches: the one after mpirun could not start, and up to
+    `max_failures` after failures outside the training code."""
+
+    def __init__(self, max_failures: int, retry_on_exception: bool):
+        self.max_failures = max_failures
+        self.retry_on_exception = retry_on_exception
+        self.used = 0
+        self._start_retried = False
+
+    def relaunch(self, exc: BaseException, state: JobState) -> Relaunch | None:
+        """Why the attempt that failed with `exc` is launched again, or None."""
+        if not self._start_retried and mpi_start_failed(exc, state):
+            self._start_retried = True
+            return Relaunch("mpirun could not start its daemons", counted=False)
+        reason = retry_reason(exc, state, self.retry_on_exception)
+        if reason is None or self.used >= self.max_failures:
+            return None
+        self.used += 1
+        return Relaunch(reason, counted=True)
