@@ -84,6 +84,19 @@ class SlotHolder:
         assert not self.thread.is_alive()
 
 
+def still_alive(runner) -> list:
+    """The job's recorded processes (every attempt's) that are still running 15 s after
+    it ended (tasks stop theirs as they end, which may be just after the driver knows)."""
+    import time
+
+    running = [p for p in runner.last_job.processes if p.alive()]
+    deadline = time.monotonic() + 15
+    while running and time.monotonic() < deadline:
+        time.sleep(0.1)
+        running = [p for p in running if p.alive()]
+    return running
+
+
 def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
     import time
 
@@ -156,6 +169,7 @@ def test_starts_with_the_free_slot_and_grows_when_another_frees(sc, tmp_path, ca
     assert result["total"] == sum(worlds)
     assert runner.last_job.attempts == 2
     assert runner.last_job.failures[0].startswith("grew: 1 more rank slot(s) free")
+    assert still_alive(runner) == []  # nothing of either world is left
     changes = [r.getMessage() for r in caplog.records if "world" in r.getMessage()]
     assert "world 0 -> 1 ranks: start" in changes[0]
     assert "world 1 -> 2 ranks: 1 more rank slot(s) free" in changes[1]
@@ -221,6 +235,7 @@ def test_killed_rank_relaunches_the_world_from_its_checkpoint(sc, tmp_path, capl
     assert len(runner.last_job.failures) == 1 and "SIGKILL" in runner.last_job.failures[0]
     relaunch = [r.getMessage() for r in caplog.records if "world 2 ->" in r.getMessage()]
     assert relaunch and "SIGKILL" in relaunch[0] and "relaunch 1 of at most 1" in relaunch[0]
+    assert still_alive(runner) == []
 
 
 def world_of_this_rank() -> dict:
