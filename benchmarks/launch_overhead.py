@@ -91,10 +91,12 @@ def horovod_job() -> float:
 def contenders(spark):
     from sparkdist import HorovodRunner
 
-    def sparkdist_run(np, launcher):
-        return lambda: HorovodRunner(np=np, launcher=launcher).run(torch_job)
+    def sparkdist_run(np, launcher, **options):
+        return lambda: HorovodRunner(np=np, launcher=launcher, **options).run(torch_job)
 
     yield "sparkdist mpi np=2", sparkdist_run(2, "mpi")
+    # Elastic: plain tasks seated by the job's gang instead of a barrier stage.
+    yield "sparkdist mpi np=2, elastic 1..2", sparkdist_run(2, "mpi", min_np=1, max_np=2)
     yield "sparkdist direct np=2", sparkdist_run(2, "direct")
     yield "sparkdist mpi np=-2", sparkdist_run(-2, "mpi")
     yield "sparkdist direct np=-2", sparkdist_run(-2, "direct")
