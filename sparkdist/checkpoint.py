@@ -18,6 +18,11 @@ starting over by asking for the newest checkpoint:
             checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict()},
                             step=epoch + 1)  # only rank 0 writes; others return at once
 
+In an elastic job (`min_np`/`max_np`) the world may change between launches:
+`resume()` also says how many ranks saved the checkpoint, so code can rescale its
+learning rate and data shards, and rank 0's `save` ends the rank (`Resize`) when the job
+is about to grow, right after the checkpoint is stored.
+
 Checkpoints travel to the driver over the job's authenticated channel and are kept
 there (in `HorovodRunner(checkpoint_dir=...)`, or a temporary directory for the run),
 so the executors need no shared storage and a lost executor loses no checkpoint.
