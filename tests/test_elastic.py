@@ -78,6 +78,13 @@ class SlotHolder:
         self.thread.start()
         wait_for(lambda: len(list(self.started.iterdir())) == slots, "the holder's tasks")
 
+    def release_when(self, path: Path) -> None:
+        """Release the slots once `path` exists (the training code creates it)."""
+        threading.Thread(
+            target=lambda: (wait_for(path.exists, "the release", 300), self.release()),
+            daemon=True,
+        ).start()
+
     def release(self) -> None:
         self.released.touch()
         self.thread.join(timeout=60)
@@ -149,10 +156,7 @@ def counting_main(progress: str, release: str, max_np: int, after_growth: int = 
 def test_starts_with_the_free_slot_and_grows_when_another_frees(sc, tmp_path, caplog):
     holder = SlotHolder(sc, tmp_path, slots=1)
     progress, release = tmp_path / "progress.jsonl", tmp_path / "release"
-    threading.Thread(
-        target=lambda: (wait_for(release.exists, "the release", 300), holder.release()),
-        daemon=True,
-    ).start()
+    holder.release_when(release)
     runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2)
     with caplog.at_level("WARNING", logger="sparkdist.runner.driver.elastic"):
         result = runner.run(counting_main, progress=str(progress), release=str(release),
@@ -297,10 +301,7 @@ def frameworks_main(progress: str, release: str) -> dict:
 def test_every_framework_sees_the_world_after_it_grows(sc, tmp_path):
     holder = SlotHolder(sc, tmp_path, slots=1)
     progress, release = tmp_path / "sizes.jsonl", tmp_path / "release"
-    threading.Thread(
-        target=lambda: (wait_for(release.exists, "the release", 300), holder.release()),
-        daemon=True,
-    ).start()
+    holder.release_when(release)
     runner = sparkdist.HorovodRunner(np=1, min_np=1, max_np=2, launcher="mpi")
     result = runner.run(frameworks_main, progress=str(progress), release=str(release))
     seen = [json.loads(line) for line in progress.read_text().splitlines()]

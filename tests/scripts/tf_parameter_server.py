@@ -147,6 +147,25 @@ def _mlp(keras):
     )
 
 
+def _ps_strategy(tf, shards: int):
+    """ParameterServerStrategy over the TF_CONFIG cluster, variables in `shards` shards."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=_partitioner(tf, shards)
+    )
+
+
+def _repeated_batches(tf, x, y, batch_size: int, seed: int):
+    """A worker's endless stream of shuffled batches (its dataset_fn)."""
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(2)
+    )
+
+
 def _partitioner(tf, shards: int):
     if shards <= 1:
         return None
@@ -216,21 +235,12 @@ def custom_loop(
     x_train, x_test, y_train, y_test = load_split(seed)
     keras.utils.set_random_seed(seed)
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(
-        resolver, variable_partitioner=_partitioner(tf, shards)
-    )
+    strategy = _ps_strategy(tf, shards)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     connected = time.perf_counter()
 
     def dataset_fn(_input_context=None):
-        return (
-            tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            .shuffle(len(x_train), seed=seed, reshuffle_each_iteration=True)
-            .repeat()
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(2)
-        )
+        return _repeated_batches(tf, x_train, y_train, batch_size, seed)
 
     with strategy.scope():
         model = _mlp(keras)
@@ -270,7 +280,7 @@ def custom_loop(
     last_loss = float(last.fetch())
 
     accuracy = _accuracy(model, x_test, y_test)
-    cluster = resolver.cluster_spec().as_dict()
+    cluster = tf_config()["cluster"]
     return {
         "accuracy": accuracy,
         "steps": steps,
@@ -338,20 +348,11 @@ def keras_fit(
     x_train, x_test, y_train, y_test = load_split(seed)
     keras.utils.set_random_seed(seed)
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(
-        resolver, variable_partitioner=_partitioner(tf, shards)
-    )
+    strategy = _ps_strategy(tf, shards)
     connected = time.perf_counter()
 
-    def dataset_fn(input_context=None):
-        return (
-            tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            .shuffle(len(x_train), seed=seed, reshuffle_each_iteration=True)
-            .repeat()
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(2)
-        )
+    def dataset_fn(_input_context=None):
+        return _repeated_batches(tf, x_train, y_train, batch_size, seed)
 
     with strategy.scope():
         model = _mlp(keras)
@@ -370,7 +371,7 @@ def keras_fit(
     )
     t1 = time.perf_counter()
     accuracy = _accuracy(model, x_test, y_test)
-    cluster = resolver.cluster_spec().as_dict()
+    cluster = tf_config()["cluster"]
     steps = epochs * steps_per_epoch
     return {
         "accuracy": accuracy,

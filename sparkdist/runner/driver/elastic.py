@@ -200,26 +200,29 @@ class _GrowWatcher:
     """Asks the world to grow once tasks have stood by for GROW_SETTLE_S."""
 
     def __init__(self, gang: Gang, state: JobState, world: int, max_np: int, per_task: int):
+        self.gang, self.state = gang, state
+        self.room = max_np - world
+        """Ranks the world may still grow by."""
+        self.max_np, self.per_task = max_np, per_task
         self._stop = threading.Event()
-        self._args = (gang, state, world, max_np, per_task)
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
 
     def start(self) -> None:
-        if self._args[2] < self._args[3]:
+        if self.room > 0:
             self._thread.start()
 
     def _run(self) -> None:
-        gang, state, world, max_np, per_task = self._args
         since = None
         while not self._stop.wait(0.5):
-            extra = min(gang.standing_by() * per_task, max_np - world)
+            extra = min(self.gang.standing_by() * self.per_task, self.room)
             if extra <= 0:
                 since = None
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= GROW_SETTLE_S:
-                state.request_grow(
-                    f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s (max_np={max_np})"
+                self.state.request_grow(
+                    f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s "
+                    f"(max_np={self.max_np})"
                 )
                 return
 

@@ -94,8 +94,6 @@ class JobState:
         self.rendezvous = RendezvousStore()
         self.failures = FailureTracker(self)
         self._peers: dict[tuple[str, int], wire.Channel] = {}
-        self.chief_done = False
-        """With roles: the chief returned, so the servers are told to finish."""
         self.workers_lost: set[int] = set()
         self.grow_reason: str | None = None
         """Elastic jobs: why the world should grow (more slots stayed free), if it should."""
@@ -111,8 +109,8 @@ class JobState:
             self._peers[(kind, number)] = channel
             if kind == "task":
                 self.tasks_started.add(number)
-            late_server = self.chief_done and kind == "supervisor"
-        if late_server and self.job.server_rank(number):
+            late_server = self._chief_done() and self._server_peer(kind, number)
+        if late_server:
             self._finish_servers([channel])
         return self.failures.stopping
 
@@ -210,15 +208,17 @@ class JobState:
             self.ranks[rank].has_result = True
             if rank == 0:
                 self.frameworks = frameworks
-                self.chief_done = self.job.roles is not None
             self.cond.notify_all()
-            servers = [
-                channel
-                for (kind, number), channel in self._peers.items()
-                if self.chief_done and kind == "supervisor" and self.job.server_rank(number)
-            ]
-        if servers:
+            servers = [c for peer, c in self._peers.items() if self._server_peer(*peer)]
+        if self._chief_done() and servers:
             self._finish_servers(servers)
+
+    def _chief_done(self) -> bool:
+        """A parameter-server job's chief returned: its servers are to stop."""
+        return self.job.roles is not None and self.ranks[0].has_result
+
+    def _server_peer(self, kind: str, number: int) -> bool:
+        return kind == "supervisor" and self.job.server_rank(number)
 
     def _finish_servers(self, channels: list[wire.Channel]) -> None:
         """The chief is done: its servers (which never return) are stopped."""
