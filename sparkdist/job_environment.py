@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
+from sparkdist.runner.protocol.job_secret import JobSecret
+
 # What every process a task starts for the job gets (`TaskEnvironment`).
 JOB_ID = "SPARKDIST_JOB_ID"
 DRIVER = "SPARKDIST_DRIVER"
@@ -56,7 +58,7 @@ class JobEnvironment:
 
     job_id: str
     driver: str
-    secret: bytes = field(repr=False)
+    secret: JobSecret = field(repr=False)
     log_mode: str = DEFAULT_LOG_MODE
     launcher: str = DEFAULT_LAUNCHER
 
@@ -75,7 +77,7 @@ class TaskEnvironment:
         return {
             JOB_ID: job.job_id,
             DRIVER: job.driver,
-            SECRET: job.secret.hex(),
+            SECRET: job.secret.to_text(),  # HMAC key and certificate pin, no private key
             LOG_MODE: job.log_mode,
             LAUNCHER: job.launcher,
             TASK_HOST: self.task_host,
@@ -84,7 +86,7 @@ class TaskEnvironment:
         }
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], secret: bytes, host: str) -> TaskEnvironment:
+    def from_env(cls, env: Mapping[str, str], secret: JobSecret, host: str) -> TaskEnvironment:
         """Read back; `secret` as taken out with `take_secret`, `host` the fallback
         for a process started outside a task (this host's name)."""
         job = JobEnvironment(
@@ -102,9 +104,9 @@ class TaskEnvironment:
         )
 
 
-def take_secret(env: MutableMapping[str, str]) -> bytes:
-    """The job's secret, removed from `env`."""
-    return bytes.fromhex(env.pop(SECRET))
+def take_secret(env: MutableMapping[str, str]) -> JobSecret:
+    """The job's secret (the client form: enough to connect), removed from `env`."""
+    return JobSecret.from_text(env.pop(SECRET))
 
 
 @dataclass(frozen=True)

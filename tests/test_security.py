@@ -35,12 +35,12 @@ def test_wrong_secret_executes_nothing(agent, tmp_path):
 
 
 def test_raw_bytes_without_handshake_are_dropped(agent, tmp_path):
+    """A plain-TCP peer gets no TLS session, so nothing it sends is read."""
     _, agent_, records = agent
     target = tmp_path / "pwned"
     with socket.create_connection(("127.0.0.1", agent_.port)) as sock:
-        sock.recv(wire.NONCE_BYTES)
-        sock.sendall(b"\0" * 64 + f"touch {target}".encode())
         sock.settimeout(10)
+        sock.sendall(b"\0" * 64 + f"touch {target}".encode())
         try:
             reply = sock.recv(100)
         except ConnectionResetError:

@@ -94,7 +94,9 @@ def test_rank0_logs_into_the_driver_run_and_others_do_not(
     assert env["MLFLOW_TRACKING_URI"] == mlflow_server
     assert env["MLFLOW_RUN_ID"] == driver_run_id
     assert env["MLFLOW_EXPERIMENT_ID"] == experiment_id
-    assert env["MLFLOW_TRACKING_TOKEN"] == TOKEN  # passed through the environment...
+    assert "MLFLOW_TRACKING_TOKEN" not in env  # credentials go to rank 0 alone...
+    env.update(tracking.rank0_credentials())
+    assert env["MLFLOW_TRACKING_TOKEN"] == TOKEN  # ...with its welcome
     assert "MLFLOW_TRACKING_TOKEN" in caplog.text
     assert TOKEN not in caplog.text  # ...never into the logs
 

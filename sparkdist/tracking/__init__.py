@@ -6,6 +6,7 @@ Importing this package does not import mlflow.
 from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
     log_job,
+    rank0_credentials,
     rank_environment,
     use_default_tracking,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "default_tracking_uri",
     "log_ensemble",
     "log_job",
+    "rank0_credentials",
     "rank_environment",
     "setup_rank",
     "use_default_tracking",

@@ -15,7 +15,8 @@ from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri,
 logger = logging.getLogger(__name__)
 
 # Credentials the tracking client or the artifact store may need on rank 0. Their values
-# travel in the ranks' environment and are never logged.
+# reach rank 0 only, with its welcome over the job's encrypted channel (not through the
+# Spark task or any other rank's environment), and are never logged.
 CREDENTIAL_ENV_VARS = (
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_TRACKING_USERNAME",
@@ -48,11 +49,11 @@ def _active_run():
 
 
 def rank_environment() -> dict[str, str]:
-    """Env vars that let rank 0 log into the driver's active MLflow run; {} if none is active.
+    """Env vars that tell the ranks where the driver's active MLflow run is; {} if none.
 
-    MLFLOW_TRACKING_URI (absolute), MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_ID, plus whichever of
-    ``CREDENTIAL_ENV_VARS`` are set on the driver. Call it on the driver, in the thread
-    that started the run (MLflow keeps the active run per thread).
+    MLFLOW_TRACKING_URI (absolute), MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_ID: no credentials
+    (see `rank0_credentials`). Call it on the driver, in the thread that started the run
+    (MLflow keeps the active run per thread).
     """
     run = _active_run()
     if run is None:
@@ -60,20 +61,25 @@ def rank_environment() -> dict[str, str]:
     import mlflow
 
     uri = absolute_tracking_uri(mlflow.get_tracking_uri())
-    env = {
+    logger.info("sparkdist.tracking: rank 0 logs into run %s at %s", run.info.run_id,
+                redact_uri(uri))  # fmt: skip
+    return {
         "MLFLOW_TRACKING_URI": uri,
         "MLFLOW_RUN_ID": run.info.run_id,
         "MLFLOW_EXPERIMENT_ID": run.info.experiment_id,
     }
+
+
+def rank0_credentials() -> dict[str, str]:
+    """Whichever of ``CREDENTIAL_ENV_VARS`` are set on the driver, for rank 0 alone, when
+    a run is active; {} otherwise. Pass a name in the runner's ``env=`` to give it to
+    every rank."""
+    if _active_run() is None:
+        return {}
     passed = [name for name in CREDENTIAL_ENV_VARS if os.environ.get(name)]
-    env.update({name: os.environ[name] for name in passed})
-    logger.info(
-        "sparkdist.tracking: rank 0 logs into run %s at %s (passing %s)",
-        run.info.run_id,
-        redact_uri(uri),
-        ", ".join(passed) or "no credentials",
-    )
-    return env
+    if passed:
+        logger.info("sparkdist.tracking: rank 0 gets %s", ", ".join(passed))
+    return {name: os.environ[name] for name in passed}
 
 
 def log_job(*, np: int, launcher: str, backend: str, wall_time_s: float, outcome: str) -> None:

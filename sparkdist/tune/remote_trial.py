@@ -28,7 +28,7 @@ class RemoteTrial:
     `report` counts, as only rank 0's return value does.
     """
 
-    def __init__(self, address: tuple[str, int], secret: bytes, number: int, params: dict):
+    def __init__(self, address: tuple[str, int], secret: wire.JobSecret, number: int, params: dict):
         self._address = address
         self._secret = secret
         self.number = number

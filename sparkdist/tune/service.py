@@ -55,9 +55,9 @@ class TrialService:
         self.address = (advertise_host, self._server.address[1])
 
     @property
-    def secret(self) -> bytes:
-        """The search's secret, for the workers' channels."""
-        return self._secret
+    def secret(self) -> wire.JobSecret:
+        """The search's secret for the workers' channels (no private key: they only connect)."""
+        return self._secret.for_clients()
 
     def remote_trial(self, trial: optuna.Trial) -> RemoteTrial:
         """The proxy a running trial's objective gets."""

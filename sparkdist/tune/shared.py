@@ -95,7 +95,7 @@ def blob_for(key: str) -> bytes:
     return handle.blob()
 
 
-def serve_from(address: tuple[str, int], secret: bytes) -> None:
+def serve_from(address: tuple[str, int], secret: wire.JobSecret) -> None:
     """Where this process fetches shared values: the running search's trial service."""
     global _SOURCE
     _SOURCE = (address, secret)

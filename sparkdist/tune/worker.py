@@ -20,7 +20,7 @@ from sparkdist.tune.remote_trial import RemoteTrial
 
 
 def run_worker(
-    index: int, blob: bytes, address: tuple[str, int], secret: bytes, import_path: str
+    index: int, blob: bytes, address: tuple[str, int], secret: wire.JobSecret, import_path: str
 ) -> bytes:
     """Run trials until told to stop; return a JSON summary (worker, pid, trials run)."""
     # The driver's modules become importable first: an objective defined in a module is
@@ -52,7 +52,9 @@ def run_worker(
     return json.dumps({"worker": index, "pid": os.getpid(), "trials": ran}).encode()
 
 
-def _watch_driver(index: int, address: tuple[str, int], secret: bytes, done: threading.Event):
+def _watch_driver(
+    index: int, address: tuple[str, int], secret: wire.JobSecret, done: threading.Event
+):
     """Kill this process when the driver closes the watch channel (the search was
     cancelled) or goes away, unless the worker is done: an objective left running would
     hold its task slot, whatever Spark's task kill does to a busy Python worker."""

@@ -23,6 +23,7 @@ import time
 import uuid
 from typing import Any
 
+from sparkdist import tracking
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
 from sparkdist.runner.driver import retry, timeline_file
@@ -33,7 +34,7 @@ from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stage import wait_local_gone
-from sparkdist.runner.protocol import wire
+from sparkdist.runner.protocol import messages, wire
 from sparkdist.runner.protocol.processes import ProcessRecord
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, active_cluster, job_tag, spark_error_summary
@@ -98,6 +99,7 @@ class _ElasticAttempt:
         self.place = place
         self.report = report
         self.base = Attempt(options, cluster, place, report)
+        self.credentials = messages.SecretEnv(tracking.rank0_credentials())
         self.state: JobState | None = None
         self.world = 0
 
@@ -139,7 +141,10 @@ class _ElasticAttempt:
         self.world = num_ranks = len(chosen) * per_task
         logger.warning("sparkdist elastic job: world %s -> %d ranks: %s",
                        previous or "0", num_ranks, why)  # fmt: skip
-        job = JobSpec(job_id, num_ranks, blob, all_results, opts.driver_log_verbosity, per_task)
+        job = JobSpec(
+            job_id, num_ranks, blob, all_results, opts.driver_log_verbosity, per_task,
+            rank0_env=self.credentials,
+        )  # fmt: skip
         state = self.state = JobState(job, checkpoints=checkpoints)
         tasks.state = state
         service = DriverService(state, secret, self.place.bind, self.place.advertise)

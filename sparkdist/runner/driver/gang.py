@@ -13,7 +13,6 @@ every task still waiting is released and ends, freeing its slot.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ class _Arrival:
 class Gang:
     """One attempt's check-ins, served on their own authenticated port."""
 
-    def __init__(self, secret: bytes, bind: str, advertise: str):
+    def __init__(self, secret: wire.JobSecret, bind: str, advertise: str):
         self._cond = threading.Condition()
         self._waiting: list[_Arrival] = []
         self._closed = False
@@ -74,10 +73,7 @@ class Gang:
         """A task that waits sends nothing: its connection closing means it is gone."""
         if arrival.decided.is_set():
             return
-        try:
-            arrival.channel.sock.recv(1, socket.MSG_PEEK)
-        except OSError:
-            pass
+        arrival.channel.wait_readable()
         with self._cond:
             if not arrival.decided.is_set():
                 arrival.gone = True

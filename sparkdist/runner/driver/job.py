@@ -32,7 +32,7 @@ from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.relay import RelayPlan
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stage import BarrierStage, RelayedStage
-from sparkdist.runner.protocol import wire
+from sparkdist.runner.protocol import messages, wire
 from sparkdist.runner.protocol.launch import Launch, LaunchSpec
 from sparkdist.runner.protocol.payload import driver_pythonpath
 from sparkdist.runner.protocol.processes import ProcessRecord
@@ -75,11 +75,13 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
     checkpoints = None if place.in_stage else CheckpointStore(options.checkpoint_dir)
     attempt = Attempt(options, cluster, place, report)
     budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
+    credentials = messages.SecretEnv(tracking.rank0_credentials())
     try:
         while True:
             job = JobSpec(
                 uuid.uuid4().hex[:12], options.num_ranks, blob, all_results,
                 options.driver_log_verbosity, options.ranks_per_task, options.roles,
+                rank0_env=credentials,
             )  # fmt: skip
             state = JobState(job, checkpoints=checkpoints)
             number = report.attempts = len(report.failures) + 1
@@ -169,7 +171,7 @@ class Attempt:
     def results(state: JobState) -> list[Any]:
         return [_load_result(r, blob) for r, blob in enumerate(state.results())]
 
-    def _place(self, state: JobState, secret: bytes) -> DriverService:
+    def _place(self, state: JobState, secret: wire.JobSecret) -> DriverService:
         """Check the cluster can hold the job; start the job's service where the
         executors (or the local ranks) reach it."""
         if self.cluster is not None:
@@ -192,7 +194,7 @@ class Attempt:
         job_id: str,
         num_ranks: int,
         driver: str,
-        secret: bytes,
+        secret: wire.JobSecret,
         number: int,
         timeline_path: str | None,
         relay: RelayPlan | None,

@@ -54,6 +54,8 @@ class JobSpec:
     """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
     roles: Roles | None = None
     """A parameter-server job's roles: its server ranks stop when the chief is done."""
+    rank0_env: messages.SecretEnv = field(default_factory=messages.SecretEnv, repr=False)
+    """Credentials only rank 0 gets (with its `Welcome`, over the encrypted channel)."""
 
     def server_rank(self, rank: int) -> bool:
         return self.roles is not None and self.roles.role_of(rank)[0] in SERVERS

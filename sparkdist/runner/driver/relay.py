@@ -25,6 +25,7 @@ from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import RecordingConsole
 from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.protocol import wire
 from sparkdist.runner.protocol.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class RelayOutcome:
 class HostedJob:
     """Task 0's stand-in for the driver: the job's service and its wait, in the cluster."""
 
-    def __init__(self, plan: RelayPlan, secret: bytes, host: str):
+    def __init__(self, plan: RelayPlan, secret: wire.JobSecret, host: str):
         self.plan = plan
         self.outcome = RelayOutcome()
         self.console = RecordingConsole()

@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 class DriverService:
     """The job's server on the driver, bound where the executors can reach it."""
 
-    def __init__(self, state: JobState, secret: bytes, bind_host: str, advertise_host: str):
+    def __init__(
+        self, state: JobState, secret: wire.JobSecret, bind_host: str, advertise_host: str
+    ):
         self.state = state
         self._server = wire.Server(secret, self._serve, host=bind_host, name="sparkdist-driver")
         self.address = (advertise_host, self._server.address[1])
@@ -169,7 +171,12 @@ class _RankPeer:
     def serve(self) -> None:
         state, spec = self.state, self.state.job
         state.rank_started(self.rank, self.host)
-        welcome = messages.Welcome(spec.payload, spec.all_results or self.rank == 0, spec.job_id)
+        welcome = messages.Welcome(
+            spec.payload,
+            spec.all_results or self.rank == 0,
+            spec.job_id,
+            spec.rank0_env if self.rank == 0 else messages.SecretEnv(),
+        )
         self.channel.send(messages.encode(welcome))
         while True:
             raw = self.channel.recv()

@@ -156,11 +156,22 @@ class AgentPlaces(NamedTuple):
     places: list
 
 
+class SecretEnv(dict):
+    """Environment variables holding credentials: their values never show in a repr."""
+
+    def __repr__(self) -> str:
+        return f"SecretEnv({sorted(self)})"
+
+    __str__ = __repr__
+
+
 @register("welcome")
 class Welcome(NamedTuple):
     payload: bytes
     send_result: bool
     job_id: str
+    env: dict = SecretEnv()
+    """Credentials for this rank only (rank 0's tracking credentials), set before `main`."""
 
 
 # --- a rank's requests --------------------------------------------------------------

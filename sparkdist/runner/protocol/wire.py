@@ -1,6 +1,8 @@
-"""Authenticated message channels between the driver, task agents and ranks.
+"""Encrypted, authenticated message channels between the driver, task agents and ranks.
 
-Every control channel of a job is a TCP connection authenticated with the job's secret:
+Every control channel of a job is a TCP connection, wrapped in TLS 1.3 with the job's
+own certificate (`job_secret`: the client refuses any server whose certificate is not
+the job's before it sends anything), and authenticated inside it with the job's secret:
 
 * handshake: the server sends a random nonce, the client answers with its own nonce
   and an HMAC-SHA256 of both under the secret, the server proves itself the same way;
@@ -10,7 +12,8 @@ Every control channel of a job is a TCP connection authenticated with the job's 
 * the body is unpickled only after its MAC has been checked.
 
 A peer without the secret never gets past the handshake, so nothing it sends is
-ever unpickled or acted upon.
+ever unpickled or acted upon. A job started with TLS off (`job_secret.TLS_ENV`) runs
+the same handshake and frames over plain TCP.
 """
 
 from __future__ import annotations
@@ -20,11 +23,17 @@ import hmac
 import logging
 import os
 import pickle
+import select
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from sparkdist.runner.protocol.job_secret import JobSecret, client_context, new_secret
+
+__all__ = ["AuthenticationError", "Channel", "JobSecret", "Server", "connect", "new_secret"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +54,28 @@ class AuthenticationError(ConnectionError):
     """The peer does not hold the job's secret, or a frame was tampered with."""
 
 
-def new_secret() -> bytes:
-    """A fresh per-job secret."""
-    return os.urandom(32)
-
-
 def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks = []
-    remaining = size
-    while remaining:
-        chunk = sock.recv(min(remaining, 1 << 20))
-        if not chunk:
+    if size <= 64:
+        buffer = bytearray()
+        while len(buffer) < size:
+            chunk = sock.recv(size - len(buffer))
+            if not chunk:
+                raise EOFError("connection closed by peer")
+            buffer += chunk
+        return bytes(buffer)
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    received = 0
+    while received < size:
+        count = sock.recv_into(view[received:], min(size - received, 1 << 20))
+        if not count:
             raise EOFError("connection closed by peer")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+        received += count
+    return buffer
 
 
 class Channel:
@@ -99,6 +111,13 @@ class Channel:
             raise AuthenticationError(f"bad message authentication code from {self.peer}")
         self._in_seq += 1
         return pickle.loads(body)
+
+    def wait_readable(self) -> None:
+        """Block until the peer sends something or goes away; reads nothing."""
+        try:
+            select.select([self.sock], [], [])
+        except (OSError, ValueError):  # closed meanwhile
+            pass
 
     def request(self, message: Any) -> Any:
         """Send a message and wait for the reply (for channels used one call at a time)."""
@@ -160,12 +179,34 @@ def _server_handshake(sock: socket.socket, secret: bytes) -> bytes:
     return _mac(secret, b"session", server_nonce, client_nonce)
 
 
-def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> Channel:
-    """Open an authenticated channel to a `Server` at `address`."""
+def _client_tls(sock: socket.socket, pin: bytes) -> ssl.SSLSocket:
+    """TLS to a server that must present the job's certificate; anything else is refused
+    before this client sends a byte of its own."""
+    where = _peer_name(sock)
+    try:
+        tls = client_context().wrap_socket(sock)
+    except (ssl.SSLError, EOFError, ConnectionResetError) as exc:
+        raise AuthenticationError(
+            f"TLS handshake with {where} failed ({exc}): it is not a sparkdist server of "
+            "this job, or it runs without TLS (SPARKDIST_TLS=0 on one side only)"
+        ) from exc
+    presented = tls.getpeercert(binary_form=True) or b""
+    if not hmac.compare_digest(hashlib.sha256(presented).digest(), pin):
+        tls.close()
+        raise AuthenticationError(
+            f"the server at {where} presented a certificate that is not this job's: refused"
+        )
+    return tls
+
+
+def connect(address: tuple[str, int], secret: JobSecret, timeout: float = 30.0) -> Channel:
+    """Open an encrypted, authenticated channel to a `Server` of the same job."""
     sock = socket.create_connection(address, timeout=timeout)
     try:
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        key = _client_handshake(sock, secret)
+        if secret.pin is not None:
+            sock = _client_tls(sock, secret.pin)
+        key = _client_handshake(sock, secret.hmac_key)
         sock.settimeout(None)
         _tune(sock)
     except BaseException:
@@ -177,19 +218,20 @@ def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> C
 class Server:
     """Accepts authenticated channels and hands each to `handler` in its own thread.
 
-    Connections that fail the handshake are logged and dropped before any of their
-    bytes are interpreted.
+    Connections that fail the TLS or the HMAC handshake are logged and dropped before
+    any of their bytes are interpreted.
     """
 
     def __init__(
         self,
-        secret: bytes,
+        secret: JobSecret,
         handler: Callable[[Channel], None],
         host: str = "127.0.0.1",
         port: int = 0,
         name: str = "sparkdist-server",
     ):
         self._secret = secret
+        self._tls = secret.server_context() if secret.tls else None
         self._handler = handler
         self._name = name
         self._sock = socket.create_server((host, port), backlog=128)
@@ -209,15 +251,16 @@ class Server:
             ).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        peer = _peer_name(sock)
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
-            key = _server_handshake(sock, self._secret)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_side=True)
+            key = _server_handshake(sock, self._secret.hmac_key)
             sock.settimeout(None)
             _tune(sock)
         except (OSError, EOFError, AuthenticationError) as exc:
-            logger.warning(
-                "%s: rejected a connection from %s: %s", self._name, _peer_name(sock), exc
-            )
+            logger.warning("%s: rejected a connection from %s: %s", self._name, peer, exc)
             sock.close()
             return
         channel = Channel(sock, key, is_client=False)

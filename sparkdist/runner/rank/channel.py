@@ -17,7 +17,7 @@ RENDEZVOUS_TIMEOUT_S = 600.0
 class DriverClient:
     """The rank's request/response channel to the driver; safe across threads."""
 
-    def __init__(self, address: str, secret: bytes):
+    def __init__(self, address: str, secret: wire.JobSecret):
         self._channel = wire.connect(split_address(address), secret)
         self._lock = threading.Lock()
 
@@ -44,7 +44,7 @@ class DriverClient:
 _client: DriverClient | None = None
 
 
-def connect(address: str, secret: bytes) -> DriverClient:
+def connect(address: str, secret: wire.JobSecret) -> DriverClient:
     """Open this rank's channel (once per rank process)."""
     global _client
     _client = DriverClient(address, secret)

@@ -62,6 +62,7 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     client = rank_channel.connect(place.job.driver, secret)
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
+    os.environ.update(job.env)  # rank 0's tracking credentials; nothing for the others
 
     try:
         import cloudpickle

@@ -81,7 +81,7 @@ class Supervisor:
 
         child_env = dict(self.env)
         child_env.update(self.layout)
-        child_env[job_environment.SECRET] = self.secret.hex()
+        child_env[job_environment.SECRET] = self.secret.to_text()
         child_env[job_environment.SUPERVISOR_PID] = str(os.getpid())
         child_env["PYTHONUNBUFFERED"] = "1"
         self.child = popen_group(

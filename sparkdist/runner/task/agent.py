@@ -94,7 +94,7 @@ class TaskAgent:
 
     def __init__(
         self,
-        secret: bytes,
+        secret: wire.JobSecret,
         host: str,
         env: Mapping[str, str],
         on_process: Callable[[ProcessRecord], None],
