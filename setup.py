@@ -20,6 +20,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2",
+        "hypothesis>=6.100",
         "ruff>=0.6",
         "matplotlib>=3.8",
         "hyperopt>=0.2.7",
@@ -51,6 +52,8 @@ setup(
         "pandas>=2.0",
         "pyarrow>=14",
         "psutil>=5.9",
+        # The per-job TLS key and certificate of every channel (runner/protocol/job_secret).
+        "cryptography>=41",
     ],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sparkdist=sparkdist.cli:main"]},

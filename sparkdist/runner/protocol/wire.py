@@ -48,6 +48,7 @@ DEAD_PEER_S = 15
 _KEEPALIVE_IDLE_S = 5
 _KEEPALIVE_INTERVAL_S = 2
 _HEADER = struct.Struct("!Q")
+_PREALLOCATE_BYTES = 64 << 20
 
 
 class AuthenticationError(ConnectionError):
@@ -67,6 +68,11 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
                 raise EOFError("connection closed by peer")
             buffer += chunk
         return bytes(buffer)
+    if size > _PREALLOCATE_BYTES:  # grow as data arrives: a size alone allocates nothing
+        return b"".join(
+            _recv_exact(sock, min(_PREALLOCATE_BYTES, size - start))
+            for start in range(0, size, _PREALLOCATE_BYTES)
+        )
     buffer = bytearray(size)
     view = memoryview(buffer)
     received = 0
