@@ -3,7 +3,9 @@
 On one warm local-cluster[2,1,1024] session, times REPEAT runs each of a job that
 initialises the process group, does one allreduce and returns a float, with:
 
-* sparkdist HorovodRunner: mpi and direct launchers, np=2 (cluster) and np=-2 (driver);
+* sparkdist HorovodRunner: mpi and direct launchers, np=2 (cluster) and np=-2 (driver),
+  np=2 also with TLS off on its channels (`SPARKDIST_TLS=0`; encryption_overhead.py
+  alternates on and off for a finer comparison);
 * sparkdist.TorchDistributor (pyspark's API on HorovodRunner), local_mode False and True;
 * pyspark's TorchDistributor, local_mode False and True;
 * horovod.spark.run (Gloo), where Horovod is installed;
@@ -88,6 +90,20 @@ def horovod_job() -> float:
     return value.item()
 
 
+def without_tls(fn):
+    """`fn` run with the job channels' TLS turned off (benchmarks only)."""
+    from sparkdist.runner.protocol.job_secret import TLS_ENV
+
+    def run():
+        os.environ[TLS_ENV] = "0"
+        try:
+            return fn()
+        finally:
+            del os.environ[TLS_ENV]
+
+    return run
+
+
 def contenders(spark):
     from sparkdist import HorovodRunner
 
@@ -98,6 +114,9 @@ def contenders(spark):
     # Elastic: plain tasks seated by the job's gang instead of a barrier stage.
     yield "sparkdist mpi np=2, elastic 1..2", sparkdist_run(2, "mpi", min_np=1, max_np=2)
     yield "sparkdist direct np=2", sparkdist_run(2, "direct")
+    # Encryption off (SPARKDIST_TLS=0): what TLS on the job's channels costs.
+    yield "sparkdist mpi np=2, TLS off", without_tls(sparkdist_run(2, "mpi"))
+    yield "sparkdist direct np=2, TLS off", without_tls(sparkdist_run(2, "direct"))
     yield "sparkdist mpi np=-2", sparkdist_run(-2, "mpi")
     yield "sparkdist direct np=-2", sparkdist_run(-2, "direct")
 
