@@ -19,6 +19,7 @@ from installed import requires
 from remote_driver import DriverGone
 
 from sparkdist.runner.protocol import wire
+from sparkdist.runner.protocol.job_secret import JobSecret
 from sparkdist.runner.protocol.processes import ProcessRecord
 
 pytestmark = pytest.mark.cluster
@@ -214,7 +215,7 @@ def test_two_drivers_at_once_with_separate_secrets(cluster, driver, second_drive
 class RunningJob:
     """A job seen from outside: its id, task agents and secret (never shown in output)."""
 
-    def __init__(self, job_id: str, secret: bytes, agents: list[tuple[str, int]]):
+    def __init__(self, job_id: str, secret: JobSecret, agents: list[tuple[str, int]]):
         self.job_id, self.secret, self.agents = job_id, secret, agents
 
     def __repr__(self) -> str:
@@ -237,7 +238,7 @@ def running_jobs(cluster) -> dict[str, RunningJob]:
                 assert all(secret not in part for part in cmd)
                 agents = [(h, int(p)) for h, p in json.loads(env["SPARKDIST_AGENTS"]).values()]
                 job_id = env["SPARKDIST_JOB_ID"]
-                jobs[job_id] = RunningJob(job_id, bytes.fromhex(secret), agents)
+                jobs[job_id] = RunningJob(job_id, JobSecret.from_text(secret), agents)
     return jobs
 
 
