@@ -142,3 +142,26 @@ def test_each_orted_keeps_its_session_under_its_own_task():
     for other in ("/scratch/ompi", "/tmp/sparkdist-cd34-task0-z3"):
         args = ["-mca", "orte_tmpdir_base", other]
         assert own_session_dir(args, task1) == args
+
+
+def test_job_secret_shows_no_key_material():
+    """Reprs, the environment form and the clients' copy hold no more than they must."""
+    from sparkdist.runner.protocol import messages
+    from sparkdist.runner.protocol.job_secret import JobSecret
+
+    secret = wire.new_secret()
+    assert secret.tls and secret.can_serve
+    for text in (repr(secret), str(secret), secret.to_text()):
+        assert "PRIVATE" not in text and "CERTIFICATE" not in text
+    assert secret.hmac_key.hex() not in repr(secret)
+    client = JobSecret.from_text(secret.to_text())
+    assert (client.hmac_key, client.pin) == (secret.hmac_key, secret.pin)
+    assert client.private_key is None and not client.can_serve
+    assert secret.for_clients() == client
+    with pytest.raises(ValueError, match="no private key"):
+        wire.Server(client, lambda channel: None)
+    plain = wire.new_secret(tls=False)
+    assert not plain.tls and JobSecret.from_text(plain.to_text()) == plain
+    # Rank 0's credentials ride in its welcome; no repr of it shows their values.
+    welcome = messages.Welcome(b"", True, "job", messages.SecretEnv(DATABRICKS_TOKEN="dapi-x"))
+    assert "dapi-x" not in repr(welcome) and "DATABRICKS_TOKEN" in repr(welcome)
