@@ -35,7 +35,7 @@ def test_uris_absolute_and_redacted(tmp_path, monkeypatch):
 
 def test_no_active_run_means_nothing_to_pass(driver_mlflow):
     assert driver_mlflow.active_run() is None
-    assert tracking.rank_environment() == {}
+    assert tracking.rank_environment() == {} and tracking.rank0_credentials() == {}
     tracking.log_job(np=2, launcher="x", backend="y", wall_time_s=1.0, outcome="ok")  # no-op
 
 
