@@ -36,9 +36,7 @@ def fsdp_model():
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     fully_shard(model[0])
     fully_shard(model[2])
     fully_shard(model)
@@ -215,9 +213,7 @@ def committed_names(directory: Path) -> set[str]:
     return {r["name"] for r in records}
 
 
-def test_killed_mid_save_resumes_previous_commit_then_async_save_and_resharding(
-    sc, tmp_path
-):
+def test_killed_mid_save_resumes_previous_commit_then_async_save_and_resharding(sc, tmp_path):
     store, refs = tmp_path / "store", tmp_path / "refs"
     refs.mkdir()
     runner = sparkdist.HorovodRunner(np=2, max_failures=1, checkpoint_dir=str(store))

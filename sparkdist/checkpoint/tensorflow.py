@@ -12,7 +12,8 @@ resumed from the newest commit.
 MultiWorkerMirroredStrategy: every worker must save (reading mirrored variables may run
 collectives); the chief (rank 0) writes with `tf.train.CheckpointManager` into the
 step's directory, the other workers into temporary directories beside it, as TensorFlow
-requires, which they remove at once (a crash's leftovers go with the next commit).
+requires, which they remove once written; the chief commits only when every worker says
+its write is done (a crash's leftovers go with the next commit).
 ParameterServerStrategy: only the chief runs `main`; it saves, reading the variables
 from the parameter servers. Each step is its own directory, so a crash mid-save never
 touches a committed one.
@@ -20,7 +21,9 @@ touches a committed one.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any
 
 from sparkdist.checkpoint.driver_record import Resize, client, commit, place, rank
@@ -29,6 +32,19 @@ from sparkdist.runner.protocol import messages
 logger = logging.getLogger(__name__)
 
 KIND = "tf-checkpoint"
+
+
+SAVE_TIMEOUT_S = 600.0
+"""How long the chief waits for the other workers' writes before giving up the save."""
+
+
+def _savers() -> int:
+    """How many ranks run `main` and save: every worker under MultiWorkerMirroredStrategy,
+    the chief alone in a parameter-server cluster (its workers and ps run servers)."""
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    if "chief" in cluster or "ps" in cluster:
+        return 1
+    return len(cluster.get("worker", [])) or 1
 
 
 class TFCheckpoints:
@@ -54,12 +70,16 @@ class TFCheckpoints:
         directory = place(step) if chief else place(step, f"tmp{rank()}")
         manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=1)
         manager.save(checkpoint_number=step)  # the `checkpoint` index file is written last
+        barrier = f"sparkdist-tf-checkpoint-{step}"
         if not chief:
+            client().put(f"{barrier}-{rank()}", True)  # written: the chief may commit
             try:
                 tf.io.gfile.rmtree(directory)
-            except tf.errors.NotFoundError:
-                pass
+            except tf.errors.OpError:
+                pass  # already removed by a later commit
             return directory
+        for worker in range(1, _savers()):
+            client().get(f"{barrier}-{worker}", SAVE_TIMEOUT_S)
         if commit(step, directory, KIND) == "grow":
             raise Resize(step)
         return directory
