@@ -7,10 +7,11 @@ learns the outcome. So when `dcp.save` returns on rank 0, every shard and the me
 are down, and rank 0 commits (step, world size, location). A rank lost mid-save leaves
 a directory without a commit: never read, removed by a later commit.
 
-An async save (`dcp.async_save`) copies the state (the stall training sees) and writes
-it from a background thread over its own gloo group, so its collectives never mix with
-training's; rank 0 commits from that thread when the write completes. One save is in
-flight at a time: the next save, `resume` and the end of `main` wait for it.
+An async save (`dcp.async_save`) copies the state into a staging area kept across saves
+(the stall training sees) and writes it from a background thread over its own gloo
+group, so its collectives never mix with training's; rank 0 commits from that thread
+when the write completes. One save is in flight at a time: the next save, `resume` and
+the end of `main` wait for it.
 
 Loading (`load`) fills a state laid out for the current world from the shards of any
 world: DCP reshards by the global offsets it recorded.
@@ -74,6 +75,7 @@ class _Pending:
 
 _pending: _Pending | None = None
 _async_group = None
+_async_stager = None
 
 
 def save(state: Any, step: int, *, async_save: bool = False) -> bool:
@@ -88,7 +90,9 @@ def save(state: Any, step: int, *, async_save: bool = False) -> bool:
         if rank() == 0 and commit(step, location, KIND) == "grow":
             raise Resize(step)
         return True
-    started = dcp.async_save(state, checkpoint_id=location, process_group=_group())
+    started = dcp.async_save(
+        state, checkpoint_id=location, process_group=_group(), async_stager=_stager()
+    )
     future = getattr(started, "upload_completion", started)  # AsyncSaveResponse or Future
     _pending = _Pending(step, location, future)
     future.add_done_callback(_pending.on_written)
@@ -118,6 +122,18 @@ def _group():
     if _async_group is None and dist.is_available() and dist.is_initialized():
         _async_group = dist.new_group(backend="gloo")
     return _async_group
+
+
+def _stager():
+    """One staging area per rank, kept across saves: DCP's stager then copies into the
+    buffers of the previous save instead of allocating the state's size again (the
+    copy is the stall training sees). It holds one copy of this rank's shard."""
+    global _async_stager
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    if _async_stager is None:
+        _async_stager = DefaultStager(StagingOptions(False, False, False, False))
+    return _async_stager
 
 
 def load(record: dict, into: Any) -> Any:
