@@ -56,7 +56,11 @@ class HorovodRunner:
             exception in `main` fails the job at once: a relaunch would repeat it).
         checkpoint_dir: a directory on the driver for the checkpoints ranks save with
             `sparkdist.checkpoint.save`; kept, so a later run resumes from it. By
-            default a temporary directory, removed when `run` returns.
+            default a temporary directory, removed when `run` returns. Sharded saves
+            (FSDP2/DTensor states, `sharded=True`) are written there by every rank, so
+            it must then be storage every executor sees (/dbfs, /Volumes, a mounted
+            file system, an fsspec URL). The driver path refuses states over
+            `SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB` (512 by default) in the ranks' env.
         ranks_per_task: ranks each Spark barrier task starts (`np > 0`; np must be a
             multiple). Ranks of one task share its resources: with
             `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
