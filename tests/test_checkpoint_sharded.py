@@ -177,9 +177,9 @@ def reshard_main(refs: str, save_step: int) -> dict:
 
 
 def growing_main(refs: str, release: str) -> dict:
-    """World 1 trains and saves sharded each step, frees a slot at step 2 and goes on
-    until the job grows (rank 0's save raises Resize after the commit); world 2 resumes
-    from that checkpoint and checks its parameters."""
+    """World 1 trains and saves sharded and async each step, frees a slot at step 2 and
+    goes on until the job grows (once a save is committed, rank 0's next save raises
+    Resize); world 2 resumes from that checkpoint and checks its parameters."""
     import time
 
     import torch.distributed as dist
@@ -198,7 +198,7 @@ def growing_main(refs: str, release: str) -> dict:
         step += 1
         train_step(model, opt, step)
         save_reference(model, refs, step)
-        checkpoint.save(state_of(model, opt, {"epoch": step, "offset": 0}), step)
+        checkpoint.save(state_of(model, opt, {"epoch": step, "offset": 0}), step, async_save=True)
         if step == 2:
             Path(release).touch()
         time.sleep(0.2)
@@ -267,6 +267,29 @@ def test_elastic_job_grows_after_a_sharded_save_and_resumes_from_it(sc, tmp_path
     for result in results:
         assert result["from_world"] == 1 and result["resumed"] >= 2 and result["same"]
     assert still_alive(runner) == []
+
+
+def test_sharded_checkpoints_on_an_fsspec_url():
+    """A checkpoint_dir given as an fsspec URL: DCP writes through fsspec, the store
+    commits and prunes through pyarrow's fsspec handler (one process: memory://)."""
+    import fsspec
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    store = CheckpointStore("memory://sparkdist-test/sharded-run", keep=1)
+    for step in (1, 2):
+        location = store.shard_location(step, "jobA")
+        assert location == f"memory://sparkdist-test/sharded-run/sharded/step-{step:012d}-jobA"
+        state = {"weights": torch.full((3,), float(step)), "data": {"offset": step}}
+        dcp.save(state, checkpoint_id=location, no_dist=True)
+        store.commit(step, 1, location, "torch-dcp")
+    into = {"weights": torch.zeros(3), "data": {"offset": 0}}
+    dcp.load(into, checkpoint_id=store.latest()[1]["location"], no_dist=True)
+    assert torch.equal(into["weights"], torch.full((3,), 2.0)) and into["data"] == {"offset": 2}
+    memory = fsspec.filesystem("memory")
+    assert memory.ls("/sparkdist-test/sharded-run/sharded", detail=False) == [
+        "/sparkdist-test/sharded-run/sharded/step-000000000002-jobA"
+    ]
 
 
 def over_limit_main() -> dict:
