@@ -159,8 +159,9 @@ def killed_then_async_main(refs: str) -> dict:
     return {**result, "events": events, "rank": rank}
 
 
-def reshard_main(refs: str, save_step: int) -> dict:
-    """Resume the newest checkpoint into this world, compare, train, save `save_step`."""
+def reshard_main(refs: str, save_step: int, async_save: bool = False) -> dict:
+    """Resume the newest checkpoint into this world, compare, train, save `save_step`
+    (async: left in flight when `main` returns, which must wait for its commit)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
@@ -171,8 +172,8 @@ def reshard_main(refs: str, save_step: int) -> dict:
               "world": dist.get_world_size()}  # fmt: skip
     train_step(model, opt, save_step)
     save_reference(model, refs, save_step)
-    checkpoint.save(state_of(model, opt, {"epoch": save_step, "offset": 0}), save_step)
-    dist.destroy_process_group()
+    state = state_of(model, opt, {"epoch": save_step, "offset": 0})
+    checkpoint.save(state, save_step, async_save=async_save)
     return result
 
 
@@ -245,10 +246,12 @@ def test_killed_mid_save_resumes_previous_commit_then_async_save_and_resharding(
         assert result["same"] and result["data"] == {"epoch": 2, "offset": 22}
     # ... which a world of 2 on the cluster resumes.
     two = sparkdist.HorovodRunner(np=2, checkpoint_dir=str(store))
-    for result in two.run_all(reshard_main, refs=str(refs), save_step=4):
+    for result in two.run_all(reshard_main, refs=str(refs), save_step=4, async_save=True):
         assert (result["resumed"], result["from_world"], result["world"]) == (3, 3, 2)
         assert result["same"] and result["data"] == {"epoch": 3, "offset": 0}
-    assert CheckpointStore(store).steps() == [3, 4]  # keep=2 covers sharded ones
+    # The end of main waited for the async save of step 4 and its commit; keep=2 covers
+    # sharded checkpoints.
+    assert CheckpointStore(store).steps() == [3, 4]
     assert len(list((store / "sharded").iterdir())) == 2
 
 
@@ -299,20 +302,23 @@ def over_limit_main() -> dict:
         checkpoint.save({"weights": torch.zeros(2**19)}, 1)  # 2 MiB
     except ValueError as exc:
         refused = str(exc)
-    checkpoint.save({"weights": torch.zeros(16)}, 2)
-    return {"refused": refused, "steps": checkpoint.committed_steps()}
+    after_refusal = checkpoint.committed_steps()
+    for step in (2, 3):
+        checkpoint.save({"weights": torch.zeros(16)}, step)
+    return {"refused": refused, "after": after_refusal, "steps": checkpoint.committed_steps()}
 
 
 def test_driver_path_refuses_a_state_over_the_limit_before_sending(sc, tmp_path):
     store = tmp_path / "store"
     runner = sparkdist.HorovodRunner(
-        np=-1, checkpoint_dir=str(store), env={checkpoint.DRIVER_LIMIT_ENV: "1"}
+        np=-1, checkpoint_dir=str(store), checkpoint_keep=1, env={checkpoint.DRIVER_LIMIT_ENV: "1"}
     )
     result = runner.run(over_limit_main)
     assert "checkpoint 1 is 2 MiB, over the driver path's limit of 1 MiB" in result["refused"]
     assert "checkpoint_dir" in result["refused"] and "sharded=True" in result["refused"]
-    assert result["steps"] == [2]  # the refused state never reached the driver
-    assert sorted(p.name for p in store.iterdir()) == ["checkpoint-000000000002.pkl"]
+    assert result["after"] == []  # the refused state never reached the driver
+    assert result["steps"] == [3]  # checkpoint_keep=1
+    assert sorted(p.name for p in store.iterdir()) == ["checkpoint-000000000003.pkl"]
 
 
 def test_sharded_record_retention_pins_and_partial_directories(tmp_path):
@@ -344,3 +350,10 @@ def test_sharded_record_retention_pins_and_partial_directories(tmp_path):
     assert store.latest()[1]["location"] == second
     with pytest.raises(ValueError, match="is not under"):
         store.commit(4, 1, "/elsewhere/step-4", "torch-dcp")
+
+
+def test_bad_checkpoint_options_are_refused_at_once():
+    with pytest.raises(ValueError, match="checkpoint_keep must be an int >= 1"):
+        sparkdist.HorovodRunner(np=2, checkpoint_keep=0)
+    with pytest.raises(ValueError, match="async_save=True writes shards from every rank"):
+        checkpoint.save({"step": 1}, 1, async_save=True)

@@ -79,7 +79,8 @@ def save(state: Any, step: int, *, sharded: bool | None = None, async_save: bool
     `sharded=True` writes any state with torch.distributed.checkpoint from every rank
     (call it on every rank); `async_save=True` (sharded only) returns once the state is
     copied and commits when every shard is written: call `wait()` before reading the
-    files yourself (the next `save` and the end of `main` wait for it). Returns True
+    files yourself or destroying the process group (the next `save` and the end of
+    `main` wait for it). Returns True
     when this rank's part is done (sharded async: started).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

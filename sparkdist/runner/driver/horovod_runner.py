@@ -61,6 +61,8 @@ class HorovodRunner:
             it must then be storage every executor sees (/dbfs, /Volumes, a mounted
             file system, an fsspec URL). The driver path refuses states over
             `SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB` (512 by default) in the ranks' env.
+        checkpoint_keep: how many of the newest checkpoints are kept (either path); one
+            a relaunched rank is still loading is kept until it has.
         ranks_per_task: ranks each Spark barrier task starts (`np > 0`; np must be a
             multiple). Ranks of one task share its resources: with
             `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
@@ -93,6 +95,7 @@ class HorovodRunner:
         max_failures: int = 0,
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_keep: int = 2,
         ranks_per_task: int = 1,
         roles: Mapping[str, int] | str | None = None,
         min_np: int | None = None,
@@ -111,6 +114,7 @@ class HorovodRunner:
             max_failures=max_failures,
             retry_on_exception=retry_on_exception,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_keep=checkpoint_keep,
             ranks_per_task=ranks_per_task,
             roles=roles,
             min_np=min_np,
