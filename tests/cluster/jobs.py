@@ -331,6 +331,85 @@ def elastic_main(
     return {**where, "host": os.environ["SPARKDIST_TASK_HOST"], "step": step, "loss": final}
 
 
+def fsdp_elastic_main(
+    progress_dir: str, min_steps: int, stop_file: str, step_s: float = 0.4, max_steps: int = 400
+) -> dict[str, Any]:
+    """`elastic_main`'s loop with an FSDP2 model and sharded checkpoints (every rank
+    writes its shard to the runner's checkpoint_dir). Before each save rank 0 writes the
+    gathered parameters to `progress_dir/ref-<step>.pt`; after resuming, rank 0 writes
+    `progress_dir/resumed-<attempt>.json`: the step, the world that saved it, this
+    world, and whether the parameters loaded into this world's layout equal those."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from sparkdist import checkpoint
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.ReLU(), torch.nn.Linear(24, 1))
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def state(step: int) -> dict:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optim": optim_state, "data": {"step": step}}
+
+    def full() -> dict:
+        return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+    attempt = checkpoint.attempt()
+    template = state(0)
+    found = checkpoint.resume(into=template)
+    step = 0
+    if found:
+        set_state_dict(model, optimizer, model_state_dict=template["model"],
+                       optim_state_dict=template["optim"])  # fmt: skip
+        step = template["data"]["step"]
+        saved = torch.load(os.path.join(progress_dir, f"ref-{found.step}.pt"))
+        now = full()
+        same = all(torch.equal(now[k], saved[k]) for k in saved) and sorted(now) == sorted(saved)
+        if rank == 0:
+            resumed = {"step": found.step, "data_step": step, "from_world": found.world_size,
+                       "world": size, "same": same}  # fmt: skip
+            _append_line(os.path.join(progress_dir, f"resumed-{attempt}.json"), resumed)
+    where = {"rank": rank, "size": size, "attempt": attempt, "pid": os.getpid()}
+    with open(os.path.join(progress_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump({**where, "host": os.environ["SPARKDIST_TASK_HOST"]}, f)
+    steps_file = os.path.join(progress_dir, "steps.jsonl")
+    stop = torch.zeros(1)
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    while True:
+        if rank == 0:
+            done = step >= max_steps or (step >= min_steps and os.path.exists(stop_file))
+            stop[0] = float(done)
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
+        model(x + step).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        params = full()
+        if rank == 0:
+            torch.save(params, os.path.join(progress_dir, f"ref-{step}.pt"))
+        record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time()}
+        try:
+            checkpoint.save(state(step), step)
+        except checkpoint.Resize:
+            _append_line(steps_file, record)  # committed: the larger world resumes after it
+            raise
+        if rank == 0:
+            _append_line(steps_file, record)
+        time.sleep(step_s)
+    dist.destroy_process_group()
+    return {**where, "host": os.environ["SPARKDIST_TASK_HOST"], "step": step}
+
+
 def executor_count(spark) -> int:
     return len(executor_hosts(spark))
 

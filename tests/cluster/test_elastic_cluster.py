@@ -1,6 +1,7 @@
 """Elastic jobs (`HorovodRunner(min_np=..., max_np=...)`) on the namespaced standalone
-cluster: a world that shrinks when a host is lost and grows back when it returns, and
-elastic versus fixed-size jobs under Spark's dynamic allocation.
+cluster: a world that shrinks when a host is lost and grows back when it returns (with
+DDP and driver-path checkpoints, and with FSDP2 and sharded checkpoints resharded to each
+new world), and elastic versus fixed-size jobs under Spark's dynamic allocation.
 
 Shares the session's cluster (conftest.py); what a test kills it restores, so later
 tests see three live workers and the main driver one executor on each host.
@@ -193,6 +194,58 @@ def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver,
     assert wait_all_gone(records(result), 30) == []
     assert wait_no_job_processes(cluster, 30) == []
     # The cluster is whole again: three workers, the main driver on every host.
+    assert cluster.alive_worker_hosts() == [cluster.address(i) for i in range(3)]
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
+def test_fsdp_sharded_checkpoints_reshard_as_the_world_shrinks_and_grows(
+    cluster, driver, host_driver, tmp_path
+):
+    """FSDP2 with sharded checkpoints on shared storage: 3 ranks save, a host is lost,
+    2 ranks resume the 3-rank checkpoint; the host returns, 3 ranks resume the 2-rank
+    one; each time the parameters equal the saved ones."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    runner = {**RUNNER, "min_np": 1, "max_np": 3, "max_failures": 2,
+              "checkpoint_dir": str(tmp_path / "checkpoints")}  # fmt: skip
+    job = host_driver.submit(
+        "run_job",
+        main="fsdp_elastic_main",
+        np=3,
+        runner=runner,
+        kwargs={"progress_dir": str(progress), "min_steps": 1, "stop_file": str(stop_file)},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, attempt=0)
+        lost = host_index(cluster, rank_hosts(progress, 0)[2])
+        cluster.stop_worker(lost)
+        shrunk = wait_step(progress, job, world_size=2)
+        wait_step(progress, job, step=shrunk["step"] + 2, world_size=2)
+        cluster.start_worker(lost)
+        wait_step(progress, job, world_size=3, attempt=2)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        if lost is not None and not cluster.alive(f"worker-{lost}"):
+            cluster.start_worker(lost)
+
+    assert result["ok"], result.get("error")
+    sizes = [row["world_size"] for row in read_steps(progress)]
+    assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [3, 2, 3], sizes
+    resumed = {
+        attempt: json.loads((progress / f"resumed-{attempt}.json").read_text())
+        for attempt in (1, 2)
+    }
+    assert (resumed[1]["from_world"], resumed[1]["world"]) == (3, 2), resumed
+    assert (resumed[2]["from_world"], resumed[2]["world"]) == (2, 3), resumed
+    for row in resumed.values():  # identical parameters; the data position came along
+        assert row["same"] and row["data_step"] == row["step"], resumed
+    assert result["failures"][1].startswith("grew:"), result["failures"]
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
     assert cluster.alive_worker_hosts() == [cluster.address(i) for i in range(3)]
     assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
 

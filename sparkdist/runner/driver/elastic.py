@@ -58,7 +58,7 @@ def run_elastic_job(options: RunnerOptions, blob: bytes, all_results: bool, repo
             "client, which they cannot here: run it from a classic session or a client the "
             "cluster reaches, or drop min_np/max_np"
         )
-    checkpoints = CheckpointStore(options.checkpoint_dir)
+    checkpoints = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
     attempt = _ElasticAttempt(options, cluster, place, report)
     budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
     world, why = 0, "start"

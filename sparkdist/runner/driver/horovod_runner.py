@@ -56,7 +56,13 @@ class HorovodRunner:
             exception in `main` fails the job at once: a relaunch would repeat it).
         checkpoint_dir: a directory on the driver for the checkpoints ranks save with
             `sparkdist.checkpoint.save`; kept, so a later run resumes from it. By
-            default a temporary directory, removed when `run` returns.
+            default a temporary directory, removed when `run` returns. Sharded saves
+            (FSDP2/DTensor states, `sharded=True`) are written there by every rank, so
+            it must then be storage every executor sees (/dbfs, /Volumes, a mounted
+            file system, an fsspec URL). The driver path refuses states over
+            `SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB` (512 by default) in the ranks' env.
+        checkpoint_keep: how many of the newest checkpoints are kept (either path); one
+            a relaunched rank is still loading is kept until it has.
         ranks_per_task: ranks each Spark barrier task starts (`np > 0`; np must be a
             multiple). Ranks of one task share its resources: with
             `spark.task.resource.gpu.amount=4` and ranks_per_task=4, each task's four
@@ -89,6 +95,7 @@ class HorovodRunner:
         max_failures: int = 0,
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_keep: int = 2,
         ranks_per_task: int = 1,
         roles: Mapping[str, int] | str | None = None,
         min_np: int | None = None,
@@ -107,6 +114,7 @@ class HorovodRunner:
             max_failures=max_failures,
             retry_on_exception=retry_on_exception,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_keep=checkpoint_keep,
             ranks_per_task=ranks_per_task,
             roles=roles,
             min_np=min_np,

@@ -72,7 +72,9 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
     if place.in_stage:
         _check_in_stage(options)
     # In the stage, checkpoints live where task 0 can write them (checkpoint_dir), not here.
-    checkpoints = None if place.in_stage else CheckpointStore(options.checkpoint_dir)
+    checkpoints = (
+        None if place.in_stage else CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
+    )
     attempt = Attempt(options, cluster, place, report)
     budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
     credentials = messages.SecretEnv(tracking.rank0_credentials())
@@ -187,6 +189,7 @@ class Attempt:
             timeout=opts.timeout,
             launcher_expected=self.report.launcher == "mpi",
             checkpoint_dir=opts.checkpoint_dir,
+            checkpoint_keep=opts.checkpoint_keep,
         )
 
     def launch_spec(

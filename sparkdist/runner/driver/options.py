@@ -34,6 +34,7 @@ class RunnerOptions:
     max_failures: int = 0
     retry_on_exception: bool = False
     checkpoint_dir: str | None = None
+    checkpoint_keep: int = 2
     ranks_per_task: int = 1
     roles: Roles | Mapping[str, int] | str | None = None
     min_np: int | None = None
@@ -69,6 +70,11 @@ class RunnerOptions:
         if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
             raise ValueError(
                 f"max_failures must be an int >= 0 (relaunches allowed), got {failures!r}"
+            )
+        keep = self.checkpoint_keep
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(
+                f"checkpoint_keep must be an int >= 1 (the newest checkpoints kept), got {keep!r}"
             )
         normalised = {
             "start_timeout": float(self.start_timeout),

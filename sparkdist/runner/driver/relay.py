@@ -42,6 +42,7 @@ class RelayPlan:
     timeout: float | None
     launcher_expected: bool
     checkpoint_dir: str | None
+    checkpoint_keep: int = 2
 
 
 @dataclass
@@ -66,7 +67,7 @@ class HostedJob:
         self.plan = plan
         self.outcome = RelayOutcome()
         self.console = RecordingConsole()
-        self.checkpoints = CheckpointStore(plan.checkpoint_dir)
+        self.checkpoints = CheckpointStore(plan.checkpoint_dir, plan.checkpoint_keep)
         self.state = JobState(plan.job, console=self.console, checkpoints=self.checkpoints)
         self.service = DriverService(self.state, secret, host, host)
         self.address = f"{self.service.address[0]}:{self.service.address[1]}"

@@ -178,14 +178,18 @@ class _RankPeer:
             spec.rank0_env if self.rank == 0 else messages.SecretEnv(),
         )
         self.channel.send(messages.encode(welcome))
-        while True:
-            raw = self.channel.recv()
-            try:
-                reply = self._answer(messages.decode(raw, messages.RANK_REQUESTS))
-            except MalformedMessage as exc:
-                logger.warning("rank %d sent %s", self.rank, exc)
-                reply = messages.Rejected(str(exc))
-            self.channel.send(messages.encode(reply))
+        try:
+            while True:
+                raw = self.channel.recv()
+                try:
+                    reply = self._answer(messages.decode(raw, messages.RANK_REQUESTS))
+                except MalformedMessage as exc:
+                    logger.warning("rank %d sent %s", self.rank, exc)
+                    reply = messages.Rejected(str(exc))
+                self.channel.send(messages.encode(reply))
+        finally:
+            if state.checkpoints is not None:  # a rank gone reads no checkpoint
+                state.checkpoints.unpin(self._reader)
 
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank
@@ -211,16 +215,37 @@ class _RankPeer:
                 return reply
             case messages.CheckpointLatest():
                 store = state.checkpoints
-                return messages.Ok(store.latest() if store else None)
+                return messages.Ok(store.latest(self._reader) if store else None)
+            case messages.CheckpointLoaded():
+                if state.checkpoints:
+                    state.checkpoints.unpin(self._reader)
+            case messages.CheckpointSteps():
+                return messages.Ok(state.checkpoints.steps() if state.checkpoints else [])
+            case messages.CheckpointPlace(step, suffix):
+                return self._checkpoint(
+                    step, lambda s: s.shard_location(step, state.job.job_id, suffix)
+                )
+            case messages.CheckpointCommit(step, world_size, location, kind):
+                reply = self._checkpoint(step, lambda s: s.commit(step, world_size, location, kind))
+                if isinstance(reply, messages.Ok):
+                    return messages.Ok(state.answer_checkpoint(rank, step))
+                return reply
         return messages.Ok()
 
+    @property
+    def _reader(self) -> tuple[str, int]:
+        return (self.state.job.job_id, self.rank)
+
     def _checkpoint_save(self, step: int, blob: bytes) -> tuple:
+        return self._checkpoint(step, lambda store: store.save(step, blob))
+
+    def _checkpoint(self, step: int, action) -> tuple:
+        """Run `action(store)`; its value as `Ok`, or `Failed` saying why not."""
         store = self.state.checkpoints
         if store is None:
             return messages.Failed("this job has no checkpoint store")
         try:
-            store.save(step, blob)
+            return messages.Ok(action(store))
         except (OSError, ValueError) as exc:
-            logger.warning("could not store checkpoint %s: %s", step, exc)
+            logger.warning("checkpoint %s: %s", step, exc)
             return messages.Failed(str(exc))
-        return messages.Ok()

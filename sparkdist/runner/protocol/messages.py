@@ -220,7 +220,36 @@ class CheckpointSave(NamedTuple):
 
 @register("checkpoint_latest")
 class CheckpointLatest(NamedTuple):
-    pass
+    """The newest checkpoint: (step, pickled state), (step, commit record) or None. A
+    sharded one stays pinned for this rank until `CheckpointLoaded`."""
+
+
+@register("checkpoint_loaded")
+class CheckpointLoaded(NamedTuple):
+    """The rank has read its sharded checkpoint: retention may remove it now."""
+
+
+@register("checkpoint_steps")
+class CheckpointSteps(NamedTuple):
+    """The committed steps, oldest first."""
+
+
+@register("checkpoint_place")
+class CheckpointPlace(NamedTuple):
+    """Where this job's ranks write the shards of `step` (answered with a path or URL)."""
+
+    step: int
+    suffix: str = ""
+
+
+@register("checkpoint_commit")
+class CheckpointCommit(NamedTuple):
+    """Every rank's shard and the metadata of `step` are written at `location`."""
+
+    step: int
+    world_size: int
+    location: str
+    kind: str
 
 
 # --- an elastic job's plain tasks and its gang (`runner/driver/gang.py`) -------------
@@ -304,7 +333,9 @@ class Rejected(NamedTuple):
 HELLOS = (TaskHello, SupervisorHello, RankHello)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone)
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
-RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave, CheckpointLatest)
+RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
+                 CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
+                 CheckpointCommit)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,)
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)

@@ -74,6 +74,7 @@ def main() -> None:
         tracking.setup_rank()
         fn, kwargs = cloudpickle.loads(job.payload)
         value = fn(**kwargs)
+        checkpoint.wait()  # an async save still in flight is written and committed
     except checkpoint.Resize:
         _exit_now(0)  # an elastic job grows: the driver relaunches it from the checkpoint
     except SystemExit as exc:

@@ -1,0 +1,55 @@
+"""A rank's link to the driver's record of checkpoints: the channel, the commit of a
+sharded step, and `Resize`, the answer that stops rank 0 when an elastic job grows."""
+
+from __future__ import annotations
+
+import os
+
+from sparkdist.runner.protocol import messages
+from sparkdist.runner.rank import channel as rank_channel
+
+
+def client() -> rank_channel.DriverClient:
+    found = rank_channel.driver_client()
+    if found is None:
+        raise RuntimeError(
+            "sparkdist.checkpoint works inside a rank started by HorovodRunner; call it "
+            "from the function you pass to HorovodRunner.run"
+        )
+    return found
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def place(step: int, suffix: str = "") -> str:
+    """The path or URL where this job writes the shards of `step` (same on every rank)."""
+    reply = client().request(messages.CheckpointPlace(step, suffix))
+    if isinstance(reply, messages.Failed):
+        raise RuntimeError(f"cannot save sharded checkpoint {step}: {reply.error}")
+    return reply.value
+
+
+def commit(step: int, location: str, kind: str) -> str | None:
+    """Rank 0: every shard of `step` is written; the driver records it. Returns the
+    driver's answer: "grow" when an elastic job stops here to grow."""
+    reply = client().request(messages.CheckpointCommit(step, world_size(), location, kind))
+    if isinstance(reply, messages.Failed):
+        raise RuntimeError(f"the driver could not commit checkpoint {step}: {reply.error}")
+    return reply.value
+
+
+class Resize(BaseException):
+    """Raised by rank 0's `save` in an elastic job that is about to grow: the checkpoint
+    is stored, the rank stops here, and the job relaunches with more ranks from it. A
+    BaseException (as SystemExit), so that `except Exception` in training code lets it
+    through."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopping after checkpoint {step}: the job grows")
+        self.step = step
