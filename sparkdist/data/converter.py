@@ -1,10 +1,10 @@
-"""``make_spark_converter``: a Spark DataFrame as Parquet once, then read by every rank.
+"""``SparkDatasetConverter``: the handle ``make_spark_converter`` returns, and its loaders.
 
-The shape is petastorm's (``make_spark_converter(df)``, ``make_torch_dataloader``,
-``make_tf_dataset``, ``len()``, ``delete()``) so code written for it carries over. The
-returned handle holds only URLs and row counts: it is small and cloudpicklable, so the
-runner can ship it to the ranks, where each one opens its own shard (by default the one
-named by env RANK / WORLD_SIZE).
+The shape is petastorm's (``make_torch_dataloader``, ``make_tf_dataset``, ``len()``,
+``delete()``) so code written for it carries over. The handle holds only URLs and row
+counts: it is small and cloudpicklable, so the runner can ship it to the ranks, where each
+one opens its own shard (by default the one named by env RANK / WORLD_SIZE). How a
+DataFrame becomes one is `sparkdist.data.conversion`.
 """
 
 from __future__ import annotations
@@ -12,22 +12,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkdist.data import cache, petastorm_backend
-from sparkdist.data.reader import Layout, ShardReader, default_shard, describe
-from sparkdist.data.schema import check_dtype, prepare_dataframe
+from sparkdist.data.reader import Layout, ShardReader, default_shard
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
     from sparkdist.data.tf_dataset import TFDatasetContext
     from sparkdist.data.torch_loader import TorchLoaderContext
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
-COMPRESSION_CODECS = ("uncompressed", "snappy", "gzip", "lz4", "zstd")
 BACKENDS = ("auto", "pyarrow", "petastorm")
 
 
@@ -50,15 +45,22 @@ def choose_backend(backend: str = "auto") -> str:
 
 @dataclass(frozen=True)
 class SparkDatasetConverter:
-    """A DataFrame materialized as Parquet; makes PyTorch loaders and tf.data datasets.
+    """A DataFrame's rows as Parquet files; makes PyTorch loaders and tf.data datasets.
 
     Picklable and small (URLs and row counts), so it can travel to the ranks.
+    ``cache_dir_url`` is the copy's directory, or None when the ranks read the source's
+    own files (``source`` "parquet" or "delta"; "copy" otherwise).
     """
 
-    cache_dir_url: str
+    # petastorm's constant, for code written against it: our conf name (petastorm's own
+    # name, "petastorm.spark.converter.parentCacheDirUrl", is honoured too).
+    PARENT_CACHE_DIR_URL_CONF: ClassVar[str] = cache.CACHE_DIR_CONF
+
+    cache_dir_url: str | None
     layout: Layout
     backend: str = "pyarrow"
     dtype: str | None = "float32"
+    source: str = "copy"
 
     def __len__(self) -> int:
         return self.layout.num_rows
@@ -201,57 +203,13 @@ class SparkDatasetConverter:
         return TFDatasetContext(reader, prefetch)
 
     def delete(self) -> None:
-        """Remove the cached Parquet; the same DataFrame is written anew if converted again."""
-        cache.delete(self.cache_dir_url)
+        """Remove the cached copy; the same DataFrame is written anew if converted again.
 
-
-def _short(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = " ".join(lines[:2]) if lines else type(error).__name__
-    return text[:500]
-
-
-def make_spark_converter(
-    df: DataFrame,
-    parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-    compression_codec: str | None = None,
-    dtype: str | None = "float32",
-    *,
-    cache_dir_url: str | None = None,
-    backend: str = "auto",
-) -> SparkDatasetConverter:
-    """Write ``df`` as Parquet under the cache directory (once per plan) and return a handle.
-
-    ``dtype`` ("float32", "float64" or None) sets the precision of float columns and of
-    Spark ML vectors, which become fixed-length arrays. ``cache_dir_url`` overrides the
-    Spark conf ``spark.sparkdist.cacheDirUrl``; local Spark defaults to the temp dir.
-    ``backend`` is "auto" (petastorm where it imports, else pyarrow), "pyarrow" or
-    "petastorm". Unsupported column types are refused here, by name.
-    """
-    check_dtype(dtype)
-    codec = (compression_codec or "uncompressed").lower()
-    if codec not in COMPRESSION_CODECS:
-        raise ValueError(f"compression_codec must be None or one of {COMPRESSION_CODECS}")
-    if parquet_row_group_size_bytes < 1024:
-        raise ValueError("parquet_row_group_size_bytes must be at least 1024")
-    prepared = prepare_dataframe(df, dtype)
-    chosen = choose_backend(backend)
-    parent_url = cache.parent_cache_dir_url_for(df.sparkSession, cache_dir_url)
-
-    def write(url: str) -> None:
-        logger.info("sparkdist.data: writing the DataFrame as Parquet to %s", url)
-        try:
-            (
-                prepared.write.option("compression", codec)
-                .option("parquet.block.size", str(parquet_row_group_size_bytes))
-                .parquet(url)
+        A converter that reads its source in place has no copy: the source stays.
+        """
+        if self.cache_dir_url is None:
+            logger.info(
+                "sparkdist.data: nothing to delete: the ranks read the %s source", self.source
             )
-        except Exception as error:
-            raise RuntimeError(
-                f"Spark could not write the DataFrame as Parquet to {url} (cache directory "
-                f"from cache_dir_url= or {cache.CACHE_DIR_CONF}): {_short(error)}"
-            ) from error
-
-    options = (dtype, parquet_row_group_size_bytes, codec)
-    url, _ = cache.write_once(df, parent_url, options, write)
-    return SparkDatasetConverter(url, describe(url), chosen, dtype)
+            return
+        cache.delete(self.cache_dir_url)
