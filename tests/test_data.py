@@ -193,20 +193,19 @@ def test_bad_input_is_named_before_any_write(spark, tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         make_spark_converter(spark.range(3), dtype="float16", cache_dir_url=tmp_path.as_uri())
 
+    # Null values and ragged arrays: refused at conversion (tests/test_data_sources.py has more).
     nulls = spark.sql("select id, if(id = 2, null, cast(id as double)) as x from range(5)")
-    converter = make_spark_converter(nulls, cache_dir_url=tmp_path.as_uri())
-    with pytest.raises(ValueError, match="column 'x' has null values"):
-        read_ids(converter, 0, 1)
-    converter.delete()
-
+    with pytest.raises(ValueError, match="column 'x' has 1 null values"):
+        make_spark_converter(nulls, cache_dir_url=tmp_path.as_uri())
     ragged = spark.sql("select id, sequence(0, id % 3) as xs from range(6)")
-    converter = make_spark_converter(ragged, cache_dir_url=tmp_path.as_uri())
-    with pytest.raises(ValueError, match="column 'xs' has arrays of different lengths"):
-        read_ids(converter, 0, 1)
-    converter.delete()
+    with pytest.raises(ValueError, match="column 'xs' holds arrays of different lengths"):
+        make_spark_converter(ragged, cache_dir_url=tmp_path.as_uri())
+    assert cache_dirs(tmp_path) == []
 
+    converter = make_spark_converter(spark.range(4), cache_dir_url=tmp_path.as_uri())
     with pytest.raises(ValueError, match="cur_shard"):
         converter.make_torch_dataloader(cur_shard=2, shard_count=2)
+    converter.delete()
 
 
 def test_handle_is_small_picklable_and_takes_its_shard_from_env(ids_converter, monkeypatch):
