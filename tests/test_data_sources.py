@@ -42,6 +42,7 @@ def read_all(converter: SparkDatasetConverter, columns=None) -> dict[str, np.nda
         batch_size=128, num_epochs=1, cur_shard=0, shard_count=1, columns=columns
     ) as loader:
         batches = list(loader)
+
     def values(column):
         return column.numpy() if hasattr(column, "numpy") else np.asarray(column)
 
@@ -374,3 +375,31 @@ def test_runner_reads_sources_in_place_and_removes_its_copies(spark, parquet_dir
     finally:
         spark.conf.unset(CACHE_DIR_CONF)
     assert len(list(parquet_dir.glob("*.parquet"))) == 3  # the source stays
+
+
+def test_write_progress_on_the_driver(spark, tmp_path, monkeypatch, caplog):
+    """Without a terminal, progress is a log line per interval; at WARNING, nothing runs."""
+    from pyspark.sql import functions as F
+
+    from sparkdist.data import progress
+
+    monkeypatch.setattr(progress, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
+
+    @F.udf("double")
+    def slow(value):
+        import time
+
+        time.sleep(0.02)
+        return float(value)
+
+    df = spark.range(0, 160, 1, 8).select("id", slow("id").alias("x"))
+    caplog.set_level(logging.INFO, logger="sparkdist.data")
+    converter = make_spark_converter(df, cache_dir_url=tmp_path.as_uri())
+    lines = [r.getMessage() for r in caplog.records if "writing the copy:" in r.getMessage()]
+    assert lines, caplog.text
+    assert " rows in " in lines[-1] and " files (" in lines[-1]
+    converter.delete()
+
+    caplog.set_level(logging.WARNING, logger="sparkdist.data")
+    assert progress.WriteProgress(tmp_path.as_uri()).enabled is False

@@ -3,8 +3,9 @@
 Spark's write is one action that says nothing until it ends, so a thread watches the
 output directory instead: a task's file counts once its task committed it (it is no
 longer under an ``attempt_`` directory), and its rows come from its Parquet footer. On a
-terminal this is a tqdm bar on stderr; elsewhere a log line every ``LOG_EVERY_SECONDS``.
-Nothing is shown when the ``sparkdist.data`` logger is above INFO (e.g. at WARNING).
+terminal this is a tqdm bar on stderr, unless logging was configured above INFO (e.g. at
+WARNING); elsewhere (a notebook, a log file) it is an INFO log line every
+``LOG_EVERY_SECONDS``, shown when ``sparkdist.data`` logs at INFO.
 """
 
 from __future__ import annotations
@@ -26,12 +27,22 @@ POLL_SECONDS = 1.0
 LOG_EVERY_SECONDS = 15.0
 
 
+def _wanted() -> bool:
+    """INFO logging is on, or a terminal shows it and nobody configured logging."""
+    if logger.isEnabledFor(logging.INFO):
+        return True
+    configured = bool(logging.getLogger().handlers) or any(
+        logging.getLogger(name).level != logging.NOTSET for name in ("sparkdist", logger.name)
+    )
+    return sys.stderr.isatty() and not configured
+
+
 class WriteProgress:
     """Context manager: watch `url` while Spark writes Parquet into it."""
 
     def __init__(self, url: str, *, enabled: bool | None = None) -> None:
         self.url = url
-        self.enabled = logger.isEnabledFor(logging.INFO) if enabled is None else enabled
+        self.enabled = _wanted() if enabled is None else enabled
         self.rows = 0
         self.files = 0
         self.bytes = 0
