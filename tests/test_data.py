@@ -49,10 +49,16 @@ def ids_converter(spark, tmp_path_factory):
 def test_shards_read_every_row_exactly_once(ids_converter, shard_count):
     assert len(ids_converter) == N_ROWS
     shards = [read_ids(ids_converter, k, shard_count) for k in range(shard_count)]
-    everything = [i for shard in shards for i in shard]
+    everything = Counter(i for shard in shards for i in shard)
     assert sorted(everything) == list(range(N_ROWS))
-    sizes = [len(shard) for shard in shards]
-    assert max(sizes) - min(sizes) <= 1  # balanced, so DDP ranks get equal batch counts
+    # Equal rows per rank, padded as DistributedSampler pads: a few rows twice.
+    each = -(-N_ROWS // shard_count)
+    assert [len(shard) for shard in shards] == [each] * shard_count
+    assert sum(everything.values()) - N_ROWS == each * shard_count - N_ROWS
+
+    dropped = [read_ids(ids_converter, k, shard_count, drop_last=True) for k in range(shard_count)]
+    assert [len(shard) for shard in dropped] == [N_ROWS // shard_count] * shard_count
+    assert len({i for shard in dropped for i in shard}) == N_ROWS // shard_count * shard_count
 
 
 def test_more_shards_than_row_groups(spark, tmp_path):
@@ -60,21 +66,28 @@ def test_more_shards_than_row_groups(spark, tmp_path):
     converter = make_spark_converter(df, cache_dir_url=tmp_path.as_uri())
     assert converter.layout.num_row_groups == 1
     shards = [read_ids(converter, k, 4, batch_size=3) for k in range(4)]
-    assert sorted(i for shard in shards for i in shard) == list(range(10))
-    assert [len(s) for s in shards] == [2, 3, 2, 3]
+    assert sorted(set(i for shard in shards for i in shard)) == list(range(10))
+    assert [len(s) for s in shards] == [3, 3, 3, 3]
+    assert shards[3] == [9, 0, 1]  # padded from the start of the epoch's order
 
 
-def test_shuffle_reorders_but_keeps_each_row_once_per_epoch(ids_converter):
+def test_shuffle_is_global_and_changes_each_epoch(ids_converter):
     plain = read_ids(ids_converter, 1, 3)
     shuffled = read_ids(ids_converter, 1, 3, shuffle=True, seed=7, shuffle_buffer_rows=200)
     again = read_ids(ids_converter, 1, 3, shuffle=True, seed=7, shuffle_buffer_rows=200)
-    assert sorted(shuffled) == sorted(plain)
-    assert shuffled != plain
+    assert len(shuffled) == len(plain)
+    assert sorted(shuffled) != sorted(plain)  # rows from anywhere, not rank 1's fixed range
     assert shuffled == again  # a seed makes it repeatable
 
-    two_epochs = read_ids(ids_converter, 1, 3, num_epochs=2, shuffle=True, seed=3)
-    assert sorted(two_epochs[: len(plain)]) == sorted(plain)
-    assert sorted(two_epochs[len(plain) :]) == sorted(plain)
+    # Each epoch every row once across the ranks, and each rank a different slice.
+    epochs = [
+        read_ids(ids_converter, rank, 3, num_epochs=2, shuffle=True, seed=3) for rank in range(3)
+    ]
+    each = -(-N_ROWS // 3)
+    for epoch in range(2):
+        seen = [rows[epoch * each : (epoch + 1) * each] for rows in epochs]
+        assert set().union(*map(set, seen)) == set(range(N_ROWS))
+    assert set(epochs[0][:each]) != set(epochs[0][each:])
 
 
 def test_num_epochs_none_repeats_forever(ids_converter):
@@ -82,10 +95,10 @@ def test_num_epochs_none_repeats_forever(ids_converter):
         seen = Counter()
         for step, batch in enumerate(dl):
             seen.update(int(i) for i in batch["id"])
-            if step == 20:  # about four passes over the 501-row shard
+            if step == 20:  # about four passes over the 502-row slice
                 break
-    assert len(seen) == N_ROWS // 2
-    assert min(seen.values()) >= 4
+    assert len(seen) == -(-N_ROWS // 2)  # unshuffled: the same first half each epoch
+    assert min(seen.values()) >= 3
 
 
 def test_batches_are_dicts_of_tensors(ids_converter):
@@ -245,12 +258,15 @@ def test_tf_dataset_yields_namedtuple_batches_per_shard(spark, tmp_path):
                 )
                 assert batch.name.numpy()[0].decode().startswith("row")
                 seen.extend(int(i) for i in batch.id.numpy())
-    assert sorted(seen) == list(range(101))
+    assert sorted(set(seen)) == list(range(101))
+    assert len(seen) == 102  # 51 rows per rank, one padded
 
     # Keras-style (features, label) pairs, infinite epochs.
     with converter.make_tf_dataset(batch_size=32) as ds:
         pairs = ds.map(lambda b: (b.features, b.id)).take(10)
-        assert sum(int(x.shape[0]) for x, _ in pairs) == 320
+        # Batches never span two epochs: 32, 32, 32, 5 per epoch of 101 rows.
+        assert [int(x.shape[0]) for x, _ in pairs] == [32, 32, 32, 5] * 2 + [32, 32]
+        assert ds.steps_per_epoch == 4
     converter.delete()
 
 
@@ -258,7 +274,7 @@ def test_backend_choice_is_logged(spark, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="sparkdist.data")
     converter = make_spark_converter(spark.range(3), cache_dir_url=tmp_path.as_uri())
     assert converter.backend == "pyarrow"  # petastorm does not import on pyarrow >= 15
-    assert "sparkdist.data: using the pyarrow reader (petastorm unavailable:" in caplog.text
+    assert "sparkdist.data: using the pyarrow reader" in caplog.text  # auto never petastorm
     with pytest.raises(ImportError, match="petastorm"):
         make_spark_converter(spark.range(3), backend="petastorm", cache_dir_url=tmp_path.as_uri())
     converter.delete()
