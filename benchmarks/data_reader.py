@@ -324,7 +324,7 @@ def main_benchmark(args, work: Path) -> None:
         seconds = write_mds(files, mds, args.features)
         table.append(
             (
-                "Mosaic Streaming MDS copy (MDSWriter, 1 proc)",
+                "Mosaic Streaming MDS copy (MDSWriter, 1 pr.)",
                 "-",
                 args.rows,
                 seconds,

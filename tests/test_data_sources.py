@@ -314,6 +314,12 @@ def test_delta_snapshot_from_the_log(spark, tmp_path, monkeypatch, caplog):
     assert "differ from version 2 of the log" in caplog.text
     copied.delete()
 
+    # The same directory read as plain Parquet is Spark's rows (a's too), with a warning.
+    monkeypatch.undo()
+    plain = make_spark_converter(everything, cache_dir_url=(tmp_path / "cache").as_uri())
+    assert plain.source == "parquet" and len(plain) == 40
+    assert "is a Delta table read as plain Parquet" in caplog.text
+
     # What plain Parquet cannot read right: deletion vectors, column mapping.
     commit = root / "_delta_log" / f"{3:020d}.json"
     commit.write_text(
