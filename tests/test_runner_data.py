@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 import pytest
 
@@ -73,3 +75,80 @@ def test_ddp_from_spark_dataframe_matches_in_memory(digits_frames):
     assert from_df[0]["accuracy"] >= 0.9
     # Each rank read the same number of rows: its own shard, batch after batch.
     assert from_df[0]["rows"] == from_df[1]["rows"] > 0
+
+
+def readme_loop(train, epochs: int, kill_step: int | None) -> dict:
+    """The README's DDP loop, resumable: a checkpoint per step holds the loader's position.
+
+    Every step gathers the ids each rank read (so the job records what the world
+    consumed, across attempts); on its first attempt rank 1 SIGKILLs itself after
+    ``kill_step`` steps.
+    """
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sparkdist import checkpoint
+
+    torch.manual_seed(0)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    seen, step, resumed_at = [], 0, None
+    with train.make_torch_dataloader(batch_size=100, num_epochs=1, shuffle=True, seed=42) as loader:
+        found = checkpoint.latest()
+        if found:
+            step, state = found
+            model.module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            loader.load_state_dict(state["loader"])
+            seen, resumed_at = state["seen"], state["loader"]
+        for epoch in range(loader.epoch, epochs):
+            for batch in loader:
+                optimizer.zero_grad()
+                model(batch["x"].unsqueeze(1)).pow(2).mean().backward()  # allreduce
+                optimizer.step()
+                ids = [torch.zeros_like(batch["id"]) for _ in range(world)]
+                dist.all_gather(ids, batch["id"])
+                seen.append((epoch, [part.tolist() for part in ids]))
+                step += 1
+                state = {
+                    "model": model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loader": loader.state_dict(),
+                    "seen": seen,
+                }
+                checkpoint.save(state, step=step)
+                dist.barrier()  # the checkpoint of this step is stored before anyone dies
+                if rank == 1 and checkpoint.attempt() == 0 and step == kill_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+    dist.destroy_process_group()
+    return {"seen": seen, "attempt": checkpoint.attempt(), "resumed_at": resumed_at}
+
+
+def test_readme_loop_equal_steps_global_shuffle_and_resume_after_a_kill(spark):
+    """2001 rows, 2 ranks, batch 100: equal steps; a rank killed mid-epoch resumes exactly."""
+    df = spark.range(2001).selectExpr("id", "cast(id as float) / 2001 as x").repartition(3)
+    runner = HorovodRunner(np=2, start_timeout=120, max_failures=1)
+    result = runner.run(readme_loop, train=df, epochs=2, kill_step=5)
+
+    report = runner.last_job
+    assert report.attempts == 2 and "SIGKILL" in report.failures[0]
+    assert result["attempt"] == 1
+    assert result["resumed_at"]["epoch"] == 0
+    assert result["resumed_at"]["rows_consumed"] == 5 * 100 * 2  # 5 steps x batch x world
+    for epoch in range(2):
+        steps = [ids for e, ids in result["seen"] if e == epoch]
+        assert len(steps) == 11  # 1001 rows a rank: 10 x 100 + 1, the same on both ranks
+        assert all(len(a) == len(b) for a, b in steps)
+        rows = Counter(i for step in steps for part in step for i in part)
+        assert sorted(rows) == list(range(2001))  # every row of the epoch ...
+        assert sum(rows.values()) == 2002  # ... once, plus one pad for equal steps
+    # Each epoch a rank reads a different slice of the whole data.
+    rank0 = [{i for e, ids in result["seen"] if e == epoch for i in ids[0]} for epoch in (0, 1)]
+    assert rank0[0] != rank0[1]
+    assert min(rank0[0]) < 500 and max(rank0[0]) > 1500  # not a fixed half of the ids

@@ -455,10 +455,11 @@ class ShardReader:
         while go_on and position.batches_in_epoch() == 0:
             go_on = next_epoch()
         for batch in batches:
-            yield batch
+            # Counted when handed out, so that state_dict() in the loop body includes it.
             position.batches += 1
             while go_on and position.batches >= position.batches_in_epoch():
                 go_on = next_epoch()
+            yield batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.position.settle()
