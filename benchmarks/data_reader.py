@@ -10,9 +10,10 @@ default size. Then, in one table:
 * conversion: `make_spark_converter` of the source scan (read in place: no byte written),
   and of the generated DataFrame itself (a copy, in the default codec), against Spark's own
   write of the same rows; Mosaic Streaming's MDS copy of the same rows (`MDSWriter` fed
-  from the source's Parquet in this process: its Spark converter, `dataframe_to_mds`,
-  imports `streaming` in Spark's Python workers, whose package `__init__` needs torchvision,
-  which does not import beside this CPU torch).
+  from the source's Parquet, one writer process per rank, each over its share of the files,
+  then the partitions' indexes merged, as `dataframe_to_mds` does with Spark tasks: that
+  converter imports `streaming` in Spark's Python workers, whose package `__init__` needs
+  torchvision, which does not import beside this CPU torch).
 * reading: 2 ranks at once (2 processes started together), each reading its half for one
   epoch in batches of `--batch-size` as numpy/tensors; rows/s and MB/s (bytes of the
   arrays delivered) per rank. The reference is a plain pyarrow loop (`iter_batches` over
@@ -212,21 +213,46 @@ def timed(action):
     return result, time.perf_counter() - start
 
 
-def write_mds(source_files: list[str], out: Path, features: int) -> float:
-    """Mosaic Streaming's MDS copy of the source rows, sample by sample (MDSWriter)."""
-    import pyarrow.parquet as pq
+MDS_WRITER = """
+import json, sys
+import pyarrow.parquet as pq
+files, out, features = json.loads(sys.argv[1])
+exec(json.loads(sys.argv[2]))
+columns = {"label": "int64", "features": f"ndarray:float32:{features}"}
+with MDSWriter(out=out, columns=columns, compression=None) as writer:
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(8192):
+            labels = batch.column("label").to_numpy()
+            matrix = batch.column("features").flatten().to_numpy().reshape(len(labels), -1)
+            for label, row in zip(labels, matrix):
+                writer.write({"label": int(label), "features": row})
+"""
 
-    namespace: dict = {}
-    exec(STREAMING_IMPORT, namespace)
-    columns = {"label": "int64", "features": f"ndarray:float32:{features}"}
+
+def write_mds(source_files: list[str], out: Path, features: int, writers: int) -> float:
+    """Mosaic Streaming's MDS copy of the source rows: `writers` processes, each writing
+    its share of the files sample by sample (MDSWriter) into a partition, then the
+    partitions' indexes merged (what dataframe_to_mds does with Spark tasks)."""
+    env = {**os.environ, "PYTHONPATH": f"{STREAMING_DIR}:{os.environ.get('PYTHONPATH', '')}"}
     start = time.perf_counter()
-    with namespace["MDSWriter"](out=str(out), columns=columns, compression=None) as writer:
-        for path in source_files:
-            for batch in pq.ParquetFile(path).iter_batches(8192):
-                labels = batch.column("label").to_numpy()
-                matrix = batch.column("features").flatten().to_numpy().reshape(len(labels), -1)
-                for label, row in zip(labels, matrix, strict=True):
-                    writer.write({"label": int(label), "features": row})
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                MDS_WRITER,
+                json.dumps([source_files[i::writers], str(out / str(i)), features]),
+                json.dumps(STREAMING_IMPORT),
+            ],
+            env=env,
+        )
+        for i in range(writers)
+    ]
+    if any(proc.wait() != 0 for proc in procs):
+        raise RuntimeError("an MDS writer failed")
+    namespace: dict = {}
+    exec(STREAMING_IMPORT + "from streaming.base.util import merge_index", namespace)
+    namespace["merge_index"](str(out), keep_local=True)
     return time.perf_counter() - start
 
 
@@ -321,10 +347,10 @@ def main_benchmark(args, work: Path) -> None:
     streaming_why = streaming_status()
     if streaming_why is None:
         sys.path.insert(0, str(STREAMING_DIR))
-        seconds = write_mds(files, mds, args.features)
+        seconds = write_mds(files, mds, args.features, args.ranks)
         table.append(
             (
-                "Mosaic Streaming MDS copy (MDSWriter, 1 pr.)",
+                f"Mosaic Streaming MDS copy ({args.ranks} MDSWriters)",
                 "-",
                 args.rows,
                 seconds,
