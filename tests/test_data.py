@@ -447,3 +447,102 @@ def test_ddp_on_digits_from_spark_matches_in_memory(spark, tmp_path):
     assert in_memory > 0.9
     assert distributed["accuracy"] >= in_memory - 0.02, (distributed, in_memory)
     converter.delete()
+
+
+def test_torch_loader_is_a_dataloader_with_workers_collate_and_pin_memory(ids_converter):
+    from torch.utils.data import DataLoader
+
+    shard = {"cur_shard": 1, "shard_count": 3, "shuffle": True, "seed": 3, "batch_size": 64}
+    alone = read_ids(ids_converter, **shard)
+    with ids_converter.make_torch_dataloader(
+        num_epochs=1, num_workers=2, pin_memory=True, **shard
+    ) as loader:
+        assert isinstance(loader, DataLoader)
+        assert len(loader) == 6  # 335 rows of 1003 for each of 3 ranks: 5 x 64 + 15
+        batches = list(loader)
+    # Two decode processes, each making every other batch: the same batches, in order.
+    assert [int(i) for batch in batches for i in batch["id"]] == alone
+    with ids_converter.make_torch_dataloader(
+        num_epochs=1, collate_fn=lambda batch: int(batch["id"].sum()), workers_count=3, **shard
+    ) as loader:
+        assert sum(loader) == sum(alone)
+
+
+def test_resume_in_a_smaller_world_reads_the_rest_of_the_epoch(ids_converter):
+    """3 ranks read 2 batches each; 2 ranks, from rank 0's state, read the rest."""
+    kw = {"batch_size": 50, "num_epochs": 1, "shuffle": True, "seed": 9}
+    seen, states = [], []
+    for rank in range(3):
+        with ids_converter.make_torch_dataloader(cur_shard=rank, shard_count=3, **kw) as dl:
+            batches = iter(dl)
+            for _ in range(2):
+                seen += [int(i) for i in next(batches)["id"]]
+            states.append(dl.state_dict())
+    assert states[0] == states[1] == states[2]
+    assert states[0]["epoch"] == 0 and states[0]["rows_consumed"] == 300
+    rest = []
+    for rank in range(2):
+        with ids_converter.make_torch_dataloader(cur_shard=rank, shard_count=2, **kw) as dl:
+            dl.load_state_dict(states[0])
+            rest.append([int(i) for batch in dl for i in batch["id"]])
+            assert dl.epoch == 1
+    assert len(rest[0]) == len(rest[1]) == -(-(N_ROWS - 300) // 2)
+    counts = Counter(seen + rest[0] + rest[1])
+    assert sorted(counts) == list(range(N_ROWS))
+    assert sum(counts.values()) == N_ROWS + 1  # 703 rows left for 2 ranks: one pad
+
+
+def test_petastorm_documented_usage_runs_with_the_import_changed(spark, tmp_path):
+    """The Databricks petastorm page's code, with `petastorm.spark` -> `sparkdist.data`."""
+    import tensorflow as tf
+
+    from sparkdist.data import SparkDatasetConverter, TransformSpec, make_spark_converter
+
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, tmp_path.as_uri())
+    try:
+        df = spark.range(600).selectExpr(
+            "array(cast(id as float), cast(id % 7 as float)) as features", "id % 3 as label_index"
+        )
+        converter_train = make_spark_converter(df)
+    finally:
+        spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
+    assert converter_train.cache_dir_url.startswith(tmp_path.as_uri())
+
+    def transform_row(pd_batch):
+        pd_batch["features"] = pd_batch["features"].map(lambda x: np.append(x, 1.0) / 600)
+        pd_batch["label_index"] = pd_batch["label_index"] * 10
+        return pd_batch
+
+    transform_spec_fn = TransformSpec(
+        transform_row,
+        edit_fields=[("features", np.float32, (3,), False)],
+        selected_fields=["features", "label_index"],
+    )
+    batch_size = 32
+    with converter_train.make_torch_dataloader(
+        transform_spec=transform_spec_fn,
+        batch_size=batch_size,
+        num_epochs=1,
+        shuffling_queue_capacity=128,
+        workers_count=2,
+    ) as train_dataloader:
+        train_dataloader_iter = iter(train_dataloader)
+        steps_per_epoch = len(converter_train) // batch_size
+        labels = []
+        for _ in range(steps_per_epoch):
+            pd_batch = next(train_dataloader_iter)
+            assert pd_batch["features"].shape == (batch_size, 3)
+            assert float(pd_batch["features"][0, 2]) == pytest.approx(1 / 600)
+            labels += pd_batch["label_index"].tolist()
+    assert set(labels) == {0, 10, 20}
+
+    with converter_train.make_tf_dataset(
+        transform_spec=transform_spec_fn, batch_size=batch_size, workers_count=2
+    ) as dataset:
+        assert dataset.element_spec.features.shape.as_list() == [None, 3]
+        dataset = dataset.map(lambda x: (x.features, x.label_index // 10))
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(3)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(dataset, steps_per_epoch=len(converter_train) // batch_size, epochs=2)
+        assert len(history.history["loss"]) == 2
+    converter_train.delete()

@@ -152,3 +152,26 @@ def test_readme_loop_equal_steps_global_shuffle_and_resume_after_a_kill(spark):
     rank0 = [{i for e, ids in result["seen"] if e == epoch for i in ids[0]} for epoch in (0, 1)]
     assert rank0[0] != rank0[1]
     assert min(rank0[0]) < 500 and max(rank0[0]) > 1500  # not a fixed half of the ids
+
+
+def horovod_loop(train) -> dict:
+    """The README loop under Horovod: an allreduce per batch, one epoch of 2001 rows."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    batches, rows = 0, 0
+    with train.make_torch_dataloader(batch_size=100, num_epochs=1, shuffle=True) as loader:
+        for batch in loader:
+            rows += int(hvd.allreduce(torch.tensor(len(batch["id"])), op=hvd.Sum))
+            batches += 1
+    result = {"rank": hvd.rank(), "batches": batches, "rows": rows}
+    hvd.shutdown()
+    return result
+
+
+def test_readme_loop_under_horovod_takes_equal_steps(spark):
+    df = spark.range(2001).selectExpr("id").repartition(3)
+    results = HorovodRunner(np=2, start_timeout=120).run_all(horovod_loop, train=df)
+    assert [r["batches"] for r in results] == [11, 11]
+    assert [r["rows"] for r in results] == [2002, 2002]  # 2001 rows and one pad

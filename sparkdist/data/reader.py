@@ -1,13 +1,13 @@
-"""Streams one rank's shard of the cached Parquet as dicts of numpy arrays, with pyarrow.
+"""Streams one rank's rows of the Parquet files as dicts of numpy arrays, with pyarrow.
 
-Sharding is by row ranges over the files' row groups in a fixed order: shard ``i`` of
-``n`` gets rows ``[N*i//n, N*(i+1)//n)``. The shards are disjoint, cover every row exactly
-once, and differ by at most one row, whatever the number of files or row groups (so
-DDP ranks get the same number of batches in all but edge cases). Reading goes one row
-group at a time (``ParquetFile.iter_batches``), never a whole file, in a background
-thread that keeps ``prefetch`` batches ready. Arrow data turns into numpy in chunks of
-several batches (about ``CHUNK_BYTES``), and batches are views into them: per-batch cost
-stays near that of a bare ``iter_batches`` loop.
+Which rows, in which order, is `sparkdist.data.order`: rank ``r`` of ``W`` reads its equal
+slice of each epoch's global order, from a position that survives relaunches and
+resizes. Here the slice is read window by window (consecutive row groups of that order):
+the row groups a window's part of the slice touches are read whole
+(``ParquetFile.read_row_group``, only the wanted columns), the rows are taken in order,
+and the result turns into numpy once per window; batches are views into it, so the
+per-batch cost stays near that of a bare pyarrow loop. Reading runs in a background
+thread ``prefetch`` batches ahead, and ``workers_count`` windows can be read at once.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ import pyarrow.parquet as pq
 
 from sparkdist.data import fs, order
 from sparkdist.data.transform import TransformSpec
-
-DEFAULT_SHUFFLE_BUFFER_ROWS = order.DEFAULT_WINDOW_ROWS
-CHUNK_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
