@@ -453,19 +453,20 @@ def test_torch_loader_is_a_dataloader_with_workers_collate_and_pin_memory(ids_co
     from torch.utils.data import DataLoader
 
     shard = {"cur_shard": 1, "shard_count": 3, "shuffle": True, "seed": 3, "batch_size": 64}
-    alone = read_ids(ids_converter, **shard)
+    alone = read_ids(ids_converter, **{**shard, "num_epochs": 2})
     with ids_converter.make_torch_dataloader(
-        num_epochs=1, num_workers=2, pin_memory=True, **shard
+        num_epochs=2, num_workers=2, pin_memory=True, **shard
     ) as loader:
         assert isinstance(loader, DataLoader)
-        assert len(loader) == 6  # 335 rows of 1003 for each of 3 ranks: 5 x 64 + 15
+        assert len(loader) == 12  # 335 rows of 1003 for each of 3 ranks: 5 x 64 + 15
         batches = list(loader)
-    # Two decode processes, each making every other batch: the same batches, in order.
+    # Two decode processes, each making every other batch: the same batches, in order
+    # (across the epochs too: 6 batches an epoch).
     assert [int(i) for batch in batches for i in batch["id"]] == alone
     with ids_converter.make_torch_dataloader(
         num_epochs=1, collate_fn=lambda batch: int(batch["id"].sum()), workers_count=3, **shard
     ) as loader:
-        assert sum(loader) == sum(alone)
+        assert sum(loader) == sum(alone[:335])
 
 
 def test_resume_in_a_smaller_world_reads_the_rest_of_the_epoch(ids_converter):

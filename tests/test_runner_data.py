@@ -26,26 +26,21 @@ def train_from_converter(train, x_test, y_test, epochs):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    assert int(os.environ["RANK"]) == rank
+    assert int(os.environ["RANK"]) == dist.get_rank()
     model = DistributedDataParallel(make_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
     batch_size = 32
-    steps = len(train) // (batch_size * size)  # the same number of steps on every rank
     rows = 0
     with train.make_torch_dataloader(
-        batch_size=batch_size, num_epochs=None, shuffle=True, seed=rank
+        batch_size=batch_size, num_epochs=epochs, shuffle=True
     ) as loader:
-        batches = iter(loader)
-        for _ in range(epochs):
-            for _ in range(steps):
-                batch = next(batches)
-                optimizer.zero_grad()
-                loss = loss_fn(model(batch["features"]), batch["label"].long())
-                loss.backward()
-                optimizer.step()
-                rows += len(batch["label"])
+        for batch in loader:  # the same number of batches on every rank
+            optimizer.zero_grad()
+            loss = loss_fn(model(batch["features"]), batch["label"].long())
+            loss.backward()
+            optimizer.step()
+            rows += len(batch["label"])
     result = {"accuracy": accuracy(model.module, x_test, y_test), "rows": rows}
     dist.destroy_process_group()
     return result

@@ -238,19 +238,25 @@ _DONE = object()
 
 
 def wanted_intervals(
-    rank_slice: Sequence[order.Interval], batch_size: int, worker: int, workers: int
+    rank_slice: Sequence[order.Interval],
+    batch_size: int,
+    worker: int,
+    workers: int,
+    batches_before: int = 0,
 ) -> list[order.Interval]:
     """The part of a rank's slice that decode worker ``worker`` of ``workers`` reads.
 
-    Worker ``w`` makes batches ``w, w + workers, ...`` of the rank, the order in which
+    Worker ``w`` makes the rank's batches ``w, w + workers, ...`` of the iteration (the
+    epoch's batch ``k`` is the iteration's ``batches_before + k``), the order in which
     ``torch.utils.data.DataLoader`` takes them from its workers, so together they yield
     the rank's batches in order, each row once.
     """
     if workers == 1:
         return list(rank_slice)
     rows = order.total(rank_slice)
+    first = (worker - batches_before) % workers
     out: list[order.Interval] = []
-    for start in range(worker * batch_size, rows, workers * batch_size):
+    for start in range(first * batch_size, rows, workers * batch_size):
         out += order.take(rank_slice, start, min(start + batch_size, rows))
     return out
 
@@ -377,7 +383,7 @@ class ShardReader:
     def _plan(self, worker: int, workers: int) -> Iterator[tuple[order.EpochOrder, list]]:
         """(epoch order, pieces this worker reads) per epoch of one iteration."""
         position = self.position.copy()
-        epochs = 0
+        epochs = batches = 0
         while self.num_epochs is None or epochs < self.num_epochs:
             epoch_order = order.EpochOrder(
                 self.layout.row_group_rows,
@@ -386,8 +392,10 @@ class ShardReader:
                 self.shuffle,
                 self.window_rows,
             )
-            wanted = wanted_intervals(position.slice(), self.batch_size, worker, workers)
+            own = position.slice()
+            wanted = wanted_intervals(own, self.batch_size, worker, workers, batches)
             yield epoch_order, _by_window(epoch_order.pieces(wanted))
+            batches += position.batches_in_epoch()
             position.next_epoch()
             epochs += 1
 
