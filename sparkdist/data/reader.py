@@ -471,7 +471,7 @@ class ShardReader:
         if self.prefetch < 1:
             produced: Iterator = self.batches()
         else:
-            produced = _prefetched(self.batches, self.prefetch, self._closed)
+            produced = prefetched(self.batches, self.prefetch, self._closed)
         for batch in self.count(produced):
             if self._closed.is_set():
                 return
@@ -489,7 +489,7 @@ def _by_window(pieces: list[tuple[order.Window, int, int]]) -> list[tuple[order.
     return grouped
 
 
-def _prefetched(
+def prefetched(
     produce: Callable[[], Iterator[object]], depth: int, closed: threading.Event
 ) -> Iterator:
     """Run ``produce()`` in a thread, ``depth`` items ahead; stops when abandoned or closed."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sparkdist.data.reader import ShardReader, _prefetched
+from sparkdist.data.reader import ShardReader, prefetched
 
 
 def _to_torch(values: np.ndarray) -> Any:
@@ -47,7 +47,7 @@ class RankDataset(IterableDataset):
         if reader.prefetch < 1:
             yield from reader.batches(worker, workers)
             return
-        yield from _prefetched(
+        yield from prefetched(
             lambda: reader.batches(worker, workers), reader.prefetch, reader._closed
         )
 
