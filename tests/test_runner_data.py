@@ -170,3 +170,27 @@ def test_readme_loop_under_horovod_takes_equal_steps(spark):
     results = HorovodRunner(np=2, start_timeout=120).run_all(horovod_loop, train=df)
     assert [r["batches"] for r in results] == [11, 11]
     assert [r["rows"] for r in results] == [2002, 2002]  # 2001 rows and one pad
+
+
+def keras_loop(train) -> dict:
+    """Keras fit under MultiWorkerMirroredStrategy on make_tf_dataset, 2001 rows."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with train.make_tf_dataset(batch_size=100, shuffle=True) as dataset:
+        steps = dataset.steps_per_epoch
+        pairs = dataset.map(lambda b: (tf.expand_dims(b.x, 1), b.x * 2))
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+            model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+        history = model.fit(pairs, epochs=2, steps_per_epoch=steps, verbose=0)
+    return {"steps": steps, "loss": history.history["loss"]}
+
+
+def test_keras_fit_on_the_tf_dataset_takes_equal_steps(spark):
+    df = spark.range(2001).selectExpr("cast(id as float) / 2001 as x").repartition(3)
+    runner = HorovodRunner(np=2, start_timeout=180, timeout=300)
+    results = runner.run_all(keras_loop, train=df)
+    assert [r["steps"] for r in results] == [11, 11]
+    assert results[0]["loss"] == results[1]["loss"]  # one model, trained in step
+    assert results[0]["loss"][-1] < results[0]["loss"][0]

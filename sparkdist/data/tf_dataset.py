@@ -60,6 +60,11 @@ class TFDatasetContext:
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
         prefetch = tf.data.AUTOTUNE if self._prefetch is None else self._prefetch
         dataset = dataset.prefetch(prefetch) if prefetch else dataset
+        # Already this rank's slice: tf.distribute must not shard it again (its AUTO
+        # policy would give each worker every n-th batch of it).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
         dataset.steps_per_epoch = reader.batches_per_epoch()
         dataset.state_dict = reader.state_dict
         dataset.load_state_dict = reader.load_state_dict
