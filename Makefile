@@ -9,12 +9,16 @@ STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt requirements/no-de
 PETASTORM_VENV := .venv-petastorm
 PETASTORM_REQS := requirements/petastorm-side.txt
 PETASTORM_STAMP := $(PETASTORM_VENV)/.sparkdist-$(shell cat $(PETASTORM_REQS) setup.py | sha256sum | cut -c1-16)
+# Peers only the benchmarks use (Mosaic Streaming), installed beside .venv, not into it.
+BENCH_DIR := .bench-streaming
+BENCH_REQS := requirements/bench-streaming.txt
+BENCH_STAMP := $(BENCH_DIR)/.sparkdist-$(shell cat $(BENCH_REQS) | sha256sum | cut -c1-16)
 # Tests and demos talk to 127.0.0.1 only.
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: bootstrap system venv horovod petastorm-side test demo lint format bench clean
+.PHONY: bootstrap system venv horovod petastorm-side bench-deps test demo lint format bench clean
 
 bootstrap: system venv horovod
 
@@ -45,6 +49,13 @@ $(PETASTORM_STAMP): $(PETASTORM_REQS) setup.py
 	rm -f $(PETASTORM_VENV)/.sparkdist-*
 	touch $@
 
+bench-deps: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(BENCH_REQS) | venv
+	rm -rf $(BENCH_DIR)
+	$(PY) -m pip install -q --no-deps --target $(BENCH_DIR) -r $(BENCH_REQS)
+	touch $@
+
 test: bootstrap petastorm-side
 	$(PY) -m ruff check sparkdist tests benchmarks
 	shellcheck init_scripts/*.sh conf/*.sh
@@ -62,12 +73,12 @@ format:
 	$(PY) -m ruff format sparkdist tests benchmarks
 	$(PY) -m ruff check --fix sparkdist tests benchmarks
 
-# Every benchmark, each printing its table side by side with the peers (about 40 minutes).
-bench: bootstrap petastorm-side
-	$(PY) benchmarks/launch_overhead.py
-	$(PY) benchmarks/allreduce_bandwidth.py
-	$(PY) benchmarks/data_reader.py
-	$(PY) benchmarks/ensemble.py
+# Every script under benchmarks/, each printing its table side by side with the peers (about
+# an hour); one that fails does not stop the others, and fails the target at the end.
+bench: bootstrap petastorm-side bench-deps
+	status=0; for script in benchmarks/*.py; do \
+		echo "== $$script"; $(PY) $$script || status=1; \
+	done; exit $$status
 
 clean:
-	rm -rf $(VENV) $(PETASTORM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PETASTORM_VENV) $(BENCH_DIR) build *.egg-info .pytest_cache

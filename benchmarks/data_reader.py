@@ -1,17 +1,34 @@
-"""Rows per second per rank: sparkdist's pyarrow reader vs a plain pyarrow loop vs petastorm.
+"""Spark DataFrames to ranks at scale: conversion cost and per-rank read speed, beside peers.
 
-    .venv/bin/python benchmarks/data_reader.py [--rows 300000] [--features 64]
+    .venv/bin/python benchmarks/data_reader.py [--rows 8400000] [--features 64]
+    .venv/bin/python benchmarks/data_reader.py --codecs [--codec-rows 1000000]
 
-Spark (local[2]) writes a generated DataFrame (a float vector and an int label) once
-through ``make_spark_converter``. Each reader then reads the same Parquet files, one
-shard per rank (ranks timed one after another, in this process), turning every batch
-into numpy arrays (or tensors for the loaders). The plain loop reads *all* files with
-``ParquetFile.iter_batches(batch_size)`` and turns each batch's columns into numpy: what
-a hand-written reader does, and the reference for the ratio. The same loop with
-16384-row batches (no batching for training at all) shows the decoding ceiling. petastorm
-needs pyarrow < 15 and numpy < 2, so it runs in a separate interpreter
-(``--petastorm-python``, default .venv-petastorm/bin/python from ``make petastorm-side``)
-when one exists.
+Spark (local[2]) generates a DataFrame (a label and an array of float32 features) and
+writes it with its own Parquet writer (snappy): the source, over 2 GB on disk at the
+default size. Then, in one table:
+
+* conversion: `make_spark_converter` of the source scan (read in place: no byte written),
+  and of the generated DataFrame itself (a copy, in the default codec), against Spark's own
+  write of the same rows; Mosaic Streaming's MDS copy of the same rows (`MDSWriter` fed
+  from the source's Parquet, one writer process per rank, each over its share of the files,
+  then the partitions' indexes merged, as `dataframe_to_mds` does with Spark tasks: that
+  converter imports `streaming` in Spark's Python workers, whose package `__init__` needs
+  torchvision, which does not import beside this CPU torch).
+* reading: 2 ranks at once (2 processes started together), each reading its half for one
+  epoch in batches of `--batch-size` as numpy/tensors; rows/s and MB/s (bytes of the
+  arrays delivered) per rank. The reference is a plain pyarrow loop (`iter_batches` over
+  the rank's half of the files, columns to numpy); then sparkdist's torch loader on the
+  source in place and on its copy; petastorm 0.13.1 (`make_batch_reader` +
+  `BatchedDataLoader`, in the side environment .venv-petastorm from `make petastorm-side`);
+  Mosaic Streaming (`StreamingDataset` on the local MDS copy, torch `DataLoader`).
+
+`--codecs` instead measures the codecs a copy can use (what chose the default): for each,
+Spark's write time and bytes, and the rows/s of one sparkdist reader over the copy, on
+random floats (incompressible) and on 17-level "pixels" (as in scikit-learn's digits).
+
+Nothing is installed at run time: Mosaic Streaming comes from `make bench-deps`
+(requirements/bench-streaming.txt, installed --no-deps into .bench-streaming). Everything
+written goes under one temporary directory, removed at the end.
 """
 
 from __future__ import annotations
@@ -19,207 +36,457 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
+ROOT = Path(__file__).resolve().parents[1]
+STREAMING_DIR = ROOT / ".bench-streaming"
 
-PETASTORM_SCRIPT = """
-import json, sys, time, warnings
-warnings.simplefilter("ignore")
-from petastorm import make_batch_reader
-from petastorm.pytorch import BatchedDataLoader, DataLoader
+# Loads Mosaic Streaming's reader and writer without its package __init__, which imports
+# its vision datasets and so torchvision (not importable beside this CPU torch).
+STREAMING_IMPORT = """
+import importlib.util, sys, types
+_spec = importlib.util.find_spec("streaming")
+_pkg = types.ModuleType("streaming")
+_pkg.__path__ = list(_spec.submodule_search_locations)
+sys.modules["streaming"] = _pkg
+import streaming.base as _base
+from streaming._version import __version__ as STREAMING_VERSION
+MDSWriter, StreamingDataset = _base.MDSWriter, _base.StreamingDataset
+"""
 
-files, batch_size, shard_count, repeats = json.loads(sys.argv[1])
-results = []
-for name, loader in [("DataLoader", DataLoader), ("BatchedDataLoader", BatchedDataLoader)]:
-    for shard in range(shard_count):
-        best = None
-        for _ in range(repeats):
-            kwargs = {"cur_shard": shard, "shard_count": shard_count} if shard_count > 1 else {}
-            start, rows = time.perf_counter(), 0
-            # workers_count=4: what petastorm's make_torch_dataloader uses by default.
-            with make_batch_reader(files, num_epochs=1, workers_count=4,
-                                   shuffle_row_groups=False, **kwargs) as reader:
-                for batch in loader(reader, batch_size=batch_size):
-                    rows += len(batch["label"])
-            seconds = time.perf_counter() - start
-            best = min(best or (rows, seconds), (rows, seconds), key=lambda r: r[1])
-        results.append([name, shard, *best])
-print(json.dumps(results))
+# A reader process: imports and opens its reader, says "ready", waits for the go file,
+# reads its half for one epoch, prints (rows, bytes delivered, seconds) as JSON.
+WORKER = """
+import json, os, sys, time
+kind, rank, world, batch_size, spec, go = sys.argv[1:7]
+rank, world, batch_size = int(rank), int(world), int(batch_size)
+spec = json.loads(spec)
+
+def arrays_bytes(*arrays):
+    return sum(a.nbytes for a in arrays)
+
+if kind == "pyarrow":
+    import pyarrow.parquet as pq
+    def read():
+        rows = size = 0
+        for path in spec["files"][rank::world]:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size):
+                features = batch.column("features")
+                x = features.flatten().to_numpy().reshape(len(features), -1)
+                y = batch.column("label").to_numpy()
+                rows, size = rows + len(y), size + arrays_bytes(x, y)
+        return rows, size
+elif kind == "sparkdist":
+    import pickle
+    import torch  # imported before the clock starts, as by the other loaders
+    with open(spec["handle"], "rb") as f:
+        converter = pickle.load(f)
+    def read():
+        rows = size = 0
+        with converter.make_torch_dataloader(
+            batch_size=batch_size, num_epochs=1, cur_shard=rank, shard_count=world
+        ) as loader:
+            for batch in loader:
+                x, y = batch["features"], batch["label"]
+                rows += len(y)
+                size += x.element_size() * x.nelement() + y.element_size() * y.nelement()
+        return rows, size
+elif kind == "petastorm":
+    import warnings
+    warnings.simplefilter("ignore")
+    from petastorm import make_batch_reader
+    from petastorm.pytorch import BatchedDataLoader
+    def read():
+        rows = size = 0
+        urls = ["file://" + path for path in spec["files"]]
+        # workers_count=4: petastorm's make_torch_dataloader default.
+        with make_batch_reader(urls, num_epochs=1, workers_count=4, cur_shard=rank,
+                               shard_count=world, shuffle_row_groups=False) as reader:
+            for batch in BatchedDataLoader(reader, batch_size=batch_size):
+                x, y = batch["features"], batch["label"]
+                rows += len(y)
+                size += x.element_size() * x.nelement() + y.element_size() * y.nelement()
+        return rows, size
+elif kind == "streaming":
+    # Streaming's own view of the world; it also joins torch.distributed when it can.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=spec["port"])
+    exec(spec["import"])
+    from torch.utils.data import DataLoader
+    dataset = StreamingDataset(local=spec["mds"], batch_size=batch_size, shuffle=False)
+    def read():
+        rows = size = 0
+        for batch in DataLoader(dataset, batch_size=batch_size, num_workers=0):
+            x, y = batch["features"], batch["label"]
+            rows += len(y)
+            size += x.element_size() * x.nelement() + y.element_size() * y.nelement()
+            if rows >= spec["max_rows"]:  # its rate is steady; a full epoch takes minutes
+                break
+        return rows, size
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+start = time.perf_counter()
+rows, size = read()
+print(json.dumps([rows, size, time.perf_counter() - start]), flush=True)
 """
 
 
-def best_of(repeats: int, measure) -> tuple[int, float]:
-    """(rows, seconds) of the fastest of ``repeats`` runs: the machine is shared."""
-    runs = [measure() for _ in range(repeats)]
-    return min(runs, key=lambda run: run[1])
-
-
-def plain_pyarrow_loop(files: list[str], batch_size: int) -> tuple[int, float]:
-    """Every file, ``iter_batches(batch_size)``, each batch's columns to numpy."""
-    from sparkdist.data.fs import filesystem_and_path
-
-    start, rows = time.perf_counter(), 0
-    for url in files:
-        filesystem, path = filesystem_and_path(url)
-        parquet = pq.ParquetFile(filesystem.open_input_file(path))
-        for batch in parquet.iter_batches(batch_size):
-            features = batch.column("features")
-            values = features.flatten().to_numpy(zero_copy_only=False)
-            arrays = {
-                "features": values.reshape(len(features), -1),
-                "label": batch.column("label").to_numpy(zero_copy_only=False),
-            }
-            rows += len(arrays["label"])
-    return rows, time.perf_counter() - start
-
-
-def sparkdist_reader(converter, batch_size: int, shard: int, shard_count: int):
-    from sparkdist.data.reader import ShardReader
-
-    def measure() -> tuple[int, float]:
-        reader = ShardReader(
-            converter.layout,
-            batch_size=batch_size,
-            num_epochs=1,
-            cur_shard=shard,
-            shard_count=shard_count,
+def run_ranks(python: str, kind: str, spec: dict, world: int, batch: int, work: Path, env=None):
+    """Start `world` reader processes, release them together; [(rows, bytes, seconds)]."""
+    go = work / f"go-{kind}-{time.monotonic_ns()}"
+    procs = [
+        subprocess.Popen(
+            [python, "-c", WORKER, kind, str(r), str(world), str(batch), json.dumps(spec), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
         )
-        start = time.perf_counter()
-        rows = sum(len(batch["label"]) for batch in reader)
-        return rows, time.perf_counter() - start
+        for r in range(world)
+    ]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"{kind} reader did not start: {proc.stderr.read()[-2000:]}")
+        go.touch()
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=3600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{kind} reader failed: {err[-2000:]}")
+            results.append(tuple(json.loads(out.strip().splitlines()[-1])))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
-    return measure
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
-def sparkdist_torch(converter, batch_size: int, shard: int, shard_count: int):
-    def measure() -> tuple[int, float]:
-        start, rows = time.perf_counter(), 0
-        with converter.make_torch_dataloader(
-            batch_size=batch_size, num_epochs=1, cur_shard=shard, shard_count=shard_count
-        ) as loader:
-            for batch in loader:
-                rows += len(batch["label"])
-        return rows, time.perf_counter() - start
-
-    return measure
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def petastorm_rows(
-    python: str, files: list[str], batch_size: int, shard_count: int, repeats: int
-) -> list[tuple[str, int, int, float]] | str:
-    if not os.access(python, os.X_OK):
-        return "n/a (petastorm not installable here)"
-    args = json.dumps([files, batch_size, shard_count, repeats])
-    result = subprocess.run(
-        [python, "-c", PETASTORM_SCRIPT, args], capture_output=True, text=True, timeout=1200
+def start_spark(cores: int = 2):
+    from sparkdist.spark.session import embedded_spark
+
+    return embedded_spark(
+        app_name="sparkdist-bench-data-reader",
+        master=f"local[{cores}]",
+        conf={"spark.driver.memory": "3g", "spark.sql.shuffle.partitions": "16"},
     )
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["?"])[-1]
-        return f"n/a (petastorm failed: {last[:80]})"
-    return [tuple(row) for row in json.loads(result.stdout.strip().splitlines()[-1])]
 
 
-def build_converter(rows: int, features: int, partitions: int, cache_dir: str):
-    from pyspark.sql import SparkSession
+def generate(spark, rows: int, features: int, partitions: int, pixels: bool = False):
+    """A label and `features` float32 values per row: uniform, or 17 levels (k/16)."""
     from pyspark.sql import functions as F
 
-    from sparkdist.data import make_spark_converter
+    def value(i):
+        v = F.rand(seed=i)
+        return (F.floor(v * 17) / 16).cast("float") if pixels else v.cast("float")
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkdist-bench-data-reader")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
+    return spark.range(rows, numPartitions=partitions).select(
+        (F.col("id") % 10).alias("label"),
+        F.array(*[value(i) for i in range(features)]).alias("features"),
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    vector = F.array(*[F.rand(seed=i) for i in range(features)])
-    df = (
-        spark.range(rows, numPartitions=partitions)
-        .select((F.col("id") % 10).alias("label"), vector.alias("features"))
-        .repartition(partitions)
+
+
+def timed(action):
+    start = time.perf_counter()
+    result = action()
+    return result, time.perf_counter() - start
+
+
+MDS_WRITER = """
+import json, sys
+import pyarrow.parquet as pq
+files, out, features = json.loads(sys.argv[1])
+exec(json.loads(sys.argv[2]))
+columns = {"label": "int64", "features": f"ndarray:float32:{features}"}
+with MDSWriter(out=out, columns=columns, compression=None) as writer:
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(8192):
+            labels = batch.column("label").to_numpy()
+            matrix = batch.column("features").flatten().to_numpy().reshape(len(labels), -1)
+            for label, row in zip(labels, matrix):
+                writer.write({"label": int(label), "features": row})
+"""
+
+
+def write_mds(source_files: list[str], out: Path, features: int, writers: int) -> float:
+    """Mosaic Streaming's MDS copy of the source rows: `writers` processes, each writing
+    its share of the files sample by sample (MDSWriter) into a partition, then the
+    partitions' indexes merged (what dataframe_to_mds does with Spark tasks)."""
+    env = {**os.environ, "PYTHONPATH": f"{STREAMING_DIR}:{os.environ.get('PYTHONPATH', '')}"}
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                MDS_WRITER,
+                json.dumps([source_files[i::writers], str(out / str(i)), features]),
+                json.dumps(STREAMING_IMPORT),
+            ],
+            env=env,
+        )
+        for i in range(writers)
+    ]
+    if any(proc.wait() != 0 for proc in procs):
+        raise RuntimeError("an MDS writer failed")
+    namespace: dict = {}
+    exec(STREAMING_IMPORT + "from streaming.base.util import merge_index", namespace)
+    namespace["merge_index"](str(out), keep_local=True)
+    return time.perf_counter() - start
+
+
+def streaming_status() -> str | None:
+    """None when Mosaic Streaming imports from .bench-streaming, else why not."""
+    if not STREAMING_DIR.is_dir():
+        return "not installed (make bench-deps)"
+    code = STREAMING_IMPORT + "print(STREAMING_VERSION)"
+    env = {**os.environ, "PYTHONPATH": f"{STREAMING_DIR}:{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        return f"does not import: {(result.stderr.strip().splitlines() or ['?'])[-1][:80]}"
+    return None
+
+
+def print_table(rows: list[tuple], title: str) -> None:
+    print(title)
+    header = (
+        f"{'':44} {'rank':>4} {'rows':>9} {'seconds':>8} {'rows/s':>10} {'MB/s':>7} "
+        f"{'written':>10} {'vs loop':>7}"
     )
-    return spark, make_spark_converter(df, cache_dir_url=Path(cache_dir).as_uri())
+    print(header)
+    print("-" * len(header))
+    for label, rank, count, seconds, size, written, ratio in rows:
+        if count is None:
+            print(f"{label:44} {rank:>4} {seconds}")
+            continue
+        rate = f"{count / seconds:>10,.0f}" if count else f"{'':>10}"
+        mbs = f"{size / seconds / 1e6:>7.0f}" if size else f"{'':>7}"
+        wrote = f"{written / 2**20:>6.0f} MiB" if written is not None else f"{'':>10}"
+        vs = f"{ratio:>7.2f}" if ratio is not None else ""
+        print(f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs}")
+
+
+def check_disk(work: Path, needed: int) -> None:
+    free = shutil.disk_usage(work).free
+    if free < needed * 1.3:
+        raise SystemExit(
+            f"not enough disk under {work}: {free / 2**30:.1f} GiB free, the benchmark writes "
+            f"about {needed / 2**30:.1f} GiB; use --workdir or fewer --rows"
+        )
+
+
+def main_benchmark(args, work: Path) -> None:
+    from sparkdist.data import make_spark_converter
+    from sparkdist.data.conversion import DEFAULT_COMPRESSION_CODEC
+
+    row_bytes = args.features * 4 + 8
+    check_disk(work, 4 * args.rows * row_bytes)  # source, copy, MDS copy, slack
+    spark = start_spark()
+    table: list[tuple] = []
+    try:
+        generated = generate(spark, args.rows, args.features, args.partitions)
+        source = work / "source"
+        _, seconds = timed(lambda: generated.write.parquet(str(source)))
+        spark_bytes = dir_bytes(source)
+        table.append(
+            ("Spark's own Parquet write (snappy)", "-", args.rows, seconds, 0, spark_bytes, None)
+        )
+
+        cache_dir = (work / "cache").as_uri()
+        in_place, seconds = timed(
+            lambda: make_spark_converter(spark.read.parquet(str(source)), cache_dir_url=cache_dir)
+        )
+        assert in_place.cache_dir_url is None, "the Parquet source was copied"
+        table.append(
+            (
+                "sparkdist convert: Parquet scan, in place",
+                "-",
+                args.rows,
+                seconds,
+                0,
+                dir_bytes(work / "cache"),
+                None,
+            )
+        )
+        copy, seconds = timed(lambda: make_spark_converter(generated, cache_dir_url=cache_dir))
+        table.append(
+            (f"sparkdist convert: copy ({DEFAULT_COMPRESSION_CODEC})", "-", args.rows, seconds, 0,
+             dir_bytes(work / "cache"), None)
+        )  # fmt: skip
+    finally:
+        spark.stop()
+    files = sorted(str(p) for p in source.glob("*.parquet"))
+    print(
+        f"{args.rows} rows x ({args.features} float32 + int64 label), source {len(files)} files, "
+        f"{spark_bytes / 2**30:.2f} GiB on disk; batch {args.batch_size}; {args.ranks} ranks "
+        f"reading at once (one process each); 2 cores",
+        flush=True,
+    )
+    mds = work / "mds"
+    streaming_why = streaming_status()
+    if streaming_why is None:
+        sys.path.insert(0, str(STREAMING_DIR))
+        seconds = write_mds(files, mds, args.features, args.ranks)
+        table.append(
+            (
+                f"Mosaic Streaming MDS copy ({args.ranks} MDSWriters)",
+                "-",
+                args.rows,
+                seconds,
+                0,
+                dir_bytes(mds),
+                None,
+            )
+        )
+    else:
+        table.append(
+            ("Mosaic Streaming MDS copy", "-", None, f"n/a: {streaming_why}", 0, None, None)
+        )
+
+    handles = {}
+    for name, converter in (("in place", in_place), ("copy", copy)):
+        handles[name] = work / f"{name.replace(' ', '-')}.pkl"
+        handles[name].write_bytes(pickle.dumps(converter))
+    python = sys.executable
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    runs = [
+        ("plain pyarrow loop (its half of the files)", python, "pyarrow", {"files": files}, env)
+    ]
+    runs += [
+        (f"sparkdist torch loader, {name}", python, "sparkdist", {"handle": str(path)}, env)
+        for name, path in handles.items()
+    ]
+    if Path(args.petastorm_python).exists():
+        label = "petastorm 0.13.1 BatchedDataLoader"
+        runs.append((label, args.petastorm_python, "petastorm", {"files": files}, env))
+    else:
+        why = "n/a: no .venv-petastorm (make petastorm-side)"
+        table.append(("petastorm", "-", None, why, 0, None, None))
+    if streaming_why is None:
+        streaming_env = {**env, "PYTHONPATH": f"{STREAMING_DIR}:{env['PYTHONPATH']}"}
+        spec = {
+            "mds": str(mds),
+            "import": STREAMING_IMPORT,
+            "port": str(free_port()),
+            "max_rows": args.streaming_rows,
+        }
+        label = f"Mosaic Streaming 0.14.2 (first {args.streaming_rows // 1000}k rows)"
+        runs.append((label, python, "streaming", spec, streaming_env))
+    baseline = None
+    for label, interpreter, kind, spec, run_env in runs:
+        try:
+            results = run_ranks(interpreter, kind, spec, args.ranks, args.batch_size, work, run_env)
+        except RuntimeError as error:
+            table.append(
+                (label, "-", None, f"n/a: {str(error).splitlines()[-1][:70]}", 0, None, None)
+            )
+            continue
+        if baseline is None:
+            baseline = sum(rows / seconds for rows, _, seconds in results) / len(results)
+        for rank, (rows, size, seconds) in enumerate(results):
+            table.append((label, str(rank), rows, seconds, size, None, rows / seconds / baseline))
+    print_table(table, "")
+
+
+def codec_benchmark(args, work: Path) -> None:
+    from sparkdist.data import make_spark_converter
+    from sparkdist.data.reader import ShardReader
+
+    check_disk(work, 2 * args.codec_rows * (args.features * 4 + 8))
+    spark = start_spark()
+    table = []
+    try:
+        for shape in ("random floats", "pixels (17 levels)"):
+            df = generate(
+                spark, args.codec_rows, args.features, args.partitions, shape != "random floats"
+            )
+            df = df.cache()
+            df.count()
+            for codec in ("uncompressed", "snappy", "lz4_raw", "zstd"):
+                cache_dir = work / f"codec-{codec}"
+                started = time.perf_counter()
+                converter = make_spark_converter(
+                    df, compression_codec=codec, cache_dir_url=cache_dir.as_uri()
+                )
+                write_s = time.perf_counter() - started
+                size = dir_bytes(cache_dir)
+                reads = []
+                for _ in range(args.repeats):
+                    reader = ShardReader(
+                        converter.layout,
+                        batch_size=args.batch_size,
+                        num_epochs=1,
+                        cur_shard=0,
+                        shard_count=1,
+                    )
+                    rows, seconds = timed(lambda r=reader: sum(len(b["label"]) for b in r))
+                    reads.append(seconds)
+                table.append((f"{shape}: {codec}", rows, write_s, size, min(reads)))
+                converter.delete()
+            df.unpersist()
+    finally:
+        spark.stop()
+    print(
+        f"{args.codec_rows} rows x ({args.features} float32 + int64 label); "
+        f"one reader, best of {args.repeats}"
+    )
+    header = f"{'data: codec':34} {'write s':>8} {'MiB':>7} {'rows/s read':>12} {'MB/s read':>10}"
+    print(header)
+    print("-" * len(header))
+    for label, rows, write_s, size, read_s in table:
+        mbs = rows * (args.features * 4 + 8) / read_s / 1e6
+        print(
+            f"{label:34} {write_s:>8.1f} {size / 2**20:>7.0f} {rows / read_s:>12,.0f} {mbs:>10.0f}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--rows", type=int, default=8_400_000)
     parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--streaming-rows", type=int, default=400_000)
+    parser.add_argument("--codecs", action="store_true", help="measure the copy's codecs instead")
+    parser.add_argument("--codec-rows", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--petastorm-python",
-        default=str(Path(__file__).resolve().parents[1] / ".venv-petastorm" / "bin" / "python"),
+        "--petastorm-python", default=str(ROOT / ".venv-petastorm" / "bin" / "python")
     )
+    parser.add_argument("--workdir", default=None, help="where to write (default: the temp dir)")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    cache_dir = tempfile.mkdtemp(prefix="sparkdist-bench-")
+    work = Path(tempfile.mkdtemp(prefix="sparkdist-bench-data-", dir=args.workdir))
     try:
-        spark, converter = build_converter(args.rows, args.features, args.partitions, cache_dir)
-        spark.stop()  # the readers do not need Spark
-        files = converter.file_urls
-        size_mb = sum(os.path.getsize(f[len("file://") :]) for f in files) / 2**20
-        print(
-            f"{len(converter)} rows x ({args.features} float32 + label), {len(files)} files, "
-            f"{converter.layout.num_row_groups} row groups, {size_mb:.0f} MiB uncompressed "
-            f"Parquet; batch {args.batch_size}; best of {args.repeats}; {args.ranks} ranks "
-            f"read one after another"
-        )
-
-        base_rows, base_s = best_of(
-            args.repeats, lambda: plain_pyarrow_loop(files, args.batch_size)
-        )
-        baseline = base_rows / base_s
-        table = [("plain pyarrow loop (all files)", "-", base_rows, base_s)]
-        ceiling = best_of(args.repeats, lambda: plain_pyarrow_loop(files, 16384))
-        table.append(("  same, 16384-row batches (ceiling)", "-", *ceiling))
-        for label, make in [
-            ("sparkdist pyarrow reader (numpy)", sparkdist_reader),
-            ("sparkdist torch loader (tensors)", sparkdist_torch),
-        ]:
-            for shard in range(args.ranks):
-                measure = make(converter, args.batch_size, shard, args.ranks)
-                table.append((label, str(shard), *best_of(args.repeats, measure)))
-        petastorm = petastorm_rows(
-            args.petastorm_python, files, args.batch_size, args.ranks, args.repeats
-        )
-        if isinstance(petastorm, str):
-            table.append(("petastorm (torch DataLoader)", "-", None, None, petastorm))
+        if args.codecs:
+            codec_benchmark(args, work)
         else:
-            for loader, shard, rows, seconds in petastorm:
-                table.append((f"petastorm 0.13.1 {loader}", str(shard), rows, seconds))
-
-        header = (
-            f"{'reader':38} {'rank':>4} {'rows':>9} {'seconds':>8} {'rows/s':>11} {'vs loop':>8}"
-        )
-        print(header)
-        print("-" * len(header))
-        for row in table:
-            label, rank, rows, seconds = row[:4]
-            if rows is None:
-                print(f"{label:38} {rank:>4} {row[4]}")
-                continue
-            rate = rows / seconds
-            print(
-                f"{label:38} {rank:>4} {rows:>9} {seconds:>8.3f} {rate:>11,.0f} "
-                f"{rate / baseline:>8.2f}"
-            )
+            main_benchmark(args, work)
     finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -154,10 +154,32 @@ def scenario_interrupt(spark):
 
 
 def scenario_data(spark):
-    from sparkdist import HorovodRunner
+    """A copied DataFrame and a Parquet scan read in place, both from the client's plan."""
+    import shutil
+    import tempfile
+    from pathlib import Path
 
-    df = spark.range(0, 1000, 1, 4).selectExpr("id", "cast(id % 7 as double) as x")
-    return {"ids": HorovodRunner(np=2).run_all(read_ids, train=df)}
+    from sparkdist import HorovodRunner
+    from sparkdist.data import CACHE_DIR_CONF, make_spark_converter
+    from sparkdist.data.scan import plain_file_scan
+
+    work = Path(tempfile.mkdtemp(prefix="sparkdist-connect-data-"))
+    spark.conf.set(CACHE_DIR_CONF, (work / "cache").as_uri())
+    try:
+        df = spark.range(0, 1000, 1, 4).selectExpr("id", "cast(id % 7 as double) as x")
+        df.write.parquet(str(work / "source"))
+        direct = spark.read.parquet(str(work / "source")).select("id")
+        delta = spark.read.format("delta").load(str(work / "source"))  # planned, never run
+        return {
+            "ids": HorovodRunner(np=2).run_all(read_ids, train=df),
+            "direct_ids": HorovodRunner(np=2).run_all(read_ids, train=direct),
+            "direct_source": make_spark_converter(direct).source,
+            "cache_left": [str(p) for p in (work / "cache").rglob("*") if p.is_file()],
+            "delta_scan": plain_file_scan(delta, ["id"]).format,
+        }
+    finally:
+        spark.conf.unset(CACHE_DIR_CONF)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def scenario_ensemble(spark):

@@ -122,6 +122,10 @@ def test_dataframe_argument_rows_read_exactly_once(connect_url):
     ids = [i for shard in result["ids"] for i in shard]
     assert all(result["ids"]), "a rank read no rows"
     assert sorted(ids) == list(range(1000))
+    # A Parquet scan is read in place (recognised from the client's plan), a Delta one too.
+    assert sorted({i for shard in result["direct_ids"] for i in shard}) == list(range(1000))
+    assert result["direct_source"] == "parquet" and result["delta_scan"] == "delta"
+    assert result["cache_left"] == []  # the copy of the first job went when it ended
 
 
 def test_partition_ensemble_fit_and_transform(connect_url):

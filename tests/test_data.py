@@ -49,10 +49,16 @@ def ids_converter(spark, tmp_path_factory):
 def test_shards_read_every_row_exactly_once(ids_converter, shard_count):
     assert len(ids_converter) == N_ROWS
     shards = [read_ids(ids_converter, k, shard_count) for k in range(shard_count)]
-    everything = [i for shard in shards for i in shard]
+    everything = Counter(i for shard in shards for i in shard)
     assert sorted(everything) == list(range(N_ROWS))
-    sizes = [len(shard) for shard in shards]
-    assert max(sizes) - min(sizes) <= 1  # balanced, so DDP ranks get equal batch counts
+    # Equal rows per rank, padded as DistributedSampler pads: a few rows twice.
+    each = -(-N_ROWS // shard_count)
+    assert [len(shard) for shard in shards] == [each] * shard_count
+    assert sum(everything.values()) - N_ROWS == each * shard_count - N_ROWS
+
+    dropped = [read_ids(ids_converter, k, shard_count, drop_last=True) for k in range(shard_count)]
+    assert [len(shard) for shard in dropped] == [N_ROWS // shard_count] * shard_count
+    assert len({i for shard in dropped for i in shard}) == N_ROWS // shard_count * shard_count
 
 
 def test_more_shards_than_row_groups(spark, tmp_path):
@@ -60,21 +66,28 @@ def test_more_shards_than_row_groups(spark, tmp_path):
     converter = make_spark_converter(df, cache_dir_url=tmp_path.as_uri())
     assert converter.layout.num_row_groups == 1
     shards = [read_ids(converter, k, 4, batch_size=3) for k in range(4)]
-    assert sorted(i for shard in shards for i in shard) == list(range(10))
-    assert [len(s) for s in shards] == [2, 3, 2, 3]
+    assert sorted(set(i for shard in shards for i in shard)) == list(range(10))
+    assert [len(s) for s in shards] == [3, 3, 3, 3]
+    assert shards[3] == [9, 0, 1]  # padded from the start of the epoch's order
 
 
-def test_shuffle_reorders_but_keeps_each_row_once_per_epoch(ids_converter):
+def test_shuffle_is_global_and_changes_each_epoch(ids_converter):
     plain = read_ids(ids_converter, 1, 3)
     shuffled = read_ids(ids_converter, 1, 3, shuffle=True, seed=7, shuffle_buffer_rows=200)
     again = read_ids(ids_converter, 1, 3, shuffle=True, seed=7, shuffle_buffer_rows=200)
-    assert sorted(shuffled) == sorted(plain)
-    assert shuffled != plain
+    assert len(shuffled) == len(plain)
+    assert sorted(shuffled) != sorted(plain)  # rows from anywhere, not rank 1's fixed range
     assert shuffled == again  # a seed makes it repeatable
 
-    two_epochs = read_ids(ids_converter, 1, 3, num_epochs=2, shuffle=True, seed=3)
-    assert sorted(two_epochs[: len(plain)]) == sorted(plain)
-    assert sorted(two_epochs[len(plain) :]) == sorted(plain)
+    # Each epoch every row once across the ranks, and each rank a different slice.
+    epochs = [
+        read_ids(ids_converter, rank, 3, num_epochs=2, shuffle=True, seed=3) for rank in range(3)
+    ]
+    each = -(-N_ROWS // 3)
+    for epoch in range(2):
+        seen = [rows[epoch * each : (epoch + 1) * each] for rows in epochs]
+        assert set().union(*map(set, seen)) == set(range(N_ROWS))
+    assert set(epochs[0][:each]) != set(epochs[0][each:])
 
 
 def test_num_epochs_none_repeats_forever(ids_converter):
@@ -82,10 +95,10 @@ def test_num_epochs_none_repeats_forever(ids_converter):
         seen = Counter()
         for step, batch in enumerate(dl):
             seen.update(int(i) for i in batch["id"])
-            if step == 20:  # about four passes over the 501-row shard
+            if step == 20:  # about four passes over the 502-row slice
                 break
-    assert len(seen) == N_ROWS // 2
-    assert min(seen.values()) >= 4
+    assert len(seen) == -(-N_ROWS // 2)  # unshuffled: the same first half each epoch
+    assert min(seen.values()) >= 3
 
 
 def test_batches_are_dicts_of_tensors(ids_converter):
@@ -193,20 +206,19 @@ def test_bad_input_is_named_before_any_write(spark, tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         make_spark_converter(spark.range(3), dtype="float16", cache_dir_url=tmp_path.as_uri())
 
+    # Null values and ragged arrays: refused at conversion (tests/test_data_sources.py has more).
     nulls = spark.sql("select id, if(id = 2, null, cast(id as double)) as x from range(5)")
-    converter = make_spark_converter(nulls, cache_dir_url=tmp_path.as_uri())
-    with pytest.raises(ValueError, match="column 'x' has null values"):
-        read_ids(converter, 0, 1)
-    converter.delete()
-
+    with pytest.raises(ValueError, match="column 'x' has 1 null values"):
+        make_spark_converter(nulls, cache_dir_url=tmp_path.as_uri())
     ragged = spark.sql("select id, sequence(0, id % 3) as xs from range(6)")
-    converter = make_spark_converter(ragged, cache_dir_url=tmp_path.as_uri())
-    with pytest.raises(ValueError, match="column 'xs' has arrays of different lengths"):
-        read_ids(converter, 0, 1)
-    converter.delete()
+    with pytest.raises(ValueError, match="column 'xs' holds arrays of different lengths"):
+        make_spark_converter(ragged, cache_dir_url=tmp_path.as_uri())
+    assert cache_dirs(tmp_path) == []
 
+    converter = make_spark_converter(spark.range(4), cache_dir_url=tmp_path.as_uri())
     with pytest.raises(ValueError, match="cur_shard"):
         converter.make_torch_dataloader(cur_shard=2, shard_count=2)
+    converter.delete()
 
 
 def test_handle_is_small_picklable_and_takes_its_shard_from_env(ids_converter, monkeypatch):
@@ -246,12 +258,15 @@ def test_tf_dataset_yields_namedtuple_batches_per_shard(spark, tmp_path):
                 )
                 assert batch.name.numpy()[0].decode().startswith("row")
                 seen.extend(int(i) for i in batch.id.numpy())
-    assert sorted(seen) == list(range(101))
+    assert sorted(set(seen)) == list(range(101))
+    assert len(seen) == 102  # 51 rows per rank, one padded
 
     # Keras-style (features, label) pairs, infinite epochs.
     with converter.make_tf_dataset(batch_size=32) as ds:
         pairs = ds.map(lambda b: (b.features, b.id)).take(10)
-        assert sum(int(x.shape[0]) for x, _ in pairs) == 320
+        # Batches never span two epochs: 32, 32, 32, 5 per epoch of 101 rows.
+        assert [int(x.shape[0]) for x, _ in pairs] == [32, 32, 32, 5] * 2 + [32, 32]
+        assert ds.steps_per_epoch == 4
     converter.delete()
 
 
@@ -259,7 +274,7 @@ def test_backend_choice_is_logged(spark, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="sparkdist.data")
     converter = make_spark_converter(spark.range(3), cache_dir_url=tmp_path.as_uri())
     assert converter.backend == "pyarrow"  # petastorm does not import on pyarrow >= 15
-    assert "sparkdist.data: using the pyarrow reader (petastorm unavailable:" in caplog.text
+    assert "sparkdist.data: using the pyarrow reader" in caplog.text  # auto never petastorm
     with pytest.raises(ImportError, match="petastorm"):
         make_spark_converter(spark.range(3), backend="petastorm", cache_dir_url=tmp_path.as_uri())
     converter.delete()
@@ -432,3 +447,103 @@ def test_ddp_on_digits_from_spark_matches_in_memory(spark, tmp_path):
     assert in_memory > 0.9
     assert distributed["accuracy"] >= in_memory - 0.02, (distributed, in_memory)
     converter.delete()
+
+
+def test_torch_loader_is_a_dataloader_with_workers_collate_and_pin_memory(ids_converter):
+    from torch.utils.data import DataLoader
+
+    shard = {"cur_shard": 1, "shard_count": 3, "shuffle": True, "seed": 3, "batch_size": 64}
+    alone = read_ids(ids_converter, **{**shard, "num_epochs": 2})
+    with ids_converter.make_torch_dataloader(
+        num_epochs=2, num_workers=2, pin_memory=True, **shard
+    ) as loader:
+        assert isinstance(loader, DataLoader)
+        assert len(loader) == 12  # 335 rows of 1003 for each of 3 ranks: 5 x 64 + 15
+        batches = list(loader)
+    # Two decode processes, each making every other batch: the same batches, in order
+    # (across the epochs too: 6 batches an epoch).
+    assert [int(i) for batch in batches for i in batch["id"]] == alone
+    with ids_converter.make_torch_dataloader(
+        num_epochs=1, collate_fn=lambda batch: int(batch["id"].sum()), workers_count=3, **shard
+    ) as loader:
+        assert sum(loader) == sum(alone[:335])
+
+
+def test_resume_in_a_smaller_world_reads_the_rest_of_the_epoch(ids_converter):
+    """3 ranks read 2 batches each; 2 ranks, from rank 0's state, read the rest."""
+    kw = {"batch_size": 50, "num_epochs": 1, "shuffle": True, "seed": 9}
+    seen, states = [], []
+    for rank in range(3):
+        with ids_converter.make_torch_dataloader(cur_shard=rank, shard_count=3, **kw) as dl:
+            batches = iter(dl)
+            for _ in range(2):
+                seen += [int(i) for i in next(batches)["id"]]
+            states.append(dl.state_dict())
+    assert states[0] == states[1] == states[2]
+    assert states[0]["epoch"] == 0 and states[0]["rows_consumed"] == 300
+    rest = []
+    for rank in range(2):
+        with ids_converter.make_torch_dataloader(cur_shard=rank, shard_count=2, **kw) as dl:
+            dl.load_state_dict(states[0])
+            rest.append([int(i) for batch in dl for i in batch["id"]])
+            assert dl.epoch == 1
+    assert len(rest[0]) == len(rest[1]) == -(-(N_ROWS - 300) // 2)
+    counts = Counter(seen + rest[0] + rest[1])
+    assert sorted(counts) == list(range(N_ROWS))
+    assert sum(counts.values()) == N_ROWS + 1  # 703 rows left for 2 ranks: one pad
+
+
+def test_petastorm_documented_usage_runs_with_the_import_changed(spark, tmp_path):
+    """The Databricks petastorm page's code, with `petastorm.spark` -> `sparkdist.data`."""
+    import tensorflow as tf
+
+    from sparkdist.data import SparkDatasetConverter, TransformSpec, make_spark_converter
+
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, tmp_path.as_uri())
+    try:
+        df = spark.range(600).selectExpr(
+            "array(cast(id as float), cast(id % 7 as float)) as features", "id % 3 as label_index"
+        )
+        converter_train = make_spark_converter(df)
+    finally:
+        spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
+    assert converter_train.cache_dir_url.startswith(tmp_path.as_uri())
+
+    def transform_row(pd_batch):
+        pd_batch["features"] = pd_batch["features"].map(lambda x: np.append(x, 1.0) / 600)
+        pd_batch["label_index"] = pd_batch["label_index"] * 10
+        return pd_batch
+
+    transform_spec_fn = TransformSpec(
+        transform_row,
+        edit_fields=[("features", np.float32, (3,), False)],
+        selected_fields=["features", "label_index"],
+    )
+    batch_size = 32
+    with converter_train.make_torch_dataloader(
+        transform_spec=transform_spec_fn,
+        batch_size=batch_size,
+        num_epochs=1,
+        shuffling_queue_capacity=128,
+        workers_count=2,
+    ) as train_dataloader:
+        train_dataloader_iter = iter(train_dataloader)
+        steps_per_epoch = len(converter_train) // batch_size
+        labels = []
+        for _ in range(steps_per_epoch):
+            pd_batch = next(train_dataloader_iter)
+            assert pd_batch["features"].shape == (batch_size, 3)
+            assert float(pd_batch["features"][0, 2]) == pytest.approx(1 / 600)
+            labels += pd_batch["label_index"].tolist()
+    assert set(labels) == {0, 10, 20}
+
+    with converter_train.make_tf_dataset(
+        transform_spec=transform_spec_fn, batch_size=batch_size, workers_count=2
+    ) as dataset:
+        assert dataset.element_spec.features.shape.as_list() == [None, 3]
+        dataset = dataset.map(lambda x: (x.features, x.label_index // 10))
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(3)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(dataset, steps_per_epoch=len(converter_train) // batch_size, epochs=2)
+        assert len(history.history["loss"]) == 2
+    converter_train.delete()

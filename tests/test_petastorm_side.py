@@ -79,9 +79,9 @@ def test_side_environment_is_the_petastorm_stack(report):
     assert Path(report["sparkdist_file"]).resolve().is_relative_to(ROOT)
 
 
-def test_converter_chooses_petastorm_and_logs_it(report):
+def test_converter_uses_petastorm_when_asked_and_logs_it(report):
     assert report["backend"] == "petastorm"
-    assert "sparkdist.data: using petastorm 0.13.1" in report["log"]
+    assert "sparkdist.data: using petastorm 0.13.1 (asked for)" in report["log"]
     assert report["len"] == N_ROWS
     assert report["row_groups"] >= 2  # petastorm shards by row group
     loaders = {shard["loader"] for shard in report["shards"]}

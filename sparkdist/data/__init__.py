@@ -12,14 +12,17 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "CACHE_DIR_CONF": "sparkdist.data.cache",
     "SparkDatasetConverter": "sparkdist.data.converter",
-    "make_spark_converter": "sparkdist.data.converter",
+    "TransformSpec": "sparkdist.data.transform",
+    "make_spark_converter": "sparkdist.data.conversion",
 }
 
-__all__ = ["CACHE_DIR_CONF", "SparkDatasetConverter", "make_spark_converter"]
+__all__ = ["CACHE_DIR_CONF", "SparkDatasetConverter", "TransformSpec", "make_spark_converter"]
 
 if TYPE_CHECKING:
     from sparkdist.data.cache import CACHE_DIR_CONF
-    from sparkdist.data.converter import SparkDatasetConverter, make_spark_converter
+    from sparkdist.data.conversion import make_spark_converter
+    from sparkdist.data.converter import SparkDatasetConverter
+    from sparkdist.data.transform import TransformSpec
 
 
 def __getattr__(name: str) -> Any:

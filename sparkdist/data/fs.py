@@ -1,7 +1,9 @@
 """Directory URLs as Spark writes them, opened with pyarrow's file systems.
 
 Spark and pyarrow name some stores differently (``s3a://`` vs ``s3://``, ``dbfs:/`` vs the
-``/dbfs`` mount), so both sides go through here.
+mounts Databricks gives every node), so both sides go through here. On Databricks,
+``dbfs:/Volumes/<catalog>/<schema>/<volume>/...`` (Unity Catalog volumes) is mounted at
+``/Volumes/...``; every other ``dbfs:/`` path (``dbfs:/tmp``, ``dbfs:/mnt/...``) at ``/dbfs/...``.
 """
 
 from __future__ import annotations
@@ -35,11 +37,42 @@ def filesystem_and_path(url: str) -> tuple[pafs.FileSystem, str]:
         path = unquote(parsed.path) if scheme else url
         return pafs.LocalFileSystem(), path
     if scheme == "dbfs":
-        # Databricks: ranks and driver see DBFS through its FUSE mount.
-        return pafs.LocalFileSystem(), "/dbfs" + unquote(parsed.path)
+        return pafs.LocalFileSystem(), dbfs_mount_path(unquote(parsed.path))
     if scheme in ("s3a", "s3n"):
         url = "s3" + url[len(scheme) :]
     return pafs.FileSystem.from_uri(url)
+
+
+def dbfs_mount_path(path: str) -> str:
+    """Where Databricks mounts the DBFS path `path` (of a ``dbfs:`` URL) on every node."""
+    path = "/" + path.lstrip("/")
+    if path == "/Volumes" or path.startswith("/Volumes/"):
+        return path
+    return "/dbfs" + path
+
+
+def size_of(url: str) -> tuple[int, int]:
+    """(bytes, files) under a directory URL, or of one file; (0, 0) when it is not there."""
+    fs, path = filesystem_and_path(url)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return info.size or 0, 1
+    if info.type != pafs.FileType.Directory:
+        return 0, 0
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    files = [i for i in infos if i.type == pafs.FileType.File]
+    return sum(i.size or 0 for i in files), len(files)
+
+
+def human_bytes(size: float) -> str:
+    """1536 -> '1.5 KiB', for log lines."""
+    if abs(size) < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if abs(size) < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"
 
 
 def delete_dir(url: str) -> bool:

@@ -1,4 +1,4 @@
-"""Reading through petastorm where it imports (Spark 3.5 / pyarrow < 15 stacks).
+"""Reading through petastorm when asked for (``backend="petastorm"``, Spark 3.5 stacks).
 
 Only the reading is delegated: sparkdist writes and caches the Parquet itself, then hands
 petastorm's own ``SparkDatasetConverter`` the file list, so both backends share one cache
@@ -42,8 +42,18 @@ def _reader_kwargs(
     shuffle: bool,
     seed: int | None,
     columns: Sequence[str] | None,
+    transform_spec: Any = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"shuffle_row_groups": shuffle, "seed": seed}
+    if transform_spec is not None:
+        from petastorm import TransformSpec
+
+        kwargs["transform_spec"] = TransformSpec(
+            transform_spec.func,
+            edit_fields=transform_spec.edit_fields,
+            removed_fields=transform_spec.removed_fields,
+            selected_fields=transform_spec.selected_fields,
+        )
     if shard_count > 1:
         kwargs.update(cur_shard=cur_shard, shard_count=shard_count)
     if columns is not None:
@@ -65,6 +75,7 @@ def torch_context(
     shard_count: int,
     columns: Sequence[str] | None,
     workers_count: int | None,
+    transform_spec: Any = None,
 ) -> Any:
     """petastorm's ``make_torch_dataloader`` context manager (dicts of tensors)."""
     return _converter(cache_dir_url, layout).make_torch_dataloader(
@@ -78,6 +89,7 @@ def torch_context(
             shuffle=shuffle,
             seed=seed,
             columns=columns,
+            transform_spec=transform_spec,
         ),
     )
 
@@ -96,6 +108,7 @@ def tf_context(
     columns: Sequence[str] | None,
     workers_count: int | None,
     prefetch: int | None,
+    transform_spec: Any = None,
 ) -> Any:
     """petastorm's ``make_tf_dataset`` context manager (namedtuple batches)."""
     return _converter(cache_dir_url, layout).make_tf_dataset(
@@ -110,5 +123,6 @@ def tf_context(
             shuffle=shuffle,
             seed=seed,
             columns=columns,
+            transform_spec=transform_spec,
         ),
     )

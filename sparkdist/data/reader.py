@@ -1,17 +1,18 @@
-"""Streams one rank's shard of the cached Parquet as dicts of numpy arrays, with pyarrow.
+"""Streams one rank's rows of the Parquet files as dicts of numpy arrays, with pyarrow.
 
-Sharding is by row ranges over the files' row groups in a fixed order: shard ``i`` of
-``n`` gets rows ``[N*i//n, N*(i+1)//n)``. The shards are disjoint, cover every row exactly
-once, and differ by at most one row, whatever the number of files or row groups (so
-DDP ranks get the same number of batches in all but edge cases). Reading goes one row
-group at a time (``ParquetFile.iter_batches``), never a whole file, in a background
-thread that keeps ``prefetch`` batches ready. Arrow data turns into numpy in chunks of
-several batches (about ``CHUNK_BYTES``), and batches are views into them: per-batch cost
-stays near that of a bare ``iter_batches`` loop.
+Which rows, in which order, is `sparkdist.data.order`: rank ``r`` of ``W`` reads its equal
+slice of each epoch's global order, from a position that survives relaunches and
+resizes. Here the slice is read window by window (consecutive row groups of that order):
+the row groups a window's part of the slice touches are read whole
+(``ParquetFile.read_row_group``, only the wanted columns), the rows are taken in order,
+and the result turns into numpy once per window; batches are views into it, so the
+per-batch cost stays near that of a bare pyarrow loop. Reading runs in a background
+thread ``prefetch`` batches ahead, and ``workers_count`` windows can be read at once.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -24,10 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sparkdist.data import fs
-
-DEFAULT_SHUFFLE_BUFFER_ROWS = 8192
-CHUNK_BYTES = 8 * 1024 * 1024
+from sparkdist.data import fs, order
+from sparkdist.data.transform import TransformSpec
 
 
 @dataclass(frozen=True)
@@ -36,12 +35,14 @@ class ColumnInfo:
 
     kind is "scalar" (numbers, bool), "array" (fixed-length numeric arrays, ``length``
     elements), "string" or "binary". dtype is the numpy dtype name of a value or element.
+    ``shape`` is a row's shape when a transform makes arrays of more than one dimension.
     """
 
     name: str
     kind: str
     dtype: str
     length: int | None = None
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,34 +133,6 @@ def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, 
     return cur_shard, shard_count
 
 
-@dataclass(frozen=True)
-class Piece:
-    """Rows [start, stop) of one row group of one file."""
-
-    file_index: int
-    row_group: int
-    start: int
-    stop: int
-
-
-def plan_shard(
-    row_group_rows: Sequence[Sequence[int]], cur_shard: int, shard_count: int
-) -> list[Piece]:
-    """The pieces holding rows [N*cur_shard//shard_count, N*(cur_shard+1)//shard_count)."""
-    total = sum(sum(rows) for rows in row_group_rows)
-    low = total * cur_shard // shard_count
-    high = total * (cur_shard + 1) // shard_count
-    pieces = []
-    offset = 0
-    for file_index, rows in enumerate(row_group_rows):
-        for row_group, n in enumerate(rows):
-            start, stop = max(low - offset, 0), min(high - offset, n)
-            if start < stop:
-                pieces.append(Piece(file_index, row_group, start, stop))
-            offset += n
-    return pieces
-
-
 def _to_numpy(
     name: str, column: pa.Array | pa.ChunkedArray, info: ColumnInfo, writable: bool = False
 ) -> np.ndarray:
@@ -188,8 +161,16 @@ def _to_numpy(
                     f"({lengths['min']}..{lengths['max']}, first row of the data: "
                     f"{info.length}); only fixed-length arrays can be batched"
                 )
-        return values.to_numpy(zero_copy_only=False, writable=writable).reshape(rows, length or 0)
-    return column.to_numpy(zero_copy_only=False, writable=writable)
+        flat = _as_dtype(values.to_numpy(zero_copy_only=False, writable=writable), info)
+        return flat.reshape(rows, length or 0)
+    return _as_dtype(column.to_numpy(zero_copy_only=False, writable=writable), info)
+
+
+def _as_dtype(values: np.ndarray, info: ColumnInfo) -> np.ndarray:
+    """Cast to the dtype the layout promises (a source file read in place may differ)."""
+    if info.kind in ("string", "binary") or values.dtype == np.dtype(info.dtype):
+        return values
+    return values.astype(info.dtype)
 
 
 def to_numpy_chunk(
@@ -248,27 +229,6 @@ def _rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
         yield _join(pending)
 
 
-def _shuffled(
-    batches: Iterator[pa.RecordBatch], capacity: int, rng: np.random.Generator
-) -> Iterator[pa.RecordBatch]:
-    """Shuffle rows within consecutive blocks of at least ``capacity`` rows."""
-    buffer: list[pa.RecordBatch] = []
-    count = 0
-
-    def flush() -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(buffer)
-        yield from table.take(pa.array(rng.permutation(table.num_rows))).to_batches()
-
-    for batch in batches:
-        buffer.append(batch)
-        count += batch.num_rows
-        if count >= capacity:
-            yield from flush()
-            buffer, count = [], 0
-    if buffer:
-        yield from flush()
-
-
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -277,13 +237,41 @@ class _Failure:
 _DONE = object()
 
 
-class ShardReader:
-    """Iterable over one shard's batches ({column: numpy array}) for ``num_epochs`` epochs.
+def wanted_intervals(
+    rank_slice: Sequence[order.Interval],
+    batch_size: int,
+    worker: int,
+    workers: int,
+    batches_before: int = 0,
+) -> list[order.Interval]:
+    """The part of a rank's slice that decode worker ``worker`` of ``workers`` reads.
 
-    ``num_epochs=None`` repeats forever, as in petastorm. Batches run on across epoch
-    boundaries; only the very last batch can be short. With ``shuffle`` the order of the
-    shard's row groups is drawn anew each epoch and rows are shuffled within blocks of
-    ``shuffle_buffer_rows``; the shard itself (which rows) never changes.
+    Worker ``w`` makes the rank's batches ``w, w + workers, ...`` of the iteration (the
+    epoch's batch ``k`` is the iteration's ``batches_before + k``), the order in which
+    ``torch.utils.data.DataLoader`` takes them from its workers, so together they yield
+    the rank's batches in order, each row once.
+    """
+    if workers == 1:
+        return list(rank_slice)
+    rows = order.total(rank_slice)
+    first = (worker - batches_before) % workers
+    out: list[order.Interval] = []
+    for start in range(first * batch_size, rows, workers * batch_size):
+        out += order.take(rank_slice, start, min(start + batch_size, rows))
+    return out
+
+
+class ShardReader:
+    """Iterable over one rank's batches ({column: numpy array}), epoch after epoch.
+
+    Each iteration reads ``num_epochs`` epochs (``None``: forever) from `position`, the
+    world's place in the data (see `sparkdist.data.order`): rank ``cur_shard`` of
+    ``shard_count`` reads its equal slice of what is left of each epoch's global order.
+    The last batch of an epoch can be short (the same length on every rank); batches never
+    span two epochs. ``shuffle`` draws a new global order each epoch from ``seed``, with
+    rows mixed within windows of ``shuffle_buffer_rows``. ``workers_count`` threads read
+    and decode windows in parallel (in order); ``transform`` (a `TransformSpec`) is applied
+    to each decoded chunk as a pandas DataFrame.
     """
 
     def __init__(
@@ -300,11 +288,16 @@ class ShardReader:
         columns: Sequence[str] | None = None,
         prefetch: int = 2,
         writable: bool = False,
+        drop_last: bool = False,
+        workers_count: int | None = None,
+        transform: TransformSpec | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if num_epochs is not None and num_epochs < 1:
             raise ValueError(f"num_epochs must be None (forever) or at least 1, got {num_epochs}")
+        if workers_count is not None and workers_count < 1:
+            raise ValueError(f"workers_count must be None or at least 1, got {workers_count}")
         self.cur_shard, self.shard_count = default_shard(cur_shard, shard_count)
         known = {info.name: info for info in layout.columns}
         if columns is not None:
@@ -313,77 +306,190 @@ class ShardReader:
                 raise ValueError(f"unknown columns {missing}; the data has {sorted(known)}")
         if columns is not None and not columns:
             raise ValueError("columns=[] selects nothing; give at least one column, or None")
+        self.transform = transform
+        if transform is not None:
+            columns = transform.input_columns(columns or list(known), known)
         self.columns = tuple(known[name] for name in (columns or known))
+        self.output_columns = (
+            transform.output_columns(self.columns) if transform else list(self.columns)
+        )
         self.layout = layout
         self.batch_size = batch_size
         self.num_epochs = num_epochs
         self.shuffle = shuffle
-        self.shuffle_buffer_rows = shuffle_buffer_rows or DEFAULT_SHUFFLE_BUFFER_ROWS
-        self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self.window_rows = shuffle_buffer_rows or order.DEFAULT_WINDOW_ROWS
         self.prefetch = prefetch
         self.writable = writable
-        self.pieces = plan_shard(layout.row_group_rows, self.cur_shard, self.shard_count)
-        self.rows_in_shard = sum(piece.stop - piece.start for piece in self.pieces)
-        if num_epochs is None and self.rows_in_shard == 0:
+        self.workers_count = workers_count or 1
+        self.position = order.Position(
+            layout.num_rows,
+            seed=0 if seed is None else int(seed),
+            rank=self.cur_shard,
+            world=self.shard_count,
+            batch_size=batch_size,
+            drop_last=drop_last,
+        )
+        if num_epochs is None and self.position.batches_in_epoch() == 0:
             raise ValueError(
-                f"shard {self.cur_shard} of {self.shard_count} has no rows (the data has "
+                f"rank {self.cur_shard} of {self.shard_count} has no rows (the data has "
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
         self._closed = threading.Event()
+
+    @property
+    def rows_in_shard(self) -> int:
+        """Rows this rank reads in the current epoch (the same on every rank)."""
+        return order.total(self.position.slice())
+
+    def batches_per_epoch(self) -> int:
+        """Batches each rank gets in the current epoch (from the current position)."""
+        return self.position.batches_in_epoch()
+
+    def batches_per_iteration(self) -> int:
+        """Batches one iteration yields from the current position (each rank the same)."""
+        if self.num_epochs is None:
+            raise TypeError("num_epochs=None repeats forever: the loader has no length")
+        position = self.position.copy()
+        position.settle()
+        count = 0
+        for _ in range(self.num_epochs):
+            count += position.batches_in_epoch()
+            position.next_epoch()
+        return count
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_closed"] = None  # an Event does not pickle; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._closed = threading.Event()
+
+    def state_dict(self) -> dict:
+        """The world's position (epoch, rows consumed, seed): small, picklable."""
+        return self.position.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from `state_dict`, any world size) at the next iteration."""
+        self.position.load_state_dict(state)
 
     def close(self) -> None:
         """Stop every iteration in progress (their background threads end)."""
         self._closed.set()
 
-    def _epoch(self, epoch: int) -> Iterator[pa.RecordBatch]:
-        rng = np.random.default_rng([self.seed, epoch, self.cur_shard])
-        pieces = list(self.pieces)
-        if self.shuffle:
-            pieces = [pieces[i] for i in rng.permutation(len(pieces))]
+    # -- producing (may run in a background thread or a DataLoader worker) --
+
+    def _plan(self, worker: int, workers: int) -> Iterator[tuple[order.EpochOrder, list]]:
+        """(epoch order, pieces this worker reads) per epoch of one iteration."""
+        position = self.position.copy()
+        epochs = batches = 0
+        while self.num_epochs is None or epochs < self.num_epochs:
+            epoch_order = order.EpochOrder(
+                self.layout.row_group_rows,
+                position.seed,
+                position.epoch,
+                self.shuffle,
+                self.window_rows,
+            )
+            own = position.slice()
+            wanted = wanted_intervals(own, self.batch_size, worker, workers, batches)
+            yield epoch_order, _by_window(epoch_order.pieces(wanted))
+            batches += position.batches_in_epoch()
+            position.next_epoch()
+            epochs += 1
+
+    def _read(self, epoch_order: order.EpochOrder, window: order.Window, ranges: list) -> Chunk:
+        """The rows of ``ranges`` (positions inside ``window``) as one decoded chunk."""
+        permutation = epoch_order.permutation(window)
+        rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
+        bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+        hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
         names = [info.name for info in self.columns]
-        batch_bytes = max(self.layout.row_bytes, 1) * self.batch_size
-        read_rows = self.batch_size * max(1, min(64, CHUNK_BYTES // batch_bytes))
-        opened: tuple[int, pq.ParquetFile] | None = None
-        for piece in pieces:
-            if opened is None or opened[0] != piece.file_index:
-                opened = (piece.file_index, _open(self.layout.file_urls[piece.file_index]))
-            offset = 0
-            batches = opened[1].iter_batches(read_rows, row_groups=[piece.row_group], columns=names)
-            for batch in batches:
-                low, high = max(piece.start - offset, 0), min(piece.stop - offset, batch.num_rows)
-                if low < high:
-                    yield batch if high - low == batch.num_rows else batch.slice(low, high - low)
-                offset += batch.num_rows
-                if offset >= piece.stop:
-                    break
+        tables, offsets, offset = [], np.zeros(len(window.blocks), dtype=np.int64), 0
+        for index in hit:
+            block = window.blocks[index]
+            parquet = _open(self.layout.file_urls[block.file_index])
+            tables.append(parquet.read_row_group(block.row_group, columns=names))
+            offsets[index] = offset - bounds[index]
+            offset += block.rows
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        local = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
+        if len(local) and (np.diff(local) == 1).all():  # a run in file order: no copy
+            table = table.slice(int(local[0]), len(local))
+        else:
+            table = table.take(pa.array(local))
+        chunk = to_numpy_chunk(table, self.columns, self.writable and self.transform is None)
+        if self.transform is not None:
+            chunk = self.transform.apply(chunk, self.output_columns, self.writable)
+        return chunk
 
-    def _record_batches(self) -> Iterator[pa.RecordBatch]:
-        epoch = 0
-        while self.num_epochs is None or epoch < self.num_epochs:
-            stream = self._epoch(epoch)
-            if self.shuffle:
-                rng = np.random.default_rng([self.seed, epoch, self.cur_shard, 1])
-                stream = _shuffled(stream, self.shuffle_buffer_rows, rng)
-            yield from stream
-            epoch += 1
+    def _epoch_chunks(self, epoch_order: order.EpochOrder, pieces: list) -> Iterator[Chunk]:
+        if self.workers_count == 1:
+            for window, ranges in pieces:
+                yield self._read(epoch_order, window, ranges)
+            return
+        with ThreadPoolExecutor(self.workers_count, "sparkdist-data-decode") as pool:
+            pending: collections.deque = collections.deque()
+            for window, ranges in pieces:
+                pending.append(pool.submit(self._read, epoch_order, window, ranges))
+                if len(pending) > self.workers_count:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
-    def _batches(self) -> Iterator[dict[str, np.ndarray]]:
-        chunks = (
-            to_numpy_chunk(batch, self.columns, self.writable) for batch in self._record_batches()
-        )
-        yield from _rebatch(chunks, self.batch_size)
+    def batches(self, worker: int = 0, workers: int = 1) -> Iterator[Chunk]:
+        """This worker's batches of one iteration, without prefetching."""
+        for epoch_order, pieces in self._plan(worker, workers):
+            yield from _rebatch(self._epoch_chunks(epoch_order, pieces), self.batch_size)
+
+    # -- consuming (counts what the user got, for state_dict) --
+
+    def count(self, batches: Iterator[Chunk]) -> Iterator[Chunk]:
+        """Pass the iteration's batches on, moving the position one batch at a time."""
+        position = self.position
+        epochs = 0
+
+        def next_epoch() -> bool:
+            nonlocal epochs
+            position.next_epoch()
+            epochs += 1
+            return self.num_epochs is None or epochs < self.num_epochs
+
+        go_on = True
+        while go_on and position.batches_in_epoch() == 0:
+            go_on = next_epoch()
+        for batch in batches:
+            # Counted when handed out, so that state_dict() in the loop body includes it.
+            position.batches += 1
+            while go_on and position.batches >= position.batches_in_epoch():
+                go_on = next_epoch()
+            yield batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        self.position.settle()
         if self.prefetch < 1:
-            for batch in self._batches():
-                if self._closed.is_set():
-                    return
-                yield batch
-            return
-        yield from _prefetched(self._batches, self.prefetch, self._closed)
+            produced: Iterator = self.batches()
+        else:
+            produced = prefetched(self.batches, self.prefetch, self._closed)
+        for batch in self.count(produced):
+            if self._closed.is_set():
+                return
+            yield batch
 
 
-def _prefetched(
+def _by_window(pieces: list[tuple[order.Window, int, int]]) -> list[tuple[order.Window, list]]:
+    """Consecutive pieces of one window together, so that each window is read once."""
+    grouped: list[tuple[order.Window, list]] = []
+    for window, lo, hi in pieces:
+        if grouped and grouped[-1][0].index == window.index:
+            grouped[-1][1].append((lo, hi))
+        else:
+            grouped.append((window, [(lo, hi)]))
+    return grouped
+
+
+def prefetched(
     produce: Callable[[], Iterator[object]], depth: int, closed: threading.Event
 ) -> Iterator:
     """Run ``produce()`` in a thread, ``depth`` items ahead; stops when abandoned or closed."""

@@ -2,7 +2,11 @@
 
 Each element is a namedtuple with one field per column (``batch.features``,
 ``batch.label``), each a batched tensor; arrays come out as ``(batch, length)``. For Keras,
-map it to a tuple: ``dataset.map(lambda b: (b.features, b.label))``.
+map it to a tuple: ``dataset.map(lambda b: (b.features, b.label))``. Every rank gets the
+same number of batches per epoch (``dataset.steps_per_epoch``, for Keras ``fit``), and
+``dataset.state_dict()`` / ``dataset.load_state_dict()`` carry the position as on the
+torch side; they count the batches tf.data has taken, so for an exact position iterate
+with ``prefetch=0``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ def _spec(info: ColumnInfo) -> Any:
         return tf.TensorSpec(shape=(None,), dtype=tf.string)
     dtype = tf.as_dtype(np.dtype(info.dtype))
     if info.kind == "array":
-        return tf.TensorSpec(shape=(None, info.length), dtype=dtype)
+        return tf.TensorSpec(shape=(None, *(info.shape or (info.length,))), dtype=dtype)
     return tf.TensorSpec(shape=(None,), dtype=dtype)
 
 
@@ -30,7 +34,7 @@ class TFDatasetContext:
     """Context manager returned by ``make_tf_dataset``; stops reading on exit."""
 
     def __init__(self, reader: ShardReader, prefetch: int | None) -> None:
-        names = [info.name for info in reader.columns]
+        names = [info.name for info in reader.output_columns]
         bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n) or n[:1] == "_"]
         if bad:
             raise ValueError(
@@ -45,9 +49,9 @@ class TFDatasetContext:
         import tensorflow as tf
 
         reader = self._reader
-        names = [info.name for info in reader.columns]
+        names = [info.name for info in reader.output_columns]
         batch_type = collections.namedtuple("Batch", names)  # type: ignore[misc]
-        signature = batch_type(*[_spec(info) for info in reader.columns])
+        signature = batch_type(*[_spec(info) for info in reader.output_columns])
 
         def generate():
             for batch in reader:
@@ -55,7 +59,16 @@ class TFDatasetContext:
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
         prefetch = tf.data.AUTOTUNE if self._prefetch is None else self._prefetch
-        return dataset.prefetch(prefetch) if prefetch else dataset
+        dataset = dataset.prefetch(prefetch) if prefetch else dataset
+        # Already this rank's slice: tf.distribute must not shard it again (its AUTO
+        # policy would give each worker every n-th batch of it).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
+        dataset.steps_per_epoch = reader.batches_per_epoch()
+        dataset.state_dict = reader.state_dict
+        dataset.load_state_dict = reader.load_state_dict
+        return dataset
 
     def __exit__(self, *exc_info: object) -> None:
         self._reader.close()

@@ -8,10 +8,9 @@ rows read its files directly instead, row group by row group, and hand the same 
 labels) to the spread. Anything else (a filter, a join, a computed column, a cached or
 partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
 
-Recognizing a plain scan needs the query plan: the JVM's optimized plan in a classic
-session, the client's own plan under Spark Connect. Every file's footer is read on the
-driver first, so a file that lacks a column, or holds it with another type, keeps the
-Spark path instead of failing in a task.
+Recognizing a plain scan is `sparkdist.data.scan`'s job (shared with the converter). Every
+file's footer is read on the driver first, so a file that lacks a column, or holds it with
+another type, keeps the Spark path instead of failing in a task.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data.fs import filesystem_and_path
+from sparkdist.data.scan import NotPlainScan, plain_file_scan
 from sparkdist.ensemble.features import FeatureSpec
 
 logger = logging.getLogger(__name__)
@@ -163,55 +163,15 @@ def _read_features(
 def _plain_scan_refusal(df: Any, columns: list[str]) -> str | None:
     """None when `df`'s rows are exactly those of a Parquet scan and `columns` come
     straight from its files; otherwise why not."""
-    if hasattr(df, "_jdf"):
-        return _classic_refusal(df._jdf.queryExecution().optimizedPlan(), set(columns))
-    plan = getattr(df, "_plan", None)
-    if plan is not None:
-        return _connect_refusal(plan, set(columns))
-    return f"a {type(df).__name__} has no plan to inspect"
-
-
-def _classic_refusal(plan: Any, columns: set[str]) -> str | None:
-    while _class_name(plan) == "Project":
-        projections = plan.projectList()
-        for i in range(projections.size()):
-            item = projections.apply(i)
-            if item.name() in columns and _class_name(item) != "AttributeReference":
-                return f"column '{item.name()}' is computed, not read from a file"
-        plan = plan.child()
-    if _class_name(plan) != "LogicalRelation":
-        return f"the DataFrame is not a plain file scan (its plan has {plan.nodeName()})"
-    relation = plan.relation()
-    if _class_name(relation) != "HadoopFsRelation":
-        return f"the source is a {_class_name(relation)}, not files"
-    if _class_name(relation.fileFormat()) != "ParquetFileFormat":
-        return f"the files are {relation.fileFormat().toString()}, not Parquet"
-    partition_columns = set(relation.partitionSchema().fieldNames())
-    if partition_columns & columns:
-        return f"columns {sorted(partition_columns & columns)} come from directory names"
+    try:
+        scan = plain_file_scan(df, columns)
+    except NotPlainScan as why:
+        return str(why)
+    if scan.format != "parquet":
+        return f"the source is a {scan.format} table, not Parquet files"
+    if scan.partition_columns & set(columns):
+        return f"columns {sorted(scan.partition_columns & set(columns))} come from directory names"
     return None
-
-
-def _connect_refusal(plan: Any, columns: set[str]) -> str | None:
-    from pyspark.sql.connect.expressions import ColumnReference
-    from pyspark.sql.connect.plan import DataSource, Project
-
-    while isinstance(plan, Project):
-        for column in plan._columns:
-            if not isinstance(column._expr, ColumnReference):
-                return f"the DataFrame computes a column ({column})"
-        plan = plan._child
-    if not isinstance(plan, DataSource):
-        return f"the DataFrame is not a plain file scan (its plan has {type(plan).__name__})"
-    if (plan._format or "").lower() != "parquet":
-        return f"the source's format is {plan._format!r}, not parquet"
-    if plan._predicates or plan._is_streaming:
-        return "the source has predicates or is a stream"
-    return None
-
-
-def _class_name(java_object: Any) -> str:
-    return java_object.getClass().getSimpleName()
 
 
 def _row_groups(

@@ -20,15 +20,22 @@ def run_job(
     np: int = 3,
     runner: dict | None = None,
     kwargs: dict | None = None,
+    id_frames: dict[str, dict] | None = None,
 ) -> dict[str, Any]:
     """Run `main` (a function of this module) with HorovodRunner; report what happened,
-    failures included, as plain data."""
+    failures included, as plain data. `id_frames` maps an argument of `main` to
+    ``{"rows": n, "path": dir}``: a DataFrame of ids 0..n-1 stored as Parquet in `dir`
+    (on the hosts' shared disk) and passed as that argument, so the ranks read it."""
     from sparkdist import HorovodRunner, SparkdistError
 
+    kwargs = dict(kwargs or {})
+    for name, frame in (id_frames or {}).items():
+        spark.range(frame["rows"]).repartition(3).write.mode("overwrite").parquet(frame["path"])
+        kwargs[name] = spark.read.parquet(frame["path"])
     hr = HorovodRunner(np=np, **(runner or {}))
     out: dict[str, Any] = {"ok": False, "values": None}
     try:
-        out["values"] = hr.run_all(globals()[main], **(kwargs or {}))
+        out["values"] = hr.run_all(globals()[main], **kwargs)
         out["ok"] = True
     except SparkdistError as exc:
         out["failed_at"] = time.time()
@@ -193,6 +200,7 @@ def app_id(spark) -> str:
 def resumable_main(epochs: int, progress_dir: str, epoch_s: float = 0.3) -> dict[str, Any]:
     """DDP regression that checkpoints (model, optimizer, epochs done) on rank 0 after
     every epoch and resumes from the newest checkpoint after a relaunch."""
+
     import torch
     import torch.distributed as dist
 
@@ -267,14 +275,20 @@ def elastic_main(
     stop_file: str,
     step_s: float = 0.4,
     max_steps: int = 400,
+    train=None,
 ) -> dict[str, Any]:
     """DDP regression for an elastic job: one batch a step, a checkpoint after every step
     (rank 0 appends (step, world size, attempt) to `progress_dir/steps.jsonl` after each
     save the driver stored), resuming from the newest checkpoint at any world size.
+    With `train` (the converter of a DataFrame of ids), the batches come from its torch
+    loader, whose position is in the checkpoint; a step's line then also holds the
+    loader's epoch and the ids the whole world read in it.
     Stops after `min_steps` once `stop_file` exists (the test says when), or at
     `max_steps`. Each rank writes where it runs to `progress_dir/rank-N.json` when it
     starts. The pause of `step_s` comes right after the save, so a test that strikes
     as soon as it sees a step's line strikes between steps."""
+    from contextlib import ExitStack
+
     import torch
     import torch.distributed as dist
 
@@ -299,6 +313,15 @@ def elastic_main(
         json.dump({**where, "host": os.environ["SPARKDIST_TASK_HOST"]}, f)
     steps_file = os.path.join(progress_dir, "steps.jsonl")
     stop = torch.zeros(1)
+    cleanup = ExitStack()
+    loader = batches = None
+    if train is not None:
+        loader = cleanup.enter_context(
+            train.make_torch_dataloader(batch_size=16, num_epochs=None, shuffle=True, seed=1)
+        )
+        if found:
+            loader.load_state_dict(found.state["loader"])
+        batches = iter(loader)
     while True:
         if rank == 0:  # rank 0 decides, every rank stops at the same step
             done = step >= max_steps or (step >= min_steps and os.path.exists(stop_file))
@@ -306,17 +329,27 @@ def elastic_main(
         dist.broadcast(stop, 0)
         if stop.item():
             break
-        xs, ys = x[rank::size], y[rank::size]
-        start = (step * 16) % max(len(xs) - 16, 1)
+        read: dict[str, Any] = {}
+        if batches is not None:
+            read["epoch"] = loader.epoch
+            ids = next(batches)["id"]
+            xb, yb = x[ids % len(x)], y[ids % len(x)]
+            everyone = [torch.zeros_like(ids) for _ in range(size)]
+            dist.all_gather(everyone, ids)
+            read["ids"] = torch.cat(everyone).tolist()
+        else:
+            xs, ys = x[rank::size], y[rank::size]
+            start = (step * 16) % max(len(xs) - 16, 1)
+            xb, yb = xs[start : start + 16], ys[start : start + 16]
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(
-            model(xs[start : start + 16]).squeeze(1), ys[start : start + 16]
-        )
+        loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb)
         loss.backward()
         optimizer.step()
         step += 1
         state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
-        record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time()}
+        if loader is not None:
+            state["loader"] = loader.state_dict()
+        record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time(), **read}
         try:
             saved = checkpoint.save(state, step)
         except checkpoint.Resize:
@@ -325,6 +358,7 @@ def elastic_main(
         if saved:
             _append_line(steps_file, record)
         time.sleep(step_s)
+    cleanup.close()
     with torch.no_grad():
         final = float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
     dist.destroy_process_group()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,6 +143,28 @@ def restore_one_executor_per_host(cluster, remote: RemoteDriver) -> list[str]:
     return hosts
 
 
+ROWS = 240  # 5 steps an epoch with 3 ranks of batch 16: epochs end before and after resizes
+
+
+def check_each_epoch_read_once(steps: list[dict]) -> None:
+    """The ids the world read, step by step across the attempts: each finished epoch has
+    every row once (plus the few pads that even out its last step), an unfinished last one
+    no row twice, and some epoch was read by worlds of different sizes."""
+    epochs = sorted({row["epoch"] for row in steps})
+    assert epochs == list(range(len(epochs))) and len(epochs) >= 3, epochs
+    sizes_in_an_epoch = []
+    for epoch in epochs:
+        rows = [row for row in steps if row["epoch"] == epoch]
+        counts = Counter(i for row in rows for i in row["ids"])
+        sizes_in_an_epoch.append(len({row["world_size"] for row in rows}))
+        if epoch == epochs[-1] and len(counts) < ROWS:  # stopped in the middle of it
+            assert max(counts.values()) == 1, counts.most_common(3)
+            continue
+        assert sorted(counts) == list(range(ROWS)), (epoch, sorted(counts))
+        assert sum(counts.values()) - ROWS < 3, (epoch, counts.most_common(3))
+    assert max(sizes_in_an_epoch) > 1, sizes_in_an_epoch
+
+
 def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver, tmp_path):
     progress = tmp_path / "progress"
     progress.mkdir()
@@ -153,6 +176,7 @@ def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver,
         np=3,
         runner={**RUNNER, "min_np": 1, "max_np": 3, "max_failures": 2},
         kwargs={"progress_dir": str(progress), "min_steps": 1, "stop_file": str(stop_file)},
+        id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
     )
     try:
         wait_step(progress, job, step=3, world_size=3, attempt=0)
@@ -183,6 +207,7 @@ def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver,
     changes = [size for i, size in enumerate(sizes) if i == 0 or sizes[i - 1] != size]
     assert changes == [3, 2, 3], sizes
     assert [row["attempt"] for row in steps] == sorted(row["attempt"] for row in steps)
+    check_each_epoch_read_once(steps)
     assert result["attempts"] == 3
     assert len(result["failures"]) == 2
     assert cluster.address(lost) in result["failures"][0], result["failures"]

@@ -114,7 +114,10 @@ def main() -> None:
         df = build_dataframe(spark)
         # Small row groups: petastorm shards by whole row groups and needs several.
         converter = make_spark_converter(
-            df, parquet_row_group_size_bytes=1024, cache_dir_url=cache_parent.as_uri()
+            df,
+            parquet_row_group_size_bytes=1024,
+            cache_dir_url=cache_parent.as_uri(),
+            backend="petastorm",  # asked for: "auto" is the pyarrow reader
         )
         cache_dir = converter.cache_dir_url.removeprefix("file://")
         result = {

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sparkdist.runner.driver.data_arguments import converted_dataframes
 from sparkdist.runner.driver.job import JobReport, run_job
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.protocol import payload
@@ -137,10 +137,12 @@ class HorovodRunner:
 
     def _run(self, main: Callable | str | os.PathLike, kwargs: dict[str, Any], all_results: bool):
         main, kwargs = _script_or_function(main, kwargs)
-        blob = payload.pack(main, _convert_dataframes(kwargs))
-        opts = self.options
-        self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher())
-        return run_job(opts, blob, all_results, self.last_job)
+        # DataFrames become converters; the copies written for this job go when it ends.
+        with converted_dataframes(kwargs) as arguments:
+            blob = payload.pack(main, arguments)
+            opts = self.options
+            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher())
+            return run_job(opts, blob, all_results, self.last_job)
 
 
 def _script_or_function(main, kwargs: dict[str, Any]) -> tuple[Callable, dict[str, Any]]:
@@ -154,22 +156,3 @@ def _script_or_function(main, kwargs: dict[str, Any]) -> tuple[Callable, dict[st
             "to the script as command-line arguments"
         )
     return ScriptMain.from_file(main, kwargs.get("args", ())), {}
-
-
-def _convert_dataframes(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Spark DataFrame arguments become converter handles that each rank opens on its
-    own shard (`sparkdist.data`): the data goes to Parquet once, not into the payload."""
-    if "pyspark" not in sys.modules:
-        return kwargs
-    from pyspark.sql import DataFrame
-
-    frames = {k for k, v in kwargs.items() if isinstance(v, DataFrame)}
-    if not frames:
-        return kwargs
-    from sparkdist.data import make_spark_converter
-
-    converted = dict(kwargs)
-    for key in frames:
-        converted[key] = make_spark_converter(kwargs[key])
-        logger.info("DataFrame argument %r arrives in the ranks as a converter handle", key)
-    return converted

@@ -1,0 +1,265 @@
+"""Which rows a rank reads in an epoch: one global order, split equally, resumable.
+
+The epoch's **global order** is a permutation of all N rows that depends only on the
+data's row groups, the seed and the epoch, never on the number of ranks (as in Mosaic
+Streaming): with ``shuffle`` the row groups ("blocks") are permuted with a seeded RNG,
+consecutive blocks are gathered into windows of at least ``window_rows`` rows, and the
+rows of each window are permuted. Without ``shuffle`` it is the files' own order.
+
+A world of W ranks splits what is left of the epoch's order, ``remaining`` (intervals of
+positions in the global order; all of ``[0, N)`` when an epoch starts), into W equal
+contiguous slices, one per rank, so that a rank reads few row groups and no data moves
+between ranks. Equal steps: every slice has ``ceil(R/W)`` rows, the last ones padded by
+repeating the first rows of the remaining order (as torch's DistributedSampler pads), or
+``floor(R/W)`` rows with ``drop_last`` (the tail is not read this epoch).
+
+Position: ranks step in lockstep (one batch each per step, as DDP/Horovod/TF allreduce
+force), so after ``s`` steps of batch ``b`` every rank has read the first ``min(s*b,
+slice)`` rows of its slice, and the world has consumed ``W * s * b`` rows (less at the end
+of the epoch). `Position` computes what is left from that alone, so any rank's
+``state_dict()`` is the world's; a new world of any size splits what is left again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Interval = tuple[int, int]  # positions [start, stop) in the epoch's global order
+
+DEFAULT_WINDOW_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Block:
+    """One row group: where it is and where its rows start in file order."""
+
+    file_index: int
+    row_group: int
+    rows: int
+    first_row: int  # index of its first row when all files are read in order
+
+
+def blocks_of(row_group_rows: Sequence[Sequence[int]]) -> list[Block]:
+    blocks, first = [], 0
+    for file_index, rows in enumerate(row_group_rows):
+        for row_group, n in enumerate(rows):
+            if n:
+                blocks.append(Block(file_index, row_group, n, first))
+            first += n
+    return blocks
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive blocks of the global order whose rows are shuffled together."""
+
+    index: int
+    blocks: tuple[Block, ...]
+    start: int  # position of its first row in the global order
+    rows: int
+
+
+@dataclass
+class EpochOrder:
+    """The global order of one epoch (same for every world size)."""
+
+    row_group_rows: Sequence[Sequence[int]]
+    seed: int
+    epoch: int
+    shuffle: bool = True
+    window_rows: int = DEFAULT_WINDOW_ROWS
+    windows: list[Window] = field(init=False)
+
+    def __post_init__(self) -> None:
+        blocks = blocks_of(self.row_group_rows)
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            blocks = [blocks[i] for i in rng.permutation(len(blocks))]
+        self.windows, current, start, rows = [], [], 0, 0
+        for block in blocks:
+            current.append(block)
+            rows += block.rows
+            if not self.shuffle or rows >= self.window_rows:
+                self.windows.append(Window(len(self.windows), tuple(current), start, rows))
+                current, start, rows = [], start + rows, 0
+        if current:
+            self.windows.append(Window(len(self.windows), tuple(current), start, rows))
+        self._starts = [w.start for w in self.windows]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(w.rows for w in self.windows)
+
+    def permutation(self, window: Window) -> np.ndarray:
+        """Row order inside ``window``: indices into its blocks' rows, concatenated."""
+        return _permutation(self.seed, self.epoch, window.index, window.rows, self.shuffle)
+
+    def pieces(self, intervals: Sequence[Interval]) -> list[tuple[Window, int, int]]:
+        """``(window, lo, hi)``: the intervals cut at window edges (lo/hi inside the window)."""
+        out = []
+        for start, stop in intervals:
+            i = bisect.bisect_right(self._starts, start) - 1
+            while start < stop:
+                window = self.windows[i]
+                hi = min(stop, window.start + window.rows)
+                out.append((window, start - window.start, hi - window.start))
+                start, i = hi, i + 1
+        return out
+
+    def row_ids(self, intervals: Sequence[Interval]) -> np.ndarray:
+        """The file-order row indices at these positions (for tests and checks)."""
+        parts = []
+        for window, lo, hi in self.pieces(intervals):
+            firsts = np.concatenate([np.arange(b.rows) + b.first_row for b in window.blocks])
+            parts.append(firsts[self.permutation(window)[lo:hi]])
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _permutation(seed: int, epoch: int, window: int, rows: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(rows)
+    return np.random.default_rng([seed, epoch, window, 1]).permutation(rows)
+
+
+def total(intervals: Sequence[Interval]) -> int:
+    return sum(stop - start for start, stop in intervals)
+
+
+def take(intervals: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
+    """Positions ``[lo, hi)`` of the sequence the intervals make, as intervals."""
+    out, offset = [], 0
+    for start, stop in intervals:
+        n = stop - start
+        a, b = max(lo - offset, 0), min(hi - offset, n)
+        if a < b:
+            out.append((start + a, start + b))
+        offset += n
+    return out
+
+
+def _merge(intervals: Sequence[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for start, stop in intervals:
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        elif start < stop:
+            out.append((start, stop))
+    return out
+
+
+def slice_rows(remaining_rows: int, world: int, drop_last: bool) -> int:
+    """Rows each rank reads from what is left of the epoch (equal on every rank)."""
+    return remaining_rows // world if drop_last else -(-remaining_rows // world)
+
+
+def rank_slice(
+    remaining: Sequence[Interval], rank: int, world: int, drop_last: bool
+) -> list[Interval]:
+    """Rank ``rank``'s slice of the remaining order, padding included (equal lengths)."""
+    size = total(remaining)
+    each = slice_rows(size, world, drop_last)
+    lo, hi = rank * each, (rank + 1) * each
+    own = take(remaining, lo, min(hi, size))
+    padding = hi - max(lo, size)
+    while padding > 0:  # repeat the first rows of the remaining order
+        own += take(remaining, 0, min(padding, size))
+        padding -= size
+    return own
+
+
+def left_after(
+    remaining: Sequence[Interval], world: int, drop_last: bool, rows_per_rank: int
+) -> list[Interval]:
+    """What is left once every rank read the first ``rows_per_rank`` rows of its slice."""
+    size = total(remaining)
+    each = slice_rows(size, world, drop_last)
+    done = min(rows_per_rank, each)
+    left: list[Interval] = []
+    for rank in range(world):
+        lo, hi = rank * each + done, min((rank + 1) * each, size)
+        if lo < hi:
+            left += take(remaining, lo, hi)
+    return _merge(left)
+
+
+@dataclass
+class Position:
+    """Where the world is: epoch, and what is left of the epoch's global order.
+
+    ``state_dict()`` is small and picklable; store it with the model in
+    ``sparkdist.checkpoint.save`` and give it to ``load_state_dict`` after a relaunch or
+    a resize. It counts the batches this rank has handed out since the epoch (or the
+    resume) started, and assumes every rank handed out as many (lockstep).
+    """
+
+    num_rows: int
+    seed: int
+    rank: int
+    world: int
+    batch_size: int
+    drop_last: bool = False
+    epoch: int = 0
+    remaining: list[Interval] = field(default_factory=list)
+    batches: int = 0  # handed out in this epoch since `remaining` was set
+
+    def __post_init__(self) -> None:
+        if not self.remaining:
+            self.remaining = [(0, self.num_rows)] if self.num_rows else []
+
+    def copy(self) -> Position:
+        return dataclasses.replace(self, remaining=list(self.remaining))
+
+    def slice(self) -> list[Interval]:
+        return rank_slice(self.remaining, self.rank, self.world, self.drop_last)
+
+    def batches_in_epoch(self) -> int:
+        each = slice_rows(total(self.remaining), self.world, self.drop_last)
+        return -(-each // self.batch_size)
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.remaining = [(0, self.num_rows)] if self.num_rows else []
+        self.batches = 0
+
+    def _left(self) -> list[Interval]:
+        rows_per_rank = self.batches * self.batch_size
+        return left_after(self.remaining, self.world, self.drop_last, rows_per_rank)
+
+    def settle(self) -> None:
+        """Fold the batches handed out into ``remaining`` (before a new iteration)."""
+        if self.batches:
+            self.remaining, self.batches = self._left(), 0
+            if not self.remaining:
+                self.next_epoch()
+
+    def state_dict(self) -> dict:
+        left = self._left()
+        if not left:
+            epoch, left = self.epoch + 1, [(0, self.num_rows)]
+        else:
+            epoch = self.epoch
+        return {
+            "epoch": epoch,
+            "rows_consumed": self.num_rows - total(left),
+            "seed": self.seed,
+            "num_rows": self.num_rows,
+            "remaining": [list(interval) for interval in left],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("num_rows") != self.num_rows:
+            raise ValueError(
+                f"the loader state is for {state.get('num_rows')} rows, but this data has "
+                f"{self.num_rows}: a loader position only resumes the same converted data"
+            )
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.remaining = _merge([(int(a), int(b)) for a, b in state["remaining"]])
+        self.batches = 0
