@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from sparkdist.errors import NotEnoughSlotsError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
+from sparkdist.spark.jobs import described
 from sparkdist.spark.slots import (
     check_barrier_allowed,
     check_slot_bound,
@@ -67,18 +68,22 @@ class ClassicSpark:
         bind = conf.get("spark.driver.bindAddress", None) or advertise
         return ServicePlace(resolve(bind), advertise)
 
-    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
-        self.sc.setJobGroup(tag, f"sparkdist job {tag}", True)
-        rdd = self.sc.parallelize(range(num_tasks), num_tasks)
-        return rdd.barrier().mapPartitions(task).collect()
+    def run_barrier_stage(
+        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+    ) -> list[bytes]:
+        with described(self.sc, description or f"sparkdist job {tag}", group=tag):
+            rdd = self.sc.parallelize(range(num_tasks), num_tasks)
+            return rdd.barrier().mapPartitions(task).collect()
 
-    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
+    def run_tasks(
+        self, num_tasks: int, task: PlainTask, tag: str, description: str = ""
+    ) -> list[bytes]:
         def one(rows: Iterator[int]) -> Iterator[bytes]:
             for index in rows:
                 yield task(index)
 
-        self.sc.setJobGroup(tag, f"sparkdist {tag}", True)
-        return self.sc.parallelize(range(num_tasks), num_tasks).mapPartitions(one).collect()
+        with described(self.sc, description or f"sparkdist {tag}", group=tag):
+            return self.sc.parallelize(range(num_tasks), num_tasks).mapPartitions(one).collect()
 
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)

@@ -7,6 +7,7 @@ from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
     log_job,
     rank_environment,
+    step_metrics,
     use_default_tracking,
 )
 from sparkdist.tracking.ensemble_flavor import log_ensemble
@@ -22,5 +23,6 @@ __all__ = [
     "log_job",
     "rank_environment",
     "setup_rank",
+    "step_metrics",
     "use_default_tracking",
 ]

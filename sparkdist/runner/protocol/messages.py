@@ -212,6 +212,15 @@ class CheckpointLatest(NamedTuple):
     pass
 
 
+@register("report")
+class Report(NamedTuple):
+    """`sparkdist.report`: a rank's metrics at `step`; answered `Ok("prune")` when the
+    trial the job runs for was pruned, else `Ok()`."""
+
+    step: int
+    metrics: dict
+
+
 # --- an elastic job's plain tasks and its gang (`runner/driver/gang.py`) -------------
 
 
@@ -293,7 +302,9 @@ class Rejected(NamedTuple):
 HELLOS = (TaskHello, SupervisorHello, RankHello)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone)
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
-RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave, CheckpointLatest)
+RANK_REQUESTS = (
+    KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave, CheckpointLatest, Report,
+)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,)
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
