@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from sparkdist import progress
 from sparkdist.errors import NotEnoughSlotsError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
@@ -47,16 +48,22 @@ class ClassicSpark:
         check_barrier_allowed(conf.get)
         check_slot_bound(np, self.sc.master, conf.get, ranks_per_task)
         deadline = time.monotonic() + timeout_s
+        needed = np // ranks_per_task
         slots = self._free_slots()
-        while slots < np // ranks_per_task:
-            if time.monotonic() > deadline:
-                raise NotEnoughSlotsError(
-                    f"{slots_needed(np, ranks_per_task)}, but the cluster has {slots} task "
-                    f"slots (waited {timeout_s:.0f}s for executors). Lower np, or add "
-                    "executors or cores."
-                )
-            time.sleep(0.2)
-            slots = self._free_slots()
+        if slots >= needed:
+            return
+        with progress.bar(needed, "sparkdist: waiting for task slots", unit="slots") as shown:
+            while slots < needed:
+                shown.set(slots)
+                if time.monotonic() > deadline:
+                    raise NotEnoughSlotsError(
+                        f"{slots_needed(np, ranks_per_task)}, but the cluster has {slots} "
+                        f"task slots (waited {timeout_s:.0f}s for executors). Lower np, or "
+                        "add executors or cores."
+                    )
+                time.sleep(0.2)
+                slots = self._free_slots()
+            shown.set(slots)
 
     def check_elastic(self, max_np: int, ranks_per_task: int) -> None:
         check_slot_bound(max_np, self.sc.master, self.sc.getConf().get, ranks_per_task, "max_np")
