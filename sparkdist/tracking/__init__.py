@@ -6,6 +6,7 @@ Importing this package does not import mlflow.
 from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
     log_job,
+    quiet_mlflow,
     rank_environment,
     step_metrics,
     use_default_tracking,
@@ -21,6 +22,7 @@ __all__ = [
     "default_tracking_uri",
     "log_ensemble",
     "log_job",
+    "quiet_mlflow",
     "rank_environment",
     "setup_rank",
     "step_metrics",

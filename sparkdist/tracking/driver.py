@@ -136,6 +136,17 @@ def step_metrics() -> StepMetrics | None:
     return None if run is None else StepMetrics(run.info.run_id)
 
 
+def quiet_mlflow() -> None:
+    """Keep MLflow to its warnings: no INFO lines (creating the database tables,
+    inferring a signature) and no "Downloading artifacts" bar when a model is logged.
+    For the demo and scripts whose output should be sparkdist's only; MLFLOW_LOGGING_LEVEL
+    and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR, when set, win."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if not os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"  # read when mlflow is imported
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
 def use_default_tracking() -> str:
     """Use the embedded SQLite store (``default_tracking_uri()``) unless MLflow is configured.
 
