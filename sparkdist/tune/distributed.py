@@ -24,12 +24,20 @@ POLL_S = 0.5
 CANCEL_WAIT_S = 120.0
 
 
-def _rank_main(objective, trial: RemoteTrial, service: tuple):
-    shared.serve_from(*service)
-    try:
-        return objective(trial)
-    finally:
-        trial.close()
+class _TrialMain:
+    """What every rank of a trial's job runs: the objective, with the search's shared
+    data reachable. Named as the objective, for the progress line and the Spark UI."""
+
+    def __init__(self, objective):
+        self.objective = objective
+        self.__name__ = getattr(objective, "__name__", "objective")
+
+    def __call__(self, trial: RemoteTrial, service: tuple):
+        shared.serve_from(*service)
+        try:
+            return self.objective(trial)
+        finally:
+            trial.close()
 
 
 class DistributedTrial:
@@ -47,7 +55,7 @@ class DistributedTrial:
     def run(self, was_pruned) -> Outcome:
         try:
             with metrics.feeding(self.prune_check), jobs.purpose(f"tune trial {self.trial.number}"):
-                value = self.runner.run(_rank_main, objective=self.objective, trial=self.trial,
+                value = self.runner.run(_TrialMain(self.objective), trial=self.trial,
                                         service=self.service)  # fmt: skip
             return Outcome(COMPLETE, value)
         except SparkdistError as exc:

@@ -84,7 +84,7 @@ class ReportedMetrics:
         if self._bar is None:
             self._bar = progress.bar(None, self.label, unit="reports")
         shown = {"step": entry.step, **entry.metrics}
-        if entry.rank != 0:
+        if self.report_ranks == "all":
             shown = {"rank": entry.rank, **shown}
         self._bar.update(1, **shown)
 
