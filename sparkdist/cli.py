@@ -50,6 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
+    if os.path.isdir(args.script):
+        return _usage_error(f"{args.script} is a directory: give the training script's path")
     if not os.path.isfile(args.script):
         return _usage_error(f"no such script: {args.script}")
     if not os.access(args.script, os.R_OK):
