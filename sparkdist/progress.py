@@ -67,9 +67,11 @@ class Bar:
         self._last_line = 0.0
         self._line_pending = False
         if self._mode in ("notebook", "terminal"):
+            # tqdm writes an open-ended count and its unit together ("3reports").
+            shown_unit = unit if total is not None else f" {unit}"
             self._tqdm = _tqdm_class(self._mode)(
-                total=total, desc=desc, unit=unit, mininterval=REFRESH_S, file=sys.stderr,
-                dynamic_ncols=True, leave=True,
+                total=total, desc=desc, unit=shown_unit, mininterval=REFRESH_S,
+                file=sys.stderr, dynamic_ncols=True, leave=True,
             )  # fmt: skip
 
     def update(self, n: int = 1, **postfix: Any) -> None:

@@ -285,6 +285,7 @@ class Attempt:
     ) -> None:
         """Stop what the job started, and record what it did (report, MLflow, timeline)."""
         report = self.report
+        state.metrics.close()  # the progress line ends before the job's last log lines
         leftovers = launch.stop(finished=report.outcome == "succeeded")
         service.close()
         report.wall_time_s = time.monotonic() - started
