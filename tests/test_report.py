@@ -81,17 +81,22 @@ class PruneFromStep2(optuna.pruners.BasePruner):
         return trial.last_step is not None and trial.last_step >= 2
 
 
-def spark_job_descriptions(sc) -> dict[str, str]:
-    """Job group -> description of every Spark job so far, as the Spark UI shows them
+def spark_jobs(sc) -> list[tuple[str, str]]:
+    """(job group, description) of every Spark job so far, as the Spark UI shows them
     (read from Spark's status store, which backs the UI and its REST API)."""
-    found = {}
+    found = []
     jobs = sc._jsc.sc().statusStore().jobsList(None)
     for index in range(jobs.size()):
         job = jobs.apply(index)
         group, description = job.jobGroup(), job.description()
         if group.isDefined() and description.isDefined():
-            found[group.get()] = description.get()
+            found.append((group.get(), description.get()))
     return found
+
+
+def spark_job_descriptions(sc) -> dict[str, str]:
+    """Job group -> description, for groups of one job (each runner job's)."""
+    return dict(spark_jobs(sc))
 
 
 def steps_of(job, rank: int) -> list[int]:
@@ -164,11 +169,19 @@ def test_the_ensemble_training_job_is_described(spark):
     X, y = load_breast_cancer(return_X_y=True)
     rows = [(float(label), *map(float, x[:4])) for x, label in zip(X, y, strict=True)]
     df = spark.createDataFrame(rows, ["label", "a", "b", "c", "d"])
-    PartitionEnsemble(LogisticRegression(max_iter=500), n_estimators=2, random_state=1).fit(
-        df, features_col=["a", "b", "c", "d"], label_col="label"
-    )
-    described = spark_job_descriptions(spark.sparkContext).values()
-    assert "sparkdist ensemble: 2 x LogisticRegression" in described
+    sc = spark.sparkContext
+    # As a Databricks notebook cell runs: a job group its Cancel button cancels, kept.
+    sc.setJobGroup("notebook-cell-7", "cell 7")
+    try:
+        PartitionEnsemble(LogisticRegression(max_iter=500), n_estimators=2, random_state=1).fit(
+            df, features_col=["a", "b", "c", "d"], label_col="label"
+        )
+        assert sc.getLocalProperty("spark.jobGroup.id") == "notebook-cell-7"
+        assert sc.getLocalProperty("spark.job.description") == "cell 7"
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    assert ("notebook-cell-7", "sparkdist ensemble: 2 x LogisticRegression") in spark_jobs(sc)
 
 
 def test_report_checks_its_input_and_logs_outside_a_rank(caplog):

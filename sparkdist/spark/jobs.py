@@ -59,26 +59,30 @@ def description_tag(description: str) -> str:
 @contextlib.contextmanager
 def described(session: Any, description: str, group: str | None = None) -> Iterator[str]:
     """Jobs this thread submits on `session` while inside carry `description`, under the
-    job group (classic) or tag (Connect) `group` (a new one by default), which it yields
-    so that the jobs can be cancelled."""
-    group = group or f"sparkdist-{uuid.uuid4().hex[:12]}"
+    job group (classic) or tag (Connect) `group`, which it yields so that the jobs can be
+    cancelled. Without `group`, a classic thread keeps the job group it has (a Databricks
+    notebook cell's, which its Cancel button cancels) or gets a new one; what the thread
+    had is restored on the way out."""
     if is_connect_session(session):
-        tags = [group, description_tag(description)]
+        tags = [group or f"sparkdist-{uuid.uuid4().hex[:12]}", description_tag(description)]
         for tag in tags:
             session.addTag(tag)
         try:
-            yield group
+            yield tags[0]
         finally:
             for tag in tags:
                 session.removeTag(tag)
         return
     sc = session.sparkContext if hasattr(session, "sparkContext") else session
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    before = {key: sc.getLocalProperty(key) for key in keys}
+    group = group or before["spark.jobGroup.id"] or f"sparkdist-{uuid.uuid4().hex[:12]}"
     sc.setJobGroup(group, description, True)
     try:
         yield group
     finally:
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            sc.setLocalProperty(key, None)
+        for key, value in before.items():
+            sc.setLocalProperty(key, value)
 
 
 @contextlib.contextmanager
