@@ -17,8 +17,10 @@ BENCH_STAMP := $(BENCH_DIR)/.sparkdist-$(shell cat $(BENCH_REQS) | sha256sum | c
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+# mkdocs-material's banner about its successor, printed on every build.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: bootstrap system venv horovod petastorm-side bench-deps test demo lint format bench clean
+.PHONY: bootstrap system venv horovod petastorm-side bench-deps test demo docs lint format bench clean
 
 bootstrap: system venv horovod
 
@@ -59,10 +61,15 @@ $(BENCH_STAMP): $(BENCH_REQS) | venv
 test: bootstrap petastorm-side
 	$(PY) -m ruff check sparkdist tests benchmarks
 	shellcheck init_scripts/*.sh conf/*.sh
+	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m pytest tests
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo
+
+# The documentation site (MkDocs Material, mkdocs.yml): strict, so a broken link or page fails.
+docs: venv
+	$(PY) -m mkdocs build --strict --site-dir build/site
 
 lint:
 	$(PY) -m ruff check sparkdist tests benchmarks

@@ -28,6 +28,9 @@ EXTRAS = {
         "pytorch-lightning>=2.2",
         "accelerate>=0.30",
         "deepspeed>=0.14.1",
+        # A notebook's kernel, for the test of what a notebook shows (tests/test_progress.py).
+        "ipykernel>=6",
+        "jupyter_client>=8",
     ],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "horovod" for req in reqs})

@@ -4,6 +4,8 @@
   stage (Horovod, torch.distributed, TensorFlow or MPI inside).
 * `TorchDistributor` / `DeepspeedTorchDistributor`: pyspark's API on the same runner.
 * `sparkdist.ensemble.PartitionEnsemble`: one scikit-learn/XGBoost model per partition.
+* `report(metrics, step)`: from any rank, metrics to the driver (progress, MLflow, tune).
+* `set_log_level(level)`: how much sparkdist logs (or env SPARKDIST_LOG_LEVEL).
 
 Names are imported on first use, so that the processes a job starts on every rank
 (which import `sparkdist.runner.*` modules) start fast.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from sparkdist import console_log
 
 __version__ = "0.1.0"
 
@@ -26,6 +30,8 @@ _EXPORTS = {
     "RankFailedError": "sparkdist.errors",
     "SparkdistError": "sparkdist.errors",
     "log_to_driver": "sparkdist.runner.rank.channel",
+    "report": "sparkdist.reporting",
+    "set_log_level": "sparkdist.console_log",
     "TorchDistributor": "sparkdist.torch_distributor",
     "DeepspeedTorchDistributor": "sparkdist.torch_distributor",
 }
@@ -42,9 +48,12 @@ __all__ = [
     "SparkdistError",
     "TorchDistributor",
     "log_to_driver",
+    "report",
+    "set_log_level",
 ]
 
 if TYPE_CHECKING:
+    from sparkdist.console_log import set_log_level
     from sparkdist.errors import (
         JobFailedError,
         JobTimeoutError,
@@ -53,9 +62,12 @@ if TYPE_CHECKING:
         RankFailedError,
         SparkdistError,
     )
+    from sparkdist.reporting import report
     from sparkdist.runner.driver.horovod_runner import HorovodRunner, JobReport
     from sparkdist.runner.rank.channel import log_to_driver
     from sparkdist.torch_distributor import DeepspeedTorchDistributor, TorchDistributor
+
+console_log.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -510,6 +510,67 @@ def scenario_tune_np2(spark):
             "steps": sorted(trial.intermediate_values)}  # fmt: skip
 
 
+def report_steps(steps: int) -> int:
+    """Every rank reports `steps` values; rank r's value at step s is 10 s + r."""
+    import os
+
+    import sparkdist
+
+    rank = int(os.environ["RANK"])
+    for step in range(steps):
+        sparkdist.report({"v": 10.0 * step + rank}, step=step)
+    return rank
+
+
+def pruned_on_connect(trial):
+    import sparkdist
+
+    for step in range(50):
+        sparkdist.report({"val_loss": 10.0 - step}, step=step)
+    return 0.0
+
+
+def scenario_report(spark):
+    """sparkdist.report live (executors reach the client) into the client's MLflow run,
+    then in relay mode (they do not: the reports come with the stage's output), then a
+    distributed tune trial pruned by a reported value."""
+    import mlflow
+    import optuna
+
+    import sparkdist.tune
+    from sparkdist import HorovodRunner
+    from sparkdist.spark.connect import RELAY_ENV
+
+    def reported(runner):
+        return [[e.rank, e.step, e.metrics["v"]] for e in runner.last_job.reported]
+
+    out = {}
+    with mlflow.start_run() as run:
+        live = HorovodRunner(np=2, launcher="direct")
+        live.run(report_steps, steps=3)
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "v")
+    out["live"] = reported(live)
+    out["mlflow"] = [[m.step, m.value] for m in history]
+    os.environ[RELAY_ENV] = "always"
+    try:
+        relayed = HorovodRunner(np=2, launcher="direct")
+        relayed.run(report_steps, steps=3)
+    finally:
+        del os.environ[RELAY_ENV]
+    out["relay"] = reported(relayed)
+    out["relay_last"] = relayed.last_job.metrics
+
+    class PruneFromStep2(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return trial.last_step is not None and trial.last_step >= 2
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(pruner=PruneFromStep2())
+    sparkdist.tune.optimize(study, pruned_on_connect, n_trials=1, np=2)
+    out["trial"] = [study.trials[0].state.name, sorted(study.trials[0].intermediate_values)]
+    return out
+
+
 def alive(runner) -> list[int]:
     """The job's recorded processes that still run 15 s after the job ended (tasks stop
     them as they end, which may be just after the client has its answer)."""

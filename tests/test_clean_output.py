@@ -30,6 +30,10 @@ NOISE = (
     "serialized using CloudPickle",
     "Using Spark's default log4j profile",
     "NativeCodeLoader",
+    # MLflow's own INFO lines and its download bar when the demo logs the ensemble.
+    "Creating initial MLflow database tables",
+    "Inferring model signature",
+    "Downloading artifacts",
 )
 
 

@@ -156,6 +156,19 @@ def test_rank_zero_logs_into_the_clients_mlflow_run(connect_url, mlflow_server):
     assert result["tags"]["sparkdist.outcome"] == "succeeded"
 
 
+def test_report_live_into_mlflow_relayed_and_pruning_a_trial(connect_url, mlflow_server):
+    result, output = run_client(connect_url, "report", MLFLOW_TRACKING_URI=mlflow_server)
+    for key in ("live", "relay"):
+        for rank in (0, 1):  # in order per rank (the ranks' reports interleave)
+            assert [[s, v] for r, s, v in result[key] if r == rank] == [
+                [s, 10.0 * s + rank] for s in range(3)
+            ], result[key]
+    assert result["mlflow"] == [[0, 0.0], [1, 10.0], [2, 20.0]]  # rank 0's, as step metrics
+    assert result["relay_last"] == {"v": 20.0}
+    assert result["trial"] == ["PRUNED", [0, 1, 2]]
+    assert "sparkdist report_steps: " in output  # the progress line (plain: not a terminal)
+
+
 def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -215,8 +215,9 @@ def run_demo(options: DemoOptions) -> int:
     """Run every part, print the summary; 0 when every part that ran reached its accuracy."""
 
     from sparkdist.spark.session import embedded_spark
-    from sparkdist.tracking import use_default_tracking
+    from sparkdist.tracking import quiet_mlflow, use_default_tracking
 
+    quiet_mlflow()
     started = time.monotonic()
     output = Path(options.output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ from sparkdist.ensemble.validation import (
     resolve_features,
     summarize,
 )
-from sparkdist.spark import session_slots
+from sparkdist.spark import jobs, session_slots
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +259,13 @@ class _OwnRows:
 def _run(df: Any, plan: TrainingPlan, route: _Shuffled | _OwnRows) -> list[Any]:
     """Run the training job: its rows, one per model trained and the tasks' reports."""
     started = time.perf_counter()
-    with _arrow_batches_of_at_most(df.sparkSession, _TRAINING_BATCH_BYTES):
+    session = df.sparkSession
+    what = f"sparkdist ensemble: {plan.settings.n_estimators} x {type(plan.estimator).__name__}"
+    with (
+        _arrow_batches_of_at_most(session, _TRAINING_BATCH_BYTES),
+        jobs.described(session, what) as group,
+        jobs.watched(session, group, what),
+    ):
         rows = route.training_job(df, plan).collect()
     logger.info(
         "trained %d models in %.1fs",

@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from sparkdist import progress
 from sparkdist.errors import NotEnoughSlotsError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
+from sparkdist.spark.jobs import described
 from sparkdist.spark.slots import (
     check_barrier_allowed,
     check_slot_bound,
@@ -46,16 +48,22 @@ class ClassicSpark:
         check_barrier_allowed(conf.get)
         check_slot_bound(np, self.sc.master, conf.get, ranks_per_task)
         deadline = time.monotonic() + timeout_s
+        needed = np // ranks_per_task
         slots = self._free_slots()
-        while slots < np // ranks_per_task:
-            if time.monotonic() > deadline:
-                raise NotEnoughSlotsError(
-                    f"{slots_needed(np, ranks_per_task)}, but the cluster has {slots} task "
-                    f"slots (waited {timeout_s:.0f}s for executors). Lower np, or add "
-                    "executors or cores."
-                )
-            time.sleep(0.2)
-            slots = self._free_slots()
+        if slots >= needed:
+            return
+        with progress.bar(needed, "sparkdist: waiting for task slots", unit="slots") as shown:
+            while slots < needed:
+                shown.set(slots)
+                if time.monotonic() > deadline:
+                    raise NotEnoughSlotsError(
+                        f"{slots_needed(np, ranks_per_task)}, but the cluster has {slots} "
+                        f"task slots (waited {timeout_s:.0f}s for executors). Lower np, or "
+                        "add executors or cores."
+                    )
+                time.sleep(0.2)
+                slots = self._free_slots()
+            shown.set(slots)
 
     def check_elastic(self, max_np: int, ranks_per_task: int) -> None:
         check_slot_bound(max_np, self.sc.master, self.sc.getConf().get, ranks_per_task, "max_np")
@@ -67,18 +75,22 @@ class ClassicSpark:
         bind = conf.get("spark.driver.bindAddress", None) or advertise
         return ServicePlace(resolve(bind), advertise)
 
-    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
-        self.sc.setJobGroup(tag, f"sparkdist job {tag}", True)
-        rdd = self.sc.parallelize(range(num_tasks), num_tasks)
-        return rdd.barrier().mapPartitions(task).collect()
+    def run_barrier_stage(
+        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+    ) -> list[bytes]:
+        with described(self.sc, description or f"sparkdist job {tag}", group=tag):
+            rdd = self.sc.parallelize(range(num_tasks), num_tasks)
+            return rdd.barrier().mapPartitions(task).collect()
 
-    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
+    def run_tasks(
+        self, num_tasks: int, task: PlainTask, tag: str, description: str = ""
+    ) -> list[bytes]:
         def one(rows: Iterator[int]) -> Iterator[bytes]:
             for index in rows:
                 yield task(index)
 
-        self.sc.setJobGroup(tag, f"sparkdist {tag}", True)
-        return self.sc.parallelize(range(num_tasks), num_tasks).mapPartitions(one).collect()
+        with described(self.sc, description or f"sparkdist {tag}", group=tag):
+            return self.sc.parallelize(range(num_tasks), num_tasks).mapPartitions(one).collect()
 
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)

@@ -62,13 +62,19 @@ class Cluster(Protocol):
         """Where a job's service should listen (probing once whether executors reach
         this process, under Spark Connect)."""
 
-    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
-        """Run `task` in `num_tasks` barrier tasks tagged `tag`; block until the stage
-        ends and return what each task yielded."""
+    def run_barrier_stage(
+        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+    ) -> list[bytes]:
+        """Run `task` in `num_tasks` barrier tasks tagged `tag`, described in the Spark
+        UI by `description` (`jobs.described`); block until the stage ends and return
+        what each task yielded."""
 
-    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
-        """Run `task(i)` in `num_tasks` ordinary tasks (no gang scheduling) tagged `tag`;
-        block until all ended and return their values in task order."""
+    def run_tasks(
+        self, num_tasks: int, task: PlainTask, tag: str, description: str = ""
+    ) -> list[bytes]:
+        """Run `task(i)` in `num_tasks` ordinary tasks (no gang scheduling) tagged `tag`
+        and described by `description`; block until all ended and return their values
+        in task order."""
 
     def cancel(self, tag: str) -> None:
         """Cancel the Spark jobs tagged `tag` (from any thread)."""

@@ -20,6 +20,7 @@ from typing import Any
 from sparkdist.errors import ConnectUnsupportedError, SparkdistError
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
+from sparkdist.spark.jobs import described
 from sparkdist.spark.slots import check_barrier_allowed, check_slot_bound, configured_slots
 
 logger = logging.getLogger(__name__)
@@ -154,24 +155,25 @@ class ConnectSpark:
                         "cannot reach", address)  # fmt: skip
         return _REACHABLE[key]
 
-    def run_barrier_stage(self, num_tasks: int, task: BarrierTask, tag: str) -> list[bytes]:
+    def run_barrier_stage(
+        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+    ) -> list[bytes]:
         frame = self.session.range(0, num_tasks, 1, num_tasks)
         stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
-        return self._collect_tagged(stage, tag)
+        return self._collect_tagged(stage, tag, description)
 
-    def run_tasks(self, num_tasks: int, task: PlainTask, tag: str) -> list[bytes]:
+    def run_tasks(
+        self, num_tasks: int, task: PlainTask, tag: str, description: str = ""
+    ) -> list[bytes]:
         frame = self.session.range(0, num_tasks, 1, num_tasks)
         return self._collect_tagged(
-            frame.mapInArrow(partial(_arrow_plain_task, task), STAGE_SCHEMA), tag
+            frame.mapInArrow(partial(_arrow_plain_task, task), STAGE_SCHEMA), tag, description
         )
 
-    def _collect_tagged(self, stage, tag: str) -> list[bytes]:
+    def _collect_tagged(self, stage, tag: str, description: str) -> list[bytes]:
         # Tags belong to the thread that adds them: this thread runs only this stage.
-        self.session.addTag(tag)
-        try:
+        with described(self.session, description or f"sparkdist {tag}", group=tag):
             return [row.outcome for row in stage.collect()]
-        finally:
-            self.session.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
         interrupted = self.session.interruptTag(tag)

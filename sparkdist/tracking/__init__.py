@@ -7,7 +7,9 @@ from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
     log_job,
     rank0_credentials,
+    quiet_mlflow,
     rank_environment,
+    step_metrics,
     use_default_tracking,
 )
 from sparkdist.tracking.ensemble_flavor import log_ensemble
@@ -22,7 +24,9 @@ __all__ = [
     "log_ensemble",
     "log_job",
     "rank0_credentials",
+    "quiet_mlflow",
     "rank_environment",
     "setup_rank",
+    "step_metrics",
     "use_default_tracking",
 ]

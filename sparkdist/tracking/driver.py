@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri, redact_uri
 
@@ -106,6 +107,50 @@ def log_job(*, np: int, launcher: str, backend: str, wall_time_s: float, outcome
         mlflow.log_metric("sparkdist.wall_time_s", float(wall_time_s))
     except Exception as error:
         logger.warning("sparkdist.tracking: could not log the job to run %s: %s", run, error)
+
+
+class StepMetrics:
+    """Logs a job's reported metrics as step metrics of one run, from any thread (the
+    driver's handler threads see no active run: MLflow keeps it per thread)."""
+
+    def __init__(self, run_id: str):
+        from mlflow import MlflowClient
+
+        self.run_id = run_id
+        self._client = MlflowClient()
+        self._failed = False
+
+    def log(self, metrics: dict[str, float], step: int, prefix: str = "") -> None:
+        """Log `metrics` at `step`; trouble is logged once, never raised."""
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        batch = [Metric(prefix + name, value, stamp, step) for name, value in metrics.items()]
+        try:
+            self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
+        except Exception as error:
+            if not self._failed:
+                logger.warning("sparkdist.tracking: could not log reported metrics to run "
+                               "%s: %s", self.run_id, error)  # fmt: skip
+            self._failed = True
+
+
+def step_metrics() -> StepMetrics | None:
+    """A logger of reported metrics into the active run (call it in the thread that
+    started the run); None without one."""
+    run = _active_run()
+    return None if run is None else StepMetrics(run.info.run_id)
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow to its warnings: no INFO lines (creating the database tables,
+    inferring a signature) and no "Downloading artifacts" bar when a model is logged.
+    For the demo and scripts whose output should be sparkdist's only; MLFLOW_LOGGING_LEVEL
+    and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR, when set, win."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if not os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"  # read when mlflow is imported
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 def use_default_tracking() -> str:

@@ -8,9 +8,10 @@ import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from sparkdist.errors import SparkdistError
+from sparkdist.runner.driver import metrics
 from sparkdist.runner.driver.horovod_runner import HorovodRunner
 from sparkdist.runner.protocol import payload
-from sparkdist.spark import job_tag
+from sparkdist.spark import job_tag, jobs
 from sparkdist.tune import shared
 from sparkdist.tune.ledger import Ledger
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
@@ -23,19 +24,28 @@ POLL_S = 0.5
 CANCEL_WAIT_S = 120.0
 
 
-def _rank_main(objective, trial: RemoteTrial, service: tuple):
-    shared.serve_from(*service)
-    try:
-        return objective(trial)
-    finally:
-        trial.close()
+class _TrialMain:
+    """What every rank of a trial's job runs: the objective, with the search's shared
+    data reachable. Named as the objective, for the progress line and the Spark UI."""
+
+    def __init__(self, objective):
+        self.objective = objective
+        self.__name__ = getattr(objective, "__name__", "objective")
+
+    def __call__(self, trial: RemoteTrial, service: tuple):
+        shared.serve_from(*service)
+        try:
+            return self.objective(trial)
+        finally:
+            trial.close()
 
 
 class DistributedTrial:
     """One trial as a `HorovodRunner(np=np)` job run from a driver thread."""
 
     def __init__(self, cluster, objective, service: TrialService, trial: RemoteTrial, np: int,
-                 runner_options: dict):  # fmt: skip
+                 runner_options: dict, prune_check: metrics.PruneCheck):  # fmt: skip
+        self.prune_check = prune_check
         self.cluster = cluster
         self.objective = objective
         self.trial = trial
@@ -44,8 +54,9 @@ class DistributedTrial:
 
     def run(self, was_pruned) -> Outcome:
         try:
-            value = self.runner.run(_rank_main, objective=self.objective, trial=self.trial,
-                                    service=self.service)  # fmt: skip
+            with metrics.feeding(self.prune_check), jobs.purpose(f"tune trial {self.trial.number}"):
+                value = self.runner.run(_TrialMain(self.objective), trial=self.trial,
+                                        service=self.service)  # fmt: skip
             return Outcome(COMPLETE, value)
         except SparkdistError as exc:
             # A rank raised optuna.TrialPruned (as Optuna users write it): the runner
@@ -66,7 +77,7 @@ class DistributedTrials:
     """Runs a search's distributed trials, `at_once` runner jobs at a time."""
 
     def __init__(self, cluster, objective, service: TrialService, ledger: Ledger, at_once: int,
-                 np: int, runner_options: dict):  # fmt: skip
+                 np: int, runner_options: dict, report_metric: str | None = None):  # fmt: skip
         # Checked now: an objective that cannot travel fails the search at once.
         payload.pack(objective, {})
         self.cluster = cluster
@@ -75,6 +86,7 @@ class DistributedTrials:
         self.ledger = ledger
         self.np = np
         self.runner_options = runner_options
+        self.report_metric = report_metric
         self.running: dict[Future, DistributedTrial] = {}
         self.pool = ThreadPoolExecutor(at_once, thread_name_prefix="sparkdist-tune")
         self.at_once = at_once
@@ -87,8 +99,9 @@ class DistributedTrials:
                     if trial is None:
                         break
                     remote = self.service.remote_trial(trial)
+                    check = ReportFeed(self.ledger, trial.number, self.report_metric)
                     job = DistributedTrial(self.cluster, self.objective, self.service, remote,
-                                           self.np, self.runner_options)  # fmt: skip
+                                           self.np, self.runner_options, check)  # fmt: skip
                     self.running[self.pool.submit(job.run, self.ledger.was_pruned)] = job
                 if not self.running:
                     return
@@ -110,6 +123,36 @@ class DistributedTrials:
             outcome = _outcome(future)
             if outcome.state != FAILED:  # it ended before it was cancelled
                 self.ledger.finish(job.trial.number, outcome)
+
+
+class ReportFeed:
+    """Feeds rank 0's `sparkdist.report` values of one trial to its pruner: the value of
+    `metric` (or the only one reported) is `trial.report(value, step)`; True once
+    `trial.should_prune()` says so."""
+
+    def __init__(self, ledger: Ledger, number: int, metric: str | None):
+        self.ledger, self.number, self.metric = ledger, number, metric
+        self._warned = False
+
+    def __call__(self, step: int, values: dict) -> bool:
+        name = self.metric
+        if name is None and len(values) == 1:
+            name = next(iter(values))
+        if name not in values:
+            if not self._warned:
+                logger.warning(
+                    "sparkdist.tune: trial %d reported %s, which the pruner cannot use: pass "
+                    "optimize(..., report_metric=NAME) to say which one it judges",
+                    self.number, sorted(values),
+                )  # fmt: skip
+                self._warned = True
+            return False
+        try:
+            self.ledger.call(self.number, "report", (values[name], step), {})
+            return bool(self.ledger.call(self.number, "should_prune", (), {}))
+        except RuntimeError as exc:  # the trial already ended (cancelled)
+            logger.debug("sparkdist.tune: report of trial %d not fed: %s", self.number, exc)
+            return False
 
 
 def _outcome(future: Future) -> Outcome:

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sparkdist import progress
 from sparkdist.errors import SparkdistError
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.shared import hint_for
@@ -53,6 +54,7 @@ class Ledger:
         self.failed = 0
         self.stopping = False
         """Set when the search is being stopped: no trial starts, a lost one was cancelled."""
+        self.progress = progress.bar(n_trials, "sparkdist tune", unit="trial")
 
     def can_start(self) -> bool:
         """Whether another trial may start (count, time, failures, not stopping)."""
@@ -97,6 +99,7 @@ class Ledger:
                 return
             self.finished += 1
             frozen = self._tell(trial, outcome)
+            self.progress.update(1, **self._best())
         self.tracking.log_trial(frozen)
 
     def lose(self, number: int, why: str) -> None:
@@ -109,6 +112,18 @@ class Ledger:
         """Start no more trials; trials lost from now on were cancelled."""
         with self.lock:
             self.stopping = True
+
+    def close_progress(self) -> None:
+        self.progress.close()
+
+    def _best(self) -> dict:
+        """The best value so far, for the progress display (single-objective studies)."""
+        if len(self.study.directions) != 1:
+            return {}
+        try:
+            return {"best": self.study.best_value}
+        except ValueError:  # no trial completed yet
+            return {}
 
     def fail_running(self, why: str) -> None:
         """Record every trial still running failed (their processes are gone)."""

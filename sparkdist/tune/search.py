@@ -50,6 +50,7 @@ def optimize(
     timeout: float | None = None,
     max_failed_trials: int | None = None,
     runner_options: dict[str, Any] | None = None,
+    report_metric: str | None = None,
 ) -> optuna.Study:
     """Run `n_trials` trials of `objective` on the Spark cluster, several at once.
 
@@ -66,6 +67,10 @@ def optimize(
         max_failed_trials: raise `TooManyFailedTrialsError` once more trials failed.
         runner_options: extra `HorovodRunner` arguments for distributed trials
             (launcher "direct" unless given).
+        report_metric: in distributed trials, which metric of rank 0's
+            `sparkdist.report(...)` calls is the trial's intermediate value for the
+            pruner (`trial.report(value, step)`); by default the only one reported. When
+            the pruner prunes, `report` raises `optuna.TrialPruned` on the ranks.
     Returns the study. Ctrl-C cancels the running trials and returns what finished.
     """
     _check_args(n_trials, parallelism, np, timeout, max_failed_trials)
@@ -107,7 +112,8 @@ def optimize(
             # concurrent mpirun jobs on one host can collide ("orte_session_dir failed");
             # launcher="mpi" in runner_options for code that needs MPI.
             options = {"launcher": "direct", **(runner_options or {})}
-            trials = DistributedTrials(cluster, objective, service, ledger, at_once, np, options)
+            trials = DistributedTrials(cluster, objective, service, ledger, at_once, np, options,
+                                       report_metric)  # fmt: skip
         _run(trials, ledger)
     finally:
         service.close()
@@ -126,4 +132,5 @@ def _run(trials, ledger: Ledger) -> None:
         ledger.stop()
         trials.cancel()
         ledger.fail_running(CANCELLED)
+        ledger.close_progress()
         ledger.tracking.log_search(ledger.study)

@@ -85,7 +85,8 @@ class SingleNodeTrials:
             return run_worker(index, blob, address, secret, import_path)
 
         try:
-            for summary in self.cluster.run_tasks(workers, task, self.tag):
+            what = f"sparkdist tune: {workers} single-node trial workers"
+            for summary in self.cluster.run_tasks(workers, task, self.tag, what):
                 logger.info("sparkdist.tune: worker %s", json.loads(summary))
         except BaseException as exc:  # noqa: BLE001 - reported by run() on the main thread
             self._error = exc

@@ -31,6 +31,7 @@ from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.failures import WorldResize
 from sparkdist.runner.driver.gang import Gang
 from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stage import wait_local_gone
@@ -47,7 +48,9 @@ CANCEL_GRACE_S = 10.0
 JOIN_TIMEOUT_S = 60.0
 
 
-def run_elastic_job(options: RunnerOptions, blob: bytes, all_results: bool, report) -> list[Any]:
+def run_elastic_job(
+    options: RunnerOptions, blob: bytes, all_results: bool, report, metrics: ReportedMetrics
+) -> list[Any]:
     """Run the pickled `(main, kwargs)` elastically; every rank's result of the last world."""
     cluster = active_cluster()
     cluster.check_elastic(options.size_range[1], options.ranks_per_task)
@@ -59,7 +62,7 @@ def run_elastic_job(options: RunnerOptions, blob: bytes, all_results: bool, repo
             "cluster reaches, or drop min_np/max_np"
         )
     checkpoints = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
-    attempt = _ElasticAttempt(options, cluster, place, report)
+    attempt = _ElasticAttempt(options, cluster, place, report, metrics)
     budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
     world, why = 0, "start"
     try:
@@ -91,9 +94,10 @@ def _resume_point(checkpoints: CheckpointStore) -> str:
 class _ElasticAttempt:
     """One world of an elastic job: gang, seat, run, collect."""
 
-    def __init__(self, options: RunnerOptions, cluster: Cluster, place, report):
+    def __init__(self, options: RunnerOptions, cluster: Cluster, place, report, metrics):
         from sparkdist.runner.driver.job import Attempt
 
+        self.metrics = metrics
         self.options = options
         self.cluster = cluster
         self.place = place
@@ -127,7 +131,12 @@ class _ElasticAttempt:
         template = self.base.launch_spec(
             job_id, max_np, "", secret, number, timeline_path, relay=None
         )
-        tasks = _TaskJob(self.cluster, template, gang, max_np // per_task, job_tag(job_id))
+        description = self.base.description(
+            max_np, f"elastic gang of {max_np // per_task} tasks for {min_np}..{max_np}", number
+        )
+        tasks = _TaskJob(
+            self.cluster, template, gang, max_np // per_task, job_tag(job_id), description
+        )
         started = time.monotonic()
         try:
             chosen = gang.form(
@@ -145,7 +154,7 @@ class _ElasticAttempt:
             job_id, num_ranks, blob, all_results, opts.driver_log_verbosity, per_task,
             rank0_env=self.credentials,
         )  # fmt: skip
-        state = self.state = JobState(job, checkpoints=checkpoints)
+        state = self.state = JobState(job, checkpoints=checkpoints, metrics=self.metrics)
         tasks.state = state
         service = DriverService(state, secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
@@ -167,7 +176,9 @@ class _ElasticAttempt:
 class _TaskJob:
     """The attempt's Spark job of plain tasks, run from a thread."""
 
-    def __init__(self, cluster: Cluster, template, gang: Gang, num_tasks: int, tag: str):
+    def __init__(self, cluster: Cluster, template, gang: Gang, num_tasks: int, tag: str,
+                 description: str):  # fmt: skip
+        self.description = description
         self.cluster = cluster
         self.tag = tag
         self.state: JobState | None = None
@@ -181,7 +192,7 @@ class _TaskJob:
 
     def _run(self, num_tasks: int, task) -> None:
         try:
-            self.cluster.run_tasks(num_tasks, task, self.tag)
+            self.cluster.run_tasks(num_tasks, task, self.tag, self.description)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             if self.cancelled:
                 logger.debug("elastic tasks %s ended: %s", self.tag, spark_error_summary(exc))

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from sparkdist import progress
 from sparkdist.errors import JobFailedError, NotEnoughSlotsError
 from sparkdist.network import join_address
 from sparkdist.runner.protocol import messages, wire
@@ -85,19 +86,27 @@ class Gang:
         """Wait for at least `low` tasks (up to `timeout_s`), then for more until none
         arrives for START_SETTLE_S or `high` are in; return the chosen, in arrival order."""
         deadline = time.monotonic() + timeout_s
+        shown = None  # a progress display, once the wait is more than a moment
         with self._cond:
-            while len(self._waiting) < low:
-                if self._failed is not None:
-                    raise JobFailedError(self._failed)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise NotEnoughSlotsError(
-                        f"only {len(self._waiting)} of the {low} task slots that min_np="
-                        f"{min_np} ranks need became free within {timeout_s:.0f}s "
-                        f"(max_np={max_np}); the job was stopped. Give the cluster more "
-                        "executors, or lower min_np."
-                    )
-                self._cond.wait(min(remaining, 0.5))
+            try:
+                while len(self._waiting) < low:
+                    if self._failed is not None:
+                        raise JobFailedError(self._failed)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise NotEnoughSlotsError(
+                            f"only {len(self._waiting)} of the {low} task slots that min_np="
+                            f"{min_np} ranks need became free within {timeout_s:.0f}s "
+                            f"(max_np={max_np}); the job was stopped. Give the cluster more "
+                            "executors, or lower min_np."
+                        )
+                    self._cond.wait(min(remaining, 0.5))
+                    shown = shown or progress.bar(low, "sparkdist: waiting for task slots",
+                                                  unit="slots")  # fmt: skip
+                    shown.set(len(self._waiting))
+            finally:
+                if shown is not None:
+                    shown.close()
             while len(self._waiting) < high:
                 quiet = time.monotonic() - max(a.at for a in self._waiting)
                 if quiet >= START_SETTLE_S:

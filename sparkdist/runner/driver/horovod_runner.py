@@ -78,6 +78,9 @@ class HorovodRunner:
             ranks the remaining slots hold (counted by `max_failures`), and when more
             slots stay free it grows at rank 0's next `sparkdist.checkpoint.save`. Runs
             where Spark's dynamic allocation is on. See "Elastic training" in the README.
+        report_ranks: whose `sparkdist.report` metrics the driver shows and logs to its
+            active MLflow run: "rank0" (rank 0's, under their own names) or "all" (every
+            rank's, named `rank<k>/<metric>` in MLflow). `last_job.reported` keeps all.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class HorovodRunner:
         roles: Mapping[str, int] | str | None = None,
         min_np: int | None = None,
         max_np: int | None = None,
+        report_ranks: str = "rank0",
     ):
         self.options = RunnerOptions(
             np=np,
@@ -119,6 +123,7 @@ class HorovodRunner:
             roles=roles,
             min_np=min_np,
             max_np=max_np,
+            report_ranks=report_ranks,
         )
         self.last_job: JobReport | None = None
 
@@ -141,8 +146,16 @@ class HorovodRunner:
         with converted_dataframes(kwargs) as arguments:
             blob = payload.pack(main, arguments)
             opts = self.options
-            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher())
+            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher(),
+                                      name=_name_of(main))  # fmt: skip
             return run_job(opts, blob, all_results, self.last_job)
+
+
+def _name_of(main: Callable) -> str:
+    """The name the driver shows for the job (progress, Spark UI)."""
+    if isinstance(main, ScriptMain):
+        return os.path.basename(main.path)
+    return getattr(main, "__name__", None) or type(main).__name__
 
 
 def _script_or_function(main, kwargs: dict[str, Any]) -> tuple[Callable, dict[str, Any]]:

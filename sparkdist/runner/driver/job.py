@@ -28,6 +28,7 @@ from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.failures import WorldResize
 from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.local_launch import LOCAL_HOST, LocalLaunch
+from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.relay import RelayPlan
 from sparkdist.runner.driver.service import DriverService
@@ -36,7 +37,7 @@ from sparkdist.runner.protocol import messages, wire
 from sparkdist.runner.protocol.launch import Launch, LaunchSpec
 from sparkdist.runner.protocol.payload import driver_pythonpath
 from sparkdist.runner.protocol.processes import ProcessRecord
-from sparkdist.spark import Cluster, ServicePlace, active_cluster
+from sparkdist.spark import Cluster, ServicePlace, active_cluster, jobs
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class JobReport:
     job_id: str
     np: int
     launcher: str
+    name: str = "job"
+    """What runs: the function's (or script's) name."""
     outcome: str = "running"
     wall_time_s: float = 0.0
     processes: list[ProcessRecord] = field(default_factory=list)
@@ -58,15 +61,38 @@ class JobReport:
     """How many times the job was launched (more than 1 after relaunches)."""
     failures: list[str] = field(default_factory=list)
     """Why each relaunched attempt failed, in order."""
+    reported: list[Reported] = field(default_factory=list)
+    """Every `sparkdist.report` call of the ranks, in the order the driver got them
+    (filled while the job runs)."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Rank 0's last reported value of each metric."""
+        return self.metrics_by_rank.get(0, {})
+
+    @property
+    def metrics_by_rank(self) -> dict[int, dict[str, float]]:
+        """Each rank's last reported value of each metric."""
+        return last_by_rank(list(self.reported))
 
 
 def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
     allow; return every rank's (unpickled) result."""
-    if options.elastic:
-        from sparkdist.runner.driver.elastic import run_elastic_job
+    metrics = ReportedMetrics(report.reported, options.report_ranks, live=True,
+                              label=f"sparkdist {report.name}")  # fmt: skip
+    try:
+        if options.elastic:
+            from sparkdist.runner.driver.elastic import run_elastic_job
 
-        return run_elastic_job(options, blob, all_results, report)
+            return run_elastic_job(options, blob, all_results, report, metrics)
+        return _run_fixed_size(options, blob, all_results, report, metrics)
+    finally:
+        metrics.close()
+
+
+def _run_fixed_size(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport,
+                    metrics: ReportedMetrics) -> list[Any]:  # fmt: skip
     cluster = None if options.on_driver else active_cluster()
     place = cluster.service_place() if cluster is not None else ServicePlace(LOCAL_HOST, LOCAL_HOST)
     if place.in_stage:
@@ -85,7 +111,7 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
                 options.driver_log_verbosity, options.ranks_per_task, options.roles,
                 rank0_env=credentials,
             )  # fmt: skip
-            state = JobState(job, checkpoints=checkpoints)
+            state = JobState(job, checkpoints=checkpoints, metrics=metrics)
             number = report.attempts = len(report.failures) + 1
             try:
                 return attempt.run(state, number - 1)
@@ -161,13 +187,22 @@ class Attempt:
             launch: Launch = LocalLaunch(spec, state)
         else:
             stage = RelayedStage if self.place.in_stage else BarrierStage
-            launch = stage(self.cluster, spec, state)
+            kind = "relayed barrier stage" if self.place.in_stage else "barrier"
+            description = self.description(spec.num_ranks, kind, number)
+            launch = stage(self.cluster, spec, state, description)
         started = time.monotonic()
         try:
             self.launch_and_wait(launch, state, started)
         finally:
             self.collect(launch, service, state, started, timeline_path)
         return self.results(state)
+
+    def description(self, num_ranks: int, kind: str, number: int) -> str:
+        """What the job's Spark stage is called in the Spark UI."""
+        return (
+            f"sparkdist {self.report.name}: {num_ranks} ranks, {kind}, attempt {number + 1} "
+            f"(job {self.report.job_id}){jobs.purpose_suffix()}"
+        )
 
     @staticmethod
     def results(state: JobState) -> list[Any]:
@@ -255,6 +290,7 @@ class Attempt:
     ) -> None:
         """Stop what the job started, and record what it did (report, MLflow, timeline)."""
         report = self.report
+        state.metrics.close()  # the progress line ends before the job's last log lines
         leftovers = launch.stop(finished=report.outcome == "succeeded")
         service.close()
         report.wall_time_s = time.monotonic() - started

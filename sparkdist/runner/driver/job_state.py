@@ -21,6 +21,7 @@ from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker
+from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.rendezvous import RendezvousStore
 from sparkdist.runner.protocol import messages, wire
 from sparkdist.runner.protocol.processes import ProcessRecord
@@ -77,10 +78,13 @@ class JobState:
         job: JobSpec,
         console: Console | None = None,
         checkpoints: CheckpointStore | None = None,
+        metrics: ReportedMetrics | None = None,
     ):
         self.job = job
         self.console = console or Console()
         self.checkpoints = checkpoints
+        self.metrics = metrics or ReportedMetrics()
+        """Where the ranks' `sparkdist.report` calls go."""
         self.cond = threading.Condition()
         self.ranks = {r: RankState(r) for r in range(job.num_ranks)}
         self.processes: list[ProcessRecord] = []

@@ -16,6 +16,7 @@ from sparkdist.runner.protocol.launch import mpirun_available
 
 LOG_MODES = ("all", "log_callback_only")
 LAUNCHERS = ("auto", "mpi", "direct")
+REPORT_RANKS = ("rank0", "all")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class RunnerOptions:
     roles: Roles | Mapping[str, int] | str | None = None
     min_np: int | None = None
     max_np: int | None = None
+    report_ranks: str = "rank0"
 
     def __post_init__(self) -> None:
         _check_np(self.np)
@@ -53,6 +55,10 @@ class RunnerOptions:
                 f"got {self.driver_log_verbosity!r}"
             )
         _check_launcher(self.launcher)
+        if self.report_ranks not in REPORT_RANKS:
+            raise ValueError(
+                f"report_ranks must be one of {REPORT_RANKS}, got {self.report_ranks!r}"
+            )
         for name in ("start_timeout", "timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -5,7 +5,8 @@ A Connect client (a laptop, a sandbox) may be unreachable from the cluster. Then
 job's service runs in barrier task 0 instead (same `JobState`, same per-job secret), the
 other tasks and the ranks connect there, and when the job ends task 0 returns
 everything the client would have seen live (rank-prefixed log lines, rank 0's or every
-rank's result, the first failure, processes, files) as the stage's output row. The
+rank's result, the first failure, processes, files, reported metrics) as the stage's
+output row. The
 client replays it: prints the lines, returns the results or raises the same error.
 
 Whether the executors reach the client is the Spark layer's call
@@ -58,6 +59,8 @@ class RelayOutcome:
     processes: list[ProcessRecord] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
     frameworks: list[str] = field(default_factory=list)
+    reported: list = field(default_factory=list)
+    """The ranks' `sparkdist.report` calls (`metrics.Reported`), in arrival order."""
 
 
 class HostedJob:
@@ -110,6 +113,7 @@ class HostedJob:
         outcome.processes = state.started_processes()
         outcome.files = dict(state.files)
         outcome.frameworks = list(state.frameworks)
+        outcome.reported = list(state.metrics.reported)
         if self._error is not None:
             outcome.error = cloudpickle.dumps(self._error)
             outcome.outside_user_code = state.failures.outside_user_code()
@@ -124,6 +128,8 @@ def replay(outcome: RelayOutcome, state: JobState) -> None:
         state.record(process)
     state.files.update(outcome.files)
     state.frameworks = list(outcome.frameworks)
+    for entry in outcome.reported:
+        state.metrics.add(entry.rank, entry.step, entry.metrics, entry.time)
     for rank, result in enumerate(outcome.results):
         if result is not None:
             state.ranks[rank].result = result

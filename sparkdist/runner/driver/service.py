@@ -10,7 +10,8 @@ Three kinds of peers connect, each saying first who it is:
 * a rank's supervisor (`SupervisorHello`): streams the rank's output and its exit
   status;
 * a rank itself (`RankHello`): fetches the payload, publishes and reads rendezvous
-  values, sends back its result or its traceback, and `log_to_driver` messages.
+  values, sends back its result or its traceback, `log_to_driver` messages and
+  `sparkdist.report` metrics.
 
 A message this server does not expect gets a `Rejected` reply saying why, so that no
 peer waits for an answer that never comes.
@@ -213,6 +214,8 @@ class _RankPeer:
                 if isinstance(reply, messages.Ok):
                     return messages.Ok(state.answer_checkpoint(rank, step))
                 return reply
+            case messages.Report(step, metrics):
+                return self._report(step, metrics)
             case messages.CheckpointLatest():
                 store = state.checkpoints
                 return messages.Ok(store.latest(self._reader) if store else None)
@@ -235,6 +238,14 @@ class _RankPeer:
     @property
     def _reader(self) -> tuple[str, int]:
         return (self.state.job.job_id, self.rank)
+
+    def _report(self, step: int, metrics: dict) -> tuple:
+        bad = [k for k, v in metrics.items() if not isinstance(k, str) or
+               isinstance(v, bool) or not isinstance(v, (int, float))]  # fmt: skip
+        if bad:
+            return messages.Failed(f"metrics must map names to numbers; bad: {bad}")
+        pruned = self.state.metrics.add(self.rank, step, metrics)
+        return messages.Ok("prune" if pruned else None)
 
     def _checkpoint_save(self, step: int, blob: bytes) -> tuple:
         return self._checkpoint(step, lambda store: store.save(step, blob))

@@ -32,7 +32,8 @@ class BarrierStage:
     """A `launch.Launch` by Spark: one job's barrier stage, run from a thread so the
     driver can watch the job."""
 
-    def __init__(self, spark: Cluster, spec: LaunchSpec, state: JobState):
+    def __init__(self, spark: Cluster, spec: LaunchSpec, state: JobState, description: str = ""):
+        self.description = description
         self.spark = spark
         self.spec = spec
         self.state = state
@@ -44,7 +45,9 @@ class BarrierStage:
     def _run(self) -> None:
         try:
             task = functools.partial(run_barrier_task, self.spec)
-            self.outputs = self.spark.run_barrier_stage(self.spec.num_tasks, task, self.group)
+            self.outputs = self.spark.run_barrier_stage(
+                self.spec.num_tasks, task, self.group, self.description
+            )
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.fail(

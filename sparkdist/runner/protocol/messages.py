@@ -252,6 +252,15 @@ class CheckpointCommit(NamedTuple):
     kind: str
 
 
+@register("report")
+class Report(NamedTuple):
+    """`sparkdist.report`: a rank's metrics at `step`; answered `Ok("prune")` when the
+    trial the job runs for was pruned, else `Ok()`."""
+
+    step: int
+    metrics: dict
+
+
 # --- an elastic job's plain tasks and its gang (`runner/driver/gang.py`) -------------
 
 
@@ -335,7 +344,7 @@ TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDo
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
                  CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit)  # fmt: skip
+                 CheckpointCommit, Report)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,)
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)

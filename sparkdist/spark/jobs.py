@@ -1,0 +1,145 @@
+"""Names for the Spark jobs sparkdist submits, and a progress display while they run.
+
+In the Spark UI every job sparkdist starts says what it is ("sparkdist train: 2 ranks,
+barrier, attempt 1 (job 1a2b3c)", "sparkdist ensemble: 8 x RandomForestClassifier").
+On a classic session that is the job group's description (`sc.setJobGroup`, per
+thread); a Spark Connect client has neither job groups nor descriptions, only tags, so
+the job carries its cancel tag plus a tag holding the description.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from sparkdist import progress
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.5
+_TAG_CHARS = re.compile(r"[,\s]+")
+
+
+_purpose = threading.local()
+
+
+@contextlib.contextmanager
+def purpose(text: str) -> Iterator[None]:
+    """Jobs described from this thread while inside also say `text` (e.g. which tune
+    trial a runner job is)."""
+    _purpose.text = text
+    try:
+        yield
+    finally:
+        _purpose.text = None
+
+
+def purpose_suffix() -> str:
+    """ ", <purpose>" inside `purpose`, else ""."""
+    text = getattr(_purpose, "text", None)
+    return f", {text}" if text else ""
+
+
+def is_connect_session(session: Any) -> bool:
+    from sparkdist.spark.connect import is_connect_session  # connect.py imports this module
+
+    return is_connect_session(session)
+
+
+def description_tag(description: str) -> str:
+    """`description` as a Spark Connect tag (tags may not contain commas)."""
+    return _TAG_CHARS.sub(" ", description).strip() or "sparkdist"
+
+
+@contextlib.contextmanager
+def described(session: Any, description: str, group: str | None = None) -> Iterator[str]:
+    """Jobs this thread submits on `session` while inside carry `description`, under the
+    job group (classic) or tag (Connect) `group`, which it yields so that the jobs can be
+    cancelled. Without `group`, a classic thread keeps the job group it has (a Databricks
+    notebook cell's, which its Cancel button cancels) or gets a new one; what the thread
+    had is restored on the way out."""
+    if is_connect_session(session):
+        tags = [group or f"sparkdist-{uuid.uuid4().hex[:12]}", description_tag(description)]
+        for tag in tags:
+            session.addTag(tag)
+        try:
+            yield tags[0]
+        finally:
+            for tag in tags:
+                session.removeTag(tag)
+        return
+    sc = session.sparkContext if hasattr(session, "sparkContext") else session
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    before = {key: sc.getLocalProperty(key) for key in keys}
+    group = group or before["spark.jobGroup.id"] or f"sparkdist-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, description, True)
+    try:
+        yield group
+    finally:
+        for key, value in before.items():
+            sc.setLocalProperty(key, value)
+
+
+@contextlib.contextmanager
+def watched(session: Any, group: str, desc: str) -> Iterator[None]:
+    """A progress display of the tasks done in the jobs of `group` while inside:
+    classic sessions poll Spark's status tracker; Connect clients get the server's
+    progress reports."""
+    if progress.mode() == "off":
+        yield
+        return
+    with progress.bar(None, desc, unit="tasks") as bar:
+        if is_connect_session(session):
+            with _connect_progress(session, bar):
+                yield
+        else:
+            with _classic_progress(session.sparkContext, group, bar):
+                yield
+
+
+@contextlib.contextmanager
+def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
+    stop = threading.Event()
+
+    def poll() -> None:
+        tracker = sc.statusTracker()
+        while not stop.wait(WATCH_INTERVAL_S):
+            done = total = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None:
+                        done, total = done + stage.numCompletedTasks, total + stage.numTasks
+            if total:
+                bar.total_now(total)
+                bar.set(done)
+
+    thread = threading.Thread(target=poll, name=f"{group}-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def _connect_progress(session: Any, bar: progress.Bar) -> Iterator[None]:
+    def handler(stages, inflight_tasks, operation_id, done) -> None:
+        stages = list(stages or ())
+        total = sum(s.num_tasks for s in stages)
+        if total:
+            bar.total_now(total)
+            bar.set(sum(s.num_completed_tasks for s in stages))
+
+    session.registerProgressHandler(handler)
+    try:
+        yield
+    finally:
+        session.removeProgressHandler(handler)
