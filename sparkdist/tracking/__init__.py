@@ -6,8 +6,8 @@ Importing this package does not import mlflow.
 from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
     log_job,
-    rank0_credentials,
     quiet_mlflow,
+    rank0_credentials,
     rank_environment,
     step_metrics,
     use_default_tracking,
