@@ -105,20 +105,27 @@ def watched(session: Any, group: str, desc: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
     stop = threading.Event()
+    tracker = sc.statusTracker()
+    earlier = set(tracker.getJobIdsForGroup(group))  # e.g. a notebook cell's jobs so far
+
+    def update(final: bool = False) -> None:
+        done = total = 0
+        succeeded = True
+        for job_id in set(tracker.getJobIdsForGroup(group)) - earlier:
+            job = tracker.getJobInfo(job_id)
+            succeeded = succeeded and job is not None and job.status == "SUCCEEDED"
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done, total = done + stage.numCompletedTasks, total + stage.numTasks
+        if total:
+            bar.total_now(total)
+            # A stage whose output was there already is skipped: its tasks never run.
+            bar.set(total if final and succeeded else done)
 
     def poll() -> None:
-        tracker = sc.statusTracker()
         while not stop.wait(WATCH_INTERVAL_S):
-            done = total = 0
-            for job_id in tracker.getJobIdsForGroup(group):
-                job = tracker.getJobInfo(job_id)
-                for stage_id in job.stageIds if job else ():
-                    stage = tracker.getStageInfo(stage_id)
-                    if stage is not None:
-                        done, total = done + stage.numCompletedTasks, total + stage.numTasks
-            if total:
-                bar.total_now(total)
-                bar.set(done)
+            update()
 
     thread = threading.Thread(target=poll, name=f"{group}-progress", daemon=True)
     thread.start()
@@ -127,6 +134,7 @@ def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+    update(final=True)
 
 
 @contextlib.contextmanager
