@@ -384,13 +384,16 @@ def test_runner_reads_sources_in_place_and_removes_its_copies(spark, parquet_dir
 
 
 def test_write_progress_on_the_driver(spark, tmp_path, monkeypatch, caplog):
-    """Without a terminal, progress is a log line per interval; at WARNING, nothing runs."""
+    """Without a terminal, progress is a log line per interval; the write is a described
+    Spark job; at WARNING, nothing runs."""
     from pyspark.sql import functions as F
 
+    from sparkdist import progress as display
     from sparkdist.data import progress
 
     monkeypatch.setattr(progress, "POLL_SECONDS", 0.05)
-    monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(display, "LINE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(display, "mode", lambda: "lines")  # pytest's stderr may be a tty
 
     @F.udf("double")
     def slow(value):
@@ -400,13 +403,18 @@ def test_write_progress_on_the_driver(spark, tmp_path, monkeypatch, caplog):
         return float(value)
 
     df = spark.range(0, 160, 1, 8).select("id", slow("id").alias("x"))
-    caplog.set_level(logging.INFO, logger="sparkdist.data")
+    caplog.set_level(logging.INFO, logger="sparkdist")
     converter = make_spark_converter(df, cache_dir_url=tmp_path.as_uri())
     lines = [r.getMessage() for r in caplog.records if "writing the copy:" in r.getMessage()]
     counted = [line for line in lines if "writing the copy: 0 rows" not in line]
     assert counted, caplog.text  # rows of committed task files, seen while Spark wrote
-    assert " rows in " in counted[-1] and " files (" in counted[-1]
+    assert " rows (files=" in counted[-1] and "size=" in counted[-1]
+    store = spark.sparkContext._jsc.sc().statusStore().jobsList(None)  # what the Spark UI shows
+    descriptions = [store.apply(i).description() for i in range(store.size())]
+    shown = [d.get() for d in descriptions if d.isDefined()]
+    assert any(d.startswith("sparkdist data: copy of a DataFrame (2 columns) to ") for d in shown)
     converter.delete()
 
-    caplog.set_level(logging.WARNING, logger="sparkdist.data")
+    monkeypatch.undo()
+    caplog.set_level(logging.WARNING, logger="sparkdist")
     assert progress.WriteProgress(tmp_path.as_uri()).enabled is False

@@ -25,6 +25,7 @@ from sparkdist.data.progress import WriteProgress
 from sparkdist.data.reader import describe
 from sparkdist.data.schema import check_dtype, check_values, prepare_dataframe, value_checks
 from sparkdist.data.sources import find_direct_source
+from sparkdist.spark import jobs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -137,7 +138,8 @@ def _write_copy(prepared: DataFrame, url: str, codec: str, row_group_bytes: int)
     logger.info("sparkdist.data: writing the DataFrame as Parquet (%s) to %s", codec, url)
     started = time.monotonic()
     try:
-        with WriteProgress(url):
+        description = f"sparkdist data: copy of a DataFrame ({len(names)} columns) to {url}"
+        with jobs.described(prepared.sparkSession, description), WriteProgress(url):
             (
                 checked.write.option("compression", codec)
                 .option("parquet.block.size", str(row_group_bytes))
