@@ -117,4 +117,5 @@ def test_pyarrow_reader_shares_the_cache(report):
 def test_delete_removes_the_cache(report):
     assert report["cache_dir_existed"]
     assert not report["cache_dir_after_delete"]
-    assert "deleted the cached copy" in " ".join(report["log"])
+    assert "removed the copy at " in " ".join(report["log"])  # logged with its size
+    assert "files; deleted)" in " ".join(report["log"])
