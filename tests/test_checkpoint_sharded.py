@@ -296,16 +296,22 @@ def test_sharded_checkpoints_on_an_fsspec_url():
 
 
 def over_limit_main() -> dict:
+    """Refused on the driver path; then what the message says (sharded=True) works;
+    then a small driver-path save replaces it (checkpoint_keep=1)."""
     import torch
 
+    state = {"weights": torch.ones(2**19)}  # 2 MiB
     try:
-        checkpoint.save({"weights": torch.zeros(2**19)}, 1)  # 2 MiB
+        checkpoint.save(state, 1)
     except ValueError as exc:
         refused = str(exc)
     after_refusal = checkpoint.committed_steps()
-    for step in (2, 3):
-        checkpoint.save({"weights": torch.zeros(16)}, step)
-    return {"refused": refused, "after": after_refusal, "steps": checkpoint.committed_steps()}
+    checkpoint.save(state, 2, sharded=True)
+    into = {"weights": torch.zeros(2**19)}
+    found = checkpoint.resume(into=into)
+    checkpoint.save({"weights": torch.zeros(16)}, 3)
+    return {"refused": refused, "after": after_refusal, "steps": checkpoint.committed_steps(),
+            "sharded": (found.step, bool(into["weights"].eq(1).all()))}  # fmt: skip
 
 
 def test_driver_path_refuses_a_state_over_the_limit_before_sending(sc, tmp_path):
@@ -317,8 +323,10 @@ def test_driver_path_refuses_a_state_over_the_limit_before_sending(sc, tmp_path)
     assert "checkpoint 1 is 2 MiB, over the driver path's limit of 1 MiB" in result["refused"]
     assert "checkpoint_dir" in result["refused"] and "sharded=True" in result["refused"]
     assert result["after"] == []  # the refused state never reached the driver
-    assert result["steps"] == [3]  # checkpoint_keep=1
-    assert sorted(p.name for p in store.iterdir()) == ["checkpoint-000000000003.pkl"]
+    assert result["sharded"] == (2, True)
+    assert result["steps"] == [3]  # checkpoint_keep=1, over both paths
+    assert sorted(p.name for p in store.iterdir()) == ["checkpoint-000000000003.pkl", "sharded"]
+    assert list((store / "sharded").iterdir()) == []
 
 
 def test_sharded_record_retention_pins_and_partial_directories(tmp_path):
