@@ -62,7 +62,7 @@ test: bootstrap petastorm-side
 	$(PY) -m ruff check sparkdist tests benchmarks
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=40
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo

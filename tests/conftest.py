@@ -7,6 +7,7 @@ workers), so barrier stages behave as on a multi-host cluster. Everything listen
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,6 +19,22 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """The CLI's `main` (run in-process by test_cli and test_demo) configures logging as
+    the command does: a root handler, `sparkdist` and `sparkdist.progress` levels. Put
+    them back after every test, so later modules see the logging they set themselves."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    names = ("sparkdist", "sparkdist.progress")
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, saved in levels.items():
+        logging.getLogger(name).setLevel(saved)
 
 
 def build_spark(master: str = SPARK_MASTER):

@@ -6,7 +6,6 @@ in tests/test_scripts_cli.py, tests/test_clean_output.py and tests/test_connect.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
@@ -17,21 +16,6 @@ import pytest
 
 import sparkdist
 from sparkdist.cli import build_parser, main
-
-
-@pytest.fixture(autouse=True)
-def _logging_restored():
-    """`main` configures logging as the command does (root handler, sparkdist levels):
-    put it back, so the later test modules of this process see the logging they set."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    names = ("sparkdist", "sparkdist.progress")
-    levels = {name: logging.getLogger(name).level for name in names}
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    for name, saved in levels.items():
-        logging.getLogger(name).setLevel(saved)
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
