@@ -55,7 +55,7 @@ setup(
         "pandas>=2.0",
         "pyarrow>=14",
         "psutil>=5.9",
-        # The per-job TLS key and certificate of every channel (runner/protocol/job_secret).
+        # The per-job TLS key and certificate of every channel (protocol/job_secret).
         "cryptography>=41",
     ],
     extras_require=EXTRAS,

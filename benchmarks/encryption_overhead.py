@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from launch_overhead import torch_job  # noqa: E402
 
-from sparkdist.runner.protocol.job_secret import TLS_ENV  # noqa: E402
+from sparkdist.protocol.job_secret import TLS_ENV  # noqa: E402
 
 STATE_MB = 100
 SAVES = 10

@@ -92,7 +92,7 @@ def horovod_job() -> float:
 
 def without_tls(fn):
     """`fn` run with the job channels' TLS turned off (benchmarks only)."""
-    from sparkdist.runner.protocol.job_secret import TLS_ENV
+    from sparkdist.protocol.job_secret import TLS_ENV
 
     def run():
         os.environ[TLS_ENV] = "0"

@@ -29,7 +29,7 @@ _EXPORTS = {
     "PayloadError": "sparkdist.errors",
     "RankFailedError": "sparkdist.errors",
     "SparkdistError": "sparkdist.errors",
-    "log_to_driver": "sparkdist.runner.rank.channel",
+    "log_to_driver": "sparkdist.protocol.driver_channel",
     "report": "sparkdist.reporting",
     "set_log_level": "sparkdist.console_log",
     "TorchDistributor": "sparkdist.torch_distributor",
@@ -62,9 +62,9 @@ if TYPE_CHECKING:
         RankFailedError,
         SparkdistError,
     )
+    from sparkdist.protocol.driver_channel import log_to_driver
     from sparkdist.reporting import report
     from sparkdist.runner.driver.horovod_runner import HorovodRunner, JobReport
-    from sparkdist.runner.rank.channel import log_to_driver
     from sparkdist.torch_distributor import DeepspeedTorchDistributor, TorchDistributor
 
 console_log.install()

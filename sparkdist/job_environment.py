@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
-from sparkdist.runner.protocol.job_secret import JobSecret
+from sparkdist.protocol.job_secret import JobSecret
 
 # What every process a task starts for the job gets (`TaskEnvironment`).
 JOB_ID = "SPARKDIST_JOB_ID"

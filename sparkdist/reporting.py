@@ -19,8 +19,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from sparkdist.runner.protocol import messages
-from sparkdist.runner.rank import channel as rank_channel
+from sparkdist.protocol import driver_channel, messages
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ def report(metrics: Mapping[str, Any], step: int | None = None) -> None:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     step = int(step)
     _next_step = step + 1
-    client = rank_channel.driver_client()
+    client = driver_channel.driver_client()
     if client is None:
         logger.info("report step %d: %s", step, format_metrics(values))
         return

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sparkdist.runner.protocol.script import ScriptMain
+from sparkdist.protocol.script import ScriptMain
 from sparkdist.spark.gpus import driver_resources
 
 logger = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from sparkdist import HorovodRunner
+from sparkdist.protocol import wire
+from sparkdist.protocol.job_secret import TLS_ENV, JobSecret, new_secret
 from sparkdist.runner.driver import job as job_module
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.protocol import wire
-from sparkdist.runner.protocol.job_secret import TLS_ENV, JobSecret, new_secret
 
 WAIT_S = 60
 

@@ -9,11 +9,10 @@ import socket
 
 import pytest
 
+from sparkdist.protocol import driver_channel, messages, wire
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import ProcessRecord
-from sparkdist.runner.rank import channel as rank_channel
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.tune.messages import TrialCall
 
@@ -36,8 +35,8 @@ def _connect(address, secret) -> wire.Channel:
     return channel
 
 
-def _rank_client(service: DriverService, secret: bytes) -> rank_channel.DriverClient:
-    client = rank_channel.DriverClient(f"{service.address[0]}:{service.address[1]}", secret)
+def _rank_client(service: DriverService, secret: bytes) -> driver_channel.DriverClient:
+    client = driver_channel.DriverClient(f"{service.address[0]}:{service.address[1]}", secret)
     client._channel.sock.settimeout(REPLY_TIMEOUT_S)
     welcome = client.request(messages.RankHello(1, "127.0.0.1", os.getpid()))
     assert welcome == messages.Welcome(b"payload", False, "job")

@@ -20,7 +20,7 @@ from sparkdist import (
     PayloadError,
     RankFailedError,
 )
-from sparkdist.runner.protocol.processes import ProcessRecord
+from sparkdist.protocol.processes import ProcessRecord
 
 LAUNCHERS = ["mpi", "direct"]
 PLACEMENTS = [2, -2]

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
+from sparkdist.protocol import wire
 from sparkdist.runner.driver.service import DriverService, JobSpec, JobState
-from sparkdist.runner.protocol import wire
 from sparkdist.runner.task.agent import RejectedCommand, TaskAgent, parse_orted_command
 
 
@@ -146,8 +146,8 @@ def test_each_orted_keeps_its_session_under_its_own_task():
 
 def test_job_secret_shows_no_key_material():
     """Reprs, the environment form and the clients' copy hold no more than they must."""
-    from sparkdist.runner.protocol import messages
-    from sparkdist.runner.protocol.job_secret import JobSecret
+    from sparkdist.protocol import messages
+    from sparkdist.protocol.job_secret import JobSecret
 
     secret = wire.new_secret()
     assert secret.tls and secret.can_serve

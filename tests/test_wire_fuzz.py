@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.job_secret import JobSecret, new_secret
 from sparkdist.runner.driver.service import DriverService, JobSpec, JobState
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.job_secret import JobSecret, new_secret
 
 # Every read has a bound: a server that hangs fails the test instead of hanging it.
 READ_TIMEOUT_S = 10

@@ -54,7 +54,7 @@ from sparkdist.checkpoint import driver_path
 from sparkdist.checkpoint import sharded as shards
 from sparkdist.checkpoint.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
 from sparkdist.checkpoint.driver_record import Resize, client
-from sparkdist.runner.protocol import messages
+from sparkdist.protocol import messages
 
 __all__ = [
     "DRIVER_LIMIT_ENV",

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from sparkdist.checkpoint.driver_record import Resize, client, rank, world_size
-from sparkdist.runner.protocol import messages
+from sparkdist.protocol import messages
 
 DRIVER_LIMIT_ENV = "SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB"
 """The ranks' environment variable that sets the driver path's limit, in MiB."""

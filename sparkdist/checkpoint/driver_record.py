@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 
-from sparkdist.runner.protocol import messages
-from sparkdist.runner.rank import channel as rank_channel
+from sparkdist.protocol import driver_channel, messages
 
 
-def client() -> rank_channel.DriverClient:
-    found = rank_channel.driver_client()
+def client() -> driver_channel.DriverClient:
+    found = driver_channel.driver_client()
     if found is None:
         raise RuntimeError(
             "sparkdist.checkpoint works inside a rank started by HorovodRunner; call it "

@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from sparkdist.checkpoint.driver_record import Resize, client, commit, place, rank
-from sparkdist.runner.protocol import messages
+from sparkdist.protocol import messages
 
 logger = logging.getLogger(__name__)
 

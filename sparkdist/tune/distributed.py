@@ -8,9 +8,9 @@ import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from sparkdist.errors import SparkdistError
+from sparkdist.protocol import payload
 from sparkdist.runner.driver import metrics
 from sparkdist.runner.driver.horovod_runner import HorovodRunner
-from sparkdist.runner.protocol import payload
 from sparkdist.spark import job_tag, jobs
 from sparkdist.tune import shared
 from sparkdist.tune.ledger import Ledger

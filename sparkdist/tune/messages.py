@@ -6,7 +6,7 @@
   holds a second channel (`WatchWorker`) whose end tells it to stop at once;
 * a trial reads a value shared with `sparkdist.tune.share` (`FetchShared`).
 
-Registered on the runner's message protocol (`runner.protocol.messages.register`), so
+Registered on the runner's message protocol (`protocol.messages.register`), so
 they travel on the same authenticated channels and are checked the same way.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from sparkdist.runner.protocol.messages import register
+from sparkdist.protocol.messages import register
 
 
 @register("trial_call")

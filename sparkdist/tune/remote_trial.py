@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from sparkdist.runner.protocol import messages, wire
+from sparkdist.protocol import messages, wire
 from sparkdist.tune.messages import TrialCall
 
 _REPLIES = (messages.Ok, messages.Failed)

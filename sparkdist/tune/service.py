@@ -1,4 +1,4 @@
-"""The driver's trial service: the one server of a search, on `runner.protocol.wire`
+"""The driver's trial service: the one server of a search, on `protocol.wire`
 channels authenticated with the search's secret. It answers
 
 * remote trials' calls (`TrialCall`), carried out by the search's `Ledger`;
@@ -17,7 +17,7 @@ import threading
 
 import optuna
 
-from sparkdist.runner.protocol import messages, wire
+from sparkdist.protocol import messages, wire
 from sparkdist.tune.ledger import Ledger
 from sparkdist.tune.messages import (
     AskTrial,

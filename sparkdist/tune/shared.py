@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import cloudpickle
 
 from sparkdist.errors import ConnectUnsupportedError, PayloadError
-from sparkdist.runner.protocol import messages, payload, wire
+from sparkdist.protocol import messages, payload, wire
 from sparkdist.tune.messages import FetchShared
 
 T = TypeVar("T")

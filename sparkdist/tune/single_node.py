@@ -17,7 +17,7 @@ import uuid
 import cloudpickle
 
 from sparkdist.errors import SparkdistError
-from sparkdist.runner.protocol import payload
+from sparkdist.protocol import payload
 from sparkdist.spark import spark_error_summary
 from sparkdist.tune.ledger import Ledger
 from sparkdist.tune.service import LOST, TrialService

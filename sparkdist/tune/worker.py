@@ -12,7 +12,7 @@ import threading
 
 import cloudpickle
 
-from sparkdist.runner.protocol import messages, wire
+from sparkdist.protocol import messages, wire
 from sparkdist.tune import shared
 from sparkdist.tune.messages import AskTrial, NoMoreTrials, RunTrial, TrialDone, WatchWorker
 from sparkdist.tune.outcome import run_objective

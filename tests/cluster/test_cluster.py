@@ -18,9 +18,9 @@ import pytest
 from installed import requires
 from remote_driver import DriverGone
 
-from sparkdist.runner.protocol import wire
-from sparkdist.runner.protocol.job_secret import JobSecret
-from sparkdist.runner.protocol.processes import ProcessRecord
+from sparkdist.protocol import wire
+from sparkdist.protocol.job_secret import JobSecret
+from sparkdist.protocol.processes import ProcessRecord
 
 pytestmark = pytest.mark.cluster
 

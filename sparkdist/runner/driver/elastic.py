@@ -26,6 +26,8 @@ from typing import Any
 from sparkdist import tracking
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver import retry, timeline_file
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.failures import WorldResize
@@ -35,8 +37,6 @@ from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stage import wait_local_gone
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import ProcessRecord
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, active_cluster, job_tag, spark_error_summary
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from sparkdist import progress
 from sparkdist.errors import JobFailedError, NotEnoughSlotsError
 from sparkdist.network import join_address
-from sparkdist.runner.protocol import messages, wire
+from sparkdist.protocol import messages, wire
 
 logger = logging.getLogger(__name__)
 

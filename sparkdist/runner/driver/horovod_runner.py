@@ -15,11 +15,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sparkdist.protocol import payload
+from sparkdist.protocol.script import ScriptMain
 from sparkdist.runner.driver.data_arguments import converted_dataframes
 from sparkdist.runner.driver.job import JobReport, run_job
 from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.protocol import payload
-from sparkdist.runner.protocol.script import ScriptMain
 
 logger = logging.getLogger(__name__)
 

@@ -23,6 +23,10 @@ from sparkdist import job_environment, tracking
 from sparkdist.errors import SparkdistError
 from sparkdist.job_environment import JobEnvironment
 from sparkdist.network import join_address
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.launch import Launch, LaunchSpec
+from sparkdist.protocol.payload import driver_pythonpath
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver import retry, timeline_file
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.failures import WorldResize
@@ -33,10 +37,6 @@ from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.relay import RelayPlan
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stage import BarrierStage, RelayedStage
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.launch import Launch, LaunchSpec
-from sparkdist.runner.protocol.payload import driver_pythonpath
-from sparkdist.runner.protocol.processes import ProcessRecord
 from sparkdist.spark import Cluster, ServicePlace, active_cluster, jobs
 
 logger = logging.getLogger(__name__)

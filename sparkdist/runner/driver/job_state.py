@@ -17,14 +17,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sparkdist.errors import describe_exit
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.rendezvous import RendezvousStore
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
 

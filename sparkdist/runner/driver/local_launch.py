@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 from sparkdist.job_environment import DirectRank, gpus_to_env
-from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.protocol.launch import (
+from sparkdist.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
@@ -21,7 +20,8 @@ from sparkdist.runner.protocol.launch import (
     start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.driver.job_state import JobState
 from sparkdist.spark.gpus import driver_gpu_addresses
 
 LOCAL_HOST = "127.0.0.1"

@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sparkdist.protocol.launch import mpirun_available
 from sparkdist.roles import Roles
-from sparkdist.runner.protocol.launch import mpirun_available
 
 LOG_MODES = ("all", "log_callback_only")
 LAUNCHERS = ("auto", "mpi", "direct")

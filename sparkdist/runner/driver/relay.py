@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
+from sparkdist.protocol import wire
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import RecordingConsole
 from sparkdist.runner.driver.job_state import JobSpec, JobState
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.protocol import wire
-from sparkdist.runner.protocol.processes import ProcessRecord
 
 logger = logging.getLogger(__name__)
 

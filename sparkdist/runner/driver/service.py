@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.messages import MalformedMessage
 from sparkdist.runner.driver.job_state import JobSpec, JobState
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.messages import MalformedMessage
 
 __all__ = ["DriverService", "JobSpec", "JobState"]
 

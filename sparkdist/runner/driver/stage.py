@@ -16,9 +16,9 @@ import cloudpickle
 
 from sparkdist.errors import JobTimeoutError
 from sparkdist.network import is_local_address
+from sparkdist.protocol.launch import LaunchSpec
+from sparkdist.protocol.processes import ProcessRecord, wait_gone
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.protocol.launch import LaunchSpec
-from sparkdist.runner.protocol.processes import ProcessRecord, wait_gone
 from sparkdist.runner.task.spark_task import run_barrier_task
 from sparkdist.spark import Cluster, job_tag, python_error_in, spark_error_summary
 

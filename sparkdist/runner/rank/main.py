@@ -14,12 +14,11 @@ import traceback
 from sparkdist import checkpoint, job_environment, roles, tracking
 from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
-from sparkdist.runner.protocol import messages
-from sparkdist.runner.protocol.processes import die_with_parent
-from sparkdist.runner.rank import channel as rank_channel
+from sparkdist.protocol import driver_channel, messages
+from sparkdist.protocol.processes import die_with_parent
 
 
-def rank_context(client: rank_channel.DriverClient, place: TaskEnvironment, env) -> RankContext:
+def rank_context(client: driver_channel.DriverClient, place: TaskEnvironment, env) -> RankContext:
     """This rank's place in the job, from the variables its supervisor set."""
     return RankContext(
         rank=int(env["RANK"]),
@@ -60,7 +59,7 @@ def main() -> None:
     secret = job_environment.take_secret(os.environ)
     place = TaskEnvironment.from_env(os.environ, secret, socket.gethostname())
     rank = int(os.environ["RANK"])
-    client = rank_channel.connect(place.job.driver, secret)
+    client = driver_channel.connect(place.job.driver, secret)
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
     os.environ.update(job.env)  # rank 0's tracking credentials; nothing for the others
 
@@ -111,7 +110,7 @@ def _report_error(rank: int, exc: BaseException, reason: str | None = None) -> N
     text = "".join(traceback.format_exception(exc))
     sys.stderr.write(text)
     sys.stderr.flush()
-    rank_channel.driver_client().request(messages.RankError(text, reason or _failure_reason(exc)))
+    driver_channel.driver_client().request(messages.RankError(text, reason or _failure_reason(exc)))
 
 
 if __name__ == "__main__":

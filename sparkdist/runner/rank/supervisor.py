@@ -25,8 +25,8 @@ from sparkdist import job_environment, native_logs, roles
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import (
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import (
     ProcessRecord,
     die_with_parent,
     popen_group,

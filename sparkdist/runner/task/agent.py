@@ -19,8 +19,8 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import ProcessRecord, popen_group, stop_group
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import ProcessRecord, popen_group, stop_group
 
 logger = logging.getLogger(__name__)
 

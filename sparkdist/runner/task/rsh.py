@@ -14,8 +14,8 @@ import sys
 
 from sparkdist import job_environment
 from sparkdist.errors import exit_status
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.processes import die_with_parent
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import die_with_parent
 
 
 def main(argv: list[str]) -> int:

@@ -32,8 +32,8 @@ import psutil
 
 from sparkdist.job_environment import DirectRank, agents_to_env, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
-from sparkdist.runner.protocol import messages, wire
-from sparkdist.runner.protocol.launch import (
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
     job_env,
@@ -41,7 +41,7 @@ from sparkdist.runner.protocol.launch import (
     start_launcher,
     supervisor_argv,
 )
-from sparkdist.runner.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.spark.gpus import gpu_addresses
 

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sparkdist.runner.protocol.job_secret import JobSecret, client_context, new_secret
+from sparkdist.protocol.job_secret import JobSecret, client_context, new_secret
 
 __all__ = ["AuthenticationError", "Channel", "JobSecret", "Server", "connect", "new_secret"]
 

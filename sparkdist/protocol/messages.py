@@ -29,7 +29,7 @@ import functools
 import typing
 from typing import Any, NamedTuple
 
-from sparkdist.runner.protocol.processes import ProcessRecord
+from sparkdist.protocol.processes import ProcessRecord
 
 TAIL_LINES = 40
 """How many of a rank's last output lines its supervisor keeps and sends with its exit

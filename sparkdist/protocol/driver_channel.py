@@ -1,6 +1,7 @@
 """A rank's channel to the driver, and `log_to_driver`, which user code calls.
 
-Kept apart from the rank's entry point so that user code can import it cheaply.
+In `protocol` because rank-side library code (checkpoint, report) uses it as much as the
+rank's entry point does; kept small so that user code can import it cheaply.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import threading
 from typing import Any
 
 from sparkdist.network import split_address
-from sparkdist.runner.protocol import messages, wire
+from sparkdist.protocol import messages, wire
 
 RENDEZVOUS_TIMEOUT_S = 600.0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkdist.job_environment import DirectRank, JobEnvironment, TaskEnvironment
-from sparkdist.runner.protocol.processes import ProcessRecord, popen_group
+from sparkdist.protocol.processes import ProcessRecord, popen_group
 
 SUPERVISOR_MODULE = "sparkdist.runner.rank.supervisor"
 RSH_MODULE = "sparkdist.runner.task.rsh"
