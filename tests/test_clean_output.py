@@ -2,80 +2,22 @@
 real commands has no ERROR line, no Java stack trace, no C++ start-up log from the
 ranks, and no warning raised by sparkdist's own use of a framework; yet an error from
 Spark during a job is still shown. Each test runs its command in a new process, since
-what is checked is how that process's Spark starts and stops."""
+what is checked is how that process's Spark starts and stops. The demo's output is
+checked by tests/test_demo.py, on the one demo run of the suite."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-JAVA_FRAME = re.compile(r"^\s+at [\w$.]+\(", re.M)
-# absl/glog's format (`I0000 00:00:1795414858.524550   26369 port.cc:153] ...`), TensorFlow's
-# own (`2026-11-23 06:20:11.123456: I tensorflow/...cc:42] ...`) and absl's start-up notice.
-CPP_LOG = re.compile(
-    r"^(\[rank \d+\] )?([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\]"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
-    r"|WARNING: All log messages before absl::InitializeLog)",
-    re.M,
-)
-# Warnings that sparkdist's own use of Keras and MLflow used to raise, and Spark's
-# start-up notes when it does not use the project's log4j2 configuration.
-NOISE = (
-    "`shuffle=True` was passed",
-    "Add type hints to the `predict` method",
-    "serialized using CloudPickle",
-    "Using Spark's default log4j profile",
-    "NativeCodeLoader",
-    # MLflow's own INFO lines and its download bar when the demo logs the ensemble.
-    "Creating initial MLflow database tables",
-    "Inferring model signature",
-    "Downloading artifacts",
-)
-
-
-def _run(args: list[str], cwd: Path) -> str:
-    env = dict(os.environ)
-    for name in ("MLFLOW_TRACKING_URI", "TF_CPP_MIN_LOG_LEVEL", "SPARK_CONF_DIR"):
-        env.pop(name, None)
-    # capture_output reads until every holder of the pipes is gone: the driver JVM too.
-    done = subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-5000:]
-    return output
-
-
-def _assert_clean(output: str) -> None:
-    errors = [line for line in output.splitlines() if "ERROR" in line]
-    assert not errors, errors[:10]
-    assert not JAVA_FRAME.search(output), JAVA_FRAME.search(output)
-    assert not CPP_LOG.search(output), CPP_LOG.search(output)
-    assert not [text for text in NOISE if text in output], output[-5000:]
-
-
-def test_demo_output_is_clean(tmp_path):
-    output = _run(
-        ["-m", "sparkdist", "demo", "--epochs", "2", "--tf-epochs", "1", "--models", "2",
-         "--output-dir", str(tmp_path / "out")],
-        tmp_path,
-    )  # fmt: skip
-    _assert_clean(output)
-    assert re.search(r"^\[rank 0\] epoch +2 +loss", output, re.M), output[-3000:]
-    assert "== Summary" in output
-    assert re.search(r"^runner: TensorFlow MWMS +2 ranks +0\.\d+", output, re.M), output[-3000:]
-    assert "demo finished" in output
+from output_checks import JAVA_FRAME, assert_clean, run_command
 
 
 def test_run_output_is_clean(tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text("import os\nprint('tiny rank', os.environ['RANK'], flush=True)\n")
-    output = _run(["-m", "sparkdist", "run", "--np", "2", str(script)], tmp_path)
-    _assert_clean(output)
+    output = run_command(["-m", "sparkdist", "run", "--np", "2", str(script)], tmp_path)
+    assert_clean(output)
     assert "[rank 0] tiny rank 0" in output and "[rank 1] tiny rank 1" in output
     assert re.search(r"sparkdist run: \S+tiny.py finished on 2 ranks in [\d.]+s", output)
 
@@ -96,7 +38,7 @@ def test_spark_error_during_a_job_is_still_shown(tmp_path):
             """
         )
     )
-    output = _run([str(script)], tmp_path)
+    output = run_command([str(script)], tmp_path)
     assert "job failed: PythonException" in output
     errors = [line for line in output.splitlines() if "ERROR" in line]
     # Spark's summary of the failure, and nothing from stopping Spark afterwards.

@@ -1,6 +1,8 @@
 """`sparkdist demo`: every path end to end (DDP, Horovod with a timeline, TensorFlow,
 a partition ensemble against one model), tracked in the embedded MLflow store, with the
-summary table at the end. The test runs the real command with fewer epochs."""
+summary table at the end. The test runs the real command, as a user does, with fewer
+epochs, in a new process; the suite's one demo run, so its whole output is also checked
+for being clean (tests/output_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ import json
 import re
 
 import pytest
-
-from sparkdist import cli
+from output_checks import assert_clean, run_command
 
 ROWS = {
     "runner: PyTorch DDP": ("2 ranks", 0.9),
@@ -21,10 +22,12 @@ ROWS = {
 
 
 @pytest.mark.horovod
-def test_demo_runs_every_path(spark, tmp_path, embedded_mlflow, capfd):
-    code = cli.main(["demo", "--epochs", "10", "--tf-epochs", "6", "--models", "4"])
-    out, err = capfd.readouterr()
-    assert code == 0, out[-3000:] + err[-3000:]
+def test_demo_runs_every_path(tmp_path, embedded_mlflow):
+    out = run_command(
+        ["-m", "sparkdist", "demo", "--epochs", "10", "--tf-epochs", "6", "--models", "4"],
+        tmp_path,
+    )
+    assert_clean(out)
 
     # The summary table: every path ran and reached its accuracy.
     table = out[out.index("== Summary") :]
@@ -48,6 +51,7 @@ def test_demo_runs_every_path(spark, tmp_path, embedded_mlflow, capfd):
     mlflow = embedded_mlflow
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert f"MLflow:         experiment 'sparkdist-demo' in {uri}" in out
+    mlflow.set_tracking_uri(uri)  # the fixture puts the process's URI back
     runs = mlflow.search_runs(experiment_names=["sparkdist-demo"], output_format="list")
     by_name = {run.info.run_name: run for run in runs}
     assert set(by_name) == {"ddp", "horovod", "tensorflow", "partition-ensemble"}
