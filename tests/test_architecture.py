@@ -4,6 +4,8 @@ that exist."""
 import re
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 
@@ -44,3 +46,35 @@ def test_backticked_paths_in_the_doc_exist():
     )
     missing = sorted(p for p in named if not (ROOT / "sparkdist" / p).is_file())
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+def _layered_names() -> set[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    return {name.strip() for layer in layers for name in re.split(r"[|:]", layer)}
+
+
+def test_every_top_level_module_is_in_a_layer():
+    """The import contracts (pyproject.toml, checked by `lint-imports` in `make test`) cover
+    every package and module of sparkdist: a new one must be given its layer."""
+    top = {
+        path.stem if path.suffix == ".py" else path.name
+        for path in (ROOT / "sparkdist").iterdir()
+        if (path.suffix == ".py" and path.name != "__init__.py")
+        or (path / "__init__.py").is_file()
+    }
+    unplaced = sorted(top - _layered_names())
+    assert not unplaced, f"sparkdist modules in no layer of pyproject.toml: {unplaced}"
+
+
+def test_the_spark_internals_contract_reads_import_lines():
+    from import_contracts import _imported_names
+
+    assert _imported_names("from pyspark import BarrierTaskContext, TaskContext as T") == [
+        "pyspark",
+        "pyspark.BarrierTaskContext",
+        "pyspark.TaskContext",
+    ]
+    assert _imported_names("import pyspark.sql.connect.plan as plan") == [
+        "pyspark.sql.connect.plan"
+    ]
