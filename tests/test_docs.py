@@ -21,6 +21,8 @@ test_site_builds below.
 from __future__ import annotations
 
 import configparser
+import contextlib
+import io
 import json
 import os
 import re
@@ -125,20 +127,21 @@ def _commands(code: str) -> list[list[str]]:
 
 
 def _check_sparkdist(args: list[str], where: str) -> None:
-    from sparkdist.cli import build_parser
+    from sparkdist.cli import build_parser, main
 
     if args[-1:] == ["doctor"]:  # a check of the whole machine (starts Spark): its help here
         args = [*args, "--help"]  # test_doctor.py runs the checks themselves
     if not args or set(args) & {"--version", "--help", "-h"} or args[0] == "entrypoint":
-        proc = subprocess.run(
-            [sys.executable, "-m", "sparkdist", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        )
-        assert proc.returncode == 0, (where, proc.stderr[-2000:])
-        assert proc.stdout.strip(), (where, "printed nothing")
+        # Run for real, in this process: the CLI's own `main` (what `sparkdist` and
+        # `python -m sparkdist` call), without a new interpreter importing sparkdist again.
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as stop:  # --help and --version end the parser this way
+                code = stop.code
+        assert not code, (where, err.getvalue()[-2000:])
+        assert out.getvalue().strip(), (where, "printed nothing")
         return
     try:
         build_parser().parse_args(args)
