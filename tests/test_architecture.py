@@ -60,8 +60,7 @@ def test_every_top_level_module_is_in_a_layer():
     top = {
         path.stem if path.suffix == ".py" else path.name
         for path in (ROOT / "sparkdist").iterdir()
-        if (path.suffix == ".py" and path.name != "__init__.py")
-        or (path / "__init__.py").is_file()
+        if (path.suffix == ".py" and path.name != "__init__.py") or (path / "__init__.py").is_file()
     }
     unplaced = sorted(top - _layered_names())
     assert not unplaced, f"sparkdist modules in no layer of pyproject.toml: {unplaced}"
