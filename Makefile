@@ -60,6 +60,7 @@ $(BENCH_STAMP): $(BENCH_REQS) | venv
 
 test: bootstrap petastorm-side
 	$(PY) -m ruff check sparkdist tests benchmarks
+	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m pytest tests --durations=40
@@ -74,6 +75,7 @@ docs: venv
 lint:
 	$(PY) -m ruff check sparkdist tests benchmarks
 	$(PY) -m ruff format --check sparkdist tests benchmarks
+	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 
 format:

@@ -1,11 +1,13 @@
 """The environment contract of a job's processes: every `SPARKDIST_*` variable that the
 launch side (the driver's launch or a Spark task) writes for what it starts, and that
-the supervisor, the rank, mpirun's rsh agent and the backends read.
+the supervisor, the rank, mpirun's rsh agent and the backends read, and the switches a
+user sets in the environment for sparkdist.
 
-Names and defaults are declared here once; `TaskEnvironment` and `DirectRank` convert
-to and from the environment. The secret travels here, never on a command line, and
-each reader takes it out of its own environment (`take_secret`) so user code never
-sees it.
+Names and defaults are declared here once, and nowhere else in the package;
+`TaskEnvironment` and `DirectRank` convert to and from the environment. The secret
+travels here, never on a command line, and each reader takes it out of its own
+environment (`take_secret`) so user code never sees it. This module imports nothing of
+sparkdist: every layer may read it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-
-from sparkdist.protocol.job_secret import JobSecret
+from typing import Protocol
 
 # What every process a task starts for the job gets (`TaskEnvironment`).
 JOB_ID = "SPARKDIST_JOB_ID"
@@ -47,9 +48,23 @@ ATTEMPT = "SPARKDIST_ATTEMPT"
 """0 for a job's first launch, 1 for its first relaunch, ..."""
 HOROVOD_TIMELINE = "SPARKDIST_HOROVOD_TIMELINE"
 """The driver-side path of a Horovod timeline the job records."""
+ROLES = "SPARKDIST_ROLES"
+"""A parameter-server job's roles (`sparkdist.roles.Roles`), as role:count,..."""
+# Switches a user sets.
+CONNECT_RELAY = "SPARKDIST_CONNECT_RELAY"
+"""On a Spark Connect client: auto (probe once per session whether executors reach this
+client), always (relay mode, no probe), never (no probe)."""
+KERAS_MULTIWORKER_FIX = "SPARKDIST_KERAS_MULTIWORKER_FIX"
+"""0 leaves Keras' MultiWorkerMirroredStrategy untouched (`backends/keras_compat.py`)."""
 
 DEFAULT_LAUNCHER = "direct"
 DEFAULT_LOG_MODE = "all"
+
+
+class Secret(Protocol):
+    """A job's secret as this module needs it (`protocol.job_secret.JobSecret`)."""
+
+    def to_text(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class JobEnvironment:
 
     job_id: str
     driver: str
-    secret: JobSecret = field(repr=False)
+    secret: Secret = field(repr=False)
     log_mode: str = DEFAULT_LOG_MODE
     launcher: str = DEFAULT_LAUNCHER
 
@@ -86,7 +101,7 @@ class TaskEnvironment:
         }
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], secret: JobSecret, host: str) -> TaskEnvironment:
+    def from_env(cls, env: Mapping[str, str], secret: Secret, host: str) -> TaskEnvironment:
         """Read back; `secret` as taken out with `take_secret`, `host` the fallback
         for a process started outside a task (this host's name)."""
         job = JobEnvironment(
@@ -104,9 +119,10 @@ class TaskEnvironment:
         )
 
 
-def take_secret(env: MutableMapping[str, str]) -> JobSecret:
-    """The job's secret (the client form: enough to connect), removed from `env`."""
-    return JobSecret.from_text(env.pop(SECRET))
+def take_secret(env: MutableMapping[str, str]) -> str:
+    """The job's secret in text form (the client form: enough to connect), removed from
+    `env`; `JobSecret.from_text` reads it."""
+    return env.pop(SECRET)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-ROLES_ENV = "SPARKDIST_ROLES"
-"""Every rank's: the job's roles as `chief:1,worker:2,ps:1` (unset without roles)."""
+from sparkdist.job_environment import ROLES as ROLES_ENV
+
 ORDER = ("chief", "worker", "ps")
 SERVERS = ("worker", "ps")
 """Roles whose ranks run a server instead of the user's function."""

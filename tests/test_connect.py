@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,11 +22,22 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENT = Path(__file__).with_name("connect_client.py")
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The server's Spark UI, whose REST API shows what a client's jobs are called.
+UI_PORT = _free_port()
+
+
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory):
     log = tmp_path_factory.mktemp("connect") / "server.log"
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    server = LocalConnectServer(log_path=log, env={"PYTHONPATH": pythonpath})
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)}
+    server = LocalConnectServer(log_path=log, env={"PYTHONPATH": pythonpath}, conf=ui)
     server.start()
     yield server.url
     server.stop()
@@ -235,3 +249,45 @@ def test_tune_distributed_trial_on_connect(connect_url):
     assert result["state"] == "COMPLETE"
     assert result["value"] == pytest.approx(30.0 + 2 * 0.01)
     assert result["steps"] == [0]
+
+
+def test_spark_ui_names_a_runner_job_by_its_tags(connect_url):
+    """A Connect client's sparkdist job carries its description (function, ranks, attempt,
+    kind) and its cancel tag as Spark job tags, read back from the server's Spark UI."""
+    script = textwrap.dedent(
+        """
+        import json
+        from pyspark.sql import SparkSession
+        import sparkdist
+
+        def seven():
+            return 7
+
+        spark = SparkSession.builder.getOrCreate()
+        runner = sparkdist.HorovodRunner(np=2)
+        value = runner.run(seven)
+        app = spark.conf.get("spark.app.id")
+        print("RESULT " + json.dumps({"value": value, "job": runner.last_job.job_id, "app": app}))
+        spark.stop()
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=client_env(connect_url),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["value"] == 7
+    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications/{result['app']}/jobs"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        jobs = json.load(response)
+    tagged = [job for job in jobs if any(result["job"] in tag for tag in job.get("jobTags", []))]
+    assert tagged, [job.get("jobTags") for job in jobs]
+    tags = " ".join(tagged[0]["jobTags"])
+    assert f"sparkdist-{result['job']}" in tags  # the tag that cancels it
+    for part in ("seven", "2 ranks", "attempt 1", "barrier"):
+        assert part in tags, tags

@@ -3,7 +3,8 @@
 * python blocks of one page run in order as one script (so a block can use what an earlier
   one defined), in a fresh directory, against the test session's Spark (a page's
   `SparkSession.builder.getOrCreate()` gets it). The Spark Connect page runs in its own
-  client process, as Connect users do (a client has no JVM).
+  client process, as Connect users do (a client has no JVM), started with the first page
+  so that it runs beside the others (it waits mostly on its own Connect server).
 * bash blocks hold commands of known kinds, each checked: `make T` (T is a Makefile target),
   `pip install '.[extras]'` (the extras exist), `sparkdist ...` (parsed by the real CLI
   parser, so every flag and value is one it takes; `entrypoint`, `--version` and `--help`
@@ -21,10 +22,13 @@ test_site_builds below.
 from __future__ import annotations
 
 import configparser
+import contextlib
+import io
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -76,20 +80,68 @@ def _script(page: Path) -> str:
 PYTHON_PAGES = [page for page in PAGES if _script(page)]
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
-def test_python_blocks_run(page, spark, tmp_path, monkeypatch):
-    script = _script(page)
-    monkeypatch.chdir(tmp_path)
-    if _name(page) in OWN_PROCESS:
-        path = tmp_path / "page.py"
-        path.write_text(script)
+class _OwnProcessPages:
+    """The pages whose python runs in a client process of its own, started together at
+    the first page test and running beside the in-process pages (they wait mostly on a
+    JVM of their own: a Spark Connect server), then awaited each by its own test."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        proc = subprocess.run(
-            [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+        for page in PYTHON_PAGES:
+            name = _name(page)
+            if name not in OWN_PROCESS or name in self.procs:
+                continue
+            workdir = self.directory / name.replace("/", "_")
+            workdir.mkdir()
+            (workdir / "page.py").write_text(_script(page))
+            with open(workdir / "output.txt", "wb") as output:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "page.py"],
+                    cwd=workdir,
+                    env=env,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+
+    def result(self, name: str) -> tuple[int, str]:
+        proc = self.procs[name]
+        try:
+            code = proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        output = (self.directory / name.replace("/", "_") / "output.txt").read_text()
+        return code, output
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def own_process_pages(tmp_path_factory):
+    pages = _OwnProcessPages(tmp_path_factory.mktemp("own-process-pages"))
+    pages.start()
+    yield pages
+    pages.stop()
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
+def test_python_blocks_run(page, own_process_pages, spark, tmp_path, monkeypatch):
+    if _name(page) in OWN_PROCESS:
+        code, output = own_process_pages.result(_name(page))
+        assert code == 0, output[-6000:]
         return
+    script = _script(page)
+    monkeypatch.chdir(tmp_path)
     import mlflow
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -125,20 +177,21 @@ def _commands(code: str) -> list[list[str]]:
 
 
 def _check_sparkdist(args: list[str], where: str) -> None:
-    from sparkdist.cli import build_parser
+    from sparkdist.cli import build_parser, main
 
     if args[-1:] == ["doctor"]:  # a check of the whole machine (starts Spark): its help here
         args = [*args, "--help"]  # test_doctor.py runs the checks themselves
     if not args or set(args) & {"--version", "--help", "-h"} or args[0] == "entrypoint":
-        proc = subprocess.run(
-            [sys.executable, "-m", "sparkdist", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        )
-        assert proc.returncode == 0, (where, proc.stderr[-2000:])
-        assert proc.stdout.strip(), (where, "printed nothing")
+        # Run for real, in this process: the CLI's own `main` (what `sparkdist` and
+        # `python -m sparkdist` call), without a new interpreter importing sparkdist again.
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as stop:  # --help and --version end the parser this way
+                code = stop.code
+        assert not code, (where, err.getvalue()[-2000:])
+        assert out.getvalue().strip(), (where, "printed nothing")
         return
     try:
         build_parser().parse_args(args)

@@ -25,11 +25,11 @@ import logging
 from types import ModuleType
 
 from sparkdist.backends.import_hooks import after_import
+from sparkdist.job_environment import KERAS_MULTIWORKER_FIX as DISABLE_ENV
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-DISABLE_ENV = "SPARKDIST_KERAS_MULTIWORKER_FIX"
 _PATCHED = "_sparkdist_multiworker_fix"
 
 

@@ -9,17 +9,18 @@ starts an embedded Spark, `connect_server` a local Spark Connect server.
 Only the light names are imported here; pyspark is imported when a session is used.
 """
 
+from sparkdist.spark.active import active_cluster
 from sparkdist.spark.cluster import (
     BarrierTask,
     Cluster,
     PlainTask,
     ServicePlace,
-    active_cluster,
+    is_connect_session,
     job_tag,
     python_error_in,
+    require_classic,
     spark_error_summary,
 )
-from sparkdist.spark.connect import is_connect_session, require_classic
 from sparkdist.spark.slots import configured_slots, session_slots
 
 __all__ = [

@@ -3,7 +3,9 @@
 A classic session (a SparkContext in this process: `classic.ClassicSpark`) and a Spark
 Connect client (`connect.ConnectSpark`) differ only in how stages are submitted,
 tagged and cancelled, how slots are counted, and whether the executors can reach this
-process. `active_cluster()` picks the right one for the active session.
+process. `active.active_cluster()` picks the right one for the active session; the kind
+of a session (`is_connect_session`) is told here, below both implementations, so that
+neither imports the other nor the module that chooses between them.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from sparkdist.errors import SparkdistError
+from sparkdist.errors import ConnectUnsupportedError
 
 BarrierTask = Callable[[Iterator], Iterator[bytes]]
 """One barrier task's part of a job; yields one value."""
@@ -97,38 +99,15 @@ def python_error_in(exc: BaseException) -> str | None:
     return python[-1].strip() if python else None
 
 
-def active_cluster(what: str = "np > 0 runs on a Spark cluster") -> Cluster:
-    """The active session's `Cluster`, found as pyspark finds it for both kinds
-    (`SparkSession.active()`: this thread's session, else the default one)."""
-    from pyspark.sql import SparkSession
+def is_connect_session(session: Any) -> bool:
+    """Whether `session` is a Spark Connect client session (no SparkContext here)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
 
-    try:
-        session = SparkSession.active()
-    except Exception:  # noqa: BLE001 - pyspark's NO_ACTIVE_OR_DEFAULT_SESSION
-        session = None
-    if session is None:
-        sc = _active_spark_context()
-        if sc is not None:  # a SparkContext made without a SparkSession
-            from sparkdist.spark.classic import ClassicSpark
 
-            return ClassicSpark(sc)
-        raise SparkdistError(
-            f"{what}, but no SparkSession is active. Start one "
-            "(SparkSession.builder.getOrCreate(), or .remote('sc://host:15002') for Spark "
-            "Connect) or use np < 0 to run on the driver."
+def require_classic(session: Any, what: str, alternative: str) -> None:
+    """Raise `ConnectUnsupportedError` naming `what` and `alternative` on Connect."""
+    if session is not None and is_connect_session(session):
+        raise ConnectUnsupportedError(
+            f"{what} needs a SparkContext (Spark's JVM in this process), which a Spark "
+            f"Connect session does not have. {alternative}"
         )
-    from sparkdist.spark.connect import ConnectSpark, is_connect_session
-
-    if is_connect_session(session):
-        return ConnectSpark(session)
-    from sparkdist.spark.classic import ClassicSpark
-
-    return ClassicSpark(session.sparkContext)
-
-
-def _active_spark_context():
-    try:
-        from pyspark import SparkContext
-    except ImportError:  # pyspark-client: Connect only
-        return None
-    return SparkContext._active_spark_context

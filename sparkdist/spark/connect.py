@@ -15,9 +15,9 @@ import os
 import socket
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
-from sparkdist.errors import ConnectUnsupportedError, SparkdistError
+from sparkdist.errors import SparkdistError
+from sparkdist.job_environment import CONNECT_RELAY as RELAY_ENV
 from sparkdist.network import resolve
 from sparkdist.spark.cluster import BarrierTask, PlainTask, ServicePlace
 from sparkdist.spark.jobs import described
@@ -32,23 +32,7 @@ PROBE_SCHEMA = "reachable boolean"
 # Whether executors reach this client, per (server host, client address): probed
 # once, since a probe is a Spark job of its own.
 _REACHABLE: dict[tuple[str, str], bool] = {}
-RELAY_ENV = "SPARKDIST_CONNECT_RELAY"
-"""auto (probe once per session), always (relay mode, no probe), never (no probe)."""
 RELAY_CHOICES = ("auto", "always", "never")
-
-
-def is_connect_session(session: Any) -> bool:
-    """Whether `session` is a Spark Connect client session (no SparkContext here)."""
-    return type(session).__module__.startswith("pyspark.sql.connect")
-
-
-def require_classic(session: Any, what: str, alternative: str) -> None:
-    """Raise `ConnectUnsupportedError` naming `what` and `alternative` on Connect."""
-    if session is not None and is_connect_session(session):
-        raise ConnectUnsupportedError(
-            f"{what} needs a SparkContext (Spark's JVM in this process), which a Spark "
-            f"Connect session does not have. {alternative}"
-        )
 
 
 def reachable(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparkdist import progress
+from sparkdist.spark.cluster import is_connect_session
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,6 @@ def purpose_suffix() -> str:
     """ ", <purpose>" inside `purpose`, else ""."""
     text = getattr(_purpose, "text", None)
     return f", {text}" if text else ""
-
-
-def is_connect_session(session: Any) -> bool:
-    from sparkdist.spark.connect import is_connect_session  # connect.py imports this module
-
-    return is_connect_session(session)
 
 
 def description_tag(description: str) -> str:

@@ -105,7 +105,7 @@ def quiet_log4j_conf(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
 def stop_session(spark, drain_timeout_s: float = 10.0) -> None:
     """Stop `spark` cleanly (see above): once no executor runs a task, or after
     `drain_timeout_s`, whichever comes first."""
-    from sparkdist.spark.connect import is_connect_session
+    from sparkdist.spark.cluster import is_connect_session
 
     if not is_connect_session(spark):  # a Connect client has no executors of its own
         deadline = time.monotonic() + drain_timeout_s

@@ -15,8 +15,6 @@ import os
 import tempfile
 from typing import Any
 
-import sparkdist
-
 ARTIFACT_KEY = "ensemble"
 STATS_TABLE = "sparkdist_ensemble_stats.json"
 
@@ -60,7 +58,7 @@ def log_ensemble(model: Any, name: str = "model", *, input_example: Any = None) 
 
     example = example_input(model) if input_example is None else input_example
     signature = infer_signature(example, model.predict(example))
-    code_path = os.path.dirname(sparkdist.__file__)
+    code_path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sparkdist/
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, "ensemble")
         model.save(saved)

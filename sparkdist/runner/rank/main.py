@@ -15,6 +15,7 @@ from sparkdist import checkpoint, job_environment, roles, tracking
 from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
 from sparkdist.protocol import driver_channel, messages
+from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
 
 
@@ -56,7 +57,7 @@ def _failure_reason(exc: BaseException) -> str:
 
 def main() -> None:
     die_with_parent(int(os.environ[job_environment.SUPERVISOR_PID]))
-    secret = job_environment.take_secret(os.environ)
+    secret = JobSecret.from_text(job_environment.take_secret(os.environ))
     place = TaskEnvironment.from_env(os.environ, secret, socket.gethostname())
     rank = int(os.environ["RANK"])
     client = driver_channel.connect(place.job.driver, secret)

@@ -26,6 +26,7 @@ from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
 from sparkdist.protocol import messages, wire
+from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import (
     ProcessRecord,
     die_with_parent,
@@ -55,7 +56,7 @@ def rank_in_own_session(env: Mapping[str, str]) -> bool:
 class Supervisor:
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
-        self.secret = take_secret(self.env)
+        self.secret = JobSecret.from_text(take_secret(self.env))
         self.place = TaskEnvironment.from_env(self.env, self.secret, socket.gethostname())
         self.layout = rank_layout(self.env)
         self.rank = int(self.layout["RANK"])

@@ -15,6 +15,7 @@ import sys
 from sparkdist import job_environment
 from sparkdist.errors import exit_status
 from sparkdist.protocol import messages, wire
+from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     if task not in agents:
         sys.stderr.write(f"sparkdist rsh: unknown task {task!r} (known: {sorted(agents)})\n")
         return 255
-    secret = job_environment.take_secret(os.environ)
+    secret = JobSecret.from_text(job_environment.take_secret(os.environ))
     channel = wire.connect(agents[task], secret)
     channel.send(messages.encode(messages.OrtedLaunch(command)))
     while True:
