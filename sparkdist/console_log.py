@@ -17,7 +17,9 @@ import logging
 import os
 import sys
 
-LEVEL_ENV = "SPARKDIST_LOG_LEVEL"
+from sparkdist import job_environment
+
+LEVEL_ENV = job_environment.LOG_LEVEL
 DEFAULT_LEVEL = "INFO"
 FORMAT = "%(levelname)s sparkdist: %(message)s"
 
@@ -56,7 +58,7 @@ def install() -> None:
     root = logging.getLogger("sparkdist")
     if any(isinstance(h, _FallbackHandler) for h in root.handlers):
         return
-    if os.environ.get("SPARKDIST_JOB_ID"):
+    if os.environ.get(job_environment.JOB_ID):
         return
     root.addHandler(_FallbackHandler())
     if root.level == logging.NOTSET:

@@ -24,9 +24,11 @@ import threading
 import time
 from typing import Any
 
+from sparkdist import job_environment
+
 logger = logging.getLogger(__name__)
 
-PROGRESS_ENV = "SPARKDIST_PROGRESS"
+PROGRESS_ENV = job_environment.PROGRESS
 """0 hides progress displays (log lines stay)."""
 LINE_INTERVAL_S = 10.0
 """Plain-line mode: the least time between two lines of one display."""

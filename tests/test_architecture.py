@@ -80,17 +80,6 @@ def test_the_spark_internals_contract_reads_import_lines():
     ]
 
 
-# Names still spelled outside job_environment.py, in modules this check does not own yet;
-# each should become a name imported from sparkdist.job_environment.
-NOT_YET_MOVED = {
-    ("sparkdist/protocol/job_secret.py", "SPARKDIST_TLS"),
-    ("sparkdist/checkpoint/driver_path.py", "SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB"),
-    ("sparkdist/progress.py", "SPARKDIST_PROGRESS"),
-    ("sparkdist/console_log.py", "SPARKDIST_LOG_LEVEL"),
-    ("sparkdist/console_log.py", "SPARKDIST_JOB_ID"),
-}
-
-
 def test_environment_names_are_spelled_in_job_environment_only():
     """Every `SPARKDIST_*` variable name in the code is a constant of job_environment.py
     (prose in docstrings and messages may name them)."""
@@ -103,7 +92,4 @@ def test_environment_names_are_spelled_in_job_environment_only():
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if re.fullmatch(r"SPARKDIST_[A-Z0-9_]+", node.value):
                     spelled.add((relative, node.value))
-    assert spelled - NOT_YET_MOVED == set(), "name these in sparkdist/job_environment.py"
-    assert NOT_YET_MOVED <= spelled, (
-        f"moved already: drop from NOT_YET_MOVED {NOT_YET_MOVED - spelled}"
-    )
+    assert spelled == set(), "name these in sparkdist/job_environment.py"

@@ -12,10 +12,11 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from sparkdist import job_environment
 from sparkdist.checkpoint.driver_record import Resize, client, rank, world_size
 from sparkdist.protocol import messages
 
-DRIVER_LIMIT_ENV = "SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB"
+DRIVER_LIMIT_ENV = job_environment.CHECKPOINT_DRIVER_LIMIT_MB
 """The ranks' environment variable that sets the driver path's limit, in MiB."""
 DEFAULT_DRIVER_LIMIT_MB = 512
 

@@ -25,7 +25,9 @@ import ssl
 import tempfile
 from dataclasses import dataclass, field, replace
 
-TLS_ENV = "SPARKDIST_TLS"
+from sparkdist import job_environment
+
+TLS_ENV = job_environment.TLS
 """Set to 0 (or off/false/no) on the driver to start jobs without TLS."""
 _OFF = ("0", "off", "false", "no")
 
