@@ -407,7 +407,7 @@ class ShardReader:
     ) -> Iterator[Chunk]:
         """The rows of ``ranges`` (positions inside ``window``), decoded, in order."""
         if epoch_order.shuffle:
-            yield self._read_shuffled(epoch_order, window, ranges)
+            yield from self._read_shuffled(epoch_order, window, ranges)
             return
         # The files' own order: each range is a run of consecutive rows, streamed.
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
@@ -450,8 +450,12 @@ class ShardReader:
 
     def _read_shuffled(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
-    ) -> Chunk:
-        """Shuffled rows: the window's row groups are read whole, the rows taken in order."""
+    ) -> Iterator[Chunk]:
+        """Shuffled rows: the window's row groups are read whole, the rows gathered in order.
+
+        The gather (numpy indexing into Arrow's memory) is the one copy, made in chunks
+        of about `CHUNK_BYTES`, so the memory it writes is reused from chunk to chunk.
+        """
         permutation = epoch_order.permutation(window)
         rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
@@ -466,7 +470,13 @@ class ShardReader:
             offset += block.rows
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         local = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
-        return self._decode(table.take(pa.array(local)))
+        decoded = to_numpy_chunk(table, self.columns)  # views of Arrow's read-only memory
+        for start in range(0, len(local), self._chunk_rows):
+            picked = local[start : start + self._chunk_rows]
+            chunk = {name: values[picked] for name, values in decoded.items()}
+            if self.transform is not None:
+                chunk = self.transform.apply(chunk, self.output_columns, self.writable)
+            yield chunk
 
     def _read_all(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
