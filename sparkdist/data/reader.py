@@ -236,6 +236,9 @@ class _Failure:
 
 _DONE = object()
 
+# Uncompressed bytes a rank decodes at once from a row group read in file order.
+CHUNK_BYTES = 8 << 20
+
 
 def wanted_intervals(
     rank_slice: Sequence[order.Interval],
@@ -399,8 +402,60 @@ class ShardReader:
             position.next_epoch()
             epochs += 1
 
-    def _read(self, epoch_order: order.EpochOrder, window: order.Window, ranges: list) -> Chunk:
-        """The rows of ``ranges`` (positions inside ``window``) as one decoded chunk."""
+    def _read(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
+    ) -> Iterator[Chunk]:
+        """The rows of ``ranges`` (positions inside ``window``), decoded, in order."""
+        if epoch_order.shuffle:
+            yield from self._read_shuffled(epoch_order, window, ranges)
+            return
+        # The files' own order: each range is a run of consecutive rows, streamed.
+        bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+        for lo, hi in ranges:
+            for index, block in enumerate(window.blocks):
+                start, stop = max(lo, bounds[index]), min(hi, bounds[index + 1])
+                if start < stop:
+                    yield from self._stream(block, start - bounds[index], stop - bounds[index])
+
+    def _stream(self, block: order.Block, start: int, stop: int) -> Iterator[Chunk]:
+        """Rows ``[start, stop)`` of one row group, in chunks of about `CHUNK_BYTES`.
+
+        Spark writes row groups of up to 128 MiB: decoding one whole, then copying it for
+        torch, costs fresh memory (page faults) that a streaming read reuses, and reads
+        the rows after ``stop`` that the rank does not want.
+        """
+        names = [info.name for info in self.columns]
+        parquet = _open(self.layout.file_urls[block.file_index])
+        offset = 0
+        for batch in parquet.iter_batches(
+            self._chunk_rows, row_groups=[block.row_group], columns=names
+        ):
+            rows = batch.num_rows
+            lo, hi = max(start - offset, 0), min(stop - offset, rows)
+            if lo < hi:
+                yield self._decode(batch.slice(lo, hi - lo))
+            offset += rows
+            if offset >= stop:
+                return
+
+    @property
+    def _chunk_rows(self) -> int:
+        return max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
+
+    def _decode(self, table: pa.Table | pa.RecordBatch) -> Chunk:
+        chunk = to_numpy_chunk(table, self.columns, self.writable and self.transform is None)
+        if self.transform is not None:
+            chunk = self.transform.apply(chunk, self.output_columns, self.writable)
+        return chunk
+
+    def _read_shuffled(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
+    ) -> Iterator[Chunk]:
+        """Shuffled rows: the window's row groups are read whole, the rows gathered in order.
+
+        The gather (numpy indexing into Arrow's memory) is the one copy, made in chunks
+        of about `CHUNK_BYTES`, so the memory it writes is reused from chunk to chunk.
+        """
         permutation = epoch_order.permutation(window)
         rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
@@ -415,28 +470,32 @@ class ShardReader:
             offset += block.rows
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         local = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
-        if len(local) and (np.diff(local) == 1).all():  # a run in file order: no copy
-            table = table.slice(int(local[0]), len(local))
-        else:
-            table = table.take(pa.array(local))
-        chunk = to_numpy_chunk(table, self.columns, self.writable and self.transform is None)
-        if self.transform is not None:
-            chunk = self.transform.apply(chunk, self.output_columns, self.writable)
-        return chunk
+        decoded = to_numpy_chunk(table, self.columns)  # views of Arrow's read-only memory
+        for start in range(0, len(local), self._chunk_rows):
+            picked = local[start : start + self._chunk_rows]
+            chunk = {name: values[picked] for name, values in decoded.items()}
+            if self.transform is not None:
+                chunk = self.transform.apply(chunk, self.output_columns, self.writable)
+            yield chunk
+
+    def _read_all(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
+    ) -> list[Chunk]:
+        return list(self._read(epoch_order, window, ranges))
 
     def _epoch_chunks(self, epoch_order: order.EpochOrder, pieces: list) -> Iterator[Chunk]:
         if self.workers_count == 1:
             for window, ranges in pieces:
-                yield self._read(epoch_order, window, ranges)
+                yield from self._read(epoch_order, window, ranges)
             return
         with ThreadPoolExecutor(self.workers_count, "sparkdist-data-decode") as pool:
             pending: collections.deque = collections.deque()
             for window, ranges in pieces:
-                pending.append(pool.submit(self._read, epoch_order, window, ranges))
+                pending.append(pool.submit(self._read_all, epoch_order, window, ranges))
                 if len(pending) > self.workers_count:
-                    yield pending.popleft().result()
+                    yield from pending.popleft().result()
             while pending:
-                yield pending.popleft().result()
+                yield from pending.popleft().result()
 
     def batches(self, worker: int = 0, workers: int = 1) -> Iterator[Chunk]:
         """This worker's batches of one iteration, without prefetching."""

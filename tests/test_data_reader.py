@@ -1,0 +1,65 @@
+"""ShardReader on files written with pyarrow (no Spark): rows come out in the global order.
+
+Row groups here are larger than a read chunk, as Spark's are, so rows in the files' order
+are streamed in pieces and a rank's slice starts and ends inside row groups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkdist.data import order, reader
+
+ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory) -> reader.Layout:
+    directory = tmp_path_factory.mktemp("reader-source")
+    first = 0
+    for index, groups in enumerate(ROW_GROUPS):
+        rows = sum(groups)
+        ids = np.arange(first, first + rows, dtype=np.int64)
+        features = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.repeat(ids, 4).astype(np.float32)), 4
+        ).cast(pa.list_(pa.float32()))
+        table = pa.table({"id": ids, "features": features})
+        with pq.ParquetWriter(directory / f"part-{index}.parquet", table.schema) as writer:
+            start = 0
+            for size in groups:
+                writer.write_table(table.slice(start, size), row_group_size=size)
+                start += size
+        first += rows
+    return reader.describe(directory.as_uri())
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle, world):
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 64 * layout.row_bytes)  # 64-row chunks
+    for rank in range(world):
+        shard = reader.ShardReader(
+            layout,
+            batch_size=50,
+            num_epochs=1,
+            cur_shard=rank,
+            shard_count=world,
+            shuffle=shuffle,
+            seed=5,
+            shuffle_buffer_rows=600,
+            writable=True,
+            prefetch=0,
+        )
+        expected = order.EpochOrder(layout.row_group_rows, 5, 0, shuffle, 600).row_ids(
+            shard.position.slice()
+        )
+        batches = list(shard)
+        ids = np.concatenate([batch["id"] for batch in batches])
+        np.testing.assert_array_equal(ids, expected)
+        features = np.concatenate([batch["features"] for batch in batches])
+        np.testing.assert_array_equal(features, np.repeat(ids, 4).reshape(-1, 4))
+        assert all(batch["features"].flags.writeable for batch in batches)
+        assert [len(b["id"]) for b in batches[:-1]] == [50] * (len(batches) - 1)
