@@ -293,7 +293,7 @@ def test_driver_removes_its_cache_at_exit(tmp_path):
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().startswith(tmp_path.as_uri())

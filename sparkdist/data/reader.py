@@ -26,23 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkdist.data import fs, order
+from sparkdist.data.columns import ColumnInfo
 from sparkdist.data.transform import TransformSpec
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    """One column as the readers deliver it.
-
-    kind is "scalar" (numbers, bool), "array" (fixed-length numeric arrays, ``length``
-    elements), "string" or "binary". dtype is the numpy dtype name of a value or element.
-    ``shape`` is a row's shape when a transform makes arrays of more than one dimension.
-    """
-
-    name: str
-    kind: str
-    dtype: str
-    length: int | None = None
-    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data import delta_log, fs
-from sparkdist.data.reader import ColumnInfo, Layout
+from sparkdist.data.columns import ColumnInfo
+from sparkdist.data.reader import Layout
 from sparkdist.data.scan import FileScan, NotPlainScan, plain_file_scan
 from sparkdist.data.schema import check_values, is_vector, value_checks
 

@@ -15,7 +15,8 @@ import collections
 import keyword
 from typing import Any
 
-from sparkdist.data.reader import ColumnInfo, ShardReader
+from sparkdist.data.columns import ColumnInfo
+from sparkdist.data.reader import ShardReader
 
 
 def _spec(info: ColumnInfo) -> Any:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparkdist.data.columns import ColumnInfo
+
 if TYPE_CHECKING:
     import pandas as pd
-
-    from sparkdist.data.reader import ColumnInfo
 
 
 def _field_parts(field: Any) -> tuple[str, Any, tuple[int, ...]]:
@@ -50,7 +50,6 @@ class TransformSpec:
 
     def output_columns(self, columns: Sequence[ColumnInfo]) -> list[ColumnInfo]:
         """What comes out of the transform, with types (from ``edit_fields``)."""
-        from sparkdist.data.reader import ColumnInfo
 
         out = {info.name: info for info in columns}
         for name in self.removed_fields or ():
