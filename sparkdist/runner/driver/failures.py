@@ -6,6 +6,7 @@ supervisor's exit status, a lost Spark task, mpirun's exit. The first one is kep
 except that a rank's own failure noticed within `FAILURE_SETTLE_S` replaces a failure
 outside any rank (it explains a lost task or mpirun's exit better). The tracker also
 owns the driver's wait for the job: success, the first failure, or a time limit.
+Which ends are failures at all is decided before (`state/losses.py`).
 """
 
 from __future__ import annotations

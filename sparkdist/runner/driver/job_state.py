@@ -57,6 +57,7 @@ class JobState:
         cond = self.cond
         self.rank_records = RankRecords(job.num_ranks, cond, self.console, job.log_mode)
         self.ranks: dict[int, RankState] = self.rank_records.by_rank
+        """Each rank's record (the same dict as `rank_records.by_rank`)."""
         self.tasks = SparkTasks(job.num_tasks, cond)
         self.launcher = LauncherRecord(cond)
         self.growth = Growth(cond)
@@ -90,7 +91,7 @@ class JobState:
         with self.cond:
             self.peers.add(kind, number, channel)
             if kind == "task":
-                self.tasks.started.add(number)
+                self.tasks.connected(number)
             late_server = self.servers.late(kind, number)
         if late_server:
             self.servers.finish([channel])

@@ -21,6 +21,10 @@ class SparkTasks:
         """Tasks whose agent connection broke before they finished, with why."""
         self.places: dict[int, messages.AgentPlace] = {}
 
+    def connected(self, index: int) -> None:
+        with self.cond:
+            self.started.add(index)
+
     def finished(self, index: int) -> None:
         """Task `index` said it was done."""
         with self.cond:
