@@ -8,7 +8,8 @@ job (`losses`) and an elastic job's growth (`growth`); plus the failures
 (`failures.FailureTracker`, which also owns the wait for the job), the rendezvous store
 (`rendezvous`), and where rank output is printed (`console`). `service` turns messages
 into calls on it and on its parts; its own methods are the events that touch several
-parts, and what the launchers read.
+parts, the `launch.LauncherSink` a launch on the driver reports to, and what the
+launchers read.
 """
 
 from __future__ import annotations
@@ -132,10 +133,19 @@ class JobState:
                 self.failures.stop("growing")
         return answer
 
+    # --- the `launch.LauncherSink` of a launch on the driver (and of task 0's reports) ---
+
     def record(self, record: ProcessRecord) -> None:
         with self.cond:
             if record not in self.processes:
                 self.processes.append(record)
+
+    def launcher_output(self, lines: list[str]) -> None:
+        self.launcher.output(lines)
+
+    def launcher_exited(self, name: str, exit_code: int) -> None:
+        """mpirun (or a direct launcher's supervisor process) ended."""
+        self.losses.launcher_exited(name, exit_code)
 
     # --- what the launchers call ------------------------------------------------------
 

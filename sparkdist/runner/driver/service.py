@@ -113,9 +113,9 @@ class _TaskPeer(_StreamPeer):
             case messages.AgentPlace():
                 self.state.agent_placed(self.number, report)
             case messages.LauncherOutput(lines):
-                self.state.launcher.output(lines)
+                self.state.launcher_output(lines)
             case messages.LauncherExit(name, code):
-                self.state.losses.launcher_exited(name, code)
+                self.state.launcher_exited(name, code)
             case messages.TaskDone():
                 self.state.tasks.finished(self.number)
                 return True
