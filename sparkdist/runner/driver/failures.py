@@ -6,18 +6,21 @@ supervisor's exit status, a lost Spark task, mpirun's exit. The first one is kep
 except that a rank's own failure noticed within `FAILURE_SETTLE_S` replaces a failure
 outside any rank (it explains a lost task or mpirun's exit better). The tracker also
 owns the driver's wait for the job: success, the first failure, or a time limit.
+Which ends are failures at all is decided before (`state/losses.py`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sparkdist import errors
-
-if TYPE_CHECKING:
-    from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.state.growth import Growth
+from sparkdist.runner.driver.state.launcher import LauncherRecord
+from sparkdist.runner.driver.state.ranks import RankRecords
+from sparkdist.runner.driver.state.tasks import SparkTasks
 
 # After a rank reports an exception, how long to wait for its exit status and last
 # output lines before reporting the failure anyway.
@@ -42,10 +45,25 @@ class Failure:
 
 
 class FailureTracker:
-    """The failures of one job. Shares its job's lock (`job.cond`)."""
+    """The failures of one job, and the driver's wait for it. Reads the job's ranks,
+    tasks, launcher and growth under the job's lock (`cond`); `succeeded` says whether
+    the job is done."""
 
-    def __init__(self, job: JobState):
-        self._job = job
+    def __init__(
+        self,
+        cond: threading.Condition,
+        ranks: RankRecords,
+        tasks: SparkTasks,
+        launcher: LauncherRecord,
+        growth: Growth,
+        succeeded: Callable[[], bool],
+    ):
+        self._cond = cond
+        self._ranks = ranks
+        self._tasks = tasks
+        self._launcher = launcher
+        self._growth = growth
+        self._succeeded = succeeded
         self._first: Failure | None = None
         self._noticed: list[Failure] = []
         self._stopping: str | None = None
@@ -57,7 +75,7 @@ class FailureTracker:
 
     def stop(self, reason: str) -> None:
         """The job is being aborted: later losses are expected, not failures."""
-        with self._job.cond:
+        with self._cond:
             self._stopping = reason
 
     def notice(
@@ -68,7 +86,7 @@ class FailureTracker:
         task_raised: bool = False,
     ) -> None:
         """Remember a failure; the first one (see above) explains the job's."""
-        with self._job.cond:
+        with self._cond:
             if self._stopping and self._first is None:
                 return  # the job is being stopped on purpose: losses are expected
             now = time.monotonic()
@@ -81,12 +99,12 @@ class FailureTracker:
                 and _explains_better(failure, first, stopping=self._stopping is not None)
             ):
                 self._first = failure
-            self._job.cond.notify_all()
+            self._cond.notify_all()
 
     def note_outside(self, reason: str) -> None:
         """A failure outside the training code that was seen elsewhere (a relayed job's
         task 0), so that `outside_user_code` reports it here too."""
-        with self._job.cond:
+        with self._cond:
             self._noticed.append(Failure(None, reason, time.monotonic(), True))
 
     def outside_user_code(self) -> str | None:
@@ -98,21 +116,21 @@ class FailureTracker:
         time (its executor or host gone) counts, and so does a rank that died of a signal
         without raising when it was the first failure. Call it after the job stopped.
         """
-        job = self._job
-        with job.cond:
+        with self._cond:
             if self._first is not None and self._first.task_raised:
                 return None
             for failure in self._noticed:
                 if failure.outside_user_code:
                     return self._describe(failure)
-            if job.tasks_lost:
+            lost = self._tasks.lost
+            if lost:
                 # Noticed only while the job was being stopped (a host cut off is
                 # noticed when its connections time out, later than its peers' errors).
-                index = min(job.tasks_lost)
-                return self._describe(Failure(index, job.tasks_lost[index], 0.0))
+                index = min(lost)
+                return self._describe(Failure(index, lost[index], 0.0))
             first = self._first
             if first is not None and first.rank is not None:
-                state = job.ranks[first.rank]
+                state = self._ranks.by_rank[first.rank]
                 code = state.exit_code
                 if state.traceback is None and code is not None and code < 0:
                     return self._describe(first)
@@ -121,7 +139,7 @@ class FailureTracker:
     def _describe(self, failure: Failure) -> str:
         if failure.rank is None:
             return failure.reason or "unknown"
-        state = self._job.ranks[failure.rank]
+        state = self._ranks.by_rank[failure.rank]
         if failure.reason:
             return f"rank {failure.rank} on host {state.host}: {failure.reason}"
         return (
@@ -138,44 +156,46 @@ class FailureTracker:
         settled = time.monotonic() - failure.noticed_at >= FAILURE_SETTLE_S
         if failure.rank is None:
             return settled
-        return self._job.ranks[failure.rank].exited or settled
+        return self._ranks.by_rank[failure.rank].exited or settled
 
     def wait(
         self, start_deadline: float | None, deadline: float | None, launcher_expected: bool
     ) -> None:
         """Block until the job succeeded, failed, or ran out of time; raise on the latter
         two."""
-        job = self._job
-        with job.cond:
+        ranks = self._ranks
+        with self._cond:
             while True:
-                if job.resizing is not None and job.ranks[0].exited:
-                    raise WorldResize(job.resizing)
+                if self._growth.resizing is not None and ranks.by_rank[0].exited:
+                    raise WorldResize(self._growth.resizing)
                 if self._ready():
                     raise self._error()
-                if job.succeeded() and (not launcher_expected or job.launcher_exit == 0):
+                launcher_done = not launcher_expected or self._launcher.exit_code == 0
+                if self._succeeded() and launcher_done:
                     return
                 now = time.monotonic()
-                if start_deadline and now > start_deadline and not job.all_started():
-                    missing = [r for r, s in job.ranks.items() if not s.started]
+                if start_deadline and now > start_deadline and not ranks.all_started():
+                    missing = ranks.not_started()
                     raise errors.start_timeout_error(
-                        missing, job.job.num_ranks, sorted(job.tasks_started), job.tails(missing)
-                    )
+                        missing, len(ranks.by_rank), sorted(self._tasks.started),
+                        ranks.tails(missing),
+                    )  # fmt: skip
                 if deadline and now > deadline:
-                    running = [r for r, s in job.ranks.items() if not s.exited]
-                    raise errors.timeout_error(running, job.tails(running))
-                job.cond.wait(0.2)
+                    running = ranks.running()
+                    raise errors.timeout_error(running, ranks.tails(running))
+                self._cond.wait(0.2)
 
     def _error(self) -> errors.JobFailedError:
         failure = self._first
         assert failure is not None
-        job = self._job
         if failure.rank is None:
-            return errors.JobFailedError(failure.reason or "unknown", list(job.launcher_tail))
-        state = job.ranks[failure.rank]
+            tail = list(self._launcher.tail)
+            return errors.JobFailedError(failure.reason or "unknown", tail)
+        state = self._ranks.by_rank[failure.rank]
         reason = failure.reason
-        if state.traceback is None and failure.rank in job.tasks_lost:
+        if state.traceback is None and failure.rank in self._tasks.lost:
             # The rank's task was lost too: its executor (or host) is the better explanation.
-            reason = job.tasks_lost[failure.rank]
+            reason = self._tasks.lost[failure.rank]
         return errors.rank_failed_error(
             state.rank, state.host, state.exit_code, state.traceback, list(state.tail), reason
         )

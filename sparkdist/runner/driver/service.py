@@ -1,6 +1,6 @@
 """The driver's side of a job: one authenticated server that every task, supervisor
 and rank talks to, turning their messages (`messages`) into the job's state
-(`job_state.JobState`).
+(`job_state.JobState` and its parts).
 
 Three kinds of peers connect, each saying first who it is:
 
@@ -88,7 +88,7 @@ class _StreamPeer:
                     continue
                 finished = self.handle(report)
         finally:
-            self.state.disconnected(self.kind, self.number)
+            self.state.peers.remove(self.kind, self.number)
             if not finished:
                 self.lost()
 
@@ -117,12 +117,12 @@ class _TaskPeer(_StreamPeer):
             case messages.LauncherExit(name, code):
                 self.state.launcher_exited(name, code)
             case messages.TaskDone():
-                self.state.task_done(self.number)
+                self.state.tasks.finished(self.number)
                 return True
         return False
 
     def lost(self) -> None:
-        self.state.task_lost(self.number, self.host)
+        self.state.losses.task_lost(self.number, self.host)
 
 
 class _SupervisorPeer(_StreamPeer):
@@ -132,8 +132,7 @@ class _SupervisorPeer(_StreamPeer):
     reports = messages.SUPERVISOR_REPORTS
 
     def serve(self) -> None:
-        with self.state.cond:
-            self.state.ranks[self.number].host = self.host
+        self.state.rank_records.located(self.number, self.host)
         super().serve()
 
     def handle(self, report) -> bool:
@@ -141,25 +140,15 @@ class _SupervisorPeer(_StreamPeer):
             case messages.ProcessStarted(record):
                 self.state.record(record)
             case messages.RankOutput(lines):
-                self.state.rank_output(self.number, lines)
+                self.state.rank_records.output(self.number, lines)
             case messages.RankExit(code, tail):
-                self.state.rank_exited(self.number, code, tail)
+                self.state.losses.rank_exited(self.number, code, tail)
                 self.channel.send(messages.encode(messages.Bye()))
                 return True
         return False
 
     def lost(self) -> None:
-        rank = self.number
-        with self.state.cond:
-            exited = self.state.ranks[rank].exited
-        if not exited and self.state.job.tolerates_loss(rank):
-            self.state.worker_lost(rank, None)
-        elif not exited:
-            self.state.failures.notice(
-                rank,
-                f"lost contact with rank {rank} (its supervisor process died, or its host "
-                "or network was lost)",
-            )
+        self.state.losses.supervisor_lost(self.number)
 
 
 class _RankPeer:
@@ -171,7 +160,7 @@ class _RankPeer:
 
     def serve(self) -> None:
         state, spec = self.state, self.state.job
-        state.rank_started(self.rank, self.host)
+        state.rank_records.started(self.rank, self.host)
         welcome = messages.Welcome(
             spec.payload,
             spec.all_results or self.rank == 0,
@@ -208,7 +197,7 @@ class _RankPeer:
             case messages.Result(value, frameworks):
                 state.rank_result(rank, value, frameworks)
             case messages.RankError(traceback, reason):
-                state.rank_error(rank, traceback, reason)
+                state.losses.rank_error(rank, traceback, reason)
             case messages.CheckpointSave(step, blob):
                 reply = self._checkpoint_save(step, blob)
                 if isinstance(reply, messages.Ok):
