@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -148,13 +149,26 @@ def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer)
     np.testing.assert_allclose(cancer_model.weights_, 0.25)
 
 
-def test_a_training_task_fits_its_models_in_turn(spark, cancer):
+class _Terminal(io.StringIO):
+    """stderr as a terminal: progress shows as a bar (tqdm's text)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_training_task_fits_its_models_in_turn(spark, cancer, monkeypatch):
     """Six models on two task slots: two training tasks, each receiving one model's rows
-    after another and fitting each before the next one's rows are read."""
+    after another and fitting each before the next one's rows are read. The progress bar
+    counts models, not Spark tasks."""
     X, y = cancer
     df = spark.createDataFrame(frame(X, y))
     columns = [f"f{i}" for i in range(X.shape[1])]
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     model = PartitionEnsemble(xgb_classifier(), n_estimators=6, random_state=2).fit(df, columns)
+    monkeypatch.undo()
+    assert "sparkdist ensemble: 6 x XGBClassifier" in terminal.getvalue()
+    assert "6/6 [" in terminal.getvalue() and "models/s]" in terminal.getvalue()
     stats = model.stats_frame()
     assert sorted(stats["partition_id"]) == [0, 0, 0, 1, 1, 1]
     for _, task in stats.groupby("partition_id"):
@@ -277,7 +291,9 @@ def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer
 # --- shuffle=False: each task trains its models on the rows it reads ---------------------
 
 
-def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(spark, tmp_path, cancer):
+def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(
+    spark, tmp_path, cancer, monkeypatch
+):
     """Sorted by label, the rows' order shows where each model's rows came from: with 2
     tasks, models 0 and 2 train on the first half of the rows, 1 and 3 on the second (all
     class 1 here: constant models, their outputs mapped onto the whole data's classes)."""
@@ -286,9 +302,13 @@ def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(spark, tmp_pat
     path = write_parquet_files(tmp_path / "sorted", frame(X[order], y[order]), row_group_size=50)
     columns = [f"f{i}" for i in range(X.shape[1])]
     df = spark.read.parquet(path)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     model = PartitionEnsemble(logistic(), n_estimators=4, random_state=2, shuffle=False).fit(
         df, columns
     )
+    monkeypatch.undo()
+    assert "4/4 [" in terminal.getvalue() and "models/s]" in terminal.getvalue()
     stats = model.estimators_stats_
     first_half = len(y) // 2  # 284 rows: 212 of class 0, then class 1
     assert sum(s.rows for s in stats[0::2]) == first_half

@@ -12,8 +12,7 @@ import json
 import logging
 import numbers
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -23,8 +22,7 @@ from sklearn.base import BaseEstimator
 
 from sparkdist.ensemble.model import PartitionEnsembleModel
 from sparkdist.ensemble.params import DEFAULT
-from sparkdist.ensemble.parquet_source import parse_bytes
-from sparkdist.ensemble.partitioning import own_parts, partition_keys, spread
+from sparkdist.ensemble.partitioning import own_parts, spread
 from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
 from sparkdist.ensemble.training import (
     RESULT_SCHEMA,
@@ -44,11 +42,13 @@ from sparkdist.ensemble.validation import (
     resolve_features,
     summarize,
 )
-from sparkdist.spark import jobs, session_slots
+from sparkdist.spark import arrow_jobs, session_slots
 
 logger = logging.getLogger(__name__)
 
-# Arrow batches of the spread's chunks, as they reach a training task (see below).
+# Arrow batches of the spread's chunks, as they reach a training task: each row of the
+# spread is a chunk of many rows, and a batch is cut at 10,000 rows by default, so
+# uncapped a task could receive its whole partition as one batch and hold it twice.
 _TRAINING_BATCH_BYTES = 4 * 2**20
 
 
@@ -174,7 +174,9 @@ class PartitionEnsemble(BaseEstimator):
         slots = session_slots(df.sparkSession)
         n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
         if settings.shuffle:
-            return plan, _Shuffled(tuple(partition_keys(df.sparkSession, n_tasks)), slots)
+            return plan, _Shuffled(
+                tuple(arrow_jobs.partition_keys(df.sparkSession, n_tasks)), slots
+            )
         return plan, _OwnRows(n_tasks)
 
     def _assemble(
@@ -227,10 +229,16 @@ class _Shuffled:
     keys: tuple[int, ...]  # keys[p] is hashed to training partition p
     slots: int | None  # the cluster's task slots, for cutting Parquet files into splits
 
+    n_stages = 2  # the spread, then the training
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.keys)
+
     def training_job(self, df: Any, plan: TrainingPlan) -> Any:
         spread_plan = plan.spread_plan(self.keys)
         chunks = spread(df, plan.features, plan.label_col, spread_plan, self.slots)
-        return chunks.mapInArrow(partial(train_partition, plan), RESULT_SCHEMA)
+        return arrow_jobs.on_each_partition(chunks, partial(train_partition, plan), RESULT_SCHEMA)
 
     def totals(self, reports: Sequence[DataReport]) -> DataReport:
         """Every task saw the same totals: any one report holds them."""
@@ -243,13 +251,13 @@ class _OwnRows:
     spreads it over its own models; its report counts that part only."""
 
     n_tasks: int
+    n_stages = 1
 
     def training_job(self, df: Any, plan: TrainingPlan) -> Any:
         spread_plan = plan.spread_plan()
         parts, files = own_parts(df, plan.features, plan.label_col, spread_plan, self.n_tasks)
-        return parts.mapInArrow(
-            partial(train_own_rows, plan, spread_plan, self.n_tasks, files), RESULT_SCHEMA
-        )
+        train = partial(train_own_rows, plan, spread_plan, self.n_tasks, files)
+        return arrow_jobs.on_each_partition(parts, train, RESULT_SCHEMA)
 
     def totals(self, reports: Sequence[DataReport]) -> DataReport:
         """The parts' reports (each task's last row) add up to the whole data's."""
@@ -259,20 +267,31 @@ class _OwnRows:
 def _run(df: Any, plan: TrainingPlan, route: _Shuffled | _OwnRows) -> list[Any]:
     """Run the training job: its rows, one per model trained and the tasks' reports."""
     started = time.perf_counter()
-    session = df.sparkSession
-    what = f"sparkdist ensemble: {plan.settings.n_estimators} x {type(plan.estimator).__name__}"
-    with (
-        _arrow_batches_of_at_most(session, _TRAINING_BATCH_BYTES),
-        jobs.described(session, what) as group,
-        jobs.watched(session, group, what),
-    ):
-        rows = route.training_job(df, plan).collect()
+    n_models = plan.settings.n_estimators
+    rows = arrow_jobs.collect(
+        route.training_job(df, plan),
+        f"sparkdist ensemble: {n_models} x {type(plan.estimator).__name__}",
+        _TRAINING_BATCH_BYTES,
+        unit="models",
+        count=arrow_jobs.models_done(
+            partial(_models_in_tasks, n_models, route.n_tasks), n_models, route.n_stages
+        ),
+    )
     logger.info(
         "trained %d models in %.1fs",
         sum(row["model_index"] >= 0 for row in rows),
         time.perf_counter() - started,
     )
     return rows
+
+
+def _models_in_tasks(n_models: int, n_tasks: int, k: int) -> int:
+    """The models the first k training tasks to finish trained at least: task p trains
+    models p, p + P, ... (P = n_tasks), so every task trains n_models // P of them and
+    the first n_models % P tasks one more."""
+    if k >= n_tasks:
+        return n_models
+    return k * (n_models // n_tasks) + max(0, k - (n_tasks - n_models % n_tasks))
 
 
 def assemble_model(
@@ -339,30 +358,6 @@ def assemble_model(
         weighting=settings.weights,
         params=params,
     )
-
-
-@contextmanager
-def _arrow_batches_of_at_most(spark: Any, n_bytes: int) -> Iterator[None]:
-    """Cap the Arrow batches Spark sends the training tasks at `n_bytes` while fitting.
-
-    A batch is cut at 10,000 rows by default, and each row of the spread is a chunk of
-    many rows: uncapped, a task could receive its whole partition as one batch and hold
-    it twice (batch and matrix). The setting is read when the job is planned, so it is
-    restored as soon as the job has run.
-    """
-    key = "spark.sql.execution.arrow.maxBytesPerBatch"
-    previous = spark.conf.get(key, None)
-    if previous is not None and 0 < parse_bytes(previous) <= n_bytes:
-        yield
-        return
-    spark.conf.set(key, str(n_bytes))
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
 
 
 def _json_params(params: dict[str, Any]) -> dict[str, Any]:
