@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sparkdist.spark import columns
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -34,24 +36,10 @@ class FeatureSpec:
         return [self.features_col] if self.features_col is not None else list(self.feature_cols)
 
     def spark_array(self, schema: Any, element: str = "double") -> Any:
-        """A Spark column expression giving the features as `array<double>` (or `<float>`).
-
-        `schema` is the DataFrame's schema: a vector column needs `vector_to_array`, an
-        array column only a cast.
-        """
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import functions as F
-
-        if element not in ("double", "float"):
-            raise ValueError(f"element must be 'double' or 'float', got {element!r}")
-        if self.feature_cols is not None:
-            return F.array(*[F.col(name).cast(element) for name in self.feature_cols])
-        if isinstance(schema[self.features_col].dataType, VectorUDT):
-            return vector_to_array(
-                F.col(self.features_col), f"float{32 if element == 'float' else 64}"
-            )
-        return F.col(self.features_col).cast(f"array<{element}>")
+        """A Spark column expression giving the features as `array<double>` (or `<float>`)
+        of a DataFrame of `schema`."""
+        one_column = self.features_col is not None
+        return columns.features_array(schema, self.input_columns, one_column, element)
 
     def training_element(self, schema: Any, estimator: Any) -> str:
         """ "float" when shipping float32 to the training tasks loses nothing, else "double".
@@ -63,19 +51,8 @@ class FeatureSpec:
         """
         if _fits_on_float32(estimator):
             return "float"
-        from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import types as T
-
-        exact = (T.FloatType, T.ShortType, T.ByteType, T.BooleanType)
-        for name in self.input_columns:
-            dtype = schema[name].dataType
-            if isinstance(dtype, VectorUDT):
-                return "double"
-            if isinstance(dtype, T.ArrayType):
-                dtype = dtype.elementType
-            if not isinstance(dtype, exact):
-                return "double"
-        return "float"
+        exact = all(columns.holds_exact_float32(schema, name) for name in self.input_columns)
+        return "float" if exact else "double"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -8,9 +8,9 @@ rows read its files directly instead, row group by row group, and hand the same 
 labels) to the spread. Anything else (a filter, a join, a computed column, a cached or
 partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
 
-Recognizing a plain scan is `sparkdist.data.scan`'s job (shared with the converter). Every
-file's footer is read on the driver first, so a file that lacks a column, or holds it with
-another type, keeps the Spark path instead of failing in a task.
+Recognizing a plain scan is `sparkdist.spark.file_scan`'s job (shared with the converter).
+Every file's footer is read on the driver first, so a file that lacks a column, or holds it
+with another type, keeps the Spark path instead of failing in a task.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data.fs import filesystem_and_path
-from sparkdist.data.scan import NotPlainScan, plain_file_scan
 from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.spark import arrow_jobs
+from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import pyarrow as pa
 from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.parquet_source import ParquetSource, find_parquet_source, read_split
 from sparkdist.ensemble.validation import DataReport
-from sparkdist.spark import arrow_jobs
+from sparkdist.spark import arrow_jobs, columns
 from sparkdist.spark.task import partition_id
 
 logger = logging.getLogger(__name__)
@@ -113,10 +113,8 @@ def _spark_rows(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) ->
     One array column, also for plain feature columns: Spark hands it to Python faster
     (4.1 s against 5.8 s for 1e6 rows x 50 floats), and it is one reshape.
     """
-    from pyspark.sql import functions as F
-
-    label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
-    return df.select(spec.spark_array(df.schema, plan.element), label)
+    features = spec.spark_array(df.schema, plan.element)
+    return columns.features_and_label(df, features, label_col, plan.label_is_numeric)
 
 
 def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

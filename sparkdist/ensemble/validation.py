@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.spark import columns
 
 logger = logging.getLogger(__name__)
 
@@ -226,19 +227,17 @@ def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureS
     column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
     array column (its size is only known from the data).
     """
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType
-
     if isinstance(features_col, str):
         _require_columns(schema, [features_col], "feature")
-        dtype = schema[features_col].dataType
-        if isinstance(dtype, VectorUDT):
+        kind = columns.kind(schema, features_col)
+        if kind == columns.VECTOR:
             return FeatureSpec(n_features=0, features_col=features_col)
-        if isinstance(dtype, ArrayType):
-            if not _is_numeric_type(dtype.elementType):
+        if kind == columns.ARRAY:
+            if columns.element_kind(schema, features_col) != columns.NUMBER:
                 raise ValueError(
                     f"feature column '{features_col}' is an array of "
-                    f"{dtype.elementType.simpleString()}; features must be numbers"
+                    f"{columns.type_name(schema, features_col, element=True)}; features "
+                    "must be numbers"
                 )
             return FeatureSpec(n_features=0, features_col=features_col)
         features_col = [features_col]
@@ -249,10 +248,10 @@ def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureS
         raise ValueError(f"features_col lists a column twice: {names}")
     _require_columns(schema, names, "feature")
     for name in names:
-        dtype = schema[name].dataType
-        if not _is_numeric_type(dtype):
+        if columns.kind(schema, name) != columns.NUMBER:
             raise ValueError(
-                f"feature column '{name}' has type {dtype.simpleString()}; features must be "
+                f"feature column '{name}' has type {columns.type_name(schema, name)}; "
+                "features must be "
                 "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
                 "the features with VectorAssembler"
             )
@@ -261,17 +260,16 @@ def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureS
 
 def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
     """Check the label column's type; returns whether it is numeric."""
-    from pyspark.sql.types import StringType
-
     _require_columns(schema, [label_col], "label")
-    dtype = schema[label_col].dataType
-    if _is_numeric_type(dtype):
+    kind = columns.kind(schema, label_col)
+    if kind == columns.NUMBER:
         return True
-    if is_classifier and isinstance(dtype, StringType):
+    if is_classifier and kind == columns.STRING:
         return False
     allowed = "numeric or string" if is_classifier else "numeric"
     raise ValueError(
-        f"label column '{label_col}' has type {dtype.simpleString()}; the label must be {allowed}"
+        f"label column '{label_col}' has type {columns.type_name(schema, label_col)}; the "
+        f"label must be {allowed}"
     )
 
 
@@ -368,12 +366,6 @@ def _require_columns(schema: Any, names: Sequence[str], role: str) -> None:
             f"{role} column(s) {missing} not in the DataFrame; its columns are "
             f"{schema.fieldNames()}"
         )
-
-
-def _is_numeric_type(dtype: Any) -> bool:
-    from pyspark.sql.types import BooleanType, NumericType
-
-    return isinstance(dtype, NumericType | BooleanType)
 
 
 def _is_int(value: Any) -> bool:
