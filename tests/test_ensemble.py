@@ -31,10 +31,10 @@ from sparkdist.ensemble import (
     VersionMismatchError,
 )
 from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.fit.partitioning import SpreadPlan, cut_chunks
+from sparkdist.ensemble.fit.training import RESULT_SCHEMA, TrainingPlan, train_partition
+from sparkdist.ensemble.fit.validation import DataReport, check_settings, summarize
 from sparkdist.ensemble.partition_ensemble import assemble_model
-from sparkdist.ensemble.partitioning import SpreadPlan, cut_chunks
-from sparkdist.ensemble.training import RESULT_SCHEMA, TrainingPlan, train_partition
-from sparkdist.ensemble.validation import DataReport, check_settings, summarize
 
 # Classes defined here (CountingModel) travel to the executors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -222,8 +222,9 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 
 
 def parquet_source_of(df, features_col, label_col="label"):
-    from sparkdist.ensemble.parquet_source import find_parquet_source
-    from sparkdist.ensemble.validation import check_label_type, resolve_features
+    from sparkdist.ensemble.features import resolve_features
+    from sparkdist.ensemble.fit.parquet_source import find_parquet_source
+    from sparkdist.ensemble.fit.validation import check_label_type
     from sparkdist.spark import session_slots
 
     spec = resolve_features(df.schema, features_col)
@@ -375,7 +376,7 @@ def test_spark_ml_stage_passes_shuffle_through(cancer_df, cancer):
 def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
     import pyarrow.parquet as pq
 
-    from sparkdist.ensemble.parquet_source import (
+    from sparkdist.ensemble.fit.parquet_source import (
         ParquetSource,
         _row_groups,
         _row_ranges,
@@ -1077,7 +1078,7 @@ def test_outside_a_task_partition_id_is_minus_one_and_a_source_is_zero(cancer):
 
 
 def test_rows_grow_in_place_into_one_matrix():
-    from sparkdist.ensemble.training import _Rows
+    from sparkdist.ensemble.fit.training import _Rows
 
     X = np.arange(60, dtype=np.float32).reshape(20, 3)
     rows = _Rows(np.float32, 0)  # a vector column: the first chunk gives the width

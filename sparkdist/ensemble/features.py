@@ -127,3 +127,51 @@ def rows_to_matrix(values: pd.Series | Sequence[Any], n_features: int) -> np.nda
     if not rows:
         return np.empty((0, n_features), dtype=np.float64)
     return np.asarray(np.stack(rows), dtype=np.float64)
+
+
+def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureSpec:
+    """Check the feature column(s) against the schema; the feature count comes later.
+
+    A string names one column: a Spark ML vector, an array of numbers, or one numeric
+    column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
+    array column (its size is only known from the data).
+    """
+    if isinstance(features_col, str):
+        require_columns(schema, [features_col], "feature")
+        kind = columns.kind(schema, features_col)
+        if kind == columns.VECTOR:
+            return FeatureSpec(n_features=0, features_col=features_col)
+        if kind == columns.ARRAY:
+            if columns.element_kind(schema, features_col) != columns.NUMBER:
+                raise ValueError(
+                    f"feature column '{features_col}' is an array of "
+                    f"{columns.type_name(schema, features_col, element=True)}; features "
+                    "must be numbers"
+                )
+            return FeatureSpec(n_features=0, features_col=features_col)
+        features_col = [features_col]
+    names = list(features_col)
+    if not names:
+        raise ValueError("features_col names no columns; pass a vector column or a list")
+    if len(set(names)) != len(names):
+        raise ValueError(f"features_col lists a column twice: {names}")
+    require_columns(schema, names, "feature")
+    for name in names:
+        if columns.kind(schema, name) != columns.NUMBER:
+            raise ValueError(
+                f"feature column '{name}' has type {columns.type_name(schema, name)}; "
+                "features must be "
+                "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
+                "the features with VectorAssembler"
+            )
+    return FeatureSpec(n_features=len(names), feature_cols=tuple(names))
+
+
+def require_columns(schema: Any, names: Sequence[str], role: str) -> None:
+    """A ValueError naming the `role` columns (feature, label) missing from `schema`."""
+    missing = [name for name in names if name not in schema.fieldNames()]
+    if missing:
+        raise ValueError(
+            f"{role} column(s) {missing} not in the DataFrame; its columns are "
+            f"{schema.fieldNames()}"
+        )

@@ -20,28 +20,28 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from sparkdist.ensemble.model import PartitionEnsembleModel
-from sparkdist.ensemble.params import DEFAULT
-from sparkdist.ensemble.partitioning import own_parts, spread
-from sparkdist.ensemble.serialization import check_sklearn_version, load_estimator
-from sparkdist.ensemble.training import (
+from sparkdist.ensemble.features import resolve_features
+from sparkdist.ensemble.fit.partitioning import own_parts, spread
+from sparkdist.ensemble.fit.training import (
     RESULT_SCHEMA,
-    EstimatorStats,
     TrainingPlan,
     choose_features,
     train_own_rows,
     train_partition,
 )
-from sparkdist.ensemble.validation import (
+from sparkdist.ensemble.fit.validation import (
     DataReport,
     DataSummary,
     Settings,
     check_label_type,
     check_max_features,
     check_settings,
-    resolve_features,
     summarize,
 )
+from sparkdist.ensemble.model.ensemble_model import PartitionEnsembleModel
+from sparkdist.ensemble.model.serialization import check_sklearn_version, load_estimator
+from sparkdist.ensemble.model.stats import EstimatorStats
+from sparkdist.ensemble.params import DEFAULT
 from sparkdist.spark import arrow_jobs, session_slots
 
 logger = logging.getLogger(__name__)

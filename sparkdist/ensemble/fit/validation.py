@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.features import FeatureSpec, require_columns
 from sparkdist.spark import columns
 
 logger = logging.getLogger(__name__)
@@ -220,47 +220,9 @@ def check_settings(
     )
 
 
-def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureSpec:
-    """Check the feature column(s) against the schema; the feature count comes later.
-
-    A string names one column: a Spark ML vector, an array of numbers, or one numeric
-    column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
-    array column (its size is only known from the data).
-    """
-    if isinstance(features_col, str):
-        _require_columns(schema, [features_col], "feature")
-        kind = columns.kind(schema, features_col)
-        if kind == columns.VECTOR:
-            return FeatureSpec(n_features=0, features_col=features_col)
-        if kind == columns.ARRAY:
-            if columns.element_kind(schema, features_col) != columns.NUMBER:
-                raise ValueError(
-                    f"feature column '{features_col}' is an array of "
-                    f"{columns.type_name(schema, features_col, element=True)}; features "
-                    "must be numbers"
-                )
-            return FeatureSpec(n_features=0, features_col=features_col)
-        features_col = [features_col]
-    names = list(features_col)
-    if not names:
-        raise ValueError("features_col names no columns; pass a vector column or a list")
-    if len(set(names)) != len(names):
-        raise ValueError(f"features_col lists a column twice: {names}")
-    _require_columns(schema, names, "feature")
-    for name in names:
-        if columns.kind(schema, name) != columns.NUMBER:
-            raise ValueError(
-                f"feature column '{name}' has type {columns.type_name(schema, name)}; "
-                "features must be "
-                "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
-                "the features with VectorAssembler"
-            )
-    return FeatureSpec(n_features=len(names), feature_cols=tuple(names))
-
-
 def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
     """Check the label column's type; returns whether it is numeric."""
-    _require_columns(schema, [label_col], "label")
+    require_columns(schema, [label_col], "label")
     kind = columns.kind(schema, label_col)
     if kind == columns.NUMBER:
         return True
@@ -357,15 +319,6 @@ def _vector_spec(spec: FeatureSpec, report: DataReport) -> FeatureSpec:
     if not high:
         raise ValueError(f"feature column '{name}' holds empty vectors; there are no features")
     return FeatureSpec(n_features=int(high), features_col=name)
-
-
-def _require_columns(schema: Any, names: Sequence[str], role: str) -> None:
-    missing = [name for name in names if name not in schema.fieldNames()]
-    if missing:
-        raise ValueError(
-            f"{role} column(s) {missing} not in the DataFrame; its columns are "
-            f"{schema.fieldNames()}"
-        )
 
 
 def _is_int(value: Any) -> bool:
