@@ -30,11 +30,11 @@ from sparkdist.ensemble import (
     SparkPartitionEnsembleModel,
     VersionMismatchError,
 )
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.fit.assemble import assemble_model
 from sparkdist.ensemble.fit.partitioning import SpreadPlan, cut_chunks
 from sparkdist.ensemble.fit.training import RESULT_SCHEMA, TrainingPlan, train_partition
 from sparkdist.ensemble.fit.validation import DataReport, check_settings, summarize
-from sparkdist.ensemble.partition_ensemble import assemble_model
+from sparkdist.ensemble.model.features import FeatureSpec
 
 # Classes defined here (CountingModel) travel to the executors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -222,9 +222,9 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 
 
 def parquet_source_of(df, features_col, label_col="label"):
-    from sparkdist.ensemble.features import resolve_features
     from sparkdist.ensemble.fit.parquet_source import find_parquet_source
     from sparkdist.ensemble.fit.validation import check_label_type
+    from sparkdist.ensemble.model.features import resolve_features
     from sparkdist.spark import session_slots
 
     spec = resolve_features(df.schema, features_col)

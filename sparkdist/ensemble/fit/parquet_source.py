@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data.fs import filesystem_and_path
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.spark import arrow_jobs
 from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.fit.parquet_source import ParquetSource, find_parquet_source, read_split
 from sparkdist.ensemble.fit.validation import DataReport
+from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.spark import arrow_jobs, columns
 from sparkdist.spark.task import partition_id
 

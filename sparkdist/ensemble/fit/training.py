@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sparkdist.ensemble.features import FeatureSpec
 from sparkdist.ensemble.fit.parquet_source import ParquetSource
 from sparkdist.ensemble.fit.partitioning import (
     SpreadPlan,
@@ -33,6 +32,7 @@ from sparkdist.ensemble.fit.partitioning import (
     spark_pieces,
 )
 from sparkdist.ensemble.fit.validation import DataReport, DataSummary, Settings, summarize
+from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.ensemble.model.serialization import dump_estimator, library_versions
 from sparkdist.ensemble.model.stats import EstimatorStats
 from sparkdist.spark.task import partition_id, task_cpus

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.features import FeatureSpec, require_columns
+from sparkdist.ensemble.model.features import FeatureSpec, require_columns
 from sparkdist.spark import columns
 
 logger = logging.getLogger(__name__)
@@ -289,6 +289,19 @@ def summarize(
         label_is_numeric=label_is_numeric,
         classes=classes,
     )
+
+
+def check_random_state(random_state: Any) -> int:
+    """The seed of a fit: `random_state`, or one drawn when it is None."""
+    if random_state is None:
+        return int(np.random.SeedSequence().generate_state(1)[0] & 0x7FFFFFFF)
+    if isinstance(random_state, bool) or not isinstance(random_state, numbers.Integral):
+        raise ValueError(
+            f"random_state must be an int or None (it seeds Spark's rand), got {random_state!r}"
+        )
+    if not 0 <= random_state < 2**63:
+        raise ValueError(f"random_state must be >= 0, got {random_state}")
+    return int(random_state)
 
 
 def check_max_features(settings: Settings, n_features: int) -> None:

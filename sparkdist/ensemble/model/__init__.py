@@ -1,6 +1,6 @@
-"""The fitted ensemble: `PartitionEnsembleModel` (`ensemble_model`), what each member saw
-(`stats`), how a member travels as bytes (`serialization`) and how the whole is saved and
-loaded (`persistence`).
+"""The fitted ensemble: `PartitionEnsembleModel` (`ensemble_model`), the feature columns
+it reads (`features`), what each member saw (`stats`), how a member travels as bytes
+(`serialization`) and how the whole is saved and loaded (`persistence`).
 
 Names are imported on first use, as in `sparkdist.ensemble`: the training tasks import
 `stats` and `serialization` without the model class and what it needs.

@@ -18,7 +18,7 @@ import cloudpickle
 import numpy as np
 import pandas as pd
 
-from sparkdist.ensemble.features import FeatureSpec, resolve_features, rows_to_matrix
+from sparkdist.ensemble.model.features import FeatureSpec, resolve_features, rows_to_matrix
 from sparkdist.ensemble.model.persistence import read_model, save_model
 from sparkdist.ensemble.model.stats import EstimatorStats
 from sparkdist.spark import columns as spark_columns

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.ensemble.model.serialization import (
     SKLEARN_PICKLE,
     XGBOOST_JSON,
