@@ -69,21 +69,7 @@ def assemble_model(
         for model_stats in stats:
             seen = np.asarray(model_stats.classes_seen, dtype=summary.classes.dtype)
             model_stats.class_indices = np.searchsorted(summary.classes, seen).tolist()
-    missing = sorted(set(range(settings.n_estimators)) - {row["model_index"] for row in rows})
-    if missing:
-        logger.warning(
-            "models %s got no rows and were skipped: the ensemble has %d of the %d "
-            "models asked for (%d rows over %d models%s)",
-            missing,
-            len(rows),
-            settings.n_estimators,
-            summary.n_rows,
-            settings.n_estimators,
-            ""
-            if settings.shuffle
-            else "; with shuffle=False a model gets rows only from its task's part: "
-            "the DataFrame has fewer partitions than tasks, repartition it or shuffle",
-        )
+    _warn_about_missing_models(rows, settings, summary.n_rows)
     if not rows:
         raise ValueError("every partition was empty; no model was trained")
     single = [s.model_index for s in stats if s.single_class]
@@ -112,6 +98,25 @@ def assemble_model(
         weighting=settings.weights,
         params=params,
     )
+
+
+def _warn_about_missing_models(rows: Sequence[Any], settings: Settings, n_rows: int) -> None:
+    """Models that got no rows (too few rows for their number) are skipped, with a warning."""
+    missing = sorted(set(range(settings.n_estimators)) - {row["model_index"] for row in rows})
+    if missing:
+        logger.warning(
+            "models %s got no rows and were skipped: the ensemble has %d of the %d "
+            "models asked for (%d rows over %d models%s)",
+            missing,
+            len(rows),
+            settings.n_estimators,
+            n_rows,
+            settings.n_estimators,
+            ""
+            if settings.shuffle
+            else "; with shuffle=False a model gets rows only from its task's part: "
+            "the DataFrame has fewer partitions than tasks, repartition it or shuffle",
+        )
 
 
 def _json_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -363,7 +363,6 @@ def fit_one(
     """
     from sklearn.base import clone
     from sklearn.dummy import DummyClassifier
-    from sklearn.metrics import accuracy_score, r2_score
 
     settings = plan.settings
     rng = np.random.default_rng([plan.random_state, model_index])
@@ -373,7 +372,6 @@ def fit_one(
     all_columns = len(columns) == X.shape[1]
     X_fit = _take(X, fit_rows, None if all_columns else columns)
     y_fit = y if fit_rows is None else y[fit_rows]
-
     stats = EstimatorStats(
         model_index=model_index,
         partition_id=partition_id(),
@@ -403,16 +401,23 @@ def fit_one(
     # CPU below wall time means the task waited for a core (a busy or oversubscribed host).
     stats.fit_cpu_seconds = time.process_time() - started_cpu
     del X_fit
-
     if validation_rows is not None:
         X_val = _take(X, validation_rows, None if all_columns else columns)
-        predicted = estimator.predict(X_val)
-        if settings.is_classifier:
-            predicted = np.asarray(stats.class_indices)[np.asarray(predicted, dtype=np.int64)]
-            stats.validation_score = float(accuracy_score(y[validation_rows], predicted))
-        else:
-            stats.validation_score = float(r2_score(y[validation_rows], predicted))
+        classes = stats.class_indices if settings.is_classifier else None
+        stats.validation_score = _score(estimator, classes, X_val, y[validation_rows])
     return estimator, stats
+
+
+def _score(estimator: Any, classes: list[int] | None, X: np.ndarray, y: np.ndarray) -> float:
+    """A fitted model's accuracy (classifier: its outputs mapped onto the global class
+    indexes) or R² on held-out rows."""
+    from sklearn.metrics import accuracy_score, r2_score
+
+    predicted = estimator.predict(X)
+    if classes is not None:
+        predicted = np.asarray(classes)[np.asarray(predicted, dtype=np.int64)]
+        return float(accuracy_score(y, predicted))
+    return float(r2_score(y, predicted))
 
 
 def _split(rng: np.random.Generator, n_rows: int, fraction: float) -> tuple:

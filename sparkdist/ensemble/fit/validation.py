@@ -158,37 +158,8 @@ def check_settings(
     shuffle: Any = DEFAULTS.shuffle,
 ) -> Settings:
     """Check the ensemble parameters; resolve validation_fraction's default."""
-    from sklearn.base import is_classifier, is_regressor
-
-    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
-        raise ValueError(
-            f"estimator must be a scikit-learn-compatible model with fit and predict, "
-            f"got {estimator!r}"
-        )
-    classifier = bool(is_classifier(estimator))
-    if not classifier and not is_regressor(estimator):
-        raise ValueError(
-            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
-            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
-        )
-    if not _is_int(n_estimators) or n_estimators < 1:
-        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
-    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
-        raise ValueError(
-            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
-            f"got {max_samples!r}"
-        )
-    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
-        if not isinstance(value, bool | np.bool_):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
-    if _is_int(max_features):
-        if max_features < 1:
-            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
-    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
-        raise ValueError(
-            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
-            f"got {max_features!r}"
-        )
+    classifier = _check_estimator(estimator)
+    _check_sampling(n_estimators, max_samples, bootstrap, shuffle, max_features)
     if voting not in VOTING:
         raise ValueError(f"voting must be one of {VOTING}, got {voting!r}")
     if weights not in WEIGHTS:
@@ -218,6 +189,49 @@ def check_settings(
         validation_fraction=float(validation_fraction),
         shuffle=bool(shuffle),
     )
+
+
+def _check_estimator(estimator: Any) -> bool:
+    """A ValueError unless `estimator` is a scikit-learn classifier or regressor; True for
+    a classifier."""
+    from sklearn.base import is_classifier, is_regressor
+
+    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
+        raise ValueError(
+            f"estimator must be a scikit-learn-compatible model with fit and predict, "
+            f"got {estimator!r}"
+        )
+    classifier = bool(is_classifier(estimator))
+    if not classifier and not is_regressor(estimator):
+        raise ValueError(
+            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
+            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
+        )
+    return classifier
+
+
+def _check_sampling(
+    n_estimators: Any, max_samples: Any, bootstrap: Any, shuffle: Any, max_features: Any
+) -> None:
+    """How many models, and what rows and features each draws."""
+    if not _is_int(n_estimators) or n_estimators < 1:
+        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
+    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
+        raise ValueError(
+            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
+            f"got {max_samples!r}"
+        )
+    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if _is_int(max_features):
+        if max_features < 1:
+            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
+    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
+        raise ValueError(
+            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
+            f"got {max_features!r}"
+        )
 
 
 def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
