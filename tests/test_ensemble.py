@@ -1144,3 +1144,21 @@ def test_training_tasks_refuse_bad_data_before_fitting(cancer):
     report = DataReport.from_dict(json.loads(results[0]["report"]))
     with pytest.raises(ValueError, match="label column 'label' has 3 null or NaN"):
         summarize(report, spec, "label", settings, True)
+
+
+def test_progress_counts_models_as_their_training_tasks_finish():
+    """10 models on 4 training tasks train 3, 3, 2, 2 models: k finished tasks count at
+    least the models of the k smallest; nothing counts while only the spread stage ran
+    (its own job under adaptive execution), and all once the training stage finished."""
+    from sparkdist.ensemble.fit.job import _models_in_tasks
+    from sparkdist.spark.arrow_jobs import models_done
+    from sparkdist.spark.jobs import StageCount
+
+    assert [_models_in_tasks(10, 4, k) for k in range(5)] == [0, 2, 4, 7, 10]
+    count = models_done(lambda k: _models_in_tasks(10, 4, k), 10, n_stages=2)
+    assert count([StageCount(3, 20, 20)]) == (0, 10)
+    assert count([StageCount(3, 20, 20), StageCount(4, 1, 4)]) == (2, 10)
+    assert count([StageCount(3, 20, 20), StageCount(4, 4, 4)]) == (10, 10)
+    # Fewer tasks than planned (shuffle=False coalesced into fewer parts): done is done.
+    fewer = models_done(lambda k: _models_in_tasks(10, 4, k), 10, n_stages=1)
+    assert fewer([StageCount(0, 2, 2)]) == (10, 10)
