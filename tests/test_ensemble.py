@@ -264,7 +264,7 @@ def test_plain_parquet_scan_is_read_by_pyarrow_into_the_same_ensemble(spark, tmp
 def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer, monkeypatch):
     import pyarrow.parquet as pq
 
-    from sparkdist.ensemble import parquet_source
+    from sparkdist.ensemble.fit import parquet_source
 
     X, y = cancer
     # Below a few MB the data is one split; lift that floor to see it spread over slots.
