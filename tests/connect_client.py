@@ -247,8 +247,8 @@ def _parquet_ensembles(spark, data, columns, path):
     from xgboost import XGBClassifier
 
     from sparkdist.ensemble import PartitionEnsemble
-    from sparkdist.ensemble.features import FeatureSpec
-    from sparkdist.ensemble.parquet_source import find_parquet_source
+    from sparkdist.ensemble.fit.parquet_source import find_parquet_source
+    from sparkdist.ensemble.model.features import FeatureSpec
     from sparkdist.spark import session_slots
 
     table = pa.Table.from_pandas(data, preserve_index=False)

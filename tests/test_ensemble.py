@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -29,11 +30,11 @@ from sparkdist.ensemble import (
     SparkPartitionEnsembleModel,
     VersionMismatchError,
 )
-from sparkdist.ensemble.features import FeatureSpec
-from sparkdist.ensemble.partition_ensemble import assemble_model
-from sparkdist.ensemble.partitioning import SpreadPlan, cut_chunks
-from sparkdist.ensemble.training import RESULT_SCHEMA, TrainingPlan, train_partition
-from sparkdist.ensemble.validation import DataReport, check_settings, summarize
+from sparkdist.ensemble.fit.assemble import assemble_model
+from sparkdist.ensemble.fit.partitioning import SpreadPlan, cut_chunks
+from sparkdist.ensemble.fit.training import RESULT_SCHEMA, TrainingPlan, train_partition
+from sparkdist.ensemble.fit.validation import DataReport, check_settings, summarize
+from sparkdist.ensemble.model.features import FeatureSpec
 
 # Classes defined here (CountingModel) travel to the executors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -148,13 +149,26 @@ def test_each_partition_trains_one_model_on_a_random_share(cancer_model, cancer)
     np.testing.assert_allclose(cancer_model.weights_, 0.25)
 
 
-def test_a_training_task_fits_its_models_in_turn(spark, cancer):
+class _Terminal(io.StringIO):
+    """stderr as a terminal: progress shows as a bar (tqdm's text)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_training_task_fits_its_models_in_turn(spark, cancer, monkeypatch):
     """Six models on two task slots: two training tasks, each receiving one model's rows
-    after another and fitting each before the next one's rows are read."""
+    after another and fitting each before the next one's rows are read. The progress bar
+    counts models, not Spark tasks."""
     X, y = cancer
     df = spark.createDataFrame(frame(X, y))
     columns = [f"f{i}" for i in range(X.shape[1])]
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     model = PartitionEnsemble(xgb_classifier(), n_estimators=6, random_state=2).fit(df, columns)
+    monkeypatch.undo()
+    assert "sparkdist ensemble: 6 x XGBClassifier" in terminal.getvalue()
+    assert "6/6 [" in terminal.getvalue() and "models/s]" in terminal.getvalue()
     stats = model.stats_frame()
     assert sorted(stats["partition_id"]) == [0, 0, 0, 1, 1, 1]
     for _, task in stats.groupby("partition_id"):
@@ -208,8 +222,9 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 
 
 def parquet_source_of(df, features_col, label_col="label"):
-    from sparkdist.ensemble.parquet_source import find_parquet_source
-    from sparkdist.ensemble.validation import check_label_type, resolve_features
+    from sparkdist.ensemble.fit.parquet_source import find_parquet_source
+    from sparkdist.ensemble.fit.validation import check_label_type
+    from sparkdist.ensemble.model.features import resolve_features
     from sparkdist.spark import session_slots
 
     spec = resolve_features(df.schema, features_col)
@@ -249,7 +264,7 @@ def test_plain_parquet_scan_is_read_by_pyarrow_into_the_same_ensemble(spark, tmp
 def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer, monkeypatch):
     import pyarrow.parquet as pq
 
-    from sparkdist.ensemble import parquet_source
+    from sparkdist.ensemble.fit import parquet_source
 
     X, y = cancer
     # Below a few MB the data is one split; lift that floor to see it spread over slots.
@@ -277,7 +292,9 @@ def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer
 # --- shuffle=False: each task trains its models on the rows it reads ---------------------
 
 
-def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(spark, tmp_path, cancer):
+def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(
+    spark, tmp_path, cancer, monkeypatch
+):
     """Sorted by label, the rows' order shows where each model's rows came from: with 2
     tasks, models 0 and 2 train on the first half of the rows, 1 and 3 on the second (all
     class 1 here: constant models, their outputs mapped onto the whole data's classes)."""
@@ -286,9 +303,13 @@ def test_without_shuffle_a_task_trains_its_models_on_its_own_rows(spark, tmp_pat
     path = write_parquet_files(tmp_path / "sorted", frame(X[order], y[order]), row_group_size=50)
     columns = [f"f{i}" for i in range(X.shape[1])]
     df = spark.read.parquet(path)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     model = PartitionEnsemble(logistic(), n_estimators=4, random_state=2, shuffle=False).fit(
         df, columns
     )
+    monkeypatch.undo()
+    assert "4/4 [" in terminal.getvalue() and "models/s]" in terminal.getvalue()
     stats = model.estimators_stats_
     first_half = len(y) // 2  # 284 rows: 212 of class 0, then class 1
     assert sum(s.rows for s in stats[0::2]) == first_half
@@ -355,7 +376,7 @@ def test_spark_ml_stage_passes_shuffle_through(cancer_df, cancer):
 def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
     import pyarrow.parquet as pq
 
-    from sparkdist.ensemble.parquet_source import (
+    from sparkdist.ensemble.fit.parquet_source import (
         ParquetSource,
         _row_groups,
         _row_ranges,
@@ -1057,7 +1078,7 @@ def test_outside_a_task_partition_id_is_minus_one_and_a_source_is_zero(cancer):
 
 
 def test_rows_grow_in_place_into_one_matrix():
-    from sparkdist.ensemble.training import _Rows
+    from sparkdist.ensemble.fit.training import _Rows
 
     X = np.arange(60, dtype=np.float32).reshape(20, 3)
     rows = _Rows(np.float32, 0)  # a vector column: the first chunk gives the width
@@ -1123,3 +1144,21 @@ def test_training_tasks_refuse_bad_data_before_fitting(cancer):
     report = DataReport.from_dict(json.loads(results[0]["report"]))
     with pytest.raises(ValueError, match="label column 'label' has 3 null or NaN"):
         summarize(report, spec, "label", settings, True)
+
+
+def test_progress_counts_models_as_their_training_tasks_finish():
+    """10 models on 4 training tasks train 3, 3, 2, 2 models: k finished tasks count at
+    least the models of the k smallest; nothing counts while only the spread stage ran
+    (its own job under adaptive execution), and all once the training stage finished."""
+    from sparkdist.ensemble.fit.job import _models_in_tasks
+    from sparkdist.spark.arrow_jobs import models_done
+    from sparkdist.spark.jobs import StageCount
+
+    assert [_models_in_tasks(10, 4, k) for k in range(5)] == [0, 2, 4, 7, 10]
+    count = models_done(lambda k: _models_in_tasks(10, 4, k), 10, n_stages=2)
+    assert count([StageCount(3, 20, 20)]) == (0, 10)
+    assert count([StageCount(3, 20, 20), StageCount(4, 1, 4)]) == (2, 10)
+    assert count([StageCount(3, 20, 20), StageCount(4, 4, 4)]) == (10, 10)
+    # Fewer tasks than planned (shuffle=False coalesced into fewer parts): done is done.
+    fewer = models_done(lambda k: _models_in_tasks(10, 4, k), 10, n_stages=1)
+    assert fewer([StageCount(0, 2, 2)]) == (10, 10)

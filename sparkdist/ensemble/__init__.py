@@ -1,7 +1,7 @@
 """Partition ensembles: one scikit-learn or XGBoost model per Spark partition.
 
 Names are imported on first use: the tasks that read and spread the rows import only
-`sparkdist.ensemble.partitioning` and what it needs, not scikit-learn (1.6 s of imports
+`sparkdist.ensemble.fit.partitioning` and what it needs, not scikit-learn (1.6 s of imports
 that a Python worker Spark started afresh would pay before reading a row).
 """
 
@@ -11,13 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "EstimatorStats": "sparkdist.ensemble.training",
+    "EstimatorStats": "sparkdist.ensemble.model.stats",
     "PartitionEnsemble": "sparkdist.ensemble.partition_ensemble",
-    "PartitionEnsembleModel": "sparkdist.ensemble.model",
+    "PartitionEnsembleModel": "sparkdist.ensemble.model.ensemble_model",
     "SparkPartitionEnsemble": "sparkdist.ensemble.spark_ml",
     "SparkPartitionEnsembleModel": "sparkdist.ensemble.spark_ml",
-    "VersionMismatchError": "sparkdist.ensemble.serialization",
-    "load_model": "sparkdist.ensemble.model",
+    "VersionMismatchError": "sparkdist.ensemble.model.serialization",
+    "load_model": "sparkdist.ensemble.model.ensemble_model",
 }
 
 __all__ = [
@@ -31,11 +31,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
+    from sparkdist.ensemble.model.ensemble_model import PartitionEnsembleModel, load_model
+    from sparkdist.ensemble.model.serialization import VersionMismatchError
+    from sparkdist.ensemble.model.stats import EstimatorStats
     from sparkdist.ensemble.partition_ensemble import PartitionEnsemble
-    from sparkdist.ensemble.serialization import VersionMismatchError
     from sparkdist.ensemble.spark_ml import SparkPartitionEnsemble, SparkPartitionEnsembleModel
-    from sparkdist.ensemble.training import EstimatorStats
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkdist.ensemble.validation import DEFAULTS
+from sparkdist.ensemble.fit.validation import DEFAULTS
 
 
 @dataclass(frozen=True)

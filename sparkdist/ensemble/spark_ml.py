@@ -38,10 +38,10 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from sparkdist.ensemble.model import PartitionEnsembleModel, load_model
+from sparkdist.ensemble.model.ensemble_model import PartitionEnsembleModel, load_model
+from sparkdist.ensemble.model.serialization import check_sklearn_version, library_versions
 from sparkdist.ensemble.params import ENSEMBLE_PARAMS
 from sparkdist.ensemble.partition_ensemble import PartitionEnsemble
-from sparkdist.ensemble.serialization import check_sklearn_version, library_versions
 from sparkdist.spark.storage import open_storage
 
 logger = logging.getLogger(__name__)

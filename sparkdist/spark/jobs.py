@@ -14,7 +14,8 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sparkdist import progress
@@ -80,31 +81,62 @@ def described(session: Any, description: str, group: str | None = None) -> Itera
             sc.setLocalProperty(key, value)
 
 
+@dataclass(frozen=True)
+class StageCount:
+    """One stage's tasks: done of total."""
+
+    stage_id: int
+    done: int
+    total: int
+
+
+def tasks_done(stages: list[StageCount]) -> tuple[int, int]:
+    """(done, total) of every task of the watched jobs: the default count."""
+    return sum(s.done for s in stages), sum(s.total for s in stages)
+
+
 @contextlib.contextmanager
-def watched(session: Any, group: str, desc: str) -> Iterator[None]:
-    """A progress display of the tasks done in the jobs of `group` while inside:
-    classic sessions poll Spark's status tracker; Connect clients get the server's
-    progress reports."""
+def watched(
+    session: Any,
+    group: str,
+    desc: str,
+    unit: str = "tasks",
+    count: Callable[[list[StageCount]], tuple[int, int]] = tasks_done,
+) -> Iterator[None]:
+    """A progress display of the jobs of `group` while inside, as `count` reads their
+    stages (by default the tasks done of all): classic sessions poll Spark's status
+    tracker; Connect clients get the server's progress reports."""
     if progress.mode() == "off":
         yield
         return
-    with progress.bar(None, desc, unit="tasks") as bar:
+    with progress.bar(None, desc, unit=unit) as bar:
         if is_connect_session(session):
-            with _connect_progress(session, bar):
+            with _connect_progress(session, bar, count):
                 yield
         else:
-            with _classic_progress(session.sparkContext, group, bar):
+            with _classic_progress(session.sparkContext, group, bar, count):
                 yield
+
+
+def _show(bar: progress.Bar, count: Callable, stages: list[StageCount], final: bool) -> None:
+    if not stages:
+        return
+    if final:  # a stage whose output was there already is skipped: its tasks never run
+        stages = [StageCount(s.stage_id, s.total, s.total) for s in stages]
+    done, total = count(stages)
+    if total:
+        bar.total_now(total)
+        bar.set(done)
 
 
 @contextlib.contextmanager
-def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
+def _classic_progress(sc: Any, group: str, bar: progress.Bar, count: Callable) -> Iterator[None]:
     stop = threading.Event()
     tracker = sc.statusTracker()
     earlier = set(tracker.getJobIdsForGroup(group))  # e.g. a notebook cell's jobs so far
 
     def update(final: bool = False) -> None:
-        done = total = 0
+        stages = []
         succeeded = True
         for job_id in set(tracker.getJobIdsForGroup(group)) - earlier:
             job = tracker.getJobInfo(job_id)
@@ -112,11 +144,8 @@ def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
             for stage_id in job.stageIds if job else ():
                 stage = tracker.getStageInfo(stage_id)
                 if stage is not None:
-                    done, total = done + stage.numCompletedTasks, total + stage.numTasks
-        if total:
-            bar.total_now(total)
-            # A stage whose output was there already is skipped: its tasks never run.
-            bar.set(total if final and succeeded else done)
+                    stages.append(StageCount(stage_id, stage.numCompletedTasks, stage.numTasks))
+        _show(bar, count, stages, final and succeeded)
 
     def poll() -> None:
         while not stop.wait(WATCH_INTERVAL_S):
@@ -133,13 +162,10 @@ def _classic_progress(sc: Any, group: str, bar: progress.Bar) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _connect_progress(session: Any, bar: progress.Bar) -> Iterator[None]:
+def _connect_progress(session: Any, bar: progress.Bar, count: Callable) -> Iterator[None]:
     def handler(stages, inflight_tasks, operation_id, done) -> None:
-        stages = list(stages or ())
-        total = sum(s.num_tasks for s in stages)
-        if total:
-            bar.total_now(total)
-            bar.set(sum(s.num_completed_tasks for s in stages))
+        counts = [StageCount(s.stage_id, s.num_completed_tasks, s.num_tasks) for s in stages or ()]
+        _show(bar, count, counts, final=False)
 
     session.registerProgressHandler(handler)
     try:

@@ -8,20 +8,17 @@ import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from sparkdist.errors import SparkdistError
-from sparkdist.protocol import payload
 from sparkdist.runner.driver import metrics
 from sparkdist.runner.driver.horovod_runner import HorovodRunner
 from sparkdist.spark import job_tag, jobs
 from sparkdist.tune import shared
+from sparkdist.tune.executor import CANCEL_WAIT_S, TrialExecutor
 from sparkdist.tune.ledger import Ledger
 from sparkdist.tune.outcome import COMPLETE, FAILED, PRUNED, Outcome
 from sparkdist.tune.remote_trial import RemoteTrial
 from sparkdist.tune.service import TrialService
 
 logger = logging.getLogger(__name__)
-
-POLL_S = 0.5
-CANCEL_WAIT_S = 120.0
 
 
 class _TrialMain:
@@ -73,45 +70,39 @@ class DistributedTrial:
             self.cluster.cancel(job_tag(job.job_id))
 
 
-class DistributedTrials:
+class DistributedTrials(TrialExecutor):
     """Runs a search's distributed trials, `at_once` runner jobs at a time."""
 
     def __init__(self, cluster, objective, service: TrialService, ledger: Ledger, at_once: int,
                  np: int, runner_options: dict, report_metric: str | None = None):  # fmt: skip
-        # Checked now: an objective that cannot travel fails the search at once.
-        payload.pack(objective, {})
-        self.cluster = cluster
-        self.objective = objective
-        self.service = service
-        self.ledger = ledger
+        super().__init__(cluster, objective, service, ledger, at_once)
         self.np = np
         self.runner_options = runner_options
         self.report_metric = report_metric
         self.running: dict[Future, DistributedTrial] = {}
         self.pool = ThreadPoolExecutor(at_once, thread_name_prefix="sparkdist-tune")
-        self.at_once = at_once
 
-    def run(self) -> None:
-        try:
-            while True:
-                while len(self.running) < self.at_once:
-                    trial = self.ledger.next_trial()
-                    if trial is None:
-                        break
-                    remote = self.service.remote_trial(trial)
-                    check = ReportFeed(self.ledger, trial.number, self.report_metric)
-                    job = DistributedTrial(self.cluster, self.objective, self.service, remote,
-                                           self.np, self.runner_options, check)  # fmt: skip
-                    self.running[self.pool.submit(job.run, self.ledger.was_pruned)] = job
-                if not self.running:
-                    return
-                done, _ = wait(list(self.running), timeout=POLL_S, return_when=FIRST_COMPLETED)
-                for future in done:
-                    job = self.running.pop(future)
-                    self.ledger.finish(job.trial.number, _outcome(future))
-                self.ledger.check_failures()
-        finally:
-            self.pool.shutdown(wait=False)
+    def start(self) -> bool:
+        """Submit trials until `at_once` run; True while any runs."""
+        while len(self.running) < self.at_once:
+            trial = self.ledger.next_trial()
+            if trial is None:
+                break
+            remote = self.service.remote_trial(trial)
+            check = ReportFeed(self.ledger, trial.number, self.report_metric)
+            job = DistributedTrial(self.cluster, self.objective, self.service, remote,
+                                   self.np, self.runner_options, check)  # fmt: skip
+            self.running[self.pool.submit(job.run, self.ledger.was_pruned)] = job
+        return bool(self.running)
+
+    def wait(self, timeout: float) -> None:
+        done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            job = self.running.pop(future)
+            self.ledger.finish(job.trial.number, _outcome(future))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
 
     def cancel(self) -> None:
         """Cancel the running trials' jobs and wait for them to end."""

@@ -13,6 +13,7 @@ import optuna
 from sparkdist.errors import ConnectUnsupportedError, SparkdistError
 from sparkdist.spark import active_cluster
 from sparkdist.tune.distributed import DistributedTrials
+from sparkdist.tune.executor import TrialExecutor
 from sparkdist.tune.ledger import CANCELLED, Ledger, TooManyFailedTrialsError
 from sparkdist.tune.service import TrialService
 from sparkdist.tune.shared import check_objective
@@ -80,7 +81,22 @@ def optimize(
         raise ValueError("runner_options apply to distributed trials only: pass np=N too")
     cluster = active_cluster("sparkdist.tune runs its trials on a Spark cluster")
     check_objective(objective, cluster.kind, np)
-    slots = cluster.slots()
+    at_once = _trials_at_once(cluster.slots(), np, parallelism, n_trials)
+    place = cluster.service_place()
+    _require_reachable_driver(place)
+    ledger = Ledger(study, n_trials, timeout, max_failed_trials)
+    service = TrialService(place.bind, place.advertise, ledger)
+    try:
+        trials = _executor(cluster, objective, service, ledger, at_once, np, runner_options,
+                           report_metric)  # fmt: skip
+        _run(trials, ledger)
+    finally:
+        service.close()
+    return study
+
+
+def _trials_at_once(slots: int, np: int | None, parallelism: int | None, n_trials: int) -> int:
+    """How many trials run at once: `parallelism`, or as many as the task slots allow."""
     per_trial = np or 1
     if per_trial > slots:
         raise SparkdistError(
@@ -91,7 +107,12 @@ def optimize(
     if parallelism and parallelism > at_once:
         logger.info("sparkdist.tune: %d trials at once (%d slots, %d per trial), not %d",
                     at_once, slots, per_trial, parallelism)  # fmt: skip
-    place = cluster.service_place()
+    return at_once
+
+
+def _require_reachable_driver(place) -> None:
+    """Every trial calls the study held on the driver while it runs: refuse a Spark
+    Connect client the executors cannot reach, saying where to run the search instead."""
     if place.in_stage:
         raise ConnectUnsupportedError(
             "sparkdist.tune: the executors cannot open connections to this Spark Connect "
@@ -102,25 +123,24 @@ def optimize(
             "executors (SPARKDIST_CONNECT_RELAY=never skips the reachability probe). "
             "HorovodRunner jobs do run from here (relay mode)."
         )
-    ledger = Ledger(study, n_trials, timeout, max_failed_trials)
-    service = TrialService(place.bind, place.advertise, ledger)
-    try:
-        if np is None:
-            trials = SingleNodeTrials(cluster, objective, service, ledger, at_once)
-        else:
-            # The direct launcher by default: trials start faster without mpirun, and
-            # concurrent mpirun jobs on one host can collide ("orte_session_dir failed");
-            # launcher="mpi" in runner_options for code that needs MPI.
-            options = {"launcher": "direct", **(runner_options or {})}
-            trials = DistributedTrials(cluster, objective, service, ledger, at_once, np, options,
-                                       report_metric)  # fmt: skip
-        _run(trials, ledger)
-    finally:
-        service.close()
-    return study
 
 
-def _run(trials, ledger: Ledger) -> None:
+def _executor(cluster, objective, service: TrialService, ledger: Ledger, at_once: int,
+              np: int | None, runner_options: dict[str, Any] | None,
+              report_metric: str | None) -> TrialExecutor:  # fmt: skip
+    """The search's trial executor: long-lived single-node workers (np None), or one
+    runner job of np ranks per trial."""
+    if np is None:
+        return SingleNodeTrials(cluster, objective, service, ledger, at_once)
+    # The direct launcher by default: trials start faster without mpirun, and
+    # concurrent mpirun jobs on one host can collide ("orte_session_dir failed");
+    # launcher="mpi" in runner_options for code that needs MPI.
+    options = {"launcher": "direct", **(runner_options or {})}
+    return DistributedTrials(cluster, objective, service, ledger, at_once, np, options,
+                             report_metric)  # fmt: skip
+
+
+def _run(trials: TrialExecutor, ledger: Ledger) -> None:
     """Run the trials; on Ctrl-C or an error, cancel the running ones and record them
     failed ("cancelled"); log the search's best trial to MLflow either way."""
     try:

@@ -19,56 +19,63 @@ import cloudpickle
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import payload
 from sparkdist.spark import spark_error_summary
+from sparkdist.tune.executor import CANCEL_WAIT_S, TrialExecutor
 from sparkdist.tune.ledger import Ledger
 from sparkdist.tune.service import LOST, TrialService
 from sparkdist.tune.worker import run_worker
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.25
-CANCEL_WAIT_S = 120.0
 
-
-class SingleNodeTrials:
+class SingleNodeTrials(TrialExecutor):
     """Runs a search's single-node trials on `workers` Spark tasks at a time."""
 
+    poll_s = 0.25
+
     def __init__(self, cluster, objective, service: TrialService, ledger: Ledger, workers: int):
-        # Pickled now, on the driver's main thread: an objective that cannot travel fails
-        # the search at once with the name of the culprit (`PayloadError`).
-        payload.pack(objective, {})
-        self.cluster = cluster
-        self.objective = objective
-        self.service = service
-        self.ledger = ledger
-        self.workers = workers
+        super().__init__(cluster, objective, service, ledger, workers)
         self.tag = f"sparkdist-tune-{uuid.uuid4().hex[:8]}"
         # Set when the running job's thread ends. Not Thread.join: on Python < 3.13 a
         # join interrupted by Ctrl-C can mark the still-running thread as stopped.
         self._ended = threading.Event()
         self._ended.set()
         self._error: BaseException | None = None
+        self._jobs = 0
+        self._finished_before = 0  # trials finished when the running job started
 
-    def run(self) -> None:
-        """Run jobs until the search starts no more trials; a job that fails without
-        finishing any trial ends the search with its error."""
-        while self.ledger.can_start():
-            finished = self.ledger.finished
-            remaining = self.ledger.n_trials - self.ledger.started
-            self._start_job(min(self.workers, remaining))
-            while not self._ended.wait(POLL_S):
-                self.ledger.check_failures()
-            self.ledger.fail_running(LOST)
-            self.ledger.check_failures()
-            if self._error is None:
-                return
-            summary = spark_error_summary(self._error)
-            if self.ledger.finished == finished:
-                raise SparkdistError(f"the Spark job running the trials failed: {summary}")
-            logger.warning("sparkdist.tune: the trials' Spark job failed (%s); a new job "
-                           "runs the remaining trials", summary)  # fmt: skip
+    def start(self) -> bool:
+        """A job runs until its workers find no trial left; after a job that failed
+        while trials remain, a new one runs them, unless it finished none (its error
+        then ends the search)."""
+        if not self._ended.is_set():
+            return True
+        if self._jobs and not self._job_ended():
+            return False
+        if not self.ledger.can_start():
+            return False
+        self._finished_before = self.ledger.finished
+        self._start_job(min(self.at_once, self.ledger.n_trials - self.ledger.started))
+        return True
+
+    def wait(self, timeout: float) -> None:
+        self._ended.wait(timeout)
+
+    def _job_ended(self) -> bool:
+        """Record the ended job's trials; True when a new job should run the rest."""
+        self.ledger.fail_running(LOST)
+        self.ledger.check_failures()
+        if self._error is None:
+            return False
+        summary = spark_error_summary(self._error)
+        if self.ledger.finished == self._finished_before:
+            raise SparkdistError(f"the Spark job running the trials failed: {summary}")
+        logger.warning("sparkdist.tune: the trials' Spark job failed (%s); a new job "
+                       "runs the remaining trials", summary)  # fmt: skip
+        return True
 
     def _start_job(self, workers: int) -> None:
         self._error = None
+        self._jobs += 1
         self._ended.clear()
         threading.Thread(
             target=self._job, args=(workers,), name="sparkdist-tune-job", daemon=True

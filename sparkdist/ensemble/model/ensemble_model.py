@@ -18,14 +18,12 @@ import cloudpickle
 import numpy as np
 import pandas as pd
 
-from sparkdist.ensemble.features import FeatureSpec, rows_to_matrix
-from sparkdist.ensemble.persistence import read_model, save_model
-from sparkdist.ensemble.training import EstimatorStats
-from sparkdist.ensemble.validation import resolve_features
+from sparkdist.ensemble.model.features import FeatureSpec, resolve_features, rows_to_matrix
+from sparkdist.ensemble.model.persistence import read_model, save_model
+from sparkdist.ensemble.model.stats import EstimatorStats
+from sparkdist.spark import columns as spark_columns
 
 logger = logging.getLogger(__name__)
-
-_OUTPUT_COL = "__sparkdist_output"
 
 
 class PartitionEnsembleModel:
@@ -117,10 +115,6 @@ class PartitionEnsembleModel:
         UDF's closure as bytes and is unpickled once per task, then reused for every batch.
         Predictions equal `predict` on the same rows.
         """
-        from pyspark.ml.functions import array_to_vector
-        from pyspark.sql import functions as F
-        from pyspark.sql.functions import pandas_udf
-
         spec = self.features_
         resolve_features(
             df.schema, spec.features_col if spec.features_col else list(spec.feature_cols)
@@ -137,21 +131,14 @@ class PartitionEnsembleModel:
         features = spec.spark_array(df.schema)
         payload = cloudpickle.dumps(self)
         if not self.is_classifier:
-            regress = pandas_udf(_regression_udf(payload), "double")
-            return df.withColumn(prediction_col, regress(features))
-
-        label_type = "double" if self.label_is_numeric else "string"
-        classify = pandas_udf(
-            _classification_udf(payload),
-            f"prediction {label_type}, probability array<double>",
-        )
-        out = df.withColumn(_OUTPUT_COL, classify(features))
-        out = out.withColumn(prediction_col, F.col(f"{_OUTPUT_COL}.prediction"))
-        if probability_col:
-            out = out.withColumn(
-                probability_col, array_to_vector(F.col(f"{_OUTPUT_COL}.probability"))
+            return spark_columns.with_regression(
+                df, features, _regression_udf(payload), prediction_col
             )
-        return out.drop(_OUTPUT_COL)
+        label_type = "double" if self.label_is_numeric else "string"
+        classify = _classification_udf(payload)
+        return spark_columns.with_classification(
+            df, features, classify, label_type, prediction_col, probability_col
+        )
 
     def save(self, path: str, *, overwrite: bool = False, spark: Any = None) -> None:
         """Save to a directory: local, or any filesystem Spark can write (hdfs://, dbfs:/...)."""

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sparkdist.spark import columns
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -34,24 +36,10 @@ class FeatureSpec:
         return [self.features_col] if self.features_col is not None else list(self.feature_cols)
 
     def spark_array(self, schema: Any, element: str = "double") -> Any:
-        """A Spark column expression giving the features as `array<double>` (or `<float>`).
-
-        `schema` is the DataFrame's schema: a vector column needs `vector_to_array`, an
-        array column only a cast.
-        """
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import functions as F
-
-        if element not in ("double", "float"):
-            raise ValueError(f"element must be 'double' or 'float', got {element!r}")
-        if self.feature_cols is not None:
-            return F.array(*[F.col(name).cast(element) for name in self.feature_cols])
-        if isinstance(schema[self.features_col].dataType, VectorUDT):
-            return vector_to_array(
-                F.col(self.features_col), f"float{32 if element == 'float' else 64}"
-            )
-        return F.col(self.features_col).cast(f"array<{element}>")
+        """A Spark column expression giving the features as `array<double>` (or `<float>`)
+        of a DataFrame of `schema`."""
+        one_column = self.features_col is not None
+        return columns.features_array(schema, self.input_columns, one_column, element)
 
     def training_element(self, schema: Any, estimator: Any) -> str:
         """ "float" when shipping float32 to the training tasks loses nothing, else "double".
@@ -63,19 +51,8 @@ class FeatureSpec:
         """
         if _fits_on_float32(estimator):
             return "float"
-        from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import types as T
-
-        exact = (T.FloatType, T.ShortType, T.ByteType, T.BooleanType)
-        for name in self.input_columns:
-            dtype = schema[name].dataType
-            if isinstance(dtype, VectorUDT):
-                return "double"
-            if isinstance(dtype, T.ArrayType):
-                dtype = dtype.elementType
-            if not isinstance(dtype, exact):
-                return "double"
-        return "float"
+        exact = all(columns.holds_exact_float32(schema, name) for name in self.input_columns)
+        return "float" if exact else "double"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,3 +127,51 @@ def rows_to_matrix(values: pd.Series | Sequence[Any], n_features: int) -> np.nda
     if not rows:
         return np.empty((0, n_features), dtype=np.float64)
     return np.asarray(np.stack(rows), dtype=np.float64)
+
+
+def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureSpec:
+    """Check the feature column(s) against the schema; the feature count comes later.
+
+    A string names one column: a Spark ML vector, an array of numbers, or one numeric
+    column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
+    array column (its size is only known from the data).
+    """
+    if isinstance(features_col, str):
+        require_columns(schema, [features_col], "feature")
+        kind = columns.kind(schema, features_col)
+        if kind == columns.VECTOR:
+            return FeatureSpec(n_features=0, features_col=features_col)
+        if kind == columns.ARRAY:
+            if columns.element_kind(schema, features_col) != columns.NUMBER:
+                raise ValueError(
+                    f"feature column '{features_col}' is an array of "
+                    f"{columns.type_name(schema, features_col, element=True)}; features "
+                    "must be numbers"
+                )
+            return FeatureSpec(n_features=0, features_col=features_col)
+        features_col = [features_col]
+    names = list(features_col)
+    if not names:
+        raise ValueError("features_col names no columns; pass a vector column or a list")
+    if len(set(names)) != len(names):
+        raise ValueError(f"features_col lists a column twice: {names}")
+    require_columns(schema, names, "feature")
+    for name in names:
+        if columns.kind(schema, name) != columns.NUMBER:
+            raise ValueError(
+                f"feature column '{name}' has type {columns.type_name(schema, name)}; "
+                "features must be "
+                "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
+                "the features with VectorAssembler"
+            )
+    return FeatureSpec(n_features=len(names), feature_cols=tuple(names))
+
+
+def require_columns(schema: Any, names: Sequence[str], role: str) -> None:
+    """A ValueError naming the `role` columns (feature, label) missing from `schema`."""
+    missing = [name for name in names if name not in schema.fieldNames()]
+    if missing:
+        raise ValueError(
+            f"{role} column(s) {missing} not in the DataFrame; its columns are "
+            f"{schema.fieldNames()}"
+        )

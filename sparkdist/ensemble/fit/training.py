@@ -18,22 +18,23 @@ import logging
 import resource
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from sparkdist.ensemble.features import FeatureSpec
-from sparkdist.ensemble.parquet_source import ParquetSource
-from sparkdist.ensemble.partitioning import (
+from sparkdist.ensemble.fit.parquet_source import ParquetSource
+from sparkdist.ensemble.fit.partitioning import (
     SpreadPlan,
     file_pieces,
     read_chunks,
     spark_pieces,
 )
-from sparkdist.ensemble.serialization import dump_estimator, library_versions
-from sparkdist.ensemble.validation import DataReport, DataSummary, Settings, summarize
+from sparkdist.ensemble.fit.validation import DataReport, DataSummary, Settings, summarize
+from sparkdist.ensemble.model.features import FeatureSpec
+from sparkdist.ensemble.model.serialization import dump_estimator, library_versions
+from sparkdist.ensemble.model.stats import EstimatorStats
 from sparkdist.spark.task import partition_id, task_cpus
 
 logger = logging.getLogger(__name__)
@@ -77,39 +78,6 @@ class TrainingPlan:
             is_classifier=self.settings.is_classifier,
             label_is_numeric=self.label_is_numeric,
         )
-
-
-@dataclass
-class EstimatorStats:
-    """What one model saw and how it did, recorded by the task that trained it."""
-
-    model_index: int
-    partition_id: int
-    rows: int
-    rows_fit: int
-    rows_validation: int
-    classes_seen: list[Any] = field(default_factory=list)
-    class_indices: list[int] = field(default_factory=list)
-    single_class: bool = False
-    validation_score: float | None = None
-    fit_seconds: float = 0.0
-    fit_cpu_seconds: float = 0.0
-    fit_started: float = 0.0  # Unix time, to line the models' fits up on one timeline
-    task_started: float = 0.0  # Unix time the task's Python function started
-    load_seconds: float = 0.0  # receiving the partition's rows and building its matrix
-    dump_seconds: float = 0.0  # serializing the fitted model for the driver
-    partition_bytes: int = 0
-    worker_peak_rss_bytes: int = 0  # peak while this task ran (the worker's, if not resettable)
-    worker_rss_before_bytes: int = 0  # the worker's resident memory before it received rows
-    worker_peak_rss_loaded_bytes: int = 0  # the worker's peak once its rows were loaded
-    versions: dict[str, str | None] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EstimatorStats:
-        return cls(**data)
 
 
 def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]:
@@ -395,7 +363,6 @@ def fit_one(
     """
     from sklearn.base import clone
     from sklearn.dummy import DummyClassifier
-    from sklearn.metrics import accuracy_score, r2_score
 
     settings = plan.settings
     rng = np.random.default_rng([plan.random_state, model_index])
@@ -405,7 +372,6 @@ def fit_one(
     all_columns = len(columns) == X.shape[1]
     X_fit = _take(X, fit_rows, None if all_columns else columns)
     y_fit = y if fit_rows is None else y[fit_rows]
-
     stats = EstimatorStats(
         model_index=model_index,
         partition_id=partition_id(),
@@ -435,16 +401,23 @@ def fit_one(
     # CPU below wall time means the task waited for a core (a busy or oversubscribed host).
     stats.fit_cpu_seconds = time.process_time() - started_cpu
     del X_fit
-
     if validation_rows is not None:
         X_val = _take(X, validation_rows, None if all_columns else columns)
-        predicted = estimator.predict(X_val)
-        if settings.is_classifier:
-            predicted = np.asarray(stats.class_indices)[np.asarray(predicted, dtype=np.int64)]
-            stats.validation_score = float(accuracy_score(y[validation_rows], predicted))
-        else:
-            stats.validation_score = float(r2_score(y[validation_rows], predicted))
+        classes = stats.class_indices if settings.is_classifier else None
+        stats.validation_score = _score(estimator, classes, X_val, y[validation_rows])
     return estimator, stats
+
+
+def _score(estimator: Any, classes: list[int] | None, X: np.ndarray, y: np.ndarray) -> float:
+    """A fitted model's accuracy (classifier: its outputs mapped onto the global class
+    indexes) or R² on held-out rows."""
+    from sklearn.metrics import accuracy_score, r2_score
+
+    predicted = estimator.predict(X)
+    if classes is not None:
+        predicted = np.asarray(classes)[np.asarray(predicted, dtype=np.int64)]
+        return float(accuracy_score(y, predicted))
+    return float(r2_score(y, predicted))
 
 
 def _split(rng: np.random.Generator, n_rows: int, fraction: float) -> tuple:

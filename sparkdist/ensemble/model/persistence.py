@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.features import FeatureSpec
-from sparkdist.ensemble.serialization import (
+from sparkdist.ensemble.model.features import FeatureSpec
+from sparkdist.ensemble.model.serialization import (
     SKLEARN_PICKLE,
     XGBOOST_JSON,
     check_sklearn_version,
@@ -24,7 +24,7 @@ from sparkdist.ensemble.serialization import (
     library_versions,
     load_estimator,
 )
-from sparkdist.ensemble.training import EstimatorStats
+from sparkdist.ensemble.model.stats import EstimatorStats
 from sparkdist.spark.storage import open_storage
 
 logger = logging.getLogger(__name__)

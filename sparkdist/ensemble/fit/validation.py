@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.model.features import FeatureSpec, require_columns
+from sparkdist.spark import columns
 
 logger = logging.getLogger(__name__)
 
@@ -157,37 +158,8 @@ def check_settings(
     shuffle: Any = DEFAULTS.shuffle,
 ) -> Settings:
     """Check the ensemble parameters; resolve validation_fraction's default."""
-    from sklearn.base import is_classifier, is_regressor
-
-    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
-        raise ValueError(
-            f"estimator must be a scikit-learn-compatible model with fit and predict, "
-            f"got {estimator!r}"
-        )
-    classifier = bool(is_classifier(estimator))
-    if not classifier and not is_regressor(estimator):
-        raise ValueError(
-            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
-            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
-        )
-    if not _is_int(n_estimators) or n_estimators < 1:
-        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
-    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
-        raise ValueError(
-            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
-            f"got {max_samples!r}"
-        )
-    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
-        if not isinstance(value, bool | np.bool_):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
-    if _is_int(max_features):
-        if max_features < 1:
-            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
-    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
-        raise ValueError(
-            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
-            f"got {max_features!r}"
-        )
+    classifier = _check_estimator(estimator)
+    _check_sampling(n_estimators, max_samples, bootstrap, shuffle, max_features)
     if voting not in VOTING:
         raise ValueError(f"voting must be one of {VOTING}, got {voting!r}")
     if weights not in WEIGHTS:
@@ -219,59 +191,61 @@ def check_settings(
     )
 
 
-def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureSpec:
-    """Check the feature column(s) against the schema; the feature count comes later.
+def _check_estimator(estimator: Any) -> bool:
+    """A ValueError unless `estimator` is a scikit-learn classifier or regressor; True for
+    a classifier."""
+    from sklearn.base import is_classifier, is_regressor
 
-    A string names one column: a Spark ML vector, an array of numbers, or one numeric
-    column; a list names numeric columns. Returns a spec with n_features 0 for a vector or
-    array column (its size is only known from the data).
-    """
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType
+    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
+        raise ValueError(
+            f"estimator must be a scikit-learn-compatible model with fit and predict, "
+            f"got {estimator!r}"
+        )
+    classifier = bool(is_classifier(estimator))
+    if not classifier and not is_regressor(estimator):
+        raise ValueError(
+            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
+            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
+        )
+    return classifier
 
-    if isinstance(features_col, str):
-        _require_columns(schema, [features_col], "feature")
-        dtype = schema[features_col].dataType
-        if isinstance(dtype, VectorUDT):
-            return FeatureSpec(n_features=0, features_col=features_col)
-        if isinstance(dtype, ArrayType):
-            if not _is_numeric_type(dtype.elementType):
-                raise ValueError(
-                    f"feature column '{features_col}' is an array of "
-                    f"{dtype.elementType.simpleString()}; features must be numbers"
-                )
-            return FeatureSpec(n_features=0, features_col=features_col)
-        features_col = [features_col]
-    names = list(features_col)
-    if not names:
-        raise ValueError("features_col names no columns; pass a vector column or a list")
-    if len(set(names)) != len(names):
-        raise ValueError(f"features_col lists a column twice: {names}")
-    _require_columns(schema, names, "feature")
-    for name in names:
-        dtype = schema[name].dataType
-        if not _is_numeric_type(dtype):
-            raise ValueError(
-                f"feature column '{name}' has type {dtype.simpleString()}; features must be "
-                "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
-                "the features with VectorAssembler"
-            )
-    return FeatureSpec(n_features=len(names), feature_cols=tuple(names))
+
+def _check_sampling(
+    n_estimators: Any, max_samples: Any, bootstrap: Any, shuffle: Any, max_features: Any
+) -> None:
+    """How many models, and what rows and features each draws."""
+    if not _is_int(n_estimators) or n_estimators < 1:
+        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
+    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
+        raise ValueError(
+            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
+            f"got {max_samples!r}"
+        )
+    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if _is_int(max_features):
+        if max_features < 1:
+            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
+    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
+        raise ValueError(
+            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
+            f"got {max_features!r}"
+        )
 
 
 def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
     """Check the label column's type; returns whether it is numeric."""
-    from pyspark.sql.types import StringType
-
-    _require_columns(schema, [label_col], "label")
-    dtype = schema[label_col].dataType
-    if _is_numeric_type(dtype):
+    require_columns(schema, [label_col], "label")
+    kind = columns.kind(schema, label_col)
+    if kind == columns.NUMBER:
         return True
-    if is_classifier and isinstance(dtype, StringType):
+    if is_classifier and kind == columns.STRING:
         return False
     allowed = "numeric or string" if is_classifier else "numeric"
     raise ValueError(
-        f"label column '{label_col}' has type {dtype.simpleString()}; the label must be {allowed}"
+        f"label column '{label_col}' has type {columns.type_name(schema, label_col)}; the "
+        f"label must be {allowed}"
     )
 
 
@@ -331,6 +305,19 @@ def summarize(
     )
 
 
+def check_random_state(random_state: Any) -> int:
+    """The seed of a fit: `random_state`, or one drawn when it is None."""
+    if random_state is None:
+        return int(np.random.SeedSequence().generate_state(1)[0] & 0x7FFFFFFF)
+    if isinstance(random_state, bool) or not isinstance(random_state, numbers.Integral):
+        raise ValueError(
+            f"random_state must be an int or None (it seeds Spark's rand), got {random_state!r}"
+        )
+    if not 0 <= random_state < 2**63:
+        raise ValueError(f"random_state must be >= 0, got {random_state}")
+    return int(random_state)
+
+
 def check_max_features(settings: Settings, n_features: int) -> None:
     """A count of features per model must not exceed the data's (0: not known yet)."""
     if isinstance(settings.max_features, int) and 0 < n_features < settings.max_features:
@@ -359,21 +346,6 @@ def _vector_spec(spec: FeatureSpec, report: DataReport) -> FeatureSpec:
     if not high:
         raise ValueError(f"feature column '{name}' holds empty vectors; there are no features")
     return FeatureSpec(n_features=int(high), features_col=name)
-
-
-def _require_columns(schema: Any, names: Sequence[str], role: str) -> None:
-    missing = [name for name in names if name not in schema.fieldNames()]
-    if missing:
-        raise ValueError(
-            f"{role} column(s) {missing} not in the DataFrame; its columns are "
-            f"{schema.fieldNames()}"
-        )
-
-
-def _is_numeric_type(dtype: Any) -> bool:
-    from pyspark.sql.types import BooleanType, NumericType
-
-    return isinstance(dtype, NumericType | BooleanType)
 
 
 def _is_int(value: Any) -> bool:

@@ -8,9 +8,9 @@ rows read its files directly instead, row group by row group, and hand the same 
 labels) to the spread. Anything else (a filter, a join, a computed column, a cached or
 partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
 
-Recognizing a plain scan is `sparkdist.data.scan`'s job (shared with the converter). Every
-file's footer is read on the driver first, so a file that lacks a column, or holds it with
-another type, keeps the Spark path instead of failing in a task.
+Recognizing a plain scan is `sparkdist.spark.file_scan`'s job (shared with the converter).
+Every file's footer is read on the driver first, so a file that lacks a column, or holds it
+with another type, keeps the Spark path instead of failing in a task.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data.fs import filesystem_and_path
-from sparkdist.data.scan import NotPlainScan, plain_file_scan
-from sparkdist.ensemble.features import FeatureSpec
+from sparkdist.ensemble.model.features import FeatureSpec
+from sparkdist.spark import arrow_jobs
+from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def find_parquet_source(
         logger.info("Spark reads the rows: %s", reason)
         return None
     if parts is None:
-        split_bytes = _split_bytes(df.sparkSession, sum(g[2] for g in groups), slots)
+        total = sum(g[2] for g in groups)
+        split_bytes = arrow_jobs.split_bytes(df.sparkSession, total, slots, _OPEN_COST_BYTES)
         splits = tuple(_pack(groups, split_bytes))
     else:
         splits = tuple(_row_ranges(groups, parts))
@@ -232,26 +234,10 @@ def _is_plain_number(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
 
 
-def _split_bytes(spark: Any, total_bytes: int, slots: int | None) -> int:
-    """The bytes each split aims at: the data spread evenly over the task slots (Spark's
-    spark.sql.files.maxPartitionBytes where the slots are unknown).
-
-    Fewer, larger splits than Spark's reader makes: a Python task costs about 0.1 s of a
-    slot on its own (measured: 20 empty mapInArrow tasks take 1.6 s on 2 slots, 2 take
-    0.2 s), and a split is read row group by row group, so its size does not add memory.
-    """
-    if slots is None:
-        return parse_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", None) or "128m")
-    return max(_OPEN_COST_BYTES, math.ceil(total_bytes / max(1, slots)))
-
-
-def parse_bytes(value: str) -> int:
-    """A Spark size setting ("16m", "134217728", "1g") in bytes."""
-    units = {"k": 2**10, "m": 2**20, "g": 2**30}
-    text = value.strip().lower().removesuffix("b")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+# A split aims at the data spread evenly over the task slots. Fewer, larger splits than
+# Spark's reader makes: a Python task costs about 0.1 s of a slot on its own (measured: 20
+# empty mapInArrow tasks take 1.6 s on 2 slots, 2 take 0.2 s), and a split is read row
+# group by row group, so its size does not add memory.
 
 
 def _pack(groups: list[tuple[str, int, int, int]], split_bytes: int) -> Iterator[ParquetSplit]:
