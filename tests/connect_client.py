@@ -161,7 +161,7 @@ def scenario_data(spark):
 
     from sparkdist import HorovodRunner
     from sparkdist.data import CACHE_DIR_CONF, make_spark_converter
-    from sparkdist.data.scan import plain_file_scan
+    from sparkdist.spark.file_scan import plain_file_scan
 
     work = Path(tempfile.mkdtemp(prefix="sparkdist-connect-data-"))
     spark.conf.set(CACHE_DIR_CONF, (work / "cache").as_uri())

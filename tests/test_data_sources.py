@@ -27,7 +27,7 @@ from sparkdist.data import (
     make_spark_converter,
     sources,
 )
-from sparkdist.data.scan import FileScan
+from sparkdist.spark.file_scan import FileScan
 
 ROWS = 600
 

@@ -1,6 +1,6 @@
 """A DataFrame that is a plain Parquet or Delta scan, read by the ranks where it lies.
 
-When `sparkdist.data.scan` finds that a DataFrame's rows are exactly a file source's
+When `sparkdist.spark.file_scan` finds that a DataFrame's rows are exactly a file source's
 (optionally with some of its columns selected), copying it would only spend time and
 disk: the ranks can read the source's own files. This module decides whether they can,
 file by file (every footer is read here, on the driver), and builds the `Layout` they
@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from sparkdist.data import delta_log, fs
 from sparkdist.data.columns import ColumnInfo
 from sparkdist.data.reader import Layout
-from sparkdist.data.scan import FileScan, NotPlainScan, plain_file_scan
 from sparkdist.data.schema import check_values, is_vector, value_checks
+from sparkdist.spark.file_scan import FileScan, NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
 

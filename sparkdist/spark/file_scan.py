@@ -5,7 +5,7 @@ source's, optionally with some columns selected: the partition ensembles read th
 their source tasks, the converter hands them to the ranks instead of writing a copy.
 Recognising that needs the query plan: the JVM's optimized plan in a classic session, the
 client's own plan under Spark Connect (both pyspark internals, hence this module's place
-in the Spark layer; `sparkdist.data.scan` names it for the data path). Anything else (a
+in the Spark layer). Anything else (a
 filter, a join, a computed or renamed column, a cached DataFrame, a stream) is not a plain
 scan.
 """
