@@ -312,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-failures",
         type=int,
-        default=0,
-        help="relaunches after a lost executor or rank (default 0)",
+        default=None,
+        help="relaunches after a lost executor or rank (default 0; no limit with "
+        "--min-np/--max-np)",
     )
     run.add_argument(
         "--retry-on-exception",

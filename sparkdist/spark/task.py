@@ -1,8 +1,26 @@
-"""What code running inside a Spark task asks of Spark: which partition it is, and how
-many CPUs the task was given. Both answer sensibly outside a task too (a function
-called directly), so the same code runs in tests and on the driver."""
+"""What code running inside a Spark task asks of Spark: which partition it is, how
+many CPUs the task was given, and the task's context (a barrier task's, for its
+`allGather` and its tasks' addresses). `partition_id` and `task_cpus` answer sensibly
+outside a task too (a function called directly), so the same code runs in tests and
+on the driver."""
 
 from __future__ import annotations
+
+from typing import Any
+
+
+def task_context() -> Any:
+    """This Spark task's `pyspark.TaskContext` (None outside a task)."""
+    from pyspark import TaskContext
+
+    return TaskContext.get()
+
+
+def barrier_context() -> Any:
+    """This barrier task's `pyspark.BarrierTaskContext`."""
+    from pyspark import BarrierTaskContext
+
+    return BarrierTaskContext.get()
 
 
 def partition_id() -> int:

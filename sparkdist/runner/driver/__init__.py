@@ -1,8 +1,9 @@
 """Runs in the driver's process (or, in relay mode, in barrier task 0 in its place).
 
-`HorovodRunner` (the front: options, payload) hands the job to `job.run_job`, which
-places it (`service.DriverService`, the job's authenticated server, filling a
-`job_state.JobState`), launches it (`stage.BarrierStage` on Spark, `local_launch` for
-np < 0), waits for it (`failures`), relaunches it when `retry` allows, and collects
-what it left (checkpoints, timeline, MLflow).
+`HorovodRunner` (the front: options, payload) hands the job to `job.run_job`, whose one
+loop runs its attempts: each forms the world by the job's launch kind (`launch/`:
+driver-local, barrier stage, relayed stage, elastic gang; the job's authenticated
+`service.DriverService` filling a `job_state.JobState`), waits for it (`failures`),
+relaunches it when `retry` allows or its world is resized, and collects what it left
+(checkpoints, timeline, MLflow).
 """

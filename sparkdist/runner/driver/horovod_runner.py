@@ -51,7 +51,9 @@ class HorovodRunner:
             driver's HOROVOD_TIMELINE environment variable, as on Databricks.
         max_failures: how many times a job that failed for a reason outside the
             training code (a lost executor or host, a killed rank) is relaunched as a
-            whole. `main` resumes from `sparkdist.checkpoint.latest()`.
+            whole. `main` resumes from `sparkdist.checkpoint.latest()`. Not given: 0 for
+            a fixed-size job, no limit for an elastic one (min_np/max_np), whose
+            relaunches min_np and start_timeout bound.
         retry_on_exception: also relaunch when the training code raised (by default an
             exception in `main` fails the job at once: a relaunch would repeat it).
         checkpoint_dir: a directory on the driver for the checkpoints ranks save with
@@ -75,9 +77,10 @@ class HorovodRunner:
         min_np, max_np: make the job elastic (either one, the other defaults to np): it
             starts as soon as min_np ranks' slots are free, with as many ranks as the
             cluster holds up to max_np; after a lost executor it goes on at once with the
-            ranks the remaining slots hold (counted by `max_failures`), and when more
-            slots stay free it grows at rank 0's next `sparkdist.checkpoint.save`. Runs
-            where Spark's dynamic allocation is on. See "Elastic training" in the README.
+            ranks the remaining slots hold (counted by `max_failures`, no limit by
+            default), and when more slots stay free it grows at rank 0's next
+            `sparkdist.checkpoint.save`. Runs where Spark's dynamic allocation is on.
+            See "Elastic training" in the README.
         report_ranks: whose `sparkdist.report` metrics the driver shows and logs to its
             active MLflow run: "rank0" (rank 0's, under their own names) or "all" (every
             rank's, named `rank<k>/<metric>` in MLflow). `last_job.reported` keeps all.
@@ -95,7 +98,7 @@ class HorovodRunner:
         mpi_args: Sequence[str] = (),
         network_interface: str | None = None,
         timeline: str | os.PathLike | None = None,
-        max_failures: int = 0,
+        max_failures: int | None = None,
         retry_on_exception: bool = False,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_keep: int = 2,

@@ -1,11 +1,13 @@
 """One `HorovodRunner.run` on the driver: launch the job, relaunch it after a failure
-that `max_failures` allows, and report what it did.
+that `max_failures` allows or when its world is resized, and report what it did.
 
-Each attempt has four steps: *place* (check the cluster's slots, start the job's
-authenticated service where the Spark layer says the tasks reach it), *launch* (on
-the driver for np < 0, else the job's barrier stage), *wait* (success, the first
-failure, or a time limit) and *collect* (stop everything, fill the `JobReport`, log
-to MLflow, write the timeline).
+Every job goes through the one loop of `run_job`, whatever its launch kind
+(`launch.api.LaunchKind`: driver-local, barrier, relayed, gang). Each attempt has four
+steps: *form* (the kind's: check the slots or seat a gang, start the job's
+authenticated service where the tasks reach it), *launch* and *wait* (success, the first
+failure, a resize, or a time limit) and *collect* (stop everything, fill the `JobReport`,
+log to MLflow, write the timeline). A failure outside the training code is a relaunch
+counted by `retry.RelaunchBudget`; a resize (`failures.WorldResize`) is one that is not.
 """
 
 from __future__ import annotations
@@ -19,25 +21,16 @@ from typing import Any
 
 import cloudpickle
 
-from sparkdist import job_environment, tracking
+from sparkdist import tracking
 from sparkdist.errors import SparkdistError
-from sparkdist.job_environment import JobEnvironment
-from sparkdist.network import join_address
 from sparkdist.protocol import messages, wire
-from sparkdist.protocol.launch import Launch, LaunchSpec
-from sparkdist.protocol.payload import driver_pythonpath
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver import retry, timeline_file
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.failures import WorldResize
-from sparkdist.runner.driver.job_state import JobSpec, JobState
-from sparkdist.runner.driver.local_launch import LOCAL_HOST, LocalLaunch
+from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
+from sparkdist.runner.driver.launch.kinds import choose_kind
 from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.driver.relay import RelayPlan
-from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.driver.stage import BarrierStage, RelayedStage
-from sparkdist.spark import Cluster, ServicePlace, active_cluster, jobs
 
 logger = logging.getLogger(__name__)
 
@@ -78,199 +71,83 @@ class JobReport:
 
 def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
-    allow; return every rank's (unpickled) result."""
+    allow; return every rank's (unpickled) result of the last attempt."""
     metrics = ReportedMetrics(report.reported, options.report_ranks, live=True,
                               label=f"sparkdist {report.name}")  # fmt: skip
     try:
-        if options.elastic:
-            from sparkdist.runner.driver.elastic import run_elastic_job
-
-            return run_elastic_job(options, blob, all_results, report, metrics)
-        return _run_fixed_size(options, blob, all_results, report, metrics)
+        kind = choose_kind(options)
+        try:
+            return _attempts(options, kind, Attempt(options, report, blob, all_results, metrics))
+        finally:
+            kind.close()
     finally:
         metrics.close()
 
 
-def _run_fixed_size(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport,
-                    metrics: ReportedMetrics) -> list[Any]:  # fmt: skip
-    cluster = None if options.on_driver else active_cluster()
-    place = cluster.service_place() if cluster is not None else ServicePlace(LOCAL_HOST, LOCAL_HOST)
-    if place.in_stage:
-        _check_in_stage(options)
-    # In the stage, checkpoints live where task 0 can write them (checkpoint_dir), not here.
-    checkpoints = (
-        None if place.in_stage else CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
-    )
-    attempt = Attempt(options, cluster, place, report)
-    budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
-    credentials = messages.SecretEnv(tracking.rank0_credentials())
-    try:
-        while True:
-            job = JobSpec(
-                uuid.uuid4().hex[:12], options.num_ranks, blob, all_results,
-                options.driver_log_verbosity, options.ranks_per_task, options.roles,
-                rank0_env=credentials,
-            )  # fmt: skip
-            state = JobState(job, checkpoints=checkpoints, metrics=metrics)
-            number = report.attempts = len(report.failures) + 1
-            try:
-                return attempt.run(state, number - 1)
-            except BaseException as exc:
-                relaunch = budget.relaunch(exc, state)
-                if relaunch is None:
-                    raise
-                report.failures.append(relaunch.reason)
-                if not relaunch.counted:
-                    logger.warning(
-                        "sparkdist job %s: mpirun could not start its daemons before any "
-                        "rank started; launching it once more. Open MPI said:\n%s",
-                        job.job_id, "\n".join(exc.output_tail),
-                    )  # fmt: skip
-                    continue
-                logger.warning(
-                    "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most "
-                    "%d), %s", job.job_id, relaunch.reason, budget.used, options.max_failures,
-                    _resume_point(checkpoints, options.checkpoint_dir),
-                )  # fmt: skip
-    finally:
-        if checkpoints is not None:
-            checkpoints.close()
-
-
-def _check_in_stage(options: RunnerOptions) -> None:
-    """The job's service runs in barrier task 0: say so once, and require storage that
-    outlives that task when a relaunch must resume from it."""
-    if options.max_failures and options.checkpoint_dir is None:
-        raise SparkdistError(
-            "the executors cannot reach this Spark Connect client, so the job's service "
-            "runs in barrier task 0, and relaunches (max_failures="
-            f"{options.max_failures}) resume from checkpoints that must outlive that task: "
-            "pass checkpoint_dir= a directory every executor shares (a DBFS path or a Unity "
-            "Catalog volume such as /Volumes/..., or a mounted file system)."
-        )
-    logger.warning(
-        "sparkdist: the executors cannot connect to this Spark Connect client, so the job "
-        "runs in relay mode: its service runs inside the cluster (barrier task 0), and the "
-        "ranks' logs, results and errors arrive here when the job ends, not live."
-    )
+def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> list[Any]:
+    """The one relaunch loop: until an attempt succeeds or may not be relaunched."""
+    report = attempt.report
+    budget = retry.RelaunchBudget(options.relaunch_limit, options.retry_on_exception)
+    why = "start"
+    while True:
+        report.attempts = len(report.failures) + 1
+        try:
+            return attempt.run(kind, report.attempts - 1, why)
+        except WorldResize as exc:
+            report.failures.append(f"grew: {exc}")
+            why = f"{exc}"
+        except BaseException as exc:
+            state = attempt.world.state if attempt.world is not None else None
+            relaunch = None if state is None else budget.relaunch(exc, state)
+            if relaunch is None:
+                raise
+            report.failures.append(relaunch.reason)
+            why = kind.relaunching(report.job_id, relaunch, budget)
 
 
 class Attempt:
-    """Launch the job once: place, launch, wait, collect."""
+    """Launch the job once, in any kind: form, launch, wait, collect."""
 
-    def __init__(
-        self, options: RunnerOptions, cluster: Cluster | None, place: ServicePlace, report
-    ):
+    def __init__(self, options: RunnerOptions, report: JobReport, blob: bytes,
+                 all_results: bool, metrics: ReportedMetrics):  # fmt: skip
         self.options = options
-        self.cluster = cluster
-        self.place = place
         self.report = report
+        self.blob = blob
+        self.all_results = all_results
+        self.metrics = metrics
+        self.credentials = messages.SecretEnv(tracking.rank0_credentials())
+        self.world: World | None = None
+        """The world of the attempt running or just ended; None if none formed."""
 
-    def run(self, state: JobState, number: int) -> list[Any]:
+    def run(self, kind: LaunchKind, number: int, why: str) -> list[Any]:
         report = self.report
-        report.job_id = state.job.job_id
+        self.world = None
+        report.job_id = uuid.uuid4().hex[:12]
         report.outcome = "running"
-        secret = wire.new_secret()
-        service = self._place(state, secret)
-        timeline_path = timeline_file.requested_path(self.options.timeline, os.environ)
-        relay = self._relay_plan(state) if self.place.in_stage else None
-        driver = join_address(*service.address)
-        spec = self.launch_spec(
-            state.job.job_id, state.job.num_ranks, driver, secret, number, timeline_path, relay
-        )
-        where = "on the driver" if self.cluster is None else "on the cluster"
-        logger.info(
-            "sparkdist job %s: %d ranks, launcher %s, %s",
-            report.job_id, spec.num_ranks, report.launcher, where,
+        plan = AttemptPlan(
+            self.options, number, report.job_id, wire.new_secret(),
+            timeline_file.requested_path(self.options.timeline, os.environ), report.name,
+            report.launcher, self.blob, self.all_results, self.metrics, self.credentials,
         )  # fmt: skip
-        if self.cluster is None:
-            launch: Launch = LocalLaunch(spec, state)
-        else:
-            stage = RelayedStage if self.place.in_stage else BarrierStage
-            kind = "relayed barrier stage" if self.place.in_stage else "barrier"
-            description = self.description(spec.num_ranks, kind, number)
-            launch = stage(self.cluster, spec, state, description)
-        started = time.monotonic()
         try:
-            self.launch_and_wait(launch, state, started)
+            world = self.world = kind.form(plan, why)
+        except BaseException as exc:
+            report.outcome = _outcome(exc)
+            raise
+        try:
+            self.launch_and_wait(world)
         finally:
-            self.collect(launch, service, state, started, timeline_path)
-        return self.results(state)
+            self.collect(world, plan.timeline_path)
+        return [_load_result(r, blob) for r, blob in enumerate(world.state.results())]
 
-    def description(self, num_ranks: int, kind: str, number: int) -> str:
-        """What the job's Spark stage is called in the Spark UI."""
-        return (
-            f"sparkdist {self.report.name}: {num_ranks} ranks, {kind}, attempt {number + 1} "
-            f"(job {self.report.job_id}){jobs.purpose_suffix()}"
-        )
-
-    @staticmethod
-    def results(state: JobState) -> list[Any]:
-        return [_load_result(r, blob) for r, blob in enumerate(state.results())]
-
-    def _place(self, state: JobState, secret: wire.JobSecret) -> DriverService:
-        """Check the cluster can hold the job; start the job's service where the
-        executors (or the local ranks) reach it."""
-        if self.cluster is not None:
-            opts = self.options
-            self.cluster.check_slots(state.job.num_ranks, opts.ranks_per_task, opts.start_timeout)
-        return DriverService(state, secret, self.place.bind, self.place.advertise)
-
-    def _relay_plan(self, state: JobState) -> RelayPlan:
-        opts = self.options
-        return RelayPlan(
-            job=state.job,
-            start_timeout=opts.start_timeout,
-            timeout=opts.timeout,
-            launcher_expected=self.report.launcher == "mpi",
-            checkpoint_dir=opts.checkpoint_dir,
-            checkpoint_keep=opts.checkpoint_keep,
-        )
-
-    def launch_spec(
-        self,
-        job_id: str,
-        num_ranks: int,
-        driver: str,
-        secret: wire.JobSecret,
-        number: int,
-        timeline_path: str | None,
-        relay: RelayPlan | None,
-    ) -> LaunchSpec:
-        """What every task needs to start its part of this attempt."""
-        opts = self.options
-        rank_env = {**tracking.rank_environment(), **opts.env, job_environment.ATTEMPT: str(number)}
-        if timeline_path:
-            rank_env[job_environment.HOROVOD_TIMELINE] = timeline_path
-        if opts.roles is not None:
-            rank_env.update(opts.roles.to_env())
-        job = JobEnvironment(
-            job_id=job_id,
-            driver=driver,
-            secret=secret,
-            log_mode=opts.driver_log_verbosity,
-            launcher=self.report.launcher,
-        )
-        return LaunchSpec(
-            job=job,
-            num_ranks=num_ranks,
-            env=rank_env,
-            mpi_args=opts.mpi_args,
-            network_interface=opts.network_interface,
-            driver_path=os.environ.get("PATH", ""),
-            driver_pythonpath=driver_pythonpath(),
-            relay=relay,
-            ranks_per_task=opts.ranks_per_task,
-        )
-
-    def launch_and_wait(self, launch: Launch, state: JobState, started: float) -> None:
+    def launch_and_wait(self, world: World) -> None:
         """Start the job and wait for its end; tell its processes to finish or abort."""
-        opts, report = self.options, self.report
+        opts, report, state = self.options, self.report, world.state
         try:
-            launch.start()
-            launch.wait(
-                start_deadline=started + opts.start_timeout,
-                deadline=started + opts.timeout if opts.timeout else None,
+            world.launch.start()
+            world.launch.wait(
+                start_deadline=world.started + opts.start_timeout,
+                deadline=world.started + opts.timeout if opts.timeout else None,
                 launcher_expected=report.launcher == "mpi",
             )
             state.stop("finish", "done")
@@ -280,20 +157,13 @@ class Attempt:
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
             raise
 
-    def collect(
-        self,
-        launch: Launch,
-        service: DriverService,
-        state: JobState,
-        started: float,
-        timeline_path: str | None,
-    ) -> None:
+    def collect(self, world: World, timeline_path: str | None) -> None:
         """Stop what the job started, and record what it did (report, MLflow, timeline)."""
-        report = self.report
+        report, state = self.report, world.state
         state.metrics.close()  # the progress line ends before the job's last log lines
-        leftovers = launch.stop(finished=report.outcome == "succeeded")
-        service.close()
-        report.wall_time_s = time.monotonic() - started
+        leftovers = world.launch.stop(finished=report.outcome == "succeeded")
+        world.service.close()
+        report.wall_time_s = time.monotonic() - world.started
         report.processes += [p for p in state.started_processes() if p not in report.processes]
         report.files = dict(state.files)
         report.frameworks = list(state.frameworks)
@@ -319,17 +189,6 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
     return "resized" if isinstance(exc, WorldResize) else "failed"
-
-
-def _resume_point(checkpoints: CheckpointStore | None, directory: str | None) -> str:
-    if checkpoints is None:
-        return f"from the newest checkpoint in {directory}"
-    steps = checkpoints.steps()
-    return (
-        f"from the checkpoint of step {steps[-1]}"
-        if steps
-        else "from scratch (no checkpoint saved yet)"
-    )
 
 
 def _load_result(rank: int, blob: bytes | None) -> Any:

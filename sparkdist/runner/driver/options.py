@@ -32,7 +32,9 @@ class RunnerOptions:
     mpi_args: tuple[str, ...] = ()
     network_interface: str | None = None
     timeline: str | None = None
-    max_failures: int = 0
+    max_failures: int | None = None
+    """None (not given): no limit for an elastic job, 0 for a fixed-size one
+    (`relaunch_limit`)."""
     retry_on_exception: bool = False
     checkpoint_dir: str | None = None
     checkpoint_keep: int = 2
@@ -73,7 +75,9 @@ class RunnerOptions:
                 "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
             )
         failures = self.max_failures
-        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+        if failures is not None and (
+            isinstance(failures, bool) or not isinstance(failures, int) or failures < 0
+        ):
             raise ValueError(
                 f"max_failures must be an int >= 0 (relaunches allowed), got {failures!r}"
             )
@@ -98,6 +102,15 @@ class RunnerOptions:
     def elastic(self) -> bool:
         """Whether the job's size may change (`min_np`/`max_np` given)."""
         return self.min_np is not None or self.max_np is not None
+
+    @property
+    def relaunch_limit(self) -> int | None:
+        """How many relaunches failures outside `main` may cause; None for no limit.
+        Not given, an elastic job relaunches without a cap (as Horovod's elastic
+        `reset_limit`), bounded by min_np and start_timeout; a fixed-size job, never."""
+        if self.max_failures is not None:
+            return self.max_failures
+        return None if self.elastic else 0
 
     @property
     def size_range(self) -> tuple[int, int]:

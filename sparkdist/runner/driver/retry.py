@@ -59,13 +59,16 @@ class Relaunch(NamedTuple):
     reason: str
     counted: bool
     """False for the one start-up relaunch, which `max_failures` does not count."""
+    output_tail: tuple[str, ...] = ()
+    """The start-up relaunch: what Open MPI said."""
 
 
 class RelaunchBudget:
     """A job's relaunches: the one after mpirun could not start, and up to
-    `max_failures` after failures outside the training code."""
+    `max_failures` after failures outside the training code (None: no limit, an
+    elastic job's default, bounded instead by min_np and start_timeout)."""
 
-    def __init__(self, max_failures: int, retry_on_exception: bool):
+    def __init__(self, max_failures: int | None, retry_on_exception: bool):
         self.max_failures = max_failures
         self.retry_on_exception = retry_on_exception
         self.used = 0
@@ -75,9 +78,13 @@ class RelaunchBudget:
         """Why the attempt that failed with `exc` is launched again, or None."""
         if not self._start_retried and mpi_start_failed(exc, state):
             self._start_retried = True
-            return Relaunch("mpirun could not start its daemons", counted=False)
+            tail = tuple(getattr(exc, "output_tail", ()))
+            return Relaunch("mpirun could not start its daemons", False, tail)
         reason = retry_reason(exc, state, self.retry_on_exception)
-        if reason is None or self.used >= self.max_failures:
+        if reason is None or self.exhausted():
             return None
         self.used += 1
         return Relaunch(reason, counted=True)
+
+    def exhausted(self) -> bool:
+        return self.max_failures is not None and self.used >= self.max_failures

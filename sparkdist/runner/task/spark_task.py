@@ -11,9 +11,11 @@
 The driver gathers the agents rather than Spark's `BarrierTaskContext.allGather`,
 whose tasks check for the answer once a second: a second or more per job.
 
-In relay mode (`runner/driver/relay.py`) task 0 first starts the job's service (a thread of its
-Python worker) and tells the other tasks its address with the one `allGather` of the
-job; everything else is the same.
+In relay mode task 0 first starts the job's service (a thread of its Python worker)
+and tells the other tasks its address with the one `allGather` of the job; everything
+else is the same. What serves the job there is the driver's business: it comes in the
+spec (`LaunchSpec.relay`, a `ServiceHost`), so this module imports nothing of the
+driver's (the relayed kind's plan is unpickled in task 0 only in relay mode).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
 import psutil
 
@@ -44,8 +47,27 @@ from sparkdist.protocol.launch import (
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.spark.gpus import gpu_addresses
+from sparkdist.spark.task import barrier_context, task_context
 
 logger = logging.getLogger(__name__)
+
+
+class HostedService(Protocol):
+    """The job's service, served from barrier task 0 in the driver's place."""
+
+    address: str
+
+    def abort(self, reason: str) -> None:
+        """Task 0 itself failed: stop the job and the service."""
+
+    def finish(self, num_tasks: int) -> bytes:
+        """After task 0's own part ended: the job's outcome for the client."""
+
+
+class ServiceHost(Protocol):
+    """What a relayed job's `LaunchSpec.relay` is: it starts the job's service in task 0."""
+
+    def host(self, secret: wire.JobSecret, host: str) -> HostedService: ...
 
 
 class TaskRun:
@@ -174,19 +196,15 @@ def task_host(spec: LaunchSpec, executor_address: str) -> str:
 def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
     """The function of the job's barrier stage (one call per task). Yields one value per
     task: a relayed job's outcome from task 0, else nothing worth reading (b"")."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
+    ctx = barrier_context()
     index = ctx.partitionId()
     infos = ctx.getTaskInfos()
     host = task_host(spec, infos[index].address)
-    hosted = None
+    hosted: HostedService | None = None
     if spec.relay is not None:
-        from sparkdist.runner.driver.relay import HostedJob
-
+        relay: ServiceHost = spec.relay
         if index == 0:
-            hosted = HostedJob(spec.relay, spec.job.secret, host)
-            hosted.start()
+            hosted = relay.host(spec.job.secret, host)
         service = ctx.allGather(hosted.address if hosted else "")[0]
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, driver=service))
     try:
@@ -203,11 +221,9 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
 
 
 def run_gang_task(spec: LaunchSpec, gang: str, partition: int) -> bytes:
-    """The function of an elastic job's plain tasks (`runner/driver/gang.py`): check in
+    """The function of an elastic job's plain tasks (`runner/driver/launch/gang.py`): check in
     with the job's gang and either run as the task it seats this one as, or end at once
     when it releases this one."""
-    from pyspark import TaskContext
-
     channel = wire.connect(split_address(gang), spec.job.secret)
     try:
         # The address this executor reaches the driver from is one every task reaches.
@@ -224,7 +240,7 @@ def run_gang_task(spec: LaunchSpec, gang: str, partition: int) -> bytes:
         spec = dataclasses.replace(spec, job=job, num_ranks=reply.num_ranks)
         task = TaskRun(spec, reply.index, reply.num_tasks, host)
         try:
-            task.run(TaskContext.get())
+            task.run(task_context())
         finally:
             task.close()
     finally:

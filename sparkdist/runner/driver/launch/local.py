@@ -1,4 +1,5 @@
-"""`np < 0`: the ranks run as subprocesses of the driver, for debugging in notebooks.
+"""The driver-local kind (`np < 0`): the ranks run as subprocesses of the driver, for
+debugging in notebooks.
 
 Same payload, environment, log, result and error path as on the cluster; only the
 placement differs (mpirun on localhost, or the supervisors started directly).
@@ -6,11 +7,13 @@ placement differs (mpirun on localhost, or the supervisors started directly).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 
 from sparkdist.job_environment import DirectRank, gpus_to_env
+from sparkdist.network import join_address
 from sparkdist.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
@@ -21,10 +24,32 @@ from sparkdist.protocol.launch import (
     supervisor_argv,
 )
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.launch.api import AttemptPlan, World
+from sparkdist.runner.driver.launch.fixed import FixedSizeKind
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.service import DriverService
 from sparkdist.spark.gpus import driver_gpu_addresses
 
+logger = logging.getLogger(__name__)
+
 LOCAL_HOST = "127.0.0.1"
+
+
+class DriverLocalKind(FixedSizeKind):
+    """An `api.LaunchKind`: every attempt's ranks on this machine, served from here."""
+
+    def __init__(self, options: RunnerOptions):
+        super().__init__(options, CheckpointStore(options.checkpoint_dir, options.checkpoint_keep))
+
+    def form(self, plan: AttemptPlan, why: str) -> World:
+        state = plan.new_state(self.options.num_ranks, self.checkpoints)
+        service = DriverService(state, plan.secret, LOCAL_HOST, LOCAL_HOST)
+        spec = plan.spec(state.job.num_ranks, join_address(*service.address))
+        logger.info("sparkdist job %s: %d ranks, launcher %s, on the driver",
+                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
+        return World(state, service, LocalLaunch(spec, state))
 
 
 class LocalLaunch:

@@ -1,4 +1,4 @@
-"""Relay mode: a Spark Connect client that the executors cannot reach.
+"""The relayed kind: a Spark Connect client that the executors cannot reach.
 
 Normally every task, supervisor and rank connects to the job's service on the driver.
 A Connect client (a laptop, a sandbox) may be unreachable from the cluster. Then the
@@ -11,6 +11,11 @@ client replays it: prints the lines, returns the results or raises the same erro
 
 Whether the executors reach the client is the Spark layer's call
 (`sparkdist.spark.Cluster.service_place`).
+
+Task code imports nothing of the driver's: the `RelayPlan` travels in the task's
+`LaunchSpec` and task 0 calls its `host` (the `spark_task.ServiceHost` interface), so
+this module is loaded in task 0 (by unpickling the plan) only in relay mode, where task 0
+runs the driver's part by design.
 """
 
 from __future__ import annotations
@@ -22,16 +27,102 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
+from sparkdist.errors import JobTimeoutError, SparkdistError
+from sparkdist.network import join_address
 from sparkdist.protocol import wire
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import RecordingConsole
 from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.launch.api import AttemptPlan, World
+from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
+from sparkdist.runner.driver.launch.fixed import FixedSizeKind
+from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
+from sparkdist.spark import Cluster, ServicePlace
 
 logger = logging.getLogger(__name__)
 
 TASKS_DONE_GRACE_S = 10.0
+
+
+class RelayedKind(FixedSizeKind):
+    """An `api.LaunchKind`: a barrier stage whose task 0 serves the job; the client
+    replays what it did when the stage ends. Checkpoints live in `checkpoint_dir`,
+    where task 0 writes them."""
+
+    def __init__(self, options: RunnerOptions, cluster: Cluster, place: ServicePlace):
+        super().__init__(options, None)
+        self.cluster = cluster
+        self.place = place
+        _check_relayed(options)
+
+    def form(self, plan: AttemptPlan, why: str) -> World:
+        opts = self.options
+        state = plan.new_state(opts.num_ranks, None)
+        self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
+        service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
+        relay = RelayPlan(
+            job=state.job,
+            start_timeout=opts.start_timeout,
+            timeout=opts.timeout,
+            launcher_expected=plan.launcher == "mpi",
+            checkpoint_dir=opts.checkpoint_dir,
+            checkpoint_keep=opts.checkpoint_keep,
+        )
+        spec = plan.spec(opts.num_ranks, join_address(*service.address), relay)
+        logger.info("sparkdist job %s: %d ranks, launcher %s, on the cluster",
+                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
+        description = plan.description(spec.num_ranks, "relayed barrier stage")
+        return World(state, service, RelayedStage(self.cluster, spec, state, description))
+
+
+def _check_relayed(options: RunnerOptions) -> None:
+    """The job's service runs in barrier task 0: say so once, and require storage that
+    outlives that task when a relaunch must resume from it."""
+    if options.relaunch_limit and options.checkpoint_dir is None:
+        raise SparkdistError(
+            "the executors cannot reach this Spark Connect client, so the job's service "
+            "runs in barrier task 0, and relaunches (max_failures="
+            f"{options.relaunch_limit}) resume from checkpoints that must outlive that "
+            "task: pass checkpoint_dir= a directory every executor shares (a DBFS path or "
+            "a Unity Catalog volume such as /Volumes/..., or a mounted file system)."
+        )
+    logger.warning(
+        "sparkdist: the executors cannot connect to this Spark Connect client, so the job "
+        "runs in relay mode: its service runs inside the cluster (barrier task 0), and the "
+        "ranks' logs, results and errors arrive here when the job ends, not live."
+    )
+
+
+class RelayedStage(BarrierStage):
+    """A barrier stage whose task 0 serves the job: the client learns how it went from
+    the stage's output when it ends, and replays that."""
+
+    # Beyond the job's own limits, which task 0 enforces: the time a stage may wait for
+    # its slots and its tasks take to stop.
+    GRACE_S = 120.0
+
+    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
+        limit = None if deadline is None else deadline - time.monotonic() + self.GRACE_S
+        self._thread.join(timeout=limit)
+        if self._thread.is_alive():
+            raise JobTimeoutError(
+                "timeout: the relayed job's Spark stage had not ended when the job's time "
+                "limit ran out (the stage may still be waiting for task slots); it was "
+                "cancelled."
+            )
+        if self.outputs is None:
+            self.state.failures.wait(None, None, False)  # raises the stage's failure
+            return
+        replay(cloudpickle.loads(self.outputs[0]), self.state)
+
+    def stop(self, finished: bool) -> list[ProcessRecord]:
+        if self._thread.is_alive():
+            logger.info("cancelling Spark operations tagged %s", self.group)
+            self.spark.cancel(self.group)
+            self._thread.join(timeout=JOIN_TIMEOUT_S)
+        return self._wait_local_gone()
 
 
 @dataclass(frozen=True)
@@ -44,6 +135,12 @@ class RelayPlan:
     launcher_expected: bool
     checkpoint_dir: str | None
     checkpoint_keep: int = 2
+
+    def host(self, secret: wire.JobSecret, host: str) -> HostedJob:
+        """Start serving the job in barrier task 0 (`spark_task.ServiceHost`)."""
+        hosted = HostedJob(self, secret, host)
+        hosted.start()
+        return hosted
 
 
 @dataclass

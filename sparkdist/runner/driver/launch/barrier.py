@@ -1,8 +1,7 @@
-"""The Spark launches of a job: its barrier stage, run from a driver thread so the
-driver can watch the job, and stopped (cancelled if need be) when the job ends.
-
-`BarrierStage` serves the job from this process; `RelayedStage` is chosen when the
-Spark layer places the job's service inside the stage (`ServicePlace.in_stage`).
+"""The barrier kind: a fixed-size job on Spark, its ranks started by one barrier stage
+run from a driver thread so the driver can watch the job, and stopped (cancelled if need
+be) when the job ends. The job's service runs here, on the driver; `relayed.py` is the
+same stage served from its task 0.
 """
 
 from __future__ import annotations
@@ -10,22 +9,45 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 
-import cloudpickle
-
-from sparkdist.errors import JobTimeoutError
-from sparkdist.network import is_local_address
+from sparkdist.network import is_local_address, join_address
 from sparkdist.protocol.launch import LaunchSpec
 from sparkdist.protocol.processes import ProcessRecord, wait_gone
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.launch.api import AttemptPlan, World
+from sparkdist.runner.driver.launch.fixed import FixedSizeKind
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_barrier_task
-from sparkdist.spark import Cluster, job_tag, python_error_in, spark_error_summary
+from sparkdist.spark import Cluster, ServicePlace, job_tag, python_error_in, spark_error_summary
 
 logger = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 10.0
 JOIN_TIMEOUT_S = 60.0
+
+
+class BarrierKind(FixedSizeKind):
+    """An `api.LaunchKind`: every attempt one barrier stage of `np` ranks, served from
+    the driver where the Spark layer says the executors reach it."""
+
+    def __init__(self, options: RunnerOptions, cluster: Cluster, place: ServicePlace):
+        super().__init__(options, CheckpointStore(options.checkpoint_dir, options.checkpoint_keep))
+        self.cluster = cluster
+        self.place = place
+
+    def form(self, plan: AttemptPlan, why: str) -> World:
+        opts = self.options
+        state = plan.new_state(opts.num_ranks, self.checkpoints)
+        self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
+        service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
+        spec = plan.spec(opts.num_ranks, join_address(*service.address))
+        logger.info("sparkdist job %s: %d ranks, launcher %s, on the cluster",
+                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
+        stage = BarrierStage(self.cluster, spec, state, plan.description(spec.num_ranks,
+                                                                         "barrier"))  # fmt: skip
+        return World(state, service, stage)
 
 
 class BarrierStage:
@@ -82,35 +104,3 @@ def wait_local_gone(state: JobState) -> list[ProcessRecord]:
     """The job's recorded processes on this machine that did not end within 5 s."""
     local = [p for p in state.started_processes() if is_local_address(p.host)]
     return wait_gone(local, timeout_s=5.0)
-
-
-class RelayedStage(BarrierStage):
-    """A barrier stage whose task 0 serves the job (`relay.py`): the client learns how it
-    went from the stage's output when it ends, and replays that."""
-
-    # Beyond the job's own limits, which task 0 enforces: the time a stage may wait for
-    # its slots and its tasks take to stop.
-    GRACE_S = 120.0
-
-    def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
-        from sparkdist.runner.driver.relay import replay
-
-        limit = None if deadline is None else deadline - time.monotonic() + self.GRACE_S
-        self._thread.join(timeout=limit)
-        if self._thread.is_alive():
-            raise JobTimeoutError(
-                "timeout: the relayed job's Spark stage had not ended when the job's time "
-                "limit ran out (the stage may still be waiting for task slots); it was "
-                "cancelled."
-            )
-        if self.outputs is None:
-            self.state.failures.wait(None, None, False)  # raises the stage's failure
-            return
-        replay(cloudpickle.loads(self.outputs[0]), self.state)
-
-    def stop(self, finished: bool) -> list[ProcessRecord]:
-        if self._thread.is_alive():
-            logger.info("cancelling Spark operations tagged %s", self.group)
-            self.spark.cancel(self.group)
-            self._thread.join(timeout=JOIN_TIMEOUT_S)
-        return self._wait_local_gone()

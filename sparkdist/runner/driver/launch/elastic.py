@@ -1,5 +1,6 @@
-"""An elastic job (`HorovodRunner(min_np=..., max_np=...)`): a world that starts with the
-slots there are, shrinks when ranks are lost and grows when slots free up.
+"""The gang kind, for an elastic job (`HorovodRunner(min_np=..., max_np=...)`): a world
+that starts with the slots there are, shrinks when ranks are lost and grows when slots
+free up.
 
 Each attempt submits `max_np` ranks' worth of plain Spark tasks and lets the gang
 (`gang.py`) seat the world from those that run: at least `min_np` ranks, as many as
@@ -9,36 +10,30 @@ tasks have been standing by with free slots for `GROW_SETTLE_S`, rank 0's next
 `sparkdist.checkpoint.save` stops it, and the job relaunches larger from that
 checkpoint. A failure outside the training code (a lost executor, a killed rank)
 relaunches it at once with the ranks the remaining slots hold; `max_failures` counts
-those relaunches, never growth. Every change is one line in the driver's log.
+those relaunches (no limit when it is not given: min_np and start_timeout bound them),
+never growth. Every change is one line in the driver's log.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
-import uuid
-from typing import Any
 
-from sparkdist import tracking
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
-from sparkdist.protocol import messages, wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver import retry, timeline_file
 from sparkdist.runner.driver.checkpoint_store import CheckpointStore
-from sparkdist.runner.driver.failures import WorldResize
-from sparkdist.runner.driver.gang import Gang
-from sparkdist.runner.driver.job_state import JobSpec, JobState
-from sparkdist.runner.driver.metrics import ReportedMetrics
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.launch.api import AttemptPlan, World
+from sparkdist.runner.driver.launch.barrier import wait_local_gone
+from sparkdist.runner.driver.launch.gang import Gang
 from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.retry import Relaunch, RelaunchBudget
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.driver.stage import wait_local_gone
 from sparkdist.runner.task.spark_task import run_gang_task
-from sparkdist.spark import Cluster, active_cluster, job_tag, spark_error_summary
+from sparkdist.spark import Cluster, job_tag, spark_error_summary
 
 logger = logging.getLogger(__name__)
 
@@ -48,129 +43,74 @@ CANCEL_GRACE_S = 10.0
 JOIN_TIMEOUT_S = 60.0
 
 
-def run_elastic_job(
-    options: RunnerOptions, blob: bytes, all_results: bool, report, metrics: ReportedMetrics
-) -> list[Any]:
-    """Run the pickled `(main, kwargs)` elastically; every rank's result of the last world."""
-    cluster = active_cluster()
-    cluster.check_elastic(options.size_range[1], options.ranks_per_task)
-    place = cluster.service_place()
-    if place.in_stage:
-        raise SparkdistError(
-            "an elastic job (min_np/max_np) needs the executors to reach this Spark Connect "
-            "client, which they cannot here: run it from a classic session or a client the "
-            "cluster reaches, or drop min_np/max_np"
-        )
-    checkpoints = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
-    attempt = _ElasticAttempt(options, cluster, place, report, metrics)
-    budget = retry.RelaunchBudget(options.max_failures, options.retry_on_exception)
-    world, why = 0, "start"
-    try:
-        while True:
-            number = report.attempts = len(report.failures) + 1
-            try:
-                return attempt.run(number - 1, blob, all_results, checkpoints, world, why)
-            except WorldResize as exc:
-                world, why = attempt.world, f"{exc}"
-                report.failures.append(f"grew: {exc}")
-            except BaseException as exc:
-                relaunch = None if attempt.state is None else budget.relaunch(exc, attempt.state)
-                if relaunch is None:
-                    raise
-                world = attempt.world
-                report.failures.append(relaunch.reason)
-                why = f"{relaunch.reason}; resuming from {_resume_point(checkpoints)}"
-                if relaunch.counted:
-                    why += f" (relaunch {budget.used} of at most {options.max_failures})"
-    finally:
-        checkpoints.close()
+class GangKind:
+    """An `api.LaunchKind`: every attempt a gang of `max_np` ranks' worth of plain
+    tasks, the world seated from those that run (see the module's docstring)."""
 
-
-def _resume_point(checkpoints: CheckpointStore) -> str:
-    steps = checkpoints.steps()
-    return f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
-
-
-class _ElasticAttempt:
-    """One world of an elastic job: gang, seat, run, collect."""
-
-    def __init__(self, options: RunnerOptions, cluster: Cluster, place, report, metrics):
-        from sparkdist.runner.driver.job import Attempt
-
-        self.metrics = metrics
+    def __init__(self, options: RunnerOptions, cluster: Cluster):
+        cluster.check_elastic(options.size_range[1], options.ranks_per_task)
+        place = cluster.service_place()
+        if place.in_stage:
+            raise SparkdistError(
+                "an elastic job (min_np/max_np) needs the executors to reach this Spark "
+                "Connect client, which they cannot here: run it from a classic session or a "
+                "client the cluster reaches, or drop min_np/max_np"
+            )
         self.options = options
         self.cluster = cluster
         self.place = place
-        self.report = report
-        self.base = Attempt(options, cluster, place, report)
-        self.credentials = messages.SecretEnv(tracking.rank0_credentials())
-        self.state: JobState | None = None
+        self.checkpoints = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
         self.world = 0
+        """The size of the last world formed (0 before the first)."""
 
-    def run(
-        self,
-        number: int,
-        blob: bytes,
-        all_results: bool,
-        checkpoints: CheckpointStore,
-        previous: int,
-        why: str,
-    ) -> list[Any]:
-        opts, report = self.options, self.report
+    def form(self, plan: AttemptPlan, why: str) -> World:
+        opts = self.options
         per_task = opts.ranks_per_task
         min_np, max_np = opts.size_range
-        self.state = None
-        job_id = uuid.uuid4().hex[:12]
-        report.job_id = job_id
-        report.outcome = "running"
-        secret = wire.new_secret()
-        gang = Gang(secret, self.place.bind, self.place.advertise)
-        timeline_path = timeline_file.requested_path(opts.timeline, os.environ)
+        gang = Gang(plan.secret, self.place.bind, self.place.advertise)
         # Every task gets the same spec; its seat gives it its index, the world's size and
         # the service's address.
-        template = self.base.launch_spec(
-            job_id, max_np, "", secret, number, timeline_path, relay=None
-        )
-        description = self.base.description(
-            max_np, f"elastic gang of {max_np // per_task} tasks for {min_np}..{max_np}", number
-        )
-        tasks = _TaskJob(
-            self.cluster, template, gang, max_np // per_task, job_tag(job_id), description
-        )
+        template = plan.spec(max_np, "")
+        kind = f"elastic gang of {max_np // per_task} tasks for {min_np}..{max_np}"
         started = time.monotonic()
+        tasks = _TaskJob(self.cluster, template, gang, max_np // per_task,
+                         job_tag(plan.job_id), plan.description(max_np, kind))  # fmt: skip
         try:
             chosen = gang.form(
                 min_np // per_task, max_np // per_task, opts.start_timeout, min_np, max_np
             )
-        except BaseException as exc:
-            report.outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        except BaseException:
             gang.close()
             tasks.stop()
             raise
-        self.world = num_ranks = len(chosen) * per_task
+        previous, self.world = self.world, len(chosen) * per_task
         logger.warning("sparkdist elastic job: world %s -> %d ranks: %s",
-                       previous or "0", num_ranks, why)  # fmt: skip
-        job = JobSpec(
-            job_id, num_ranks, blob, all_results, opts.driver_log_verbosity, per_task,
-            rank0_env=self.credentials,
-        )  # fmt: skip
-        state = self.state = JobState(job, checkpoints=checkpoints, metrics=self.metrics)
+                       previous or "0", self.world, why)  # fmt: skip
+        state = plan.new_state(self.world, self.checkpoints)
         tasks.state = state
-        service = DriverService(state, secret, self.place.bind, self.place.advertise)
+        service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
-        spec = dataclasses.replace(
-            template, num_ranks=num_ranks, job=dataclasses.replace(template.job, driver=driver)
-        )
-        gang.seat(chosen, num_ranks, driver)
-        watcher = _GrowWatcher(gang, state, num_ranks, max_np, per_task)
-        launch = _SeatedWorld(tasks, gang, state, watcher)
+        gang.seat(chosen, self.world, driver)
+        watcher = _GrowWatcher(gang, state, self.world, max_np, per_task)
         logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s",
-                    job_id, spec.num_ranks, min_np, max_np, report.launcher)  # fmt: skip
-        try:
-            self.base.launch_and_wait(launch, state, started)
-        finally:
-            self.base.collect(launch, service, state, started, timeline_path)
-        return self.base.results(state)
+                    plan.job_id, self.world, min_np, max_np, plan.launcher)  # fmt: skip
+        return World(state, service, _SeatedWorld(tasks, gang, state, watcher), started)
+
+    def relaunching(self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget) -> str:
+        """The next world's log line says why (the world's size changes with it)."""
+        why = f"{relaunch.reason}; resuming from {self.resume_point()}"
+        if not relaunch.counted:
+            return why
+        if budget.max_failures is None:
+            return f"{why} (relaunch {budget.used}; no limit, as max_failures was not given)"
+        return f"{why} (relaunch {budget.used} of at most {budget.max_failures})"
+
+    def resume_point(self) -> str:
+        steps = self.checkpoints.steps()
+        return f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
+
+    def close(self) -> None:
+        self.checkpoints.close()
 
 
 class _TaskJob:

@@ -1,0 +1,134 @@
+"""The launch seam: how one attempt of a job forms its world, whatever the kind.
+
+`job.run_job` drives every job through one loop of attempts. Each attempt asks the job's
+`LaunchKind` to *form* the world (its ranks, its `JobState`, its service, its
+`protocol.launch.Launch`), then starts it, waits for it, stops it and collects what it
+did, the same way for every kind. The kinds (`kinds.choose_kind` picks one per job):
+
+* `local.DriverLocalKind`: np < 0, the ranks are subprocesses of the driver;
+* `barrier.BarrierKind`: one Spark barrier stage, served from the driver;
+* `relayed.RelayedKind`: a barrier stage whose task 0 serves the job, for a Spark
+  Connect client the executors cannot reach;
+* `elastic.GangKind`: plain Spark tasks that check in with a gang; the world is formed
+  from those that run (min_np..max_np) and grows or shrinks between attempts.
+
+As in torch.distributed.elastic, a failure and a membership change are both a relaunch
+of the loop: a failure is counted by the `retry.RelaunchBudget`, a resize is not.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sparkdist import job_environment, tracking
+from sparkdist.job_environment import JobEnvironment
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.launch import Launch, LaunchSpec
+from sparkdist.protocol.payload import driver_pythonpath
+from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.metrics import ReportedMetrics
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.retry import Relaunch, RelaunchBudget
+from sparkdist.spark import jobs
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+@dataclass
+class World:
+    """A formed world: the attempt's state, the service its processes report to, and
+    how its processes are started, awaited and stopped."""
+
+    state: JobState
+    service: Closeable
+    launch: Launch
+    started: float = field(default_factory=time.monotonic)
+    """When the attempt's clock started: `start_timeout` and its wall time count from
+    here (an elastic world's, from before its gang formed)."""
+
+
+@dataclass
+class AttemptPlan:
+    """What every kind needs to form one attempt's world: its identity and secret, and
+    how the job's specs, states and Spark descriptions are made."""
+
+    options: RunnerOptions
+    number: int
+    """0 for the first attempt, 1 after the first relaunch..."""
+    job_id: str
+    secret: wire.JobSecret
+    timeline_path: str | None
+    name: str
+    launcher: str
+    blob: bytes
+    all_results: bool
+    metrics: ReportedMetrics
+    credentials: messages.SecretEnv
+
+    def new_state(self, num_ranks: int, checkpoints: CheckpointStore | None) -> JobState:
+        """The state of this attempt's world of `num_ranks` ranks."""
+        opts = self.options
+        job = JobSpec(
+            self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
+            opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
+        )  # fmt: skip
+        return JobState(job, checkpoints=checkpoints, metrics=self.metrics)
+
+    def spec(self, num_ranks: int, driver: str, relay=None) -> LaunchSpec:
+        """What every task needs to start its part of this attempt."""
+        opts = self.options
+        rank_env = {
+            **tracking.rank_environment(), **opts.env,
+            job_environment.ATTEMPT: str(self.number),
+        }  # fmt: skip
+        if self.timeline_path:
+            rank_env[job_environment.HOROVOD_TIMELINE] = self.timeline_path
+        if opts.roles is not None:
+            rank_env.update(opts.roles.to_env())
+        job = JobEnvironment(
+            job_id=self.job_id,
+            driver=driver,
+            secret=self.secret,
+            log_mode=opts.driver_log_verbosity,
+            launcher=self.launcher,
+        )
+        return LaunchSpec(
+            job=job,
+            num_ranks=num_ranks,
+            env=rank_env,
+            mpi_args=opts.mpi_args,
+            network_interface=opts.network_interface,
+            driver_path=os.environ.get("PATH", ""),
+            driver_pythonpath=driver_pythonpath(),
+            relay=relay,
+            ranks_per_task=opts.ranks_per_task,
+        )
+
+    def description(self, num_ranks: int, kind: str) -> str:
+        """What the attempt's Spark job is called in the Spark UI."""
+        return (
+            f"sparkdist {self.name}: {num_ranks} ranks, {kind}, attempt {self.number + 1} "
+            f"(job {self.job_id}){jobs.purpose_suffix()}"
+        )
+
+
+class LaunchKind(Protocol):
+    """One way a job's world is formed and launched (see the module's docstring)."""
+
+    def form(self, plan: AttemptPlan, why: str) -> World:
+        """Form this attempt's world; `why` says why it is launched ("start", or the
+        previous attempt's failure or resize). Raises if no world can form: that ends
+        the job."""
+
+    def relaunching(self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget) -> str:
+        """Note that attempt `job_id` failed and is launched again; return the `why`
+        of the next attempt."""
+
+    def close(self) -> None:
+        """After the job's last attempt: release what the kind kept across attempts."""
