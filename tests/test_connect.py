@@ -239,8 +239,10 @@ def test_tune_single_node_trials_on_connect(connect_url):
     assert result["interrupt_returned"] and result["interrupt_s"] < 120
     assert result["interrupted"] == ["COMPLETE", "FAIL", "FAIL"]
     assert "cancelled" in result["interrupt_why"]
-    # The time limit: each worker started one trial within it, none after.
-    assert result["timed"] == ["COMPLETE", "COMPLETE"]
+    # The time limit: trials started within it (at most one per worker, as each runs past
+    # it), none after it; the running ones finished.
+    assert result["timed"] in (["COMPLETE"], ["COMPLETE", "COMPLETE"])
+    assert result["timed_started_late"] == []
 
 
 def test_tune_distributed_trial_on_connect(connect_url):

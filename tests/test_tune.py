@@ -419,3 +419,32 @@ def test_distributed_trials_two_at_once_pruned_and_interrupted(tmp_path):
     assert interrupted["active_jobs"] == []
     rank_pids = [int(p.name.rsplit("-", 1)[1]) for p in markers.iterdir()]
     assert all(_gone(pid) for pid in rank_pids)
+
+
+LIMIT = 7.5
+
+
+def _objective_with_limit(trial, limit):
+    return trial.suggest_float("x", 0, limit) + LIMIT
+
+
+class _CallableObjective:
+    def __init__(self, data):
+        self.data = data
+
+    def __call__(self, trial):
+        return trial.suggest_float("x", 0, LIMIT) + len(self.data)
+
+
+def test_what_an_objective_reads_is_found_in_partials_and_callable_objects():
+    """The Connect/broadcast checks see through `functools.partial` and objects with
+    `__call__` (they once raised AttributeError on a partial before any trial ran)."""
+    import functools
+
+    from sparkdist.tune.shared import _referenced
+
+    bound = functools.partial(_objective_with_limit, limit=3.0)
+    assert _referenced(bound) == [("argument limit= of the partial", 3.0), ("LIMIT", LIMIT)]
+    data = [1, 2]
+    assert _referenced(_CallableObjective(data)) == [("attribute data", data), ("LIMIT", LIMIT)]
+    assert _referenced(print) == []

@@ -1,8 +1,7 @@
-"""What every launch shares: the job's launch spec, the `Launch` interface that the
-driver-local launch (`local_launch.LocalLaunch`) and the Spark launches
-(`driver.stage.BarrierStage`, `RelayedStage`) implement, the environment of what a
-task starts, the command lines of mpirun and of a rank's supervisor, and starting a
-launcher process with its output relayed.
+"""What every launch shares: the job's launch spec, the `Launch` interface that each
+launch kind's world implements (`runner/driver/launch/`: driver-local, barrier, relayed,
+gang), the environment of what a task starts, the command lines of mpirun and of a rank's
+supervisor, and starting a launcher process with its output relayed.
 """
 
 from __future__ import annotations

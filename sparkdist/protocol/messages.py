@@ -261,7 +261,7 @@ class Report(NamedTuple):
     metrics: dict
 
 
-# --- an elastic job's plain tasks and its gang (`runner/driver/gang.py`) -------------
+# --- an elastic job's plain tasks and its gang (`runner/driver/launch/gang.py`) -------------
 
 
 @register("gang_check_in")

@@ -11,6 +11,7 @@ that process's cache.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import uuid
@@ -162,15 +163,26 @@ def check_objective(objective: Any, kind: str, np: int | None) -> None:
 
 
 def _referenced(fn: Any) -> list[tuple[str, Any]]:
-    """The objects a function reads: its closure cells and the globals it names."""
-    found = []
+    """The objects an objective reads: a function's closure cells and the globals it
+    names; a `functools.partial`'s bound arguments and what its function reads; a
+    callable object's attributes and what its `__call__` reads."""
+    if isinstance(fn, functools.partial):
+        bound = [(f"argument {i} of the partial", value) for i, value in enumerate(fn.args)]
+        bound += [(f"argument {name}= of the partial", v) for name, v in fn.keywords.items()]
+        return bound + _referenced(fn.func)
     code = getattr(fn, "__code__", None)
-    for name, cell in zip(getattr(code, "co_freevars", ()), fn.__closure__ or (), strict=False):
+    if code is None:  # a callable object: its attributes, and what its __call__ reads
+        attributes = getattr(fn, "__dict__", {})
+        fields = [(f"attribute {name}", value) for name, value in attributes.items()]
+        method = type(fn).__call__ if callable(fn) else None
+        return fields + (_referenced(method) if hasattr(method, "__code__") else [])
+    found = []
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
         try:
             found.append((name, cell.cell_contents))
         except ValueError:  # an empty cell
             pass
-    names = payload.global_names(fn) if code is not None else set()
+    names = payload.global_names(fn)
     found += [(name, fn.__globals__[name]) for name in names if name in fn.__globals__]
     return found
 

@@ -13,7 +13,7 @@ Two kinds of checkpoint share one sequence of steps:
   steps exist for `latest`: a directory left by a crash mid-save is never read and is
   removed by the next commit at or past its step.
 
-In relay mode (`relay.py`) the store lives in barrier task 0, which is why the directory
+In relay mode (`launch/relayed.py`) the store lives in barrier task 0, which is why the directory
 may be any URL pyarrow or fsspec opens (`s3://...`, `dbfs:/...`) or a path every
 executor shares. Files are written under a temporary name and renamed, so a reader
 never sees half a record; only the newest `keep` checkpoints are kept, but never one a

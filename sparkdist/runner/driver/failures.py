@@ -29,7 +29,7 @@ FAILURE_SETTLE_S = 3.0
 
 class WorldResize(Exception):
     """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
-    can relaunch with more ranks (`runner/driver/elastic.py`)."""
+    can relaunch with more ranks (`runner/driver/launch/elastic.py`)."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """An elastic job's growth: when more slots stay free, rank 0 is asked to stop at its
 next checkpoint, so that the job relaunches larger and resumes from there
-(`runner/driver/elastic.py` decides when; `failures.WorldResize` ends the attempt)."""
+(`runner/driver/launch/elastic.py` decides when; `failures.WorldResize` ends the attempt)."""
 
 from __future__ import annotations
 
