@@ -47,13 +47,13 @@ next `save` or `wait`).
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 from sparkdist import job_environment
 from sparkdist.checkpoint import driver_path
 from sparkdist.checkpoint import sharded as shards
 from sparkdist.checkpoint.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
-from sparkdist.checkpoint.driver_record import Resize, client
+from sparkdist.checkpoint.driver_record import Resize, Resume, client
 from sparkdist.protocol import messages
 
 __all__ = [
@@ -101,16 +101,6 @@ def wait() -> None:
     """Block until this rank's pending async save is written (and, on rank 0,
     committed). Raises `Resize` on rank 0 if the job grows from that checkpoint."""
     shards.wait()
-
-
-class Resume(NamedTuple):
-    """The newest checkpoint: where a relaunched rank resumes from."""
-
-    step: int
-    state: Any
-    world_size: int
-    """How many ranks the job had when it saved this checkpoint (an elastic job's world
-    may have changed since: compare with WORLD_SIZE to rescale)."""
 
 
 def resume(into: Any = None) -> Resume | None:

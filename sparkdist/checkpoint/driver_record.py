@@ -1,9 +1,11 @@
 """A rank's link to the driver's record of checkpoints: the channel, the commit of a
-sharded step, and `Resize`, the answer that stops rank 0 when an elastic job grows."""
+sharded step, `Resume` (what every way of resuming returns), and `Resize`, the answer
+that stops rank 0 when an elastic job grows."""
 
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 from sparkdist.protocol import driver_channel, messages
 
@@ -52,3 +54,13 @@ class Resize(BaseException):
     def __init__(self, step: int):
         super().__init__(f"stopping after checkpoint {step}: the job grows")
         self.step = step
+
+
+class Resume(NamedTuple):
+    """The newest checkpoint: where a relaunched rank resumes from."""
+
+    step: int
+    state: Any
+    world_size: int
+    """How many ranks the job had when it saved this checkpoint (an elastic job's world
+    may have changed since: compare with WORLD_SIZE to rescale)."""

@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any
 
-from sparkdist.checkpoint.driver_record import Resize, client, commit, place, rank
+from sparkdist.checkpoint.driver_record import Resize, Resume, client, commit, place, rank
 from sparkdist.protocol import messages
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,6 @@ class TFCheckpoints:
         """Restore the newest committed checkpoint into the checkpoint's objects; its
         `Resume` (step, this tf.train.Checkpoint, world size), or None."""
         import tensorflow as tf
-
-        from sparkdist.checkpoint import Resume
 
         reply = client().request(messages.CheckpointLatest())
         if reply.value is None:
