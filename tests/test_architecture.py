@@ -93,3 +93,17 @@ def test_environment_names_are_spelled_in_job_environment_only():
                 if re.fullmatch(r"SPARKDIST_[A-Z0-9_]+", node.value):
                     spelled.add((relative, node.value))
     assert spelled == set(), "name these in sparkdist/job_environment.py"
+
+
+def test_no_long_class_or_function_in_the_runner():
+    """Issue 30's limits: a runner class over 200 lines or a function over 60 is split."""
+    limits = {ast.ClassDef: 200, ast.FunctionDef: 60, ast.AsyncFunctionDef: 60}
+    too_long = []
+    for path in sorted((ROOT / "sparkdist" / "runner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = limits.get(type(node))
+            length = node.end_lineno - node.lineno + 1 if limit else 0
+            if limit and length > limit:
+                where = path.relative_to(ROOT).as_posix()
+                too_long.append(f"{where}:{node.lineno} {node.name}: {length} lines > {limit}")
+    assert not too_long, "\n".join(too_long)
