@@ -21,7 +21,7 @@ import pytest
 from sparkdist import HorovodRunner
 from sparkdist.protocol import wire
 from sparkdist.protocol.job_secret import TLS_ENV, JobSecret, new_secret
-from sparkdist.runner.driver import job as job_module
+from sparkdist.runner.driver.launch import barrier as barrier_kind
 from sparkdist.runner.driver.service import DriverService
 
 WAIT_S = 60
@@ -204,7 +204,8 @@ def test_job_traffic_is_encrypted_and_strangers_are_refused(
     }
     monkeypatch.setenv("DATABRICKS_TOKEN", markers["token"].decode())
     capture = Capture()
-    monkeypatch.setattr(job_module, "DriverService", capture.service_class())
+    # An np=2 job on a classic session is a barrier launch: its kind makes the service.
+    monkeypatch.setattr(barrier_kind, "DriverService", capture.service_class())
     outcomes: dict = {}
     release = tmp_path / "release"
     capture.on_first_connection = lambda service: _attack(
