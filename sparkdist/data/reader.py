@@ -428,10 +428,13 @@ class ShardReader:
         return max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
 
     def _decode(self, table: pa.Table | pa.RecordBatch) -> Chunk:
-        chunk = to_numpy_chunk(table, self.columns, self.writable and self.transform is None)
-        if self.transform is not None:
-            chunk = self.transform.apply(chunk, self.output_columns, self.writable)
-        return chunk
+        writable = self.writable and self.transform is None
+        return self._transformed(to_numpy_chunk(table, self.columns, writable))
+
+    def _transformed(self, chunk: Chunk) -> Chunk:
+        if self.transform is None:
+            return chunk
+        return self.transform.apply(chunk, self.output_columns, self.writable)
 
     def _read_shuffled(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
@@ -458,10 +461,7 @@ class ShardReader:
         decoded = to_numpy_chunk(table, self.columns)  # views of Arrow's read-only memory
         for start in range(0, len(local), self._chunk_rows):
             picked = local[start : start + self._chunk_rows]
-            chunk = {name: values[picked] for name, values in decoded.items()}
-            if self.transform is not None:
-                chunk = self.transform.apply(chunk, self.output_columns, self.writable)
-            yield chunk
+            yield self._transformed({name: values[picked] for name, values in decoded.items()})
 
     def _read_all(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
