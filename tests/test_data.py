@@ -493,6 +493,32 @@ def test_resume_in_a_smaller_world_reads_the_rest_of_the_epoch(ids_converter):
     assert sum(counts.values()) == N_ROWS + 1  # 703 rows left for 2 ranks: one pad
 
 
+def test_tf_position_is_exact_behind_prefetch_with_steps(ids_converter):
+    """tf.data takes batches ahead (AUTOTUNE); state_dict(steps=2) is the place after 2."""
+    kw = {"batch_size": 50, "num_epochs": 1, "shuffle": True, "seed": 3}
+    seen, states, taken = [], [], []
+    for rank in range(3):
+        with ids_converter.make_tf_dataset(cur_shard=rank, shard_count=3, **kw) as ds:
+            batches = iter(ds)
+            for _ in range(2):
+                seen += [int(i) for i in next(batches).id.numpy()]
+            taken.append(ds.state_dict()["rows_consumed"])
+            states.append(ds.state_dict(steps=2))
+            with pytest.raises(ValueError, match="steps=8: an iteration of this loader has 7"):
+                ds.state_dict(steps=8)
+    assert states[0] == states[1] == states[2]
+    assert states[0]["rows_consumed"] == 300  # 3 ranks x 2 steps x 50 rows
+    assert max(taken) > 300  # what the prefetch took: state_dict() alone would skip rows
+    rest = []
+    for rank in range(2):
+        with ids_converter.make_tf_dataset(cur_shard=rank, shard_count=2, **kw) as ds:
+            ds.load_state_dict(states[0])
+            rest.append([int(i) for batch in ds for i in batch.id.numpy()])
+    counts = Counter(seen + rest[0] + rest[1])
+    assert sorted(counts) == list(range(N_ROWS))
+    assert sum(counts.values()) == N_ROWS + 1  # 703 rows left for 2 ranks: one pad
+
+
 def test_petastorm_documented_usage_runs_with_the_import_changed(spark, tmp_path):
     """The Databricks petastorm page's code, with `petastorm.spark` -> `sparkdist.data`."""
     import tensorflow as tf

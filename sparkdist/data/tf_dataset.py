@@ -5,8 +5,9 @@ Each element is a namedtuple with one field per column (``batch.features``,
 map it to a tuple: ``dataset.map(lambda b: (b.features, b.label))``. Every rank gets the
 same number of batches per epoch (``dataset.steps_per_epoch``, for Keras ``fit``), and
 ``dataset.state_dict()`` / ``dataset.load_state_dict()`` carry the position as on the
-torch side; they count the batches tf.data has taken, so for an exact position iterate
-with ``prefetch=0``.
+torch side. tf.data takes batches ahead of the training step (its prefetch, Keras's own
+buffers), so ``dataset.state_dict(steps=n)`` gives the exact place after the first ``n``
+batches of the current iteration, the steps the model trained on.
 """
 
 from __future__ import annotations

@@ -19,14 +19,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sparkdist.data.reader import ShardReader, prefetched
+from sparkdist.data.reader import ShardReader
 
 
 def _to_torch(values: np.ndarray) -> Any:
     if values.dtype == object:  # strings and bytes stay Python lists
         return values.tolist()
     # The reader hands out writable memory; anything else is copied rather than shared.
-    return torch.from_numpy(np.require(values, requirements=["W", "C"]))
+    if not (values.flags.writeable and values.flags.c_contiguous):
+        values = np.array(values, order="C")
+    return torch.from_numpy(values)
 
 
 def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -43,13 +45,7 @@ class RankDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        reader = self.reader
-        if reader.prefetch < 1:
-            yield from reader.batches(worker, workers)
-            return
-        yield from prefetched(
-            lambda: reader.batches(worker, workers), reader.prefetch, reader._closed
-        )
+        yield from self.reader.batches(worker, workers)
 
 
 class TorchDataLoader(DataLoader):
@@ -91,9 +87,12 @@ class TorchDataLoader(DataLoader):
     def __len__(self) -> int:
         return self.reader.batches_per_iteration()
 
-    def state_dict(self) -> dict:
-        """The world's position: epoch, rows consumed, seed, what is left. Picklable."""
-        return self.reader.state_dict()
+    def state_dict(self, steps: int | None = None) -> dict:
+        """The world's position: epoch, rows consumed, seed, what is left. Picklable.
+
+        After the batches handed out so far, or after the iteration's first ``steps``.
+        """
+        return self.reader.state_dict(steps)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a `state_dict` (saved by a world of any size) on the next ``iter``."""
