@@ -18,10 +18,11 @@ default size. Then, in one table:
   epoch in batches of `--batch-size` as numpy/tensors; rows/s and MB/s (bytes of the
   arrays delivered) per rank. The reference is a plain pyarrow loop (`iter_batches` over
   the rank's half of the files, columns to numpy); then sparkdist's torch loader on the
-  source in place and on its copy; petastorm 0.13.1 (`make_batch_reader` +
-  `BatchedDataLoader`, in the side environment .venv-petastorm from `make petastorm-side`);
+  source in place and on its copy, and in place with the global shuffle; petastorm 0.13.1
+  (`make_batch_reader` + `BatchedDataLoader`, in the side environment .venv-petastorm from
+  `make petastorm-side`);
   Mosaic Streaming (`StreamingDataset` on the local MDS copy, torch `DataLoader`).
-  The loop and sparkdist's two readers run `--rounds` rounds (default 3), each starting
+  The loop and sparkdist's three readers run `--rounds` rounds (default 3), each starting
   with another reader; each rank's best round is shown (a shared machine's load swings
   the loop alone between 1.0 and 2.1M rows/s). The slow peers run once.
 
@@ -94,7 +95,8 @@ elif kind == "sparkdist":
     def read():
         rows = size = 0
         with converter.make_torch_dataloader(
-            batch_size=batch_size, num_epochs=1, cur_shard=rank, shard_count=world
+            batch_size=batch_size, num_epochs=1, cur_shard=rank, shard_count=world,
+            shuffle=spec["shuffle"]
         ) as loader:
             for batch in loader:
                 x, y = batch["features"], batch["label"]
@@ -377,9 +379,19 @@ def main_benchmark(args, work: Path) -> None:
         ("plain pyarrow loop (its half of the files)", python, "pyarrow", {"files": files}, env)
     ]
     runs += [
-        (f"sparkdist torch loader, {name}", python, "sparkdist", {"handle": str(path)}, env)
+        (
+            f"sparkdist torch loader, {name}",
+            python,
+            "sparkdist",
+            {"handle": str(path), "shuffle": False},
+            env,
+        )
         for name, path in handles.items()
     ]
+    runs.append(
+        ("sparkdist torch loader, in place, shuffle", python, "sparkdist",
+         {"handle": str(handles["in place"]), "shuffle": True}, env)
+    )  # fmt: skip
     if Path(args.petastorm_python).exists():
         label = "petastorm 0.13.1 BatchedDataLoader"
         runs.append((label, args.petastorm_python, "petastorm", {"files": files}, env))
@@ -396,8 +408,8 @@ def main_benchmark(args, work: Path) -> None:
         }
         label = f"Mosaic Streaming 0.14.2 (first {args.streaming_rows // 1000}k rows)"
         runs.append((label, python, "streaming", spec, streaming_env))
-    best = best_of_rounds(runs[:3], args, work)  # the loop and sparkdist's two readers
-    for run in runs[3:]:  # the peers, far slower: one round
+    best = best_of_rounds(runs[:4], args, work)  # the loop and sparkdist's readers
+    for run in runs[4:]:  # the peers, far slower: one round
         best.update(best_of_rounds([run], argparse.Namespace(**{**vars(args), "rounds": 1}), work))
     baseline = None
     for label, *_ in runs:

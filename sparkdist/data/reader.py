@@ -124,8 +124,8 @@ def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, 
 def _to_numpy(
     name: str, column: pa.Array | pa.ChunkedArray, info: ColumnInfo, writable: bool = False
 ) -> np.ndarray:
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    if isinstance(column, pa.ChunkedArray):  # (combine_chunks copies even a single chunk)
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if column.null_count:
         raise ValueError(
             f"column {name!r} has null values; fill or drop them before make_spark_converter "
@@ -258,6 +258,25 @@ _DONE = object()
 CHUNK_BYTES = 8 << 20
 
 
+class _Scratch(threading.local):
+    """A thread's arrays that shuffled windows are decoded into, kept for the next window."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, like: np.ndarray, rows: int) -> np.ndarray:
+        """``rows`` rows shaped and typed like ``like``, from the held array if it fits."""
+        held = self.arrays.get(name)
+        if (
+            held is None
+            or len(held) < rows
+            or held.shape[1:] != like.shape[1:]
+            or held.dtype != like.dtype
+        ):
+            held = self.arrays[name] = np.empty((rows, *like.shape[1:]), like.dtype)
+        return held[:rows]
+
+
 def wanted_intervals(
     rank_slice: Sequence[order.Interval],
     batch_size: int,
@@ -356,6 +375,7 @@ class ShardReader:
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
         self._closed = threading.Event()
+        self._scratch = _Scratch()
         self._started: order.Position | None = None  # where the current iteration began
 
     @property
@@ -381,12 +401,13 @@ class ShardReader:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_closed"] = None  # an Event does not pickle; a copy gets its own
+        state["_closed"] = state["_scratch"] = None  # thread state: a copy gets its own
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._closed = threading.Event()
+        self._scratch = _Scratch()
 
     def state_dict(self, steps: int | None = None) -> dict:
         """The world's position (epoch, rows consumed, seed): small, picklable.
@@ -492,26 +513,34 @@ class ShardReader:
     def _read_shuffled(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list
     ) -> Iterator[Chunk]:
-        """Shuffled rows: the window's row groups are read whole, the rows gathered in order.
+        """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
 
-        The gather (numpy indexing into Arrow's memory) is the one copy, made in chunks
-        of about `CHUNK_BYTES`, so the memory it writes is reused from chunk to chunk.
+        The row groups are decoded chunk by chunk into this thread's `_Scratch` arrays,
+        reused from window to window: a row group decoded at once would take fresh memory
+        (128 MiB for Spark's) whose page faults cost as much as the decoding on a busy
+        machine. The gather is made in chunks of about `CHUNK_BYTES`.
         """
         permutation = epoch_order.permutation(window)
         rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
         hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
         names = [info.name for info in self.columns]
-        tables, offsets, offset = [], np.zeros(len(window.blocks), dtype=np.int64), 0
+        total = sum(window.blocks[index].rows for index in hit)
+        decoded: Chunk = {}
+        offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
         for index in hit:
             block = window.blocks[index]
+            offsets[index] = filled - bounds[index]
             parquet = _open(self.layout.file_urls[block.file_index])
-            tables.append(parquet.read_row_group(block.row_group, columns=names))
-            offsets[index] = offset - bounds[index]
-            offset += block.rows
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            for batch in parquet.iter_batches(
+                self._chunk_rows, row_groups=[block.row_group], columns=names
+            ):
+                for name, values in to_numpy_chunk(batch, self.columns).items():
+                    if name not in decoded:
+                        decoded[name] = self._scratch.array(name, values, total)
+                    decoded[name][filled : filled + len(values)] = values
+                filled += batch.num_rows
         local = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
-        decoded = to_numpy_chunk(table, self.columns)  # views of Arrow's read-only memory
         for start in range(0, len(local), self._chunk_rows):
             picked = local[start : start + self._chunk_rows]
             yield self._transformed({name: values[picked] for name, values in decoded.items()})
