@@ -149,7 +149,8 @@ class SparkDatasetConverter:
         Each iteration reads ``num_epochs`` epochs (None: forever) from the loader's
         position, which ``state_dict()`` / ``load_state_dict()`` save and restore.
         ``transform_spec`` is a `TransformSpec`; ``workers_count`` threads decode in
-        parallel; ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
+        parallel; a thread reads ``prefetch`` decoded chunks (about 8 MiB each) ahead (0:
+        none); ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
         """
         cur_shard, shard_count = default_shard(cur_shard, shard_count)
         if self._use_petastorm(shard_count):
