@@ -24,7 +24,8 @@ default size. Then, in one table:
   Mosaic Streaming (`StreamingDataset` on the local MDS copy, torch `DataLoader`).
   The loop and sparkdist's three readers run `--rounds` rounds (default 3), each starting
   with another reader; each rank's best round is shown (a shared machine's load swings
-  the loop alone between 1.0 and 2.1M rows/s). The slow peers run once.
+  the loop alone between 1.0 and 2.3M rows/s). The slow peers run once. "+RSS" is how much
+  the reader's peak resident memory grew while it read (beyond its imports and setup).
 
 `--codecs` instead measures the codecs a copy can use (what chose the default): for each,
 Spark's write time and bytes, and the rows/s of one sparkdist reader over the copy, on
@@ -136,12 +137,20 @@ elif kind == "streaming":
             if rows >= spec["max_rows"]:  # its rate is steady; a full epoch takes minutes
                 break
         return rows, size
+def rss_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.01)
+before = rss_mib()
 start = time.perf_counter()
 rows, size = read()
-print(json.dumps([rows, size, time.perf_counter() - start]), flush=True)
+seconds = time.perf_counter() - start
+import resource
+grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
+print(json.dumps([rows, size, seconds, grown]), flush=True)
 """
 
 
@@ -277,19 +286,23 @@ def print_table(rows: list[tuple], title: str) -> None:
     print(title)
     header = (
         f"{'':44} {'rank':>4} {'rows':>9} {'seconds':>8} {'rows/s':>10} {'MB/s':>7} "
-        f"{'written':>10} {'vs loop':>7}"
+        f"{'written':>10} {'vs loop':>7} {'+RSS MiB':>8}"
     )
     print(header)
     print("-" * len(header))
-    for label, rank, count, seconds, size, written, ratio in rows:
+    for label, rank, count, seconds, size, written, ratio, *grown in rows:
         if count is None:
             print(f"{label:44} {rank:>4} {seconds}")
             continue
         rate = f"{count / seconds:>10,.0f}" if count else f"{'':>10}"
         mbs = f"{size / seconds / 1e6:>7.0f}" if size else f"{'':>7}"
         wrote = f"{written / 2**20:>6.0f} MiB" if written is not None else f"{'':>10}"
-        vs = f"{ratio:>7.2f}" if ratio is not None else ""
-        print(f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs}")
+        vs = f"{ratio:>7.2f}" if ratio is not None else f"{'':>7}"
+        rss = f"{grown[0]:>8.0f}" if grown else ""
+        line = (
+            f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs} {rss}"
+        )
+        print(line.rstrip())
 
 
 def check_disk(work: Path, needed: int) -> None:
@@ -418,9 +431,10 @@ def main_benchmark(args, work: Path) -> None:
             table.append((label, "-", None, f"n/a: {results}", 0, None, None))
             continue
         if baseline is None:
-            baseline = sum(rows / seconds for rows, _, seconds in results) / len(results)
-        for rank, (rows, size, seconds) in enumerate(results):
-            table.append((label, str(rank), rows, seconds, size, None, rows / seconds / baseline))
+            baseline = sum(rows / seconds for rows, _, seconds, _ in results) / len(results)
+        for rank, (rows, size, seconds, grown) in enumerate(results):
+            ratio = rows / seconds / baseline
+            table.append((label, str(rank), rows, seconds, size, None, ratio, grown))
     print(f"reading: each rank's best of {args.rounds} rounds (the peers: one round)")
     print_table(table, "")
 

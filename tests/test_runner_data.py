@@ -177,14 +177,26 @@ def keras_loop(train) -> dict:
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    positions = []
+
+    class SavePosition(tf.keras.callbacks.Callback):
+        """What a checkpoint callback saves: the place after the steps the model took."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            trained = int(self.model.optimizer.iterations.numpy())
+            if trained == 5:
+                positions.append((dataset.state_dict(steps=trained), dataset.state_dict()))
+
     with train.make_tf_dataset(batch_size=100, shuffle=True) as dataset:
         steps = dataset.steps_per_epoch
         pairs = dataset.map(lambda b: (tf.expand_dims(b.x, 1), b.x * 2))
         with strategy.scope():
             model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
             model.compile(tf.keras.optimizers.SGD(0.1), "mse")
-        history = model.fit(pairs, epochs=2, steps_per_epoch=steps, verbose=0)
-    return {"steps": steps, "loss": history.history["loss"]}
+        history = model.fit(
+            pairs, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[SavePosition()]
+        )
+    return {"steps": steps, "loss": history.history["loss"], "positions": positions}
 
 
 def test_keras_fit_on_the_tf_dataset_takes_equal_steps(spark):
@@ -194,3 +206,7 @@ def test_keras_fit_on_the_tf_dataset_takes_equal_steps(spark):
     assert [r["steps"] for r in results] == [11, 11]
     assert results[0]["loss"] == results[1]["loss"]  # one model, trained in step
     assert results[0]["loss"][-1] < results[0]["loss"][0]
+    for result in results:  # after 5 steps of 100 rows on 2 ranks, tf.data ran ahead
+        [(exact, taken)] = result["positions"]
+        assert (exact["epoch"], exact["rows_consumed"]) == (0, 1000)
+        assert taken["rows_consumed"] >= exact["rows_consumed"]
