@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkdist.data import fs, order
@@ -65,7 +66,13 @@ def _column_info(field: pa.Field) -> ColumnInfo:
 
 def _open(url: str) -> pq.ParquetFile:
     filesystem, path = fs.filesystem_and_path(url)
-    return pq.ParquetFile(filesystem.open_input_file(path))
+    source = filesystem.open_input_file(path)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        # Local and FUSE-mounted files (/dbfs, /Volumes): pages stream through a 1 MiB
+        # buffer as they are decoded, instead of a whole column chunk (128 MiB in a Spark
+        # row group) read into fresh memory first: half the memory, and no slower.
+        return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+    return pq.ParquetFile(source)  # object stores: whole column chunks in few requests
 
 
 def _footer(url: str) -> tuple[tuple[int, ...], int]:
