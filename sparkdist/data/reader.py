@@ -384,6 +384,7 @@ class ShardReader:
         self._closed = threading.Event()
         self._scratch = _Scratch()
         self._started: order.Position | None = None  # where the current iteration began
+        self._taken: order.Position | None = None  # an `iteration_apart`'s own count
 
     @property
     def rows_in_shard(self) -> int:
@@ -425,7 +426,7 @@ class ShardReader:
         batches before the training step uses them.
         """
         if steps is None:
-            return self.position.state_dict()
+            return (self._taken or self.position).state_dict()
         start = self._started or self.position
         if steps < 0 or (self.num_epochs is not None and steps > self.batches_per_iteration(start)):
             raise ValueError(
@@ -441,7 +442,7 @@ class ShardReader:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from `state_dict`, any world size) at the next iteration."""
         self.position.load_state_dict(state)
-        self._started = None
+        self._started = self._taken = None
 
     def close(self) -> None:
         """Stop every iteration in progress (their background threads end)."""
@@ -449,9 +450,11 @@ class ShardReader:
 
     # -- producing (may run in a background thread or a DataLoader worker) --
 
-    def _plan(self, worker: int, workers: int) -> Iterator[tuple[order.EpochOrder, list]]:
+    def _plan(
+        self, worker: int, workers: int, start: order.Position | None
+    ) -> Iterator[tuple[order.EpochOrder, list]]:
         """(epoch order, pieces this worker reads) per epoch of one iteration."""
-        position = self.position.copy()
+        position = (start or self.position).copy()
         epochs = batches = 0
         while self.num_epochs is None or epochs < self.num_epochs:
             epoch_order = order.EpochOrder(
@@ -571,22 +574,26 @@ class ShardReader:
             while pending:
                 yield from pending.popleft().result()
 
-    def _chunks(self, worker: int, workers: int) -> Iterator[Chunk]:
+    def _chunks(self, worker: int, workers: int, start: order.Position | None) -> Iterator[Chunk]:
         """This worker's decoded chunks of one iteration, each epoch closed by `EPOCH_END`."""
-        for epoch_order, pieces in self._plan(worker, workers):
+        for epoch_order, pieces in self._plan(worker, workers, start):
             yield from self._epoch_chunks(epoch_order, pieces)
             yield EPOCH_END
 
-    def batches(self, worker: int = 0, workers: int = 1) -> Iterator[Chunk]:
+    def batches(
+        self, worker: int = 0, workers: int = 1, start: order.Position | None = None
+    ) -> Iterator[Chunk]:
         """This worker's batches of one iteration.
 
         With ``prefetch``, a thread reads and decodes the chunks ahead; the batches are cut
         from them here, in the consumer's thread, so the threads meet once per chunk.
         """
         if self.prefetch < 1:
-            chunks = self._chunks(worker, workers)
+            chunks = self._chunks(worker, workers, start)
         else:
-            chunks = prefetched(lambda: self._chunks(worker, workers), self.prefetch, self._closed)
+            chunks = prefetched(
+                lambda: self._chunks(worker, workers, start), self.prefetch, self._closed
+            )
         return _rebatch(chunks, self.batch_size)
 
     # -- consuming (counts what the user got, for state_dict) --
@@ -623,6 +630,25 @@ class ShardReader:
             if self._closed.is_set():
                 return
             yield batch
+
+    def iteration_apart(self) -> Iterator[dict[str, np.ndarray]]:
+        """One iteration that moves the position only if it runs to its end (for tf.data).
+
+        tf.data takes batches ahead, and tf.distribute and Keras drop an iterator after
+        taking some to look at a dataset: the next iteration starts where such a one did,
+        so no row is skipped. It counts on its own; `state_dict(steps=n)` counts from its
+        start, and a later iteration supersedes it.
+        """
+        start = self.position.copy()
+        start.settle()
+        taken = start.copy()
+        self._started, self._taken = start, taken
+        for batch in self._counted(self.batches(start=start), taken):
+            if self._closed.is_set():
+                return
+            yield batch
+        if self._taken is taken:  # still the latest iteration, and it ran to its end
+            self.position, self._started, self._taken = taken, None, None
 
 
 def _by_window(pieces: list[tuple[order.Window, int, int]]) -> list[tuple[order.Window, list]]:

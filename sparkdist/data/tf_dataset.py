@@ -7,7 +7,9 @@ same number of batches per epoch (``dataset.steps_per_epoch``, for Keras ``fit``
 ``dataset.state_dict()`` / ``dataset.load_state_dict()`` carry the position as on the
 torch side. tf.data takes batches ahead of the training step (its prefetch, Keras's own
 buffers), so ``dataset.state_dict(steps=n)`` gives the exact place after the first ``n``
-batches of the current iteration, the steps the model trained on.
+batches of the current iteration, the steps the model trained on. An iteration that tf
+drops before its end does not move the position (tf.distribute takes a few batches to look
+at a dataset before Keras trains on it): the next one starts where it did.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class TFDatasetContext:
         signature = batch_type(*[_spec(info) for info in reader.output_columns])
 
         def generate():
-            for batch in reader:
+            for batch in reader.iteration_apart():
                 yield batch_type(*[batch[name] for name in names])
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
