@@ -2,11 +2,11 @@
 
 Which rows, in which order, is `sparkdist.data.order`: rank ``r`` of ``W`` reads its equal
 slice of each epoch's global order, from a position that survives relaunches and
-resizes. Here the slice is read window by window (consecutive row groups of that order):
-the row groups a window's part of the slice touches are read whole
-(``ParquetFile.read_row_group``, only the wanted columns), the rows are taken in order,
-and the result turns into numpy once per window; batches are views into it, so the
-per-batch cost stays near that of a bare pyarrow loop. Reading and decoding run in a
+resizes. Here the slice is read window by window (consecutive row groups of that order),
+only the wanted columns, decoded into numpy chunks of about 8 MiB: in the files' order the
+wanted rows are streamed; shuffled, a window's row groups are decoded whole and its rows
+gathered in the epoch's order. Batches are views into the chunks, so the per-batch cost
+stays near that of a bare pyarrow loop. Reading and decoding run in a
 background thread ``prefetch`` chunks (about 8 MiB each) ahead, so the hand-off between
 threads is paid per chunk, not per batch; ``workers_count`` windows can be read at once.
 """
@@ -128,11 +128,7 @@ def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, 
     return cur_shard, shard_count
 
 
-def _to_numpy(
-    name: str, column: pa.Array | pa.ChunkedArray, info: ColumnInfo, writable: bool = False
-) -> np.ndarray:
-    if isinstance(column, pa.ChunkedArray):  # (combine_chunks copies even a single chunk)
-        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+def _to_numpy(name: str, column: pa.Array, info: ColumnInfo, writable: bool = False) -> np.ndarray:
     if column.null_count:
         raise ValueError(
             f"column {name!r} has null values; fill or drop them before make_spark_converter "
@@ -192,8 +188,8 @@ def to_numpy_chunk(
 ) -> dict[str, np.ndarray]:
     """A record batch as {column: numpy array}; arrays come out as (rows, length).
 
-    ``writable`` copies out of Arrow's read-only buffers once per chunk (for torch, which
-    wants writable memory) instead of once per batch.
+    ``writable`` (for torch, which wants writable memory) views Arrow's freshly decoded
+    buffers where it can (`_numpy`), else copies once per chunk instead of once per batch.
     """
     return {
         info.name: _to_numpy(info.name, batch.column(info.name), info, writable) for info in columns
@@ -428,10 +424,11 @@ class ShardReader:
         if steps is None:
             return (self._taken or self.position).state_dict()
         start = self._started or self.position
-        if steps < 0 or (self.num_epochs is not None and steps > self.batches_per_iteration(start)):
+        limit = None if self.num_epochs is None else self.batches_per_iteration(start)
+        if steps < 0 or (limit is not None and steps > limit):
             raise ValueError(
                 f"steps={steps}: an iteration of this loader has "
-                f"{self.batches_per_iteration(start) if self.num_epochs else 'unlimited'} batches"
+                f"{'unlimited' if limit is None else limit} batches"
             )
         position = start.copy()
         position.settle()
@@ -511,9 +508,9 @@ class ShardReader:
     def _chunk_rows(self) -> int:
         return max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
 
-    def _decode(self, table: pa.Table | pa.RecordBatch) -> Chunk:
+    def _decode(self, batch: pa.RecordBatch) -> Chunk:
         writable = self.writable and self.transform is None
-        return self._transformed(to_numpy_chunk(table, self.columns, writable))
+        return self._transformed(to_numpy_chunk(batch, self.columns, writable))
 
     def _transformed(self, chunk: Chunk) -> Chunk:
         if self.transform is None:
