@@ -97,15 +97,10 @@ print(json.dumps({"components": components, "pairs": pairs, "once": once}))
 # --- the walks: run in a child process per checkout (`--walk-child`) ---------------------
 
 
-class _Aside:
-    """The code a walk leaves out: module bodies run by an import, and a log record's
-    handlers (sparkdist's console handler prints; its stops count log lines)."""
-
-    def __contains__(self, code: Any) -> bool:
-        return code.co_name == "<module>" or code is logging.Logger.callHandlers.__code__
-
-
-_ASIDE = _Aside()
+def _left_out(code: Any) -> bool:
+    """Whether a walk leaves out what this code runs: a module body (an import) or a log
+    record's handlers (sparkdist's console handler prints; its stops count log lines)."""
+    return code.co_name == "<module>" or code is logging.Logger.callHandlers.__code__
 
 
 class Tracer:
@@ -130,7 +125,7 @@ class Tracer:
         if event not in ("call", "return") or not self.active:
             return
         thread = threading.get_ident()
-        if frame.f_code in _ASIDE:  # an import runs a module's body; a log record, handlers
+        if _left_out(frame.f_code):
             self._aside[thread] = self._aside.get(thread, 0) + (1 if event == "call" else -1)
             return
         if event == "return":
@@ -189,7 +184,7 @@ def _checkpoint_message(frame: Any) -> Any:
     return None
 
 
-def _walk_options(spark: Any) -> Tracer:
+def _walk_options() -> Tracer:
     from sparkdist import HorovodRunner
 
     def main() -> int:
@@ -281,7 +276,7 @@ def _walk_child() -> None:
         spark.range(400).selectExpr(
             "cast(id as double) as features", "id % 2 as label"
         ).repartition(2).write.parquet(source)
-        tracer = _walk_options(spark)
+        tracer = _walk_options()
         record("a job's options", tracer, note=f"up to {tracer.ended_at or 'its end'}")
         parquet = spark.read.parquet(source)
         tracer, in_place = _walk_conversion(parquet)

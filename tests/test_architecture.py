@@ -236,10 +236,11 @@ class _Package:
         file, _, inner = name.partition(":")  # `task/spark_task.py:run_gang_task`
         if file.endswith("/"):  # a folder: `runner/driver/state/`, `sparkdist/`
             return (ROOT / file).is_dir() or bool(self.named(file.rstrip("/")))
-        if re.search(r"\.(toml|md|ya?ml|cfg|txt)$", file) or file.startswith(
-            ("tests/", "sparkdist/")
+        top = file.split("/")[0]
+        if re.search(r"\.(toml|md|ya?ml|cfg|txt)$", file) or (
+            (ROOT / top).is_dir() and top != file
         ):
-            path = ROOT / file  # a path from the repository's root
+            path = ROOT / file  # from the repository's root: `tests/...`, `sparkdist/...`
             return path.is_file() and (
                 not inner or inner in self._top_names(ast.parse(path.read_text()))
             )
