@@ -110,13 +110,14 @@ def plan_fit(
     settings = check_params(params)
     spec = resolve_features(df.schema, features_col)
     label_is_numeric = check_label_type(df.schema, label_col, settings.is_classifier)
+    element = spec.training_element(df.schema, settings.estimator)
     check_max_features(settings, spec.n_features)
     plan = TrainingPlan(
         settings=settings,
         features=spec,
         label_col=label_col,
         label_is_numeric=label_is_numeric,
-        element=spec.training_element(df.schema, settings.estimator),
+        element=element,
     )
     slots = session_slots(df.sparkSession)
     n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
