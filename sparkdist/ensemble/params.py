@@ -52,11 +52,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
 
 
-def is_classifier(estimator: Any) -> bool:
+def _is_classifier(estimator: Any) -> bool:
     """scikit-learn's is_classifier, imported on first use."""
-    from sklearn.base import is_classifier as sklearn_is_classifier
+    from sklearn.base import is_classifier
 
-    return bool(sklearn_is_classifier(estimator))
+    return bool(is_classifier(estimator))
 
 
 def _estimator(estimator: Any, _: Mapping[str, Any]) -> Any:
@@ -68,7 +68,7 @@ def _estimator(estimator: Any, _: Mapping[str, Any]) -> Any:
             f"estimator must be a scikit-learn-compatible model with fit and predict, "
             f"got {estimator!r}"
         )
-    if not is_classifier(estimator) and not is_regressor(estimator):
+    if not _is_classifier(estimator) and not is_regressor(estimator):
         raise ValueError(
             f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
             "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
@@ -118,7 +118,7 @@ def _voting(value: Any, checked: Mapping[str, Any]) -> str:
     if value not in VOTING:
         raise ValueError(f"voting must be one of {VOTING}, got {value!r}")
     estimator = checked["estimator"]
-    if value == "soft" and is_classifier(estimator) and not hasattr(estimator, "predict_proba"):
+    if value == "soft" and _is_classifier(estimator) and not hasattr(estimator, "predict_proba"):
         raise ValueError(
             f"voting='soft' averages predict_proba, which {type(estimator).__name__} does not "
             "have; use voting='hard', or an estimator with predict_proba"
@@ -264,4 +264,4 @@ def check_params(params: Mapping[str, Any]) -> Settings:
     checked: dict[str, Any] = {}
     for param in ENSEMBLE_PARAMS:
         checked[param.name] = param.check(params[param.name], checked)
-    return Settings(**checked, is_classifier=is_classifier(checked["estimator"]))
+    return Settings(**checked, is_classifier=_is_classifier(checked["estimator"]))
