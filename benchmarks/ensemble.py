@@ -386,7 +386,7 @@ def warm_up(spark, workdir: str, ks: list[int]) -> None:
     K, once per process) before any timing. The first fit of a fresh session pays that
     once: 4-7 s more at 1e6 rows with a 2,000-row warm-up, measured."""
     from sparkdist.ensemble import PartitionEnsemble
-    from sparkdist.spark.arrow_jobs import partition_keys
+    from sparkdist.ensemble.fit.partitioning import partition_keys
 
     X, y, _, _ = make_data(100_000)
     path = os.path.join(workdir, "warm-up.parquet")

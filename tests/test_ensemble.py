@@ -30,11 +30,12 @@ from sparkdist.ensemble import (
     SparkPartitionEnsembleModel,
     VersionMismatchError,
 )
-from sparkdist.ensemble.fit.assemble import assemble_model
+from sparkdist.ensemble.fit.driver import assemble_model
 from sparkdist.ensemble.fit.partitioning import SpreadPlan, cut_chunks
 from sparkdist.ensemble.fit.training import RESULT_SCHEMA, TrainingPlan, train_partition
-from sparkdist.ensemble.fit.validation import DataReport, check_settings, summarize
+from sparkdist.ensemble.fit.validation import DataReport, summarize
 from sparkdist.ensemble.model.features import FeatureSpec
+from sparkdist.ensemble.params import check_params
 
 # Classes defined here (CountingModel) travel to the executors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -223,8 +224,7 @@ def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_si
 
 def parquet_source_of(df, features_col, label_col="label"):
     from sparkdist.ensemble.fit.parquet_source import find_parquet_source
-    from sparkdist.ensemble.fit.validation import check_label_type
-    from sparkdist.ensemble.model.features import resolve_features
+    from sparkdist.ensemble.model.features import check_label_type, resolve_features
     from sparkdist.spark import session_slots
 
     spec = resolve_features(df.schema, features_col)
@@ -1096,15 +1096,15 @@ def test_rows_grow_in_place_into_one_matrix():
 def test_training_function_skips_empty_partitions_and_driver_warns(cancer, caplog):
     X, y = cancer
     spec = FeatureSpec(n_features=X.shape[1], feature_cols=tuple(f"f{i}" for i in range(30)))
-    settings = check_settings(logistic(), 3, 1.0, False, 1.0, "soft", "uniform", None)
+    settings = check_params(
+        PartitionEnsemble(logistic(), n_estimators=3, random_state=0).get_params()
+    )
     plan = TrainingPlan(
-        estimator=logistic(),
         settings=settings,
         features=spec,
         label_col="label",
         label_is_numeric=True,
         element="double",
-        random_state=0,
     )
     table = _spread_table(X, y, 3, spec)
     assert list(train_partition(plan, iter([]))) == []
@@ -1134,8 +1134,10 @@ def test_training_tasks_refuse_bad_data_before_fitting(cancer):
     y = y.astype(float)
     y[:3] = np.nan
     spec = FeatureSpec(n_features=X.shape[1], feature_cols=tuple(f"f{i}" for i in range(30)))
-    settings = check_settings(logistic(), 2, 1.0, False, 1.0, "soft", "uniform", None)
-    plan = TrainingPlan(logistic(), settings, spec, "label", True, "double", 0)
+    settings = check_params(
+        PartitionEnsemble(logistic(), n_estimators=2, random_state=0).get_params()
+    )
+    plan = TrainingPlan(settings, spec, "label", True, "double")
     results = [
         batch.to_pylist()[0]
         for batch in train_partition(plan, iter(_spread_table(X, y, 2, spec).to_batches()))
@@ -1150,8 +1152,7 @@ def test_progress_counts_models_as_their_training_tasks_finish():
     """10 models on 4 training tasks train 3, 3, 2, 2 models: k finished tasks count at
     least the models of the k smallest; nothing counts while only the spread stage ran
     (its own job under adaptive execution), and all once the training stage finished."""
-    from sparkdist.ensemble.fit.job import _models_in_tasks
-    from sparkdist.spark.arrow_jobs import models_done
+    from sparkdist.ensemble.fit.driver import _models_in_tasks, models_done
     from sparkdist.spark.jobs import StageCount
 
     assert [_models_in_tasks(10, 4, k) for k in range(5)] == [0, 2, 4, 7, 10]

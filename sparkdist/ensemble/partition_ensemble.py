@@ -14,9 +14,7 @@ from typing import Any
 
 from sklearn.base import BaseEstimator
 
-from sparkdist.ensemble.fit.assemble import assemble
-from sparkdist.ensemble.fit.job import run_training
-from sparkdist.ensemble.fit.plan import plan_fit
+from sparkdist.ensemble.fit.driver import assemble, plan_fit, run_training
 from sparkdist.ensemble.model.ensemble_model import PartitionEnsembleModel
 from sparkdist.ensemble.params import DEFAULT
 
@@ -66,7 +64,8 @@ class PartitionEnsemble(BaseEstimator):
         random_state: int | None = DEFAULT["random_state"],
         shuffle: bool = DEFAULT["shuffle"],
     ) -> None:
-        # Written out, not derived: scikit-learn's get_params reads this signature.
+        # Written out, not derived: scikit-learn's get_params reads this signature. The
+        # defaults, checks and docs are the table's (ensemble.params.ENSEMBLE_PARAMS).
         self.estimator = estimator
         self.n_estimators = n_estimators
         self.max_samples = max_samples
@@ -94,10 +93,13 @@ class PartitionEnsemble(BaseEstimator):
         """
         fit_started = time.perf_counter()
         params = self.get_params(deep=False)
+        # On the driver: the parameters and columns checked, the route of the rows chosen.
         plan, route = plan_fit(params, df, features_col, label_col)
         started, training_started = time.perf_counter(), time.time()
+        # In the Spark tasks: the rows read and spread, one model fitted per partition.
         rows = run_training(df, plan, route)
         trained = time.perf_counter()
+        # On the driver: the data's totals checked, the fitted models combined.
         model = assemble(rows, plan, route, params)
         model.fit_timings_ = {
             "checks_seconds": started - fit_started,

@@ -3,10 +3,10 @@
 Parameters are Spark ML Params (camelCase, as in Spark ML), declared from the ensemble's
 one parameter table (params.ENSEMBLE_PARAMS) with their getters and the stage's keyword
 signature; fitting delegates to PartitionEnsemble and prediction to
-PartitionEnsembleModel.transform. Persistence follows
-xgboost.spark: Spark ML's metadata for the Params, plus the ensemble's own directory
-(manifest and one file per model) written through Spark, so `Pipeline.save`,
-`PipelineModel.save` and their loads work on any filesystem Spark can write.
+PartitionEnsembleModel.transform. Persistence follows xgboost.spark: Spark ML's metadata
+for the Params, plus the ensemble's own directory (manifest and one file per model)
+written through Spark, so `Pipeline.save`, `PipelineModel.save` and their loads work on
+any filesystem Spark can write, with pyspark 3.5 and 4.
 """
 
 from __future__ import annotations
@@ -163,12 +163,134 @@ def _stage_keywords(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, MLWritable):
+def _require_classic_persistence(stage: Any) -> None:
+    """Spark ML persistence writes metadata on the cluster and the models beside it
+    through the Hadoop filesystem: both sides need a classic session."""
+    from pyspark.sql import SparkSession
+
+    from sparkdist.spark import require_classic
+
+    require_classic(
+        SparkSession.getActiveSession(),
+        f"Spark ML persistence of {getattr(stage, '__name__', type(stage).__name__)} "
+        "(write/save/load, Pipeline save)",
+        "On Spark Connect, fit and transform work; save the fitted ensemble with "
+        "model.ensemble.save(path) and load it with sparkdist.ensemble.load_model(path), or "
+        "log it with MLflow.",
+    )
+
+
+def _metadata_context(session: Any) -> Any:
+    """What Spark ML's `DefaultParamsWriter.saveMetadata` and `DefaultParamsReader.loadMetadata`
+    take: pyspark 4 a SparkSession (it writes and reads the metadata through a DataFrame,
+    which a Spark Connect session has too), pyspark 3.5 a SparkContext (it calls
+    `sc.parallelize(...).saveAsTextFile` and `sc.textFile`, which a SparkSession lacks)."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return session
+    return session.sparkContext
+
+
+class _StageWriter(MLWriter):
+    """Writes a stage's Params as Spark ML metadata; a subclass adds what goes beside them."""
+
+    def __init__(self, instance: Any) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def _save_params(self, path: str) -> None:
+        DefaultParamsWriter.saveMetadata(
+            self.instance,
+            path,
+            _metadata_context(self.sparkSession),
+            paramMap=self.instance._json_param_map(),
+        )
+
+
+class _StageReader(MLReader):
+    """Reads a stage's Params from Spark ML metadata; a subclass reads what is beside them."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def _metadata(self, path: str) -> dict[str, Any]:
+        return DefaultParamsReader.loadMetadata(path, _metadata_context(self.sparkSession))
+
+    def _with_params(self, instance: Any, metadata: dict[str, Any]) -> Any:
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        return instance
+
+
+class _EstimatorWriter(_StageWriter):
+    """Params as Spark ML metadata; the unfitted estimator pickled with library versions."""
+
+    def saveImpl(self, path: str) -> None:
+        self._save_params(path)
+        if self.instance.isDefined(self.instance.estimator):
+            storage = open_storage(os.path.join(path, _ESTIMATOR_DIR), self.sparkSession)
+            storage.write("versions.json", json.dumps(library_versions()).encode("utf-8"))
+            storage.write("estimator.pkl", cloudpickle.dumps(self.instance.getEstimator()))
+
+
+class _EstimatorReader(_StageReader):
+    def load(self, path: str) -> SparkPartitionEnsemble:
+        import pickle
+
+        instance = self._with_params(self.cls(), self._metadata(path))
+        storage = open_storage(os.path.join(path, _ESTIMATOR_DIR), self.sparkSession)
+        if storage.exists():
+            versions = json.loads(storage.read("versions.json"))
+            check_sklearn_version(versions.get("scikit-learn"), path)
+            instance._set(estimator=pickle.loads(storage.read("estimator.pkl")))
+        return instance
+
+
+class _ModelWriter(_StageWriter):
+    """Params as Spark ML metadata; the ensemble in its own directory beside them."""
+
+    def saveImpl(self, path: str) -> None:
+        if self.instance.ensemble is None:
+            raise ValueError("cannot save a SparkPartitionEnsembleModel without an ensemble")
+        self._save_params(path)
+        self.instance.ensemble.save(os.path.join(path, _ENSEMBLE_DIR), spark=self.sparkSession)
+
+
+class _ModelReader(_StageReader):
+    def load(self, path: str) -> SparkPartitionEnsembleModel:
+        metadata = self._metadata(path)
+        ensemble = load_model(os.path.join(path, _ENSEMBLE_DIR), spark=self.sparkSession)
+        return self._with_params(self.cls(ensemble), metadata)
+
+
+class _Persisted(MLReadable, MLWritable):
+    """Spark ML persistence (`write`/`read`, and so `save`/`load` and Pipeline saves) by
+    the stage's `_writer` and `_reader`, on a classic session."""
+
+    _writer: type[_StageWriter]
+    _reader: type[_StageReader]
+
+    def write(self) -> MLWriter:
+        _require_classic_persistence(self)
+        return self._writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        _require_classic_persistence(cls)
+        return cls._reader(cls)
+
+
+class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, _Persisted):
     """Spark ML Estimator: one scikit-learn/XGBoost model per partition.
 
     >>> ensemble = SparkPartitionEnsemble(estimator=XGBClassifier(), nEstimators=8)
     >>> model = Pipeline(stages=[VectorAssembler(...), ensemble]).fit(df)
     """
+
+    _writer = _EstimatorWriter
+    _reader = _EstimatorReader
 
     @_stage_keywords
     def __init__(self, **params: Any) -> None:
@@ -201,18 +323,12 @@ class SparkPartitionEnsemble(Estimator, _PartitionEnsembleParams, MLReadable, ML
         self._copyValues(model)
         return model
 
-    def write(self) -> MLWriter:
-        _require_classic_persistence(self)
-        return _EstimatorWriter(self)
 
-    @classmethod
-    def read(cls) -> MLReader:
-        _require_classic_persistence(cls)
-        return _EstimatorReader(cls)
-
-
-class SparkPartitionEnsembleModel(Model, _PartitionEnsembleParams, MLReadable, MLWritable):
+class SparkPartitionEnsembleModel(Model, _PartitionEnsembleParams, _Persisted):
     """Spark ML Model: the fitted PartitionEnsembleModel, predicting with a pandas UDF."""
+
+    _writer = _ModelWriter
+    _reader = _ModelReader
 
     def __init__(self, ensemble: PartitionEnsembleModel | None = None) -> None:
         super().__init__()
@@ -226,96 +342,3 @@ class SparkPartitionEnsembleModel(Model, _PartitionEnsembleParams, MLReadable, M
             prediction_col=self.getPredictionCol(),
             probability_col=self.getProbabilityCol() or None,
         )
-
-    def write(self) -> MLWriter:
-        _require_classic_persistence(self)
-        return _ModelWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        _require_classic_persistence(cls)
-        return _ModelReader(cls)
-
-
-def _require_classic_persistence(stage: Any) -> None:
-    """Spark ML persistence writes metadata on the cluster and the models beside it
-    through the Hadoop filesystem: both sides need a classic session."""
-    from pyspark.sql import SparkSession
-
-    from sparkdist.spark import require_classic
-
-    require_classic(
-        SparkSession.getActiveSession(),
-        f"Spark ML persistence of {getattr(stage, '__name__', type(stage).__name__)} "
-        "(write/save/load, Pipeline save)",
-        "On Spark Connect, fit and transform work; save the fitted ensemble with "
-        "model.ensemble.save(path) and load it with sparkdist.ensemble.load_model(path), or "
-        "log it with MLflow.",
-    )
-
-
-class _EstimatorWriter(MLWriter):
-    """Params as Spark ML metadata; the unfitted estimator pickled with library versions."""
-
-    def __init__(self, instance: SparkPartitionEnsemble) -> None:
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(
-            self.instance, path, self.sparkSession, paramMap=self.instance._json_param_map()
-        )
-        if self.instance.isDefined(self.instance.estimator):
-            storage = open_storage(os.path.join(path, _ESTIMATOR_DIR), self.sparkSession)
-            storage.write("versions.json", json.dumps(library_versions()).encode("utf-8"))
-            storage.write("estimator.pkl", cloudpickle.dumps(self.instance.getEstimator()))
-
-
-class _EstimatorReader(MLReader):
-    def __init__(self, cls: type) -> None:
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> SparkPartitionEnsemble:
-        import pickle
-
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        instance = self.cls()
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        storage = open_storage(os.path.join(path, _ESTIMATOR_DIR), self.sparkSession)
-        if storage.exists():
-            versions = json.loads(storage.read("versions.json"))
-            check_sklearn_version(versions.get("scikit-learn"), path)
-            instance._set(estimator=pickle.loads(storage.read("estimator.pkl")))
-        return instance
-
-
-class _ModelWriter(MLWriter):
-    """Params as Spark ML metadata; the ensemble in its own directory beside them."""
-
-    def __init__(self, instance: SparkPartitionEnsembleModel) -> None:
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        if self.instance.ensemble is None:
-            raise ValueError("cannot save a SparkPartitionEnsembleModel without an ensemble")
-        DefaultParamsWriter.saveMetadata(
-            self.instance, path, self.sparkSession, paramMap=self.instance._json_param_map()
-        )
-        self.instance.ensemble.save(os.path.join(path, _ENSEMBLE_DIR), spark=self.sparkSession)
-
-
-class _ModelReader(MLReader):
-    def __init__(self, cls: type) -> None:
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> SparkPartitionEnsembleModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        ensemble = load_model(os.path.join(path, _ENSEMBLE_DIR), spark=self.sparkSession)
-        instance = self.cls(ensemble)
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        return instance

@@ -1,11 +1,13 @@
 """How `PartitionEnsemble.fit` trains, in the order it happens.
 
-1. `plan`: the parameters and the schema checked (`validation`), the training job planned.
-2. `job`: the job built on its route (a shuffle, or each task's own rows) and run: the
-   rows read (`parquet_source` for a plain Parquet scan), spread over the models in chunks
-   (`partitioning`), each model fitted by its training task (`training`).
-3. `assemble`: the data's totals checked (`validation`), the fitted model built.
+`driver` holds the fit's driver side top-down: the plan (the parameters checked by their
+table, `ensemble.params`; the columns by `model.features`), the one Spark job that trains,
+and the fitted model assembled from its rows. The job's tasks run the other modules: the
+rows read (`parquet_source` for a plain Parquet scan), spread over the models in chunks
+(`partitioning`), each model fitted by its training task (`training`), the data's totals
+checked in the tasks and again on the driver (`validation`).
 
 The task-side modules (`parquet_source`, `partitioning`, `training`, `validation`) import
-no scikit-learn at import time: a Python worker Spark started afresh would pay for it.
+no scikit-learn and no pyspark at import time: a Python worker Spark started afresh would
+pay for it.
 """

@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from sparkdist.data.fs import filesystem_and_path
 from sparkdist.ensemble.model.features import FeatureSpec
-from sparkdist.spark import arrow_jobs
 from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
@@ -87,8 +86,7 @@ def find_parquet_source(
         return None
     if parts is None:
         total = sum(g[2] for g in groups)
-        split_bytes = arrow_jobs.split_bytes(df.sparkSession, total, slots, _OPEN_COST_BYTES)
-        splits = tuple(_pack(groups, split_bytes))
+        splits = tuple(_pack(groups, _split_bytes(df.sparkSession, total, slots)))
     else:
         splits = tuple(_row_ranges(groups, parts))
     source = ParquetSource(
@@ -238,6 +236,24 @@ def _is_plain_number(dtype: pa.DataType) -> bool:
 # Spark's reader makes: a Python task costs about 0.1 s of a slot on its own (measured: 20
 # empty mapInArrow tasks take 1.6 s on 2 slots, 2 take 0.2 s), and a split is read row
 # group by row group, so its size does not add memory.
+
+
+def _split_bytes(spark: Any, total_bytes: int, slots: int | None) -> int:
+    """The bytes each split aims at: the data spread evenly over the task slots, at least
+    the cost of opening one (Spark's spark.sql.files.maxPartitionBytes where the slots are
+    unknown)."""
+    if slots is None:
+        return parse_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", None) or "128m")
+    return max(_OPEN_COST_BYTES, math.ceil(total_bytes / max(1, slots)))
+
+
+def parse_bytes(value: str) -> int:
+    """A Spark size setting ("16m", "134217728", "1g") in bytes."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    text = value.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
 
 
 def _pack(groups: list[tuple[str, int, int, int]], split_bytes: int) -> Iterator[ParquetSplit]:

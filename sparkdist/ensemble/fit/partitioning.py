@@ -22,6 +22,11 @@ still groups rows by model index, so results stay right even if the pinning did 
 
 Without a shuffle (shuffle=False, `own_parts`) there is no spread stage: each training
 task reads its own part and spreads it over its own models (see training).
+
+The Spark side of both is here too, in pyspark's public API (imported on first use, so a
+task importing this module pays nothing for it): a function of this module or of
+`training` runs on every partition through `mapInArrow`, taking an iterator of Arrow
+record batches and yielding record batches of the given schema (a Spark DDL string).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ import pyarrow as pa
 from sparkdist.ensemble.fit.parquet_source import ParquetSource, find_parquet_source, read_split
 from sparkdist.ensemble.fit.validation import DataReport
 from sparkdist.ensemble.model.features import FeatureSpec
-from sparkdist.spark import arrow_jobs, columns
 from sparkdist.spark.task import partition_id
 
 logger = logging.getLogger(__name__)
@@ -46,6 +50,8 @@ logger = logging.getLogger(__name__)
 # Rows are cut into chunks this many bytes at a time: a chunk is one binary value, which
 # no Arrow batch can split, so this bounds what a training task holds beside its matrix.
 _MAX_CHUNK_BYTES = 4 * 2**20
+# Keys depend only on the partition count (Spark's hash is fixed), so one lookup per count.
+_keys_by_count: dict[int, list[int]] = {}
 
 
 @dataclass(frozen=True)
@@ -79,17 +85,22 @@ def spread(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan, slots: 
     parquet_source), cut into splits for the cluster's `slots` task slots; any other
     DataFrame is read by Spark.
     """
+    from pyspark.sql import functions as F
+
     schema = chunk_schema(plan.label_is_numeric)
     files = find_parquet_source(df, spec, label_col, plan.label_is_numeric, slots)
     if files is not None:
         cut = partial(cut_file_chunks, plan, files)
-        chunks = arrow_jobs.on_each_index(df.sparkSession, len(files.splits), cut, schema)
+        chunks = _indexes(df.sparkSession, len(files.splits)).mapInArrow(cut, schema)
     else:
         rows = _spark_rows(df, spec, label_col, plan)
-        chunks = arrow_jobs.on_each_partition(rows, partial(cut_chunks, plan), schema)
-    # Sorted, a training task receives one model's rows after another and fits each as
-    # soon as its rows are in; the order is the same in every run of the same data.
-    return arrow_jobs.hash_spread(chunks, len(plan.keys), "key", ("model_index", "source", "piece"))
+        chunks = rows.mapInArrow(partial(cut_chunks, plan), schema)
+    # A key from `partition_keys` reaches the partition it was found for. Sorted, a
+    # training task receives one model's rows after another and fits each as soon as its
+    # rows are in; the order is the same in every run of the same data.
+    return chunks.repartition(len(plan.keys), F.col("key")).sortWithinPartitions(
+        "model_index", "source", "piece"
+    )
 
 
 def own_parts(
@@ -103,18 +114,55 @@ def own_parts(
         df, spec, label_col, plan.label_is_numeric, slots=None, parts=n_parts
     )
     if files is not None:
-        return arrow_jobs.indexes(df.sparkSession, n_parts), files
-    return arrow_jobs.coalesced(_spark_rows(df, spec, label_col, plan), n_parts), None
+        return _indexes(df.sparkSession, n_parts), files
+    return _spark_rows(df, spec, label_col, plan).coalesce(n_parts), None
+
+
+def partition_keys(spark: Any, n_partitions: int) -> list[int]:
+    """keys[j] is an int that Spark's hash partitioning into n_partitions sends to j.
+
+    Found once per count by asking Spark to hash a range of candidates with the same
+    `hash` (Murmur3, seed 42) that hash partitioning uses.
+    """
+    from pyspark.sql import functions as F
+
+    if n_partitions in _keys_by_count:
+        return _keys_by_count[n_partitions]
+    candidates = 64 * n_partitions
+    while True:
+        ids = F.col("id").cast("int")
+        rows = (
+            spark.range(candidates)
+            .select(ids.alias("key"), F.pmod(F.hash(ids), F.lit(n_partitions)).alias("part"))
+            .groupBy("part")
+            .agg(F.min("key").alias("key"))
+            .collect()
+        )
+        if len(rows) == n_partitions:
+            keys = {row["part"]: row["key"] for row in rows}
+            _keys_by_count[n_partitions] = [int(keys[part]) for part in range(n_partitions)]
+            return _keys_by_count[n_partitions]
+        candidates *= 4
+        logger.debug("widening the search for partition keys to %d candidates", candidates)
+
+
+def _indexes(session: Any, n: int) -> Any:
+    """A DataFrame of `n` partitions, partition i holding one row, the int i (`id`): the
+    task of partition i reads Parquet split i."""
+    return session.range(0, n, 1, n)
 
 
 def _spark_rows(df: Any, spec: FeatureSpec, label_col: str, plan: SpreadPlan) -> Any:
-    """`df` as (features array, label) for Spark to read and hand to Python.
+    """`df` as (features array, label) for Spark to read and hand to Python, the label a
+    double when numeric.
 
     One array column, also for plain feature columns: Spark hands it to Python faster
     (4.1 s against 5.8 s for 1e6 rows x 50 floats), and it is one reshape.
     """
-    features = spec.spark_array(df.schema, plan.element)
-    return columns.features_and_label(df, features, label_col, plan.label_is_numeric)
+    from pyspark.sql import functions as F
+
+    label = F.col(label_col).cast("double") if plan.label_is_numeric else F.col(label_col)
+    return df.select(spec.spark_array(df.schema, plan.element), label)
 
 
 def cut_chunks(plan: SpreadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

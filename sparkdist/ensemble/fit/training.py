@@ -31,10 +31,11 @@ from sparkdist.ensemble.fit.partitioning import (
     read_chunks,
     spark_pieces,
 )
-from sparkdist.ensemble.fit.validation import DataReport, DataSummary, Settings, summarize
+from sparkdist.ensemble.fit.validation import DataReport, DataSummary, summarize
 from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.ensemble.model.serialization import dump_estimator, library_versions
 from sparkdist.ensemble.model.stats import EstimatorStats
+from sparkdist.ensemble.params import Settings
 from sparkdist.spark.task import partition_id, task_cpus
 
 logger = logging.getLogger(__name__)
@@ -58,13 +59,11 @@ _RESULT_ARROW_SCHEMA = pa.schema([(name, arrow_type) for name, _, arrow_type in 
 class TrainingPlan:
     """Everything a training task needs; shipped to the executors in the task closure."""
 
-    estimator: Any
-    settings: Settings
+    settings: Settings  # the checked parameters: the estimator, the seed drawn, ...
     features: FeatureSpec  # n_features 0 for a vector column: the data tells
     label_col: str
     label_is_numeric: bool
     element: str  # "float" or "double": the features' type in the chunks
-    random_state: int
 
     def spread_plan(self, keys: tuple[int, ...] = ()) -> SpreadPlan:
         """What the tasks that read the rows need of this plan to cut them into chunks;
@@ -72,7 +71,7 @@ class TrainingPlan:
         return SpreadPlan(
             keys=keys,
             n_models=self.settings.n_estimators,
-            seed=self.random_state,
+            seed=self.settings.random_state,
             n_features=self.features.n_features,
             element=self.element,
             is_classifier=self.settings.is_classifier,
@@ -170,7 +169,7 @@ def _read_own_rows(
     """This task's rows, read and spread at random over its `n_models` models; what was
     read is counted and checked into `report`, and nothing is kept once a check fails."""
     dtype = np.float32 if plan.element == "float" else np.float64
-    rng = np.random.default_rng([plan.random_state, 3, part])
+    rng = np.random.default_rng([plan.settings.random_state, 3, part])
     if files is None:
         pieces, drawn = spark_pieces(spread_plan, report, batches), None
         counts = np.zeros(n_models, dtype=np.int64)
@@ -236,9 +235,7 @@ def _fitted(
     """Fit the model whose rows `loading` holds: (model index, model, stats)."""
     load_seconds = time.perf_counter() - loading.started
     peak_loaded = _peak_rss_bytes()
-    features_per_model = choose_features(
-        summary.features.n_features, plan.settings, plan.random_state
-    )
+    features_per_model = choose_features(summary.features.n_features, plan.settings)
     X, y = loading.rows.arrays(summary.classes)
     loading.rows = None
     estimator, stats = fit_one(
@@ -328,10 +325,11 @@ class _Rows:
         return X, y
 
 
-def choose_features(n_features: int, settings: Settings, seed: int) -> list[np.ndarray]:
+def choose_features(n_features: int, settings: Settings) -> list[np.ndarray]:
     """Each model's feature indexes (sorted): all of them, or a random subspace.
 
-    Drawn from `seed` alone, so the training tasks and the driver get the same subspaces.
+    Drawn from the fit's seed alone, so the training tasks and the driver get the same
+    subspaces.
     """
     if isinstance(settings.max_features, int):
         n_chosen = settings.max_features
@@ -339,7 +337,7 @@ def choose_features(n_features: int, settings: Settings, seed: int) -> list[np.n
         n_chosen = max(1, int(settings.max_features * n_features))
     if n_chosen == n_features:
         return [np.arange(n_features) for _ in range(settings.n_estimators)]
-    rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([settings.random_state, 1])
     return [
         np.sort(rng.choice(n_features, size=n_chosen, replace=False))
         for _ in range(settings.n_estimators)
@@ -365,7 +363,7 @@ def fit_one(
     from sklearn.dummy import DummyClassifier
 
     settings = plan.settings
-    rng = np.random.default_rng([plan.random_state, model_index])
+    rng = np.random.default_rng([settings.random_state, model_index])
     n_rows = len(y)
     validation_rows, train_rows = _split(rng, n_rows, settings.validation_fraction)
     fit_rows = _sample(rng, train_rows, n_rows, settings.max_samples, settings.bootstrap)
@@ -390,9 +388,9 @@ def fit_one(
             estimator = DummyClassifier(strategy="most_frequent")
             logger.warning("model %d saw a single class; it predicts a constant", model_index)
         else:
-            estimator = _configured_clone(clone(plan.estimator), rng)
+            estimator = _configured_clone(clone(settings.estimator), rng)
     else:
-        estimator = _configured_clone(clone(plan.estimator), rng)
+        estimator = _configured_clone(clone(settings.estimator), rng)
 
     stats.fit_started = time.time()
     started, started_cpu = time.perf_counter(), time.process_time()

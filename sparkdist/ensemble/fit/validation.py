@@ -1,27 +1,27 @@
-"""Input checks for partition ensembles.
+"""The data checks of a fit: what the tasks read, counted and checked.
 
-Bad input fails with a ValueError that names the parameter or column and says how to fix
-it, instead of surfacing later as a task failure inside a Py4J stack trace. Parameters and
-the schema are checked on the driver before any Spark job. The data is checked without a
-pass of its own: the tasks that spread the rows count what they read (`DataReport`), every
-training task checks the totals before it fits (so bad data trains nothing), and the
-driver raises the error from the same totals. Without a shuffle (shuffle=False) a task
-checks the part it read, and the driver the sum of the parts.
+Bad data fails with a ValueError that names the column and says how to fix it, instead of
+surfacing later as a task failure inside a Py4J stack trace. (The parameters are checked
+by their table, `ensemble.params`, and the schema by `model.features`, on the driver
+before any Spark job.) The data is checked without a pass of its own: the tasks that
+spread the rows count what they read (`DataReport`), every training task checks the
+totals before it fits (so bad data trains nothing), and the driver raises the error from
+the same totals. Without a shuffle (shuffle=False) a task checks the part it read, and
+the driver the sum of the parts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import numbers
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.model.features import FeatureSpec, require_columns
-from sparkdist.spark import columns
+from sparkdist.ensemble.model.features import FeatureSpec
+from sparkdist.ensemble.params import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -29,41 +29,6 @@ logger = logging.getLogger(__name__)
 MIN_ROWS_PER_MODEL = 10
 # More distinct labels than this is almost surely a regression target.
 MAX_CLASSES = 1000
-
-VOTING = ("soft", "hard")
-WEIGHTS = ("uniform", "validation")
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """The ensemble's parameter defaults, shared by PartitionEnsemble and its Spark ML
-    wrapper (validation_fraction's default depends on weights: see check_settings)."""
-
-    n_estimators: int = 8
-    max_samples: float = 1.0
-    bootstrap: bool = False
-    max_features: float = 1.0
-    voting: str = "soft"
-    weights: str = "uniform"
-    shuffle: bool = True
-
-
-DEFAULTS = Defaults()
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The ensemble's parameters after checking, with defaults resolved."""
-
-    is_classifier: bool
-    n_estimators: int
-    max_samples: float
-    bootstrap: bool
-    max_features: float | int
-    voting: str
-    weights: str
-    validation_fraction: float
-    shuffle: bool = True
 
 
 @dataclass
@@ -146,109 +111,6 @@ class DataSummary:
     classes: np.ndarray | None
 
 
-def check_settings(
-    estimator: Any,
-    n_estimators: Any,
-    max_samples: Any,
-    bootstrap: Any,
-    max_features: Any,
-    voting: Any,
-    weights: Any,
-    validation_fraction: Any,
-    shuffle: Any = DEFAULTS.shuffle,
-) -> Settings:
-    """Check the ensemble parameters; resolve validation_fraction's default."""
-    classifier = _check_estimator(estimator)
-    _check_sampling(n_estimators, max_samples, bootstrap, shuffle, max_features)
-    if voting not in VOTING:
-        raise ValueError(f"voting must be one of {VOTING}, got {voting!r}")
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
-    if validation_fraction is None:
-        validation_fraction = 0.1 if weights == "validation" else 0.0
-    if not _is_number(validation_fraction) or not 0.0 <= validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
-    if weights == "validation" and validation_fraction == 0.0:
-        raise ValueError(
-            "weights='validation' scores each model on a held-out slice of its partition; "
-            "set validation_fraction > 0 (for example 0.1)"
-        )
-    if classifier and voting == "soft" and not hasattr(estimator, "predict_proba"):
-        raise ValueError(
-            f"voting='soft' averages predict_proba, which {type(estimator).__name__} does not "
-            "have; use voting='hard', or an estimator with predict_proba"
-        )
-    return Settings(
-        is_classifier=classifier,
-        n_estimators=int(n_estimators),
-        max_samples=float(max_samples),
-        bootstrap=bool(bootstrap),
-        max_features=int(max_features) if _is_int(max_features) else float(max_features),
-        voting=voting,
-        weights=weights,
-        validation_fraction=float(validation_fraction),
-        shuffle=bool(shuffle),
-    )
-
-
-def _check_estimator(estimator: Any) -> bool:
-    """A ValueError unless `estimator` is a scikit-learn classifier or regressor; True for
-    a classifier."""
-    from sklearn.base import is_classifier, is_regressor
-
-    if estimator is None or not hasattr(estimator, "fit") or not hasattr(estimator, "predict"):
-        raise ValueError(
-            f"estimator must be a scikit-learn-compatible model with fit and predict, "
-            f"got {estimator!r}"
-        )
-    classifier = bool(is_classifier(estimator))
-    if not classifier and not is_regressor(estimator):
-        raise ValueError(
-            f"estimator {type(estimator).__name__} is neither a classifier nor a regressor "
-            "(scikit-learn's is_classifier/is_regressor); pass a classifier or a regressor"
-        )
-    return classifier
-
-
-def _check_sampling(
-    n_estimators: Any, max_samples: Any, bootstrap: Any, shuffle: Any, max_features: Any
-) -> None:
-    """How many models, and what rows and features each draws."""
-    if not _is_int(n_estimators) or n_estimators < 1:
-        raise ValueError(f"n_estimators must be an integer >= 1, got {n_estimators!r}")
-    if not _is_number(max_samples) or not 0.0 < max_samples <= 1.0:
-        raise ValueError(
-            f"max_samples is the fraction of a partition's rows each model fits on, in (0, 1]; "
-            f"got {max_samples!r}"
-        )
-    for name, value in (("bootstrap", bootstrap), ("shuffle", shuffle)):
-        if not isinstance(value, bool | np.bool_):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
-    if _is_int(max_features):
-        if max_features < 1:
-            raise ValueError(f"max_features as a count must be >= 1, got {max_features!r}")
-    elif not _is_number(max_features) or not 0.0 < max_features <= 1.0:
-        raise ValueError(
-            f"max_features must be a fraction in (0, 1] or a count of features >= 1, "
-            f"got {max_features!r}"
-        )
-
-
-def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
-    """Check the label column's type; returns whether it is numeric."""
-    require_columns(schema, [label_col], "label")
-    kind = columns.kind(schema, label_col)
-    if kind == columns.NUMBER:
-        return True
-    if is_classifier and kind == columns.STRING:
-        return False
-    allowed = "numeric or string" if is_classifier else "numeric"
-    raise ValueError(
-        f"label column '{label_col}' has type {columns.type_name(schema, label_col)}; the "
-        f"label must be {allowed}"
-    )
-
-
 def summarize(
     report: DataReport,
     spec: FeatureSpec,
@@ -305,19 +167,6 @@ def summarize(
     )
 
 
-def check_random_state(random_state: Any) -> int:
-    """The seed of a fit: `random_state`, or one drawn when it is None."""
-    if random_state is None:
-        return int(np.random.SeedSequence().generate_state(1)[0] & 0x7FFFFFFF)
-    if isinstance(random_state, bool) or not isinstance(random_state, numbers.Integral):
-        raise ValueError(
-            f"random_state must be an int or None (it seeds Spark's rand), got {random_state!r}"
-        )
-    if not 0 <= random_state < 2**63:
-        raise ValueError(f"random_state must be >= 0, got {random_state}")
-    return int(random_state)
-
-
 def check_max_features(settings: Settings, n_features: int) -> None:
     """A count of features per model must not exceed the data's (0: not known yet)."""
     if isinstance(settings.max_features, int) and 0 < n_features < settings.max_features:
@@ -346,11 +195,3 @@ def _vector_spec(spec: FeatureSpec, report: DataReport) -> FeatureSpec:
     if not high:
         raise ValueError(f"feature column '{name}' holds empty vectors; there are no features")
     return FeatureSpec(n_features=int(high), features_col=name)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)

@@ -4,14 +4,15 @@ Classifiers vote: "soft" averages the models' probabilities, "hard" counts their
 classes; regressors average predictions. Each model's outputs are first mapped into the
 global class order (a model whose partition lacked a class gives it probability 0). The
 object holds only plain models and arrays, so it pickles with cloudpickle for MLflow and
-is shipped once per task for Spark prediction.
+is shipped once per task for Spark prediction, where it adds its columns with a pandas
+UDF (pyspark's public API, imported on first use).
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -21,7 +22,6 @@ import pandas as pd
 from sparkdist.ensemble.model.features import FeatureSpec, resolve_features, rows_to_matrix
 from sparkdist.ensemble.model.persistence import read_model, save_model
 from sparkdist.ensemble.model.stats import EstimatorStats
-from sparkdist.spark import columns as spark_columns
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +131,10 @@ class PartitionEnsembleModel:
         features = spec.spark_array(df.schema)
         payload = cloudpickle.dumps(self)
         if not self.is_classifier:
-            return spark_columns.with_regression(
-                df, features, _regression_udf(payload), prediction_col
-            )
+            return _with_regression(df, features, _regression_udf(payload), prediction_col)
         label_type = "double" if self.label_is_numeric else "string"
         classify = _classification_udf(payload)
-        return spark_columns.with_classification(
+        return _with_classification(
             df, features, classify, label_type, prediction_col, probability_col
         )
 
@@ -215,6 +213,38 @@ def combination_weights(stats: Sequence[EstimatorStats], weighting: str) -> np.n
 
 def _columns(X: np.ndarray, columns: np.ndarray, n_features: int) -> np.ndarray:
     return X if len(columns) == n_features else X[:, columns]
+
+
+def _with_regression(df: Any, features: Any, predict: Callable, prediction_col: str) -> Any:
+    """`df` plus `prediction_col`, a double that the iterator pandas UDF `predict` gives
+    for the `features` expression."""
+    from pyspark.sql.functions import pandas_udf
+
+    return df.withColumn(prediction_col, pandas_udf(predict, "double")(features))
+
+
+def _with_classification(
+    df: Any,
+    features: Any,
+    classify: Callable,
+    label_type: str,
+    prediction_col: str,
+    probability_col: str | None,
+) -> Any:
+    """`df` plus `prediction_col` (of `label_type`) and, if named, `probability_col` (a
+    Spark ML vector), from the iterator pandas UDF `classify`, which yields frames of
+    (prediction, probability array) for the `features` expression."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import pandas_udf
+
+    scratch = "__sparkdist_output"
+    udf = pandas_udf(classify, f"prediction {label_type}, probability array<double>")
+    out = df.withColumn(scratch, udf(features))
+    out = out.withColumn(prediction_col, F.col(f"{scratch}.prediction"))
+    if probability_col:
+        out = out.withColumn(probability_col, array_to_vector(F.col(f"{scratch}.probability")))
+    return out.drop(scratch)
 
 
 def _classification_udf(payload: bytes) -> Any:

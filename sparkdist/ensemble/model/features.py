@@ -1,9 +1,13 @@
-"""Where an ensemble's features come from, on Spark and on numpy/pandas.
+"""Where an ensemble's features and label come from, on Spark and on numpy/pandas.
 
 Features are either one Spark ML vector column (VectorAssembler output) or an array
 column, or a list of numeric columns. Training and Spark prediction turn both into one
 `array<double>` column, so executors see a single Arrow list they can reshape without
 per-row Python objects; pandas prediction picks the same columns in the same order.
+
+The columns' Spark types are read here, and nowhere else in the ensemble: the rest reasons
+about kinds of column (VECTOR, ARRAY, NUMBER, STRING) and the schema checks that name a
+bad column. pyspark (public API only) is imported on first use.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparkdist.spark import columns
+VECTOR, ARRAY, NUMBER, STRING, OTHER = "vector", "array", "number", "string", "other"
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class FeatureSpec:
         """A Spark column expression giving the features as `array<double>` (or `<float>`)
         of a DataFrame of `schema`."""
         one_column = self.features_col is not None
-        return columns.features_array(schema, self.input_columns, one_column, element)
+        return _features_array(schema, self.input_columns, one_column, element)
 
     def training_element(self, schema: Any, estimator: Any) -> str:
         """ "float" when shipping float32 to the training tasks loses nothing, else "double".
@@ -51,7 +55,7 @@ class FeatureSpec:
         """
         if _fits_on_float32(estimator):
             return "float"
-        exact = all(columns.holds_exact_float32(schema, name) for name in self.input_columns)
+        exact = all(_holds_exact_float32(schema, name) for name in self.input_columns)
         return "float" if exact else "double"
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,14 +142,14 @@ def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureS
     """
     if isinstance(features_col, str):
         require_columns(schema, [features_col], "feature")
-        kind = columns.kind(schema, features_col)
-        if kind == columns.VECTOR:
+        kind = column_kind(schema, features_col)
+        if kind == VECTOR:
             return FeatureSpec(n_features=0, features_col=features_col)
-        if kind == columns.ARRAY:
-            if columns.element_kind(schema, features_col) != columns.NUMBER:
+        if kind == ARRAY:
+            if _kind(schema[features_col].dataType.elementType) != NUMBER:
                 raise ValueError(
                     f"feature column '{features_col}' is an array of "
-                    f"{columns.type_name(schema, features_col, element=True)}; features "
+                    f"{_type_name(schema, features_col, element=True)}; features "
                     "must be numbers"
                 )
             return FeatureSpec(n_features=0, features_col=features_col)
@@ -157,9 +161,9 @@ def resolve_features(schema: Any, features_col: str | Sequence[str]) -> FeatureS
         raise ValueError(f"features_col lists a column twice: {names}")
     require_columns(schema, names, "feature")
     for name in names:
-        if columns.kind(schema, name) != columns.NUMBER:
+        if column_kind(schema, name) != NUMBER:
             raise ValueError(
-                f"feature column '{name}' has type {columns.type_name(schema, name)}; "
+                f"feature column '{name}' has type {_type_name(schema, name)}; "
                 "features must be "
                 "numeric: cast it, or encode it (StringIndexer, OneHotEncoder) and assemble "
                 "the features with VectorAssembler"
@@ -175,3 +179,72 @@ def require_columns(schema: Any, names: Sequence[str], role: str) -> None:
             f"{role} column(s) {missing} not in the DataFrame; its columns are "
             f"{schema.fieldNames()}"
         )
+
+
+def check_label_type(schema: Any, label_col: str, is_classifier: bool) -> bool:
+    """Check the label column's type; returns whether it is numeric."""
+    require_columns(schema, [label_col], "label")
+    kind = column_kind(schema, label_col)
+    if kind == NUMBER:
+        return True
+    if is_classifier and kind == STRING:
+        return False
+    allowed = "numeric or string" if is_classifier else "numeric"
+    raise ValueError(
+        f"label column '{label_col}' has type {_type_name(schema, label_col)}; the "
+        f"label must be {allowed}"
+    )
+
+
+def column_kind(schema: Any, name: str) -> str:
+    """What column `name` of `schema` holds: VECTOR (Spark ML), ARRAY, NUMBER (numeric or
+    boolean), STRING or OTHER."""
+    return _kind(schema[name].dataType)
+
+
+def _kind(dtype: Any) -> str:
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, VectorUDT):
+        return VECTOR
+    if isinstance(dtype, T.ArrayType):
+        return ARRAY
+    if isinstance(dtype, T.NumericType | T.BooleanType):
+        return NUMBER
+    if isinstance(dtype, T.StringType):
+        return STRING
+    return OTHER
+
+
+def _type_name(schema: Any, name: str, element: bool = False) -> str:
+    """Spark's name of column `name`'s type (of its elements with `element`)."""
+    dtype = schema[name].dataType
+    return (dtype.elementType if element else dtype).simpleString()
+
+
+def _holds_exact_float32(schema: Any, name: str) -> bool:
+    """True when every value column `name` can hold is exactly a float32: float, short,
+    byte and boolean columns, or arrays of them (not a vector: its values are doubles)."""
+    from pyspark.sql import types as T
+
+    dtype = schema[name].dataType
+    if isinstance(dtype, T.ArrayType):
+        dtype = dtype.elementType
+    return isinstance(dtype, T.FloatType | T.ShortType | T.ByteType | T.BooleanType)
+
+
+def _features_array(schema: Any, names: Sequence[str], one_column: bool, element: str) -> Any:
+    """A column expression giving the features as `array<element>` ("double" or "float"):
+    the vector or array column `names[0]` with `one_column`, else the numeric columns
+    `names` side by side. A vector needs `vector_to_array`, an array only a cast."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    if element not in ("double", "float"):
+        raise ValueError(f"element must be 'double' or 'float', got {element!r}")
+    if not one_column:
+        return F.array(*[F.col(name).cast(element) for name in names])
+    if column_kind(schema, names[0]) == VECTOR:
+        return vector_to_array(F.col(names[0]), f"float{32 if element == 'float' else 64}")
+    return F.col(names[0]).cast(f"array<{element}>")
