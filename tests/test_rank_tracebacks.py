@@ -4,8 +4,9 @@ the lock's cloudpickle and under the newest release (3.1.3 and later write
 
 The job runs in a child process (its own Spark) whose PYTHONPATH puts the newest
 cloudpickle first, for the driver and, through the driver's PYTHONPATH, for the ranks.
-The function comes from a "notebook cell": code compiled under a name that is no file
-anywhere, with its lines only in the driver's linecache, as IPython registers a cell.
+A single-node tune trial's traceback is checked there too. The functions come from a
+"notebook cell": code compiled under a name that is no file anywhere, with its lines only
+in the driver's linecache, as IPython registers a cell.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ CELL = textwrap.dedent(
         import os
         if os.environ["RANK"] == "1":
             helper(1)
+
+
+    def objective(trial):
+        helper(0)
     """
 )
 
@@ -64,6 +69,14 @@ CHILD = textwrap.dedent(
             HorovodRunner(np=np_, start_timeout=120, timeout=120).run(namespace["raising"])
         except RankFailedError as exc:
             out[str(np_)] = exc.traceback
+    # A single-node tune trial: its traceback too.
+    import optuna
+    import sparkdist.tune
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    sparkdist.tune.optimize(study, namespace["objective"], n_trials=1, parallelism=1)
+    out["tune"] = study.trials[0].user_attrs["traceback"]
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
     """
@@ -116,3 +129,5 @@ def test_rank_traceback_shows_the_cell_s_lines(tmp_path, cloudpickle_from):
         assert "<dynamic-code>" not in traceback
         assert 'File "<cell-7>", line 9, in raising\n    helper(1)' in traceback
         assert 'File "<cell-7>", line 3, in helper\n    raise ValueError(f"boom from' in traceback
+    assert f"ValueError: boom from rank 0 under cloudpickle {expected}" in out["tune"]
+    assert 'File "<cell-7>", line 13, in objective\n    helper(0)' in out["tune"]
