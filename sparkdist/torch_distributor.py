@@ -67,6 +67,8 @@ class _DeepspeedConfig:
 
 
 _KEEP = "keep"
+"""`_RankMain.devices`: CUDA_VISIBLE_DEVICES as the runner set it (a string, which
+unpickles equal on the rank)."""
 
 
 @dataclass(frozen=True)
