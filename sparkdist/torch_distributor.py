@@ -7,7 +7,7 @@ job gets live rank-prefixed logs, the first failing rank's traceback, nothing le
 running, retries and MLflow. Ranks see torchrun's environment (the torchrun backend),
 which is what code written for TorchDistributor reads. sparkdist's own runner options
 (`timeout`, `max_failures`, `launcher`, `network_interface`, ...) are keyword-only
-extras passed through to `HorovodRunner`.
+extras passed through to `HorovodRunner`. docs/migration.md lists what differs.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkdist.backends.gpu import owned_devices
 from sparkdist.protocol.script import ScriptMain
-from sparkdist.spark.gpus import driver_resources
-
-logger = logging.getLogger(__name__)
+from sparkdist.spark.cluster import is_connect_session
+from sparkdist.spark.gpus import driver_resources, gpu_addresses
 
 
 @dataclass(frozen=True)
 class _DeepspeedConfig:
-    """A DeepSpeed config as the ranks get it: the JSON text (a dict dumped, or the
-    file read on the driver) written to a file on each rank, or a path the driver
-    cannot see, passed on as it is."""
+    """A DeepSpeed config as the ranks get it: a path, passed on as it is when the rank
+    sees that file (as pyspark passes it), else the driver's copy of the file written
+    on the rank; or a dict, written to a JSON file on each rank."""
 
     text: str | None = None
     path: str | None = None
@@ -51,7 +51,7 @@ class _DeepspeedConfig:
         path = os.fspath(config)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
-                return cls(text=f.read())
+                return cls(text=f.read(), path=path)
         return cls(path=path)
 
     def flags(self, directory: str) -> list[str]:
@@ -59,28 +59,36 @@ class _DeepspeedConfig:
         if self.text is None and not self.path:
             return ["--deepspeed"]
         path = self.path
-        if self.text is not None:
+        if self.text is not None and not (path and os.path.isfile(path)):
             path = os.path.join(directory, "deepspeed_config.json")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(self.text)
         return ["--deepspeed", "--deepspeed_config", path]
 
 
+_KEEP = "keep"
+"""`_RankMain.devices`: CUDA_VISIBLE_DEVICES as the runner set it (a string, which
+unpickles equal on the rank)."""
+
+
 @dataclass(frozen=True)
 class _RankMain:
     """What every rank runs: `fn(*args, **kwargs)` (a function, or a script as
-    `ScriptMain`), in the environment pyspark's distributor gives it: no GPUs for
-    `use_gpu=False` on the cluster, and DeepSpeed's command-line flags."""
+    `ScriptMain`), in the environment pyspark's distributor gives it: the GPUs it
+    chose (`devices`: a CUDA_VISIBLE_DEVICES value, None for none set, or `_KEEP` for
+    the task's GPUs as the runner set them), and DeepSpeed's command-line flags."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = None
-    hide_gpus: bool = False
+    devices: str | None = _KEEP
     deepspeed: _DeepspeedConfig | None = None
 
     def __call__(self) -> Any:
-        if self.hide_gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if self.devices is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        elif self.devices != _KEEP:
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.devices
         if self.deepspeed is None:
             return self.fn(*self.args, **(self.kwargs or {}))
         with tempfile.TemporaryDirectory(prefix="sparkdist-deepspeed-") as directory:
@@ -102,13 +110,19 @@ class TorchDistributor:
 
     `local_mode=True` runs the ranks on the driver, `False` on the executors. With
     `use_gpu`, as under pyspark: one Spark task per `spark.task.resource.gpu.amount`
-    ranks, and every rank of a task (or of the driver) sees all its GPUs in
-    CUDA_VISIBLE_DEVICES and picks one by LOCAL_RANK, as under torchrun. Without it,
-    one task per rank, and ranks on the cluster see no GPU.
+    ranks, and every rank of a task sees all its GPUs in CUDA_VISIBLE_DEVICES and
+    picks one by LOCAL_RANK, as under torchrun; on the driver, the ranks share
+    `num_processes` of the driver's GPUs. Without it, one task per rank; ranks on the
+    cluster see no GPU, ranks on the driver the driver's CUDA_VISIBLE_DEVICES.
 
-    Keyword-only `min_processes`/`max_processes` make the job elastic (on the cluster),
-    as `HorovodRunner`'s `min_np`/`max_np`; other keywords go to `HorovodRunner`.
+    `input_params` holds the inputs as pyspark's has them: `num_processes`,
+    `local_mode`, `use_gpu` and `num_tasks`. Keyword-only `min_processes` /
+    `max_processes` make the job elastic (on the cluster), as `HorovodRunner`'s
+    `min_np`/`max_np`; other keywords go to `HorovodRunner`.
     """
+
+    _ssl_conf = "pytorch.spark.distributor.ignoreSsl"
+    """The Spark setting that lets a job run on a cluster with `spark.ssl.enabled`."""
 
     def __init__(
         self,
@@ -123,6 +137,8 @@ class TorchDistributor:
         from pyspark.sql import SparkSession
 
         self.spark = SparkSession.active()
+        # pyspark's logger name, so code that watches its warnings keeps working.
+        self.logger = logging.getLogger(type(self).__name__)
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
@@ -135,7 +151,16 @@ class TorchDistributor:
         self.num_tasks = self._get_num_tasks()
         if self.num_processes <= 0:
             raise ValueError("num_processes has to be a positive integer")
+        self.input_params = self._input_params()
         self._runner()  # sparkdist's own options: a bad one fails here, not at run
+
+    def _input_params(self) -> dict[str, Any]:
+        return {
+            "num_processes": self.num_processes,
+            "local_mode": self.local_mode,
+            "use_gpu": self.use_gpu,
+            "num_tasks": self.num_tasks,
+        }
 
     def _get_num_tasks(self) -> int:
         """pyspark's checks of the GPU configuration, with its messages."""
@@ -160,7 +185,7 @@ class TorchDistributor:
         if available == 0:
             raise RuntimeError("GPU resources were not configured properly on the driver.")
         if self.num_processes > available:
-            logger.warning(
+            self.logger.warning(
                 "'num_processes' cannot be set to a value greater than the number of available "
                 "GPUs on the driver, which is %d. 'num_processes' was reset to be equal to the "
                 "number of available GPUs.",
@@ -168,6 +193,31 @@ class TorchDistributor:
             )
             self.num_processes = available
         return self.num_processes
+
+    def _check_encryption(self) -> None:
+        """pyspark's refusal to train across machines on a cluster that asks for
+        encryption (`spark.ssl.enabled`): sparkdist's own channels use TLS, but the
+        ranks' torch.distributed traffic (Gloo, NCCL) is not encrypted."""
+        if _conf(self.spark, "spark.ssl.enabled", "false").lower() != "true":
+            return
+        name = type(self).__name__
+        if _conf(self.spark, self._ssl_conf, "false").lower() == "true":
+            self.logger.warning(
+                "This cluster has TLS encryption enabled; however, %s does not support data "
+                "encryption in transit. The Spark configuration '%s' has been set to 'true' "
+                "to override this configuration and use %s anyway. Please note this will "
+                "cause model parameters and possibly training data to be sent between nodes "
+                "unencrypted.",
+                name, self._ssl_conf, name,
+            )  # fmt: skip
+            return
+        raise RuntimeError(
+            f"This cluster has TLS encryption enabled; however, {name} does not support "
+            f"data encryption in transit. To override this configuration and use {name} "
+            f"anyway, you may set '{self._ssl_conf}' to 'true' in the Spark configuration. "
+            "Please note this will cause model parameters and possibly training data to be "
+            "sent between nodes unencrypted."
+        )
 
     def _runner(self):
         from sparkdist import job_environment
@@ -180,6 +230,20 @@ class TorchDistributor:
             return HorovodRunner(np=-self.num_processes, **options)
         per_task = self.num_processes // self.num_tasks
         return HorovodRunner(np=self.num_processes, ranks_per_task=per_task, **options)
+
+    def _devices(self) -> str | None:
+        """What CUDA_VISIBLE_DEVICES the ranks see, as under pyspark: on the cluster,
+        their task's GPUs or none; on the driver, `num_processes` of the driver's GPUs
+        (the first ones; pyspark samples them at random) or, without `use_gpu`, the
+        driver's own CUDA_VISIBLE_DEVICES (also on Spark Connect, whose server's GPUs
+        are not this client's)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if not self.local_mode:
+            return _KEEP if self.use_gpu else ""
+        if not self.use_gpu or is_connect_session(self.spark):
+            return visible
+        owned = owned_devices(gpu_addresses(driver_resources(self.spark)), visible)
+        return ",".join(owned[: self.num_processes])
 
     def _deepspeed(self) -> _DeepspeedConfig | None:
         return None
@@ -201,10 +265,9 @@ class TorchDistributor:
                 "is returned) or the path of a Python script (run on every rank with the "
                 f"other arguments as its command line), not {type(train_object).__name__}"
             )
-        main = _RankMain(
-            fn, args, kwargs, hide_gpus=not self.use_gpu and not self.local_mode,
-            deepspeed=self._deepspeed(),
-        )  # fmt: skip
+        if not self.local_mode:
+            self._check_encryption()
+        main = _RankMain(fn, args, kwargs, self._devices(), self._deepspeed())
         return self._runner().run(main)
 
     _script_kwargs_error = "Running pytorch file does not support key-word type arguments."
@@ -214,8 +277,11 @@ class DeepspeedTorchDistributor(TorchDistributor):
     """pyspark's DeepSpeed distributor: `numGpus * nnodes` ranks; each rank's command
     line (a script's, or `sys.argv` around a function) ends with `--deepspeed
     --deepspeed_config PATH`, as under pyspark, so `deepspeed.add_config_arguments`
-    and `deepspeed.initialize(args=...)` find the config. A dict config, or a config
-    file the driver can read, is written to a file on every rank."""
+    and `deepspeed.initialize(args=...)` find the config. A dict config is written to
+    a file on every rank, as is a config file the ranks cannot see. `input_params`
+    also holds `deepspeed_config`, as pyspark's does."""
+
+    _ssl_conf = "deepspeed.spark.distributor.ignoreSsl"
 
     def __init__(
         self,
@@ -229,6 +295,9 @@ class DeepspeedTorchDistributor(TorchDistributor):
         self.deepspeed_config = deepspeedConfig
         self._config = _DeepspeedConfig.of(deepspeedConfig)
         super().__init__(numGpus * nnodes, localMode, useGpu, **runner_options)
+
+    def _input_params(self) -> dict[str, Any]:
+        return {"deepspeed_config": self.deepspeed_config, **super()._input_params()}
 
     def _deepspeed(self) -> _DeepspeedConfig:
         return self._config

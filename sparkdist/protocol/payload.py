@@ -1,15 +1,28 @@
-"""Preflight on the driver: turn `main` and its arguments into bytes, or say why not.
+"""Preflight on the driver: turn `main` and its arguments into bytes, or say why not;
+and, on a rank, back into `main` and its arguments.
 
 Pickling fails late and cryptically if left to the ranks; doing it first, on the
 driver, lets the error name the very object that cannot travel.
+
+A failing rank's traceback shows the user's source lines, under every cloudpickle:
+the payload keeps, for each code object pickled by value, the name of its file
+(cloudpickle >= 3.1.3 writes "<dynamic-code>" instead) and that file's lines as the
+driver sees them (a notebook cell or a driver-only file has no copy on the executors);
+`unpack` puts the names back on the code and the lines into `linecache`, where
+`traceback` reads them.
 """
 
 from __future__ import annotations
 
 import inspect
+import io
+import linecache
 import logging
 import os
+import pickle
 import sys
+import types
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -63,12 +76,58 @@ def _culprit(candidates: list[tuple[str, Any]]) -> tuple[str, Any, Exception] | 
     return None
 
 
+_CLOUDPICKLE_CODE_REDUCE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _code_in_file(rebuild: Callable[..., types.CodeType], args: tuple, filename: str):
+    """On a rank: a code object as cloudpickle rebuilds it, named for its own file again."""
+    code = rebuild(*args)
+    return code if code.co_filename == filename else code.replace(co_filename=filename)
+
+
+class _SourcePickler(cloudpickle.Pickler):
+    """cloudpickle's pickler that also keeps, for every code object it pickles by value,
+    its file's name (in the code) and lines (in `sources`)."""
+
+    def __init__(self, file: io.BytesIO):
+        # Set before the base class's __init__, which reads it.
+        self.dispatch_table = ChainMap(
+            {types.CodeType: self._reduce_code}, cloudpickle.Pickler.dispatch_table
+        )
+        super().__init__(file)
+        self.sources: dict[str, list[str]] = {}
+
+    def _reduce_code(self, code: types.CodeType):
+        filename = code.co_filename
+        if filename not in self.sources:
+            self.sources[filename] = linecache.getlines(filename)
+        return _code_in_file, (*_CLOUDPICKLE_CODE_REDUCE(code), filename)
+
+
+def _dumps(main: Callable, kwargs: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    pickler = _SourcePickler(buffer)
+    pickler.dump((main, kwargs))
+    sources = {name: lines for name, lines in pickler.sources.items() if lines}
+    return pickle.dumps((buffer.getvalue(), sources), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(blob: bytes) -> tuple[Callable, dict[str, Any]]:
+    """On a rank: the `(main, kwargs)` that `pack` made, with the driver's source lines
+    of by-value code in `linecache` (mtime None: kept however the file differs here)."""
+    pickled, sources = pickle.loads(blob)
+    for filename, lines in sources.items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    return cloudpickle.loads(pickled)
+
+
 def pack(main: Callable, kwargs: dict[str, Any]) -> bytes:
-    """Cloudpickle `(main, kwargs)`; raise `PayloadError` naming what cannot be pickled."""
+    """Cloudpickle `(main, kwargs)` with the sources of its by-value code (`unpack` reads
+    it on a rank); raise `PayloadError` naming what cannot be pickled."""
     if not callable(main):
         raise PayloadError(f"main must be a callable, got {type(main).__name__}")
     try:
-        payload = cloudpickle.dumps((main, kwargs))
+        payload = _dumps(main, kwargs)
     except Exception as exc:  # noqa: BLE001
         candidates = [(f"keyword argument '{k}'", v) for k, v in kwargs.items()]
         candidates += _referenced_objects(main)

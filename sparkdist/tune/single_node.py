@@ -14,8 +14,6 @@ import logging
 import threading
 import uuid
 
-import cloudpickle
-
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import payload
 from sparkdist.spark import spark_error_summary
@@ -84,7 +82,7 @@ class SingleNodeTrials(TrialExecutor):
     def _job(self, workers: int) -> None:
         # Pickled in the thread that submits the job: pyspark ships the broadcast
         # variables the objective uses with the job pickled in the same thread.
-        blob = cloudpickle.dumps(self.objective)
+        blob = payload.pack(self.objective, {})  # its tracebacks show its lines
         address, secret = self.service.address, self.service.secret
         import_path = payload.driver_pythonpath()
 

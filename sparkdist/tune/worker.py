@@ -10,9 +10,7 @@ import signal
 import sys
 import threading
 
-import cloudpickle
-
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages, payload, wire
 from sparkdist.tune import shared
 from sparkdist.tune.messages import AskTrial, NoMoreTrials, RunTrial, TrialDone, WatchWorker
 from sparkdist.tune.outcome import run_objective
@@ -28,7 +26,7 @@ def run_worker(
     for entry in import_path.split(os.pathsep):
         if entry and entry not in sys.path and os.path.isdir(entry):
             sys.path.append(entry)
-    objective = cloudpickle.loads(blob)
+    objective, _ = payload.unpack(blob)
     shared.serve_from(address, secret)
     channel = wire.connect(address, secret)
     done = threading.Event()

@@ -14,7 +14,7 @@ import traceback
 from sparkdist import checkpoint, job_environment, roles, tracking
 from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
-from sparkdist.protocol import driver_channel, messages
+from sparkdist.protocol import driver_channel, messages, payload
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
 
@@ -72,7 +72,7 @@ def main() -> None:
         if role is not None and role[0] in roles.SERVERS:
             tensorflow.serve(*role)  # until the driver stops it: the chief is done
         tracking.setup_rank()
-        fn, kwargs = cloudpickle.loads(job.payload)
+        fn, kwargs = payload.unpack(job.payload)
         value = fn(**kwargs)
         checkpoint.wait()  # an async save still in flight is written and committed
     except checkpoint.Resize:
