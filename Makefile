@@ -9,6 +9,11 @@ STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt requirements/no-de
 PETASTORM_VENV := .venv-petastorm
 PETASTORM_REQS := requirements/petastorm-side.txt
 PETASTORM_STAMP := $(PETASTORM_VENV)/.sparkdist-$(shell cat $(PETASTORM_REQS) setup.py | sha256sum | cut -c1-16)
+# The newest cloudpickle beside the lock's, for tests/test_rank_tracebacks.py (3.1.3 renames
+# every pickled function's file to "<dynamic-code>"; rank tracebacks must show source lines anyway).
+CLOUDPICKLE_LATEST := .venv-cloudpickle-latest
+CLOUDPICKLE_LATEST_VERSION := 3.1.3
+CLOUDPICKLE_LATEST_STAMP := $(CLOUDPICKLE_LATEST)/.sparkdist-$(CLOUDPICKLE_LATEST_VERSION)
 # Peers only the benchmarks use (Mosaic Streaming), installed beside .venv, not into it.
 BENCH_DIR := .bench-streaming
 BENCH_REQS := requirements/bench-streaming.txt
@@ -20,7 +25,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # mkdocs-material's banner about its successor, printed on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: bootstrap system venv horovod petastorm-side bench-deps test demo docs lint format bench clean
+.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest bench-deps test demo docs lint format bench clean
 
 bootstrap: system venv horovod
 
@@ -51,6 +56,13 @@ $(PETASTORM_STAMP): $(PETASTORM_REQS) setup.py
 	rm -f $(PETASTORM_VENV)/.sparkdist-*
 	touch $@
 
+cloudpickle-latest: $(CLOUDPICKLE_LATEST_STAMP)
+
+$(CLOUDPICKLE_LATEST_STAMP): | venv
+	rm -rf $(CLOUDPICKLE_LATEST)
+	$(PY) -m pip install -q --no-deps --target $(CLOUDPICKLE_LATEST) cloudpickle==$(CLOUDPICKLE_LATEST_VERSION)
+	touch $@
+
 bench-deps: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(BENCH_REQS) | venv
@@ -58,7 +70,7 @@ $(BENCH_STAMP): $(BENCH_REQS) | venv
 	$(PY) -m pip install -q --no-deps --target $(BENCH_DIR) -r $(BENCH_REQS)
 	touch $@
 
-test: bootstrap petastorm-side
+test: bootstrap petastorm-side cloudpickle-latest
 	$(PY) -m ruff check sparkdist tests benchmarks
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
@@ -90,4 +102,4 @@ bench: bootstrap petastorm-side bench-deps
 	done; exit $$status
 
 clean:
-	rm -rf $(VENV) $(PETASTORM_VENV) $(BENCH_DIR) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(BENCH_DIR) build *.egg-info .pytest_cache
