@@ -177,7 +177,9 @@ def _arrow_column(field: pa.Field) -> ColumnInfo:
 
 def _array_lengths(footers: list[Footer], names: list[str]) -> dict[str, int]:
     """Each array column's length, from the first row of the data (a copy is checked)."""
-    for footer in footers if names else []:
+    if not names:
+        return {}
+    for footer in footers:
         non_empty = [i for i, n in enumerate(footer.row_group_rows) if n]
         if non_empty:
             parquet = fs.open_parquet(footer.url)
