@@ -89,7 +89,9 @@ def read_footers(
     each file must hold ``columns`` with the kind of values Spark reads there. Raises
     `NotReadable` for the first file, in order, that pyarrow cannot read or that fails.
     """
-    opened = [fs.filesystem_and_path(url) for url in urls]
+    if not urls:
+        return []
+    opened = [locate(url) for url in urls]
     with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
         reads = [pool.submit(_read, filesystem, path) for filesystem, path in opened]
         footers = []
@@ -103,6 +105,14 @@ def read_footers(
                 _check_kinds(footer, spark_schema, columns or [])
             footers.append(footer)
     return footers
+
+
+def locate(url: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system and path for ``url``; `NotReadable` when it has none."""
+    try:
+        return fs.filesystem_and_path(url)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise NotReadable(f"pyarrow cannot read {url} ({error})") from error
 
 
 def _read(filesystem: pafs.FileSystem, path: str) -> tuple[pq.FileMetaData, int]:

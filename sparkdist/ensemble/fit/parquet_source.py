@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkdist.data.files import NotReadable, read_footers
+from sparkdist.data.files import NotReadable, locate, read_footers
 from sparkdist.data.fs import filesystem_and_path
 from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.spark import arrow_jobs
@@ -186,11 +186,10 @@ def _row_groups(
         return "the scan lists no files", []
     if len(urls) > MAX_FILES:
         return f"the scan has {len(urls)} files (more than {MAX_FILES})", []
-    for url in urls:
-        filesystem, _ = filesystem_and_path(url)
-        if type(filesystem).__name__ != "LocalFileSystem":
-            return f"{url} is not on a local or mounted file system", []
     try:
+        for url in urls:
+            if type(locate(url)[0]).__name__ != "LocalFileSystem":
+                return f"{url} is not on a local or mounted file system", []
         footers = read_footers(urls)
     except NotReadable as why:
         return str(why), []
