@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkdist.data import order, reader
+from sparkdist.data import files, order, reader
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory) -> reader.Layout:
+def layout(tmp_path_factory) -> files.Layout:
     directory = tmp_path_factory.mktemp("reader-source")
     first = 0
     for index, groups in enumerate(ROW_GROUPS):
@@ -33,7 +33,7 @@ def layout(tmp_path_factory) -> reader.Layout:
                 writer.write_table(table.slice(start, size), row_group_size=size)
                 start += size
         first += rows
-    return reader.describe(directory.as_uri())
+    return files.describe(directory.as_uri())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -63,3 +63,30 @@ def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle
         np.testing.assert_array_equal(features, np.repeat(ids, 4).reshape(-1, 4))
         assert all(batch["features"].flags.writeable for batch in batches)
         assert [len(b["id"]) for b in batches[:-1]] == [50] * (len(batches) - 1)
+
+
+def test_one_read_options_value_reaches_the_reader(layout):
+    """A loader's arguments become one ReadOptions; keywords and the value read alike."""
+
+    def loader(batch_size=32, shuffle=False, *, seed=None, shuffling_queue_capacity=0, **rest):
+        return reader.ReadOptions.of(locals(), cur_shard=1, shard_count=2, prefetch=0)
+
+    options = loader(40, seed=3, shuffling_queue_capacity=500, collate_fn=None)
+    assert (options.batch_size, options.seed, options.cur_shard) == (40, 3, 1)
+    assert options.shuffled and options.window_rows == 500  # petastorm's knob shuffles
+    by_value = reader.ShardReader(layout, options, num_epochs=1)
+    by_keywords = reader.ShardReader(
+        layout,
+        batch_size=40,
+        num_epochs=1,
+        cur_shard=1,
+        shard_count=2,
+        seed=3,
+        shuffling_queue_capacity=500,
+        prefetch=0,
+    )
+    ids = [np.concatenate([b["id"] for b in shard]) for shard in (by_value, by_keywords)]
+    np.testing.assert_array_equal(ids[0], ids[1])
+    assert len(ids[0]) == by_value.rows_in_shard
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        reader.ReadOptions(batch_size=0)

@@ -1,7 +1,7 @@
 """Spark DataFrames to training ranks: petastorm's converter API on a pyarrow reader.
 
-Names are imported on first use, so that modules needing only `sparkdist.data.fs` (the
-ensembles' source tasks) do not import the converter.
+Names are imported on first use, so that modules needing only `sparkdist.data.fs` or
+`sparkdist.data.files` (the ensembles' Parquet source) do not import the converter.
 """
 
 from __future__ import annotations

@@ -142,6 +142,19 @@ def _find(df: DataFrame, plan_hash: int, options: tuple) -> _Entry | None:
     return None
 
 
+def copy_once(
+    df: DataFrame, cache_dir_url: str | None, options: tuple, write: Callable[[str], None]
+) -> tuple[str, bool]:
+    """`write_once` under the parent directory for ``df``'s session (``cache_dir_url``, else
+    the Spark conf), after sweeping the stale copies there; (url, reused)."""
+    spark = df.sparkSession
+    parent_url = parent_cache_dir_url_for(spark, cache_dir_url)
+    max_age = max_age_for(spark)
+    set_max_age(max_age)
+    sweep_stale(parent_url, max_age)
+    return write_once(df, parent_url, options, write)
+
+
 def write_once(
     df: DataFrame, parent_url: str, options: tuple, write: Callable[[str], None]
 ) -> tuple[str, bool]:

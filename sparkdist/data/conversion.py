@@ -3,29 +3,26 @@
 A DataFrame that is a plain Parquet scan, or a Delta table's current files, optionally with
 some columns selected, is read where it lies: nothing is written (`sparkdist.data.sources`).
 Any other DataFrame is written once per plan as Parquet under the cache directory
-(`sparkdist.data.cache`), compressed with ``DEFAULT_COMPRESSION_CODEC``, with progress on
-the driver (`sparkdist.data.progress`). Either way, columns the ranks could not batch are
-refused here, on the driver, naming the column and the fix: unsupported types before any
-Spark job, null values and ragged arrays from aggregates computed while Spark writes the
-copy (or in one pass over the columns of a source read in place whose statistics do not
-settle it).
+(`sparkdist.data.cache`, `sparkdist.data.writer`), compressed with
+``DEFAULT_COMPRESSION_CODEC``, with progress on the driver. Either way, columns the ranks
+could not batch are refused here, on the driver, naming the column and the fix:
+unsupported types before any Spark job, null values and ragged arrays from aggregates
+computed while Spark writes the copy (or in one pass over the columns of a source read in
+place whose statistics do not settle it).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparkdist.data import cache, fs
-from sparkdist.data.converter import SparkDatasetConverter, choose_backend
-from sparkdist.data.progress import WriteProgress
-from sparkdist.data.reader import describe
-from sparkdist.data.schema import check_dtype, check_values, prepare_dataframe, value_checks
+from sparkdist.data import cache, fs, petastorm_backend, writer
+from sparkdist.data.converter import SparkDatasetConverter
+from sparkdist.data.files import describe
+from sparkdist.data.schema import check_dtype, prepare_dataframe
 from sparkdist.data.sources import find_direct_source
-from sparkdist.spark import jobs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -38,6 +35,29 @@ DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
 # and read as fast (within noise), and every Parquet reader knows snappy (Spark's default).
 DEFAULT_COMPRESSION_CODEC = "snappy"
 COMPRESSION_CODECS = ("uncompressed", "snappy", "gzip", "lz4", "lz4_raw", "zstd")
+BACKENDS = ("auto", "pyarrow", "petastorm")
+
+
+@dataclass(frozen=True)
+class ConversionOptions:
+    """``make_spark_converter``'s options as one value, checked when made."""
+
+    parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES
+    compression_codec: str | None = None
+    dtype: str | None = "float32"
+    cache_dir_url: str | None = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if self.codec not in COMPRESSION_CODECS:
+            raise ValueError(f"compression_codec must be None or one of {COMPRESSION_CODECS}")
+        if self.parquet_row_group_size_bytes < 1024:
+            raise ValueError("parquet_row_group_size_bytes must be at least 1024")
+
+    @property
+    def codec(self) -> str:
+        return (self.compression_codec or DEFAULT_COMPRESSION_CODEC).lower()
 
 
 @dataclass(frozen=True)
@@ -67,35 +87,18 @@ def make_spark_converter(
     ``parquet_row_group_size_bytes`` apply to a copy. ``backend`` is "auto", "pyarrow" or
     "petastorm". Raises ValueError naming the columns that cannot be batched.
     """
-    return convert(
-        df,
-        parquet_row_group_size_bytes,
-        compression_codec,
-        dtype,
-        cache_dir_url=cache_dir_url,
-        backend=backend,
-    ).converter
+    options = ConversionOptions(
+        parquet_row_group_size_bytes, compression_codec, dtype, cache_dir_url, backend
+    )
+    return convert(df, options).converter
 
 
-def convert(
-    df: DataFrame,
-    parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-    compression_codec: str | None = None,
-    dtype: str | None = "float32",
-    *,
-    cache_dir_url: str | None = None,
-    backend: str = "auto",
-) -> Conversion:
+def convert(df: DataFrame, options: ConversionOptions | None = None) -> Conversion:
     """``make_spark_converter``, also saying whether this call wrote the copy."""
-    check_dtype(dtype)
-    codec = (compression_codec or DEFAULT_COMPRESSION_CODEC).lower()
-    if codec not in COMPRESSION_CODECS:
-        raise ValueError(f"compression_codec must be None or one of {COMPRESSION_CODECS}")
-    if parquet_row_group_size_bytes < 1024:
-        raise ValueError("parquet_row_group_size_bytes must be at least 1024")
-    prepared = prepare_dataframe(df, dtype)  # refuses unsupported types, by column
-    chosen = choose_backend(backend)
-    direct = find_direct_source(df, dtype)
+    options = options or ConversionOptions()
+    prepared = prepare_dataframe(df, options.dtype)  # refuses unsupported types, by column
+    backend = choose_backend(options.backend)
+    direct = find_direct_source(df, options.dtype)
     if direct is not None:
         logger.info(
             "sparkdist.data: the ranks read the %d files of the %s source in place (%d rows, "
@@ -105,74 +108,28 @@ def convert(
             direct.layout.num_rows,
             fs.human_bytes(direct.file_bytes),
         )
-        converter = SparkDatasetConverter(None, direct.layout, chosen, dtype, direct.kind)
+        converter = SparkDatasetConverter(None, direct.layout, backend, options.dtype, direct.kind)
         return Conversion(converter, wrote_copy=False)
-
-    spark = df.sparkSession
-    parent_url = cache.parent_cache_dir_url_for(spark, cache_dir_url)
-    max_age = cache.max_age_for(spark)
-    cache.set_max_age(max_age)
-    cache.sweep_stale(parent_url, max_age)
-
-    def write(url: str) -> None:
-        _write_copy(prepared, url, codec, parquet_row_group_size_bytes)
-        source = _source_bytes(df)
-        if source:
-            logger.info("sparkdist.data: the copy's source files hold %s", fs.human_bytes(source))
-
-    options = (dtype, parquet_row_group_size_bytes, codec)
-    url, reused = cache.write_once(df, parent_url, options, write)
-    converter = SparkDatasetConverter(url, describe(url), chosen, dtype, "copy")
+    size, codec = options.parquet_row_group_size_bytes, options.codec
+    write = functools.partial(writer.write_copy, prepared, df, codec, size)
+    url, reused = cache.copy_once(df, options.cache_dir_url, (options.dtype, size, codec), write)
+    converter = SparkDatasetConverter(url, describe(url), backend, options.dtype, "copy")
     return Conversion(converter, wrote_copy=not reused)
 
 
-def _write_copy(prepared: DataFrame, url: str, codec: str, row_group_bytes: int) -> None:
-    """Spark writes the rows to `url`, checking their values as they pass; logged with size."""
-    from pyspark.sql import Observation
-    from pyspark.sql import types as T
+def choose_backend(backend: str = "auto") -> str:
+    """The reader to use: pyarrow, unless petastorm is asked for by name; logged.
 
-    names = prepared.columns
-    arrays = [f.name for f in prepared.schema.fields if isinstance(f.dataType, T.ArrayType)]
-    observation = Observation(f"sparkdist_checks_{uuid.uuid4().hex[:8]}")
-    checked = prepared.observe(observation, *value_checks(names, arrays))
-    logger.info("sparkdist.data: writing the DataFrame as Parquet (%s) to %s", codec, url)
-    started = time.monotonic()
-    try:
-        description = f"sparkdist data: copy of a DataFrame ({len(names)} columns) to {url}"
-        with jobs.described(prepared.sparkSession, description), WriteProgress(url):
-            (
-                checked.write.option("compression", codec)
-                .option("parquet.block.size", str(row_group_bytes))
-                .parquet(url)
-            )
-    except Exception as error:
-        raise RuntimeError(
-            f"Spark could not write the DataFrame as Parquet to {url} (cache directory "
-            f"from cache_dir_url= or {cache.CACHE_DIR_CONF}): {_short(error)}"
-        ) from error
-    seconds = time.monotonic() - started
-    metrics = observation.get
-    check_values(metrics, names, arrays)  # raises; the failed copy is then removed
-    size, files = fs.size_of(url)
-    logger.info(
-        "sparkdist.data: wrote a copy of %d rows to %s: %s in %d files, %.1f s",
-        metrics["rows"],
-        url,
-        fs.human_bytes(size),
-        files,
-        seconds,
-    )
-
-
-def _source_bytes(df: DataFrame) -> int:
-    """Bytes of the files `df` reads (0 when it reads none, or they cannot be listed)."""
-    try:
-        return sum(fs.size_of(url)[0] for url in df.inputFiles()[:10_000])
-    except Exception:  # noqa: BLE001 - only for a log line
-        return 0
-
-
-def _short(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = " ".join(lines[:2]) if lines else type(error).__name__
-    return text[:500]
+    "auto" is the pyarrow reader: petastorm is unmaintained, shards by whole row groups
+    (unequal steps) and knows nothing of the global order or of resuming.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if backend in ("auto", "pyarrow"):
+        logger.info("sparkdist.data: using the pyarrow reader")
+        return "pyarrow"
+    version, reason = petastorm_backend.petastorm_status()
+    if version is None:
+        raise ImportError(f"backend='petastorm' was asked for, but petastorm is unusable: {reason}")
+    logger.info("sparkdist.data: using petastorm %s (asked for)", version)
+    return "petastorm"

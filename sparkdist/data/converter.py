@@ -15,34 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkdist.data import cache, petastorm_backend
-from sparkdist.data.reader import Layout, ShardReader, default_shard
-from sparkdist.data.transform import TransformSpec
+from sparkdist.data.files import Layout
+from sparkdist.data.reader import ReadOptions, ShardReader
 
 if TYPE_CHECKING:
     from sparkdist.data.tf_dataset import TFDatasetContext
     from sparkdist.data.torch_loader import TorchLoaderContext
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "pyarrow", "petastorm")
-
-
-def choose_backend(backend: str = "auto") -> str:
-    """The reader to use: pyarrow, unless petastorm is asked for by name; logged.
-
-    "auto" is the pyarrow reader: petastorm is unmaintained, shards by whole row groups
-    (unequal steps) and knows nothing of the global order or of resuming.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    if backend in ("auto", "pyarrow"):
-        logger.info("sparkdist.data: using the pyarrow reader")
-        return "pyarrow"
-    version, reason = petastorm_backend.petastorm_status()
-    if version is None:
-        raise ImportError(f"backend='petastorm' was asked for, but petastorm is unusable: {reason}")
-    logger.info("sparkdist.data: using petastorm %s (asked for)", version)
-    return "petastorm"
 
 
 @dataclass(frozen=True)
@@ -97,26 +77,6 @@ class SparkDatasetConverter:
             return False
         return True
 
-    def _reader(
-        self,
-        *,
-        shuffle: bool,
-        shuffling_queue_capacity: int,
-        shuffle_buffer_rows: int | None,
-        transform_spec: Any,
-        **kwargs: Any,
-    ) -> ShardReader:
-        if shuffling_queue_capacity:  # petastorm's knob: shuffle, mixing this many rows
-            shuffle = True
-            shuffle_buffer_rows = shuffle_buffer_rows or shuffling_queue_capacity
-        return ShardReader(
-            self.layout,
-            shuffle=shuffle,
-            shuffle_buffer_rows=shuffle_buffer_rows,
-            transform=_our_transform(transform_spec),
-            **kwargs,
-        )
-
     def make_torch_dataloader(
         self,
         batch_size: int = 32,
@@ -152,42 +112,13 @@ class SparkDatasetConverter:
         parallel; a thread reads ``prefetch`` decoded chunks (about 8 MiB each) ahead (0:
         none); ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
         """
-        cur_shard, shard_count = default_shard(cur_shard, shard_count)
-        if self._use_petastorm(shard_count):
-            return petastorm_backend.torch_context(
-                self.cache_dir_url,
-                self.layout,
-                batch_size=batch_size,
-                num_epochs=num_epochs,
-                shuffle=shuffle or bool(shuffling_queue_capacity),
-                seed=seed,
-                shuffle_buffer_rows=shuffling_queue_capacity or shuffle_buffer_rows or 8192,
-                cur_shard=cur_shard,
-                shard_count=shard_count,
-                columns=columns,
-                workers_count=workers_count,
-                transform_spec=transform_spec,
-            )
+        options = ReadOptions.of(locals(), writable=True)
+        if self._use_petastorm(options.shard_count):
+            return petastorm_backend.loader("torch", self.cache_dir_url, self.layout, options)
         from sparkdist.data.torch_loader import TorchLoaderContext
 
-        reader = self._reader(
-            batch_size=batch_size,
-            num_epochs=num_epochs,
-            cur_shard=cur_shard,
-            shard_count=shard_count,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            shuffle_buffer_rows=shuffle_buffer_rows,
-            shuffling_queue_capacity=shuffling_queue_capacity,
-            transform_spec=transform_spec,
-            columns=columns,
-            prefetch=prefetch,
-            workers_count=workers_count,
-            writable=True,
-        )
         return TorchLoaderContext(
-            reader,
+            ShardReader(self.layout, options),
             collate_fn=collate_fn,
             num_workers=num_workers,
             pin_memory=pin_memory,
@@ -202,13 +133,13 @@ class SparkDatasetConverter:
         cur_shard: int | None = None,
         shard_count: int | None = None,
         *,
+        prefetch: int | None = None,  # tf.data's (the reader's own stays at its default)
         seed: int | None = None,
         drop_last: bool = False,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
         transform_spec: Any = None,
         columns: Sequence[str] | None = None,
-        prefetch: int | None = None,
         workers_count: int | None = None,
     ) -> TFDatasetContext | Any:
         """Context manager giving a ``tf.data.Dataset`` of namedtuple batches of this rank.
@@ -218,41 +149,19 @@ class SparkDatasetConverter:
         are those of ``make_torch_dataloader``; ``dataset.steps_per_epoch`` is the number
         of batches per epoch on every rank, for Keras ``fit``.
         """
-        batch_size = batch_size or 32
-        cur_shard, shard_count = default_shard(cur_shard, shard_count)
-        if self._use_petastorm(shard_count):
-            return petastorm_backend.tf_context(
-                self.cache_dir_url,
-                self.layout,
-                batch_size=batch_size,
-                num_epochs=num_epochs,
-                shuffle=shuffle or bool(shuffling_queue_capacity),
-                seed=seed,
-                shuffle_buffer_rows=shuffling_queue_capacity or shuffle_buffer_rows or 8192,
-                cur_shard=cur_shard,
-                shard_count=shard_count,
-                columns=columns,
-                workers_count=workers_count,
-                prefetch=prefetch,
-                transform_spec=transform_spec,
+        options = ReadOptions.of(
+            locals(),
+            skip=["prefetch"],
+            batch_size=batch_size or 32,
+            shuffling_queue_capacity=shuffling_queue_capacity or 0,
+        )
+        if self._use_petastorm(options.shard_count):
+            return petastorm_backend.loader(
+                "tf", self.cache_dir_url, self.layout, options, prefetch
             )
         from sparkdist.data.tf_dataset import TFDatasetContext
 
-        reader = self._reader(
-            batch_size=batch_size,
-            num_epochs=num_epochs,
-            cur_shard=cur_shard,
-            shard_count=shard_count,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            shuffle_buffer_rows=shuffle_buffer_rows,
-            shuffling_queue_capacity=shuffling_queue_capacity or 0,
-            transform_spec=transform_spec,
-            columns=columns,
-            workers_count=workers_count,
-        )
-        return TFDatasetContext(reader, prefetch)
+        return TFDatasetContext(ShardReader(self.layout, options), prefetch)
 
     def delete(self) -> None:
         """Remove the cached copy; the same DataFrame is written anew if converted again.
@@ -265,14 +174,3 @@ class SparkDatasetConverter:
             )
             return
         cache.delete(self.cache_dir_url)
-
-
-def _our_transform(spec: Any) -> TransformSpec | None:
-    """A `TransformSpec`, also from petastorm's class of the same shape."""
-    if spec is None or isinstance(spec, TransformSpec):
-        return spec
-    if all(hasattr(spec, name) for name in ("func", "edit_fields", "selected_fields")):
-        return TransformSpec(
-            spec.func, spec.edit_fields, getattr(spec, "removed_fields", None), spec.selected_fields
-        )
-    raise TypeError(f"transform_spec must be a sparkdist.data.TransformSpec, got {spec!r}")

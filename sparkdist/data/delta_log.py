@@ -54,14 +54,15 @@ class Snapshot:
 
 
 def is_delta_table(table_url: str) -> bool:
-    """True when `table_url` holds a `_delta_log` directory."""
-    filesystem, path = fs.filesystem_and_path(table_url)
+    """True when `table_url` (a directory URL or path) holds a `_delta_log` directory."""
+    filesystem, path = fs.filesystem_and_path(fs.normalize_dir_url(table_url))
     info = filesystem.get_file_info(posixpath.join(path, "_delta_log"))
     return info.type == pafs.FileType.Directory
 
 
 def read_snapshot(table_url: str) -> Snapshot:
     """Replay `table_url`'s log: its newest checkpoint, then the commits after it."""
+    table_url = fs.normalize_dir_url(table_url)
     filesystem, root = fs.filesystem_and_path(table_url)
     log_dir = posixpath.join(root, "_delta_log")
     names = [

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 
 def normalize_dir_url(url: str) -> str:
@@ -41,6 +42,18 @@ def filesystem_and_path(url: str) -> tuple[pafs.FileSystem, str]:
     if scheme in ("s3a", "s3n"):
         url = "s3" + url[len(scheme) :]
     return pafs.FileSystem.from_uri(url)
+
+
+def open_parquet(url: str) -> pq.ParquetFile:
+    """A Parquet file, opened to be read row group by row group."""
+    filesystem, path = filesystem_and_path(url)
+    source = filesystem.open_input_file(path)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        # Local and FUSE-mounted files (/dbfs, /Volumes): pages stream through a 1 MiB
+        # buffer as they are decoded, instead of a whole column chunk (128 MiB in a Spark
+        # row group) read into fresh memory first: half the memory, and no slower.
+        return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+    return pq.ParquetFile(source)  # object stores: whole column chunks in few requests
 
 
 def dbfs_mount_path(path: str) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
 from typing import Any
 
-from sparkdist.data.reader import Layout
+from sparkdist.data.files import Layout
+from sparkdist.data.reader import ReadOptions
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,94 +35,48 @@ def _converter(cache_dir_url: str, layout: Layout) -> Any:
     return SparkDatasetConverter(cache_dir_url, list(layout.file_urls), layout.num_rows)
 
 
-def _reader_kwargs(
-    *,
-    cur_shard: int,
-    shard_count: int,
-    shuffle: bool,
-    seed: int | None,
-    columns: Sequence[str] | None,
-    transform_spec: Any = None,
-) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"shuffle_row_groups": shuffle, "seed": seed}
-    if transform_spec is not None:
+def _reader_kwargs(options: ReadOptions) -> dict[str, Any]:
+    """petastorm's reader arguments for ``options`` (beside those its two loaders name)."""
+    kwargs: dict[str, Any] = {"shuffle_row_groups": options.shuffled, "seed": options.seed}
+    spec = options.transform_spec
+    if spec is not None:
         from petastorm import TransformSpec
 
         kwargs["transform_spec"] = TransformSpec(
-            transform_spec.func,
-            edit_fields=transform_spec.edit_fields,
-            removed_fields=transform_spec.removed_fields,
-            selected_fields=transform_spec.selected_fields,
+            spec.func,
+            edit_fields=spec.edit_fields,
+            removed_fields=spec.removed_fields,
+            selected_fields=spec.selected_fields,
         )
-    if shard_count > 1:
-        kwargs.update(cur_shard=cur_shard, shard_count=shard_count)
-    if columns is not None:
+    if options.shard_count > 1:
+        kwargs.update(cur_shard=options.cur_shard, shard_count=options.shard_count)
+    if options.columns is not None:
         # petastorm matches schema_fields as regular expressions.
-        kwargs["schema_fields"] = [f"^{re.escape(name)}$" for name in columns]
+        kwargs["schema_fields"] = [f"^{re.escape(name)}$" for name in options.columns]
     return kwargs
 
 
-def torch_context(
+def loader(
+    kind: str,
     cache_dir_url: str,
     layout: Layout,
-    *,
-    batch_size: int,
-    num_epochs: int | None,
-    shuffle: bool,
-    seed: int | None,
-    shuffle_buffer_rows: int,
-    cur_shard: int,
-    shard_count: int,
-    columns: Sequence[str] | None,
-    workers_count: int | None,
-    transform_spec: Any = None,
+    options: ReadOptions,
+    prefetch: int | None = None,
 ) -> Any:
-    """petastorm's ``make_torch_dataloader`` context manager (dicts of tensors)."""
-    return _converter(cache_dir_url, layout).make_torch_dataloader(
-        batch_size=batch_size,
-        num_epochs=num_epochs,
-        workers_count=workers_count,
-        shuffling_queue_capacity=shuffle_buffer_rows if shuffle else 0,
-        **_reader_kwargs(
-            cur_shard=cur_shard,
-            shard_count=shard_count,
-            shuffle=shuffle,
-            seed=seed,
-            columns=columns,
-            transform_spec=transform_spec,
-        ),
-    )
-
-
-def tf_context(
-    cache_dir_url: str,
-    layout: Layout,
-    *,
-    batch_size: int,
-    num_epochs: int | None,
-    shuffle: bool,
-    seed: int | None,
-    shuffle_buffer_rows: int,
-    cur_shard: int,
-    shard_count: int,
-    columns: Sequence[str] | None,
-    workers_count: int | None,
-    prefetch: int | None,
-    transform_spec: Any = None,
-) -> Any:
-    """petastorm's ``make_tf_dataset`` context manager (namedtuple batches)."""
-    return _converter(cache_dir_url, layout).make_tf_dataset(
-        batch_size=batch_size,
-        prefetch=prefetch,
-        num_epochs=num_epochs,
-        workers_count=workers_count,
-        shuffling_queue_capacity=shuffle_buffer_rows if shuffle else None,
-        **_reader_kwargs(
-            cur_shard=cur_shard,
-            shard_count=shard_count,
-            shuffle=shuffle,
-            seed=seed,
-            columns=columns,
-            transform_spec=transform_spec,
-        ),
-    )
+    """petastorm's context manager: ``make_torch_dataloader`` (dicts of tensors) for
+    ``kind`` "torch", ``make_tf_dataset`` (namedtuple batches, tf.data's ``prefetch``)
+    for "tf"."""
+    # petastorm's own knob decides the buffer first, then ours.
+    buffer = options.shuffling_queue_capacity or options.shuffle_buffer_rows or 8192
+    kwargs = {
+        "batch_size": options.batch_size,
+        "num_epochs": options.num_epochs,
+        "workers_count": options.workers_count,
+        **_reader_kwargs(options),
+    }
+    converter = _converter(cache_dir_url, layout)
+    if kind == "torch":
+        capacity = buffer if options.shuffled else 0
+        return converter.make_torch_dataloader(shuffling_queue_capacity=capacity, **kwargs)
+    capacity = buffer if options.shuffled else None
+    return converter.make_tf_dataset(prefetch=prefetch, shuffling_queue_capacity=capacity, **kwargs)

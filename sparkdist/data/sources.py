@@ -2,13 +2,13 @@
 
 When `sparkdist.spark.file_scan` finds that a DataFrame's rows are exactly a file source's
 (optionally with some of its columns selected), copying it would only spend time and
-disk: the ranks can read the source's own files. This module decides whether they can,
-file by file (every footer is read here, on the driver), and builds the `Layout` they
-read. It says no, and the DataFrame is copied as before, when a column would not come out
-of the files as Spark gives it: a Spark ML vector (a struct in Parquet), a partition
-column (a directory name), a column missing from a file or held with another kind of type,
-a Delta table with deletion vectors or column mapping, a store pyarrow cannot open. The
-reason is logged at INFO.
+disk: the ranks can read the source's own files. This module decides whether they can
+(every footer is read on the driver by `sparkdist.data.files`, which builds the `Layout`
+they read). It says no, and the DataFrame is copied as before, when a column would not
+come out of the files as Spark gives it: a Spark ML vector (a struct in Parquet), a
+partition column (a directory name), a column missing from a file or held with another
+kind of type, a Delta table with deletion vectors or column mapping, a store pyarrow
+cannot open. The reason is logged at INFO.
 
 Null values and ragged arrays are found as for a copy, at conversion: from the footers'
 statistics where they prove there are none, else by one Spark aggregation over the
@@ -18,18 +18,15 @@ columns that need it (the array columns always: their lengths are not in the foo
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sparkdist.data import delta_log, fs
-from sparkdist.data.columns import ColumnInfo
-from sparkdist.data.reader import Layout
-from sparkdist.data.schema import check_values, is_vector, value_checks
+from sparkdist.data.files import Footer, Layout, NotReadable, read_footers, spark_layout
+from sparkdist.data.schema import is_vector
+from sparkdist.data.writer import check_values, value_checks
 from sparkdist.spark.file_scan import FileScan, NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
@@ -38,10 +35,6 @@ logger = logging.getLogger(__name__)
 # which also compacts it.
 MAX_FILES = 20_000
 _TIME_TRAVEL = {"versionasof", "timestampasof", "startingversion", "startingtimestamp"}
-
-
-class NotReadable(Exception):
-    """The ranks cannot read the source's files as they are; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -61,17 +54,12 @@ def find_direct_source(df: Any, dtype: str | None) -> DirectSource | None:
         scan = plain_file_scan(df, columns)
         urls = _source_files(df, scan)
         _check_columns(df, scan, columns)
-        footers = _read_footers(urls, df.schema, columns)
+        footers = read_footers(urls, columns, df.schema)
     except (NotPlainScan, NotReadable) as why:
         logger.info("sparkdist.data: the DataFrame is copied: %s", why)
         return None
     lengths = _check_values(df, columns, footers)
-    layout = Layout(
-        file_urls=tuple(urls),
-        row_group_rows=tuple(footer.row_group_rows for footer in footers),
-        columns=tuple(_column_info(df.schema[name], dtype, lengths) for name in columns),
-        row_bytes=sum(f.column_bytes for f in footers) // max(1, sum(f.rows for f in footers)),
-    )
+    layout = spark_layout(footers, [df.schema[name] for name in columns], dtype, lengths)
     return DirectSource(scan.format, layout, sum(footer.file_bytes for footer in footers))
 
 
@@ -96,7 +84,7 @@ def _source_files(df: Any, scan: FileScan) -> list[str]:
 
 def _is_delta(root: str) -> bool:
     try:
-        return delta_log.is_delta_table(fs.normalize_dir_url(root))
+        return delta_log.is_delta_table(root)
     except (OSError, ValueError, pa.ArrowException):
         return False
 
@@ -109,7 +97,7 @@ def _delta_files(df: Any, scan: FileScan) -> list[str]:
     if travel:
         raise NotReadable(f"the Delta scan reads another version ({', '.join(travel)})")
     try:
-        snapshot = delta_log.read_snapshot(fs.normalize_dir_url(scan.roots[0]))
+        snapshot = delta_log.read_snapshot(scan.roots[0])
     except (OSError, ValueError, KeyError, pa.ArrowException) as error:
         raise NotReadable(f"cannot read the Delta log of {scan.roots[0]} ({error})") from error
     reason = snapshot.refusal()
@@ -151,93 +139,11 @@ def _check_columns(df: Any, scan: FileScan, columns: list[str]) -> None:
         raise NotReadable(f"columns {vectors} are Spark ML vectors (structs in Parquet)")
 
 
-@dataclass(frozen=True)
-class _Footer:
-    row_group_rows: tuple[int, ...]
-    rows: int
-    column_bytes: int  # uncompressed, the selected columns only
-    file_bytes: int
-    nulls_known_zero: frozenset[str]  # columns whose statistics say: no null anywhere
-
-
-def _read_footers(urls: list[str], schema: Any, columns: list[str]) -> list[_Footer]:
-    with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
-        return list(pool.map(lambda url: _footer(url, schema, columns), urls))
-
-
-def _footer(url: str, schema: Any, columns: list[str]) -> _Footer:
-    try:
-        filesystem, path = fs.filesystem_and_path(url)
-        with filesystem.open_input_file(path) as handle:
-            metadata = pq.ParquetFile(handle).metadata
-            file_bytes = handle.size()
-    except (OSError, ValueError, pa.ArrowException) as error:
-        raise NotReadable(f"pyarrow cannot read {url} ({error})") from error
-    arrow_schema = metadata.schema.to_arrow_schema()
-    for name in columns:
-        if arrow_schema.get_field_index(name) < 0:
-            raise NotReadable(f"column '{name}' is not in {url} (or not under that exact name)")
-        have, want = _kind(arrow_schema.field(name).type), _spark_kind(schema[name].dataType)
-        if have != want:
-            raise NotReadable(f"column '{name}' is {arrow_schema.field(name).type} in {url}")
-    # Leaf columns of the Parquet schema, by their top-level name.
-    leaves: dict[str, list[int]] = {}
-    for i in range(metadata.num_columns):
-        leaves.setdefault(metadata.schema.column(i).path.split(".")[0], []).append(i)
-    rows, column_bytes, proven = [], 0, set(columns)
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        rows.append(group.num_rows)
-        for name in columns:
-            for leaf in leaves.get(name, []):
-                chunk = group.column(leaf)
-                column_bytes += chunk.total_uncompressed_size
-                stats = chunk.statistics
-                if stats is None or not stats.has_null_count or stats.null_count:
-                    proven.discard(name)
-    return _Footer(tuple(rows), sum(rows), column_bytes, file_bytes, frozenset(proven))
-
-
-def _kind(data_type: pa.DataType) -> str:
-    """The kind of values a Parquet column holds, as far as the readers care."""
-    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
-        return "array of " + _kind(data_type.value_type)
-    if pa.types.is_boolean(data_type):
-        return "boolean"
-    if pa.types.is_integer(data_type):
-        return "integer"
-    if pa.types.is_floating(data_type):
-        return "float"
-    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
-        return "string"
-    if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type):
-        return "binary"
-    return str(data_type)
-
-
-def _spark_kind(data_type: Any) -> str:
-    from pyspark.sql import types as T
-
-    if isinstance(data_type, T.ArrayType):
-        return "array of " + _spark_kind(data_type.elementType)
-    kinds = [
-        (T.BooleanType, "boolean"),
-        (T.ByteType | T.ShortType | T.IntegerType | T.LongType, "integer"),
-        (T.FloatType | T.DoubleType, "float"),
-        (T.StringType, "string"),
-        (T.BinaryType, "binary"),
-    ]
-    for types, kind in kinds:
-        if isinstance(data_type, types):
-            return kind
-    return data_type.simpleString()
-
-
-def _check_values(df: Any, columns: list[str], footers: list[_Footer]) -> dict[str, int]:
+def _check_values(df: Any, columns: list[str], footers: list[Footer]) -> dict[str, int]:
     """Nulls and array lengths: from statistics where they suffice, else one Spark pass."""
     from pyspark.sql import types as T
 
-    proven = frozenset.intersection(*(footer.nulls_known_zero for footer in footers))
+    proven = frozenset.intersection(*(footer.null_free for footer in footers))
     arrays = [f.name for f in df.schema.fields if isinstance(f.dataType, T.ArrayType)]
     unproven = [name for name in columns if name not in proven]
     if not unproven and not arrays:
@@ -250,33 +156,3 @@ def _check_values(df: Any, columns: list[str], footers: list[_Footer]) -> dict[s
         *value_checks(unproven, arrays)
     )
     return check_values(row.first().asDict(), unproven, arrays)
-
-
-_NUMPY = {
-    "BooleanType": "bool",
-    "ByteType": "int8",
-    "ShortType": "int16",
-    "IntegerType": "int32",
-    "LongType": "int64",
-    "FloatType": "float32",
-    "DoubleType": "float64",
-}
-
-
-def _column_info(field: Any, dtype: str | None, lengths: dict[str, int]) -> ColumnInfo:
-    """What a rank delivers for `field`: Spark's type, floats in `dtype` (as a copy has)."""
-    from pyspark.sql import types as T
-
-    data_type = field.dataType
-    if isinstance(data_type, T.StringType):
-        return ColumnInfo(field.name, "string", "object")
-    if isinstance(data_type, T.BinaryType):
-        return ColumnInfo(field.name, "binary", "object")
-    is_array = isinstance(data_type, T.ArrayType)
-    value_type = data_type.elementType if is_array else data_type
-    numpy_dtype = _NUMPY[type(value_type).__name__]
-    if dtype is not None and isinstance(value_type, T.FloatType | T.DoubleType):
-        numpy_dtype = np.dtype(dtype).name
-    if is_array:
-        return ColumnInfo(field.name, "array", numpy_dtype, lengths.get(field.name))
-    return ColumnInfo(field.name, "scalar", numpy_dtype)

@@ -18,7 +18,7 @@ import collections
 import keyword
 from typing import Any
 
-from sparkdist.data.columns import ColumnInfo
+from sparkdist.data.files import ColumnInfo
 from sparkdist.data.reader import ShardReader
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkdist.data.columns import ColumnInfo
+from sparkdist.data.files import ColumnInfo
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,6 +43,20 @@ class TransformSpec:
     edit_fields: Sequence[Any] | None = None
     removed_fields: Sequence[str] | None = None
     selected_fields: Sequence[str] | None = None
+
+    @classmethod
+    def of(cls, spec: Any) -> TransformSpec | None:
+        """``spec`` as a `TransformSpec`, also from petastorm's class of the same shape."""
+        if spec is None or isinstance(spec, TransformSpec):
+            return spec
+        if all(hasattr(spec, name) for name in ("func", "edit_fields", "selected_fields")):
+            return cls(
+                spec.func,
+                spec.edit_fields,
+                getattr(spec, "removed_fields", None),
+                spec.selected_fields,
+            )
+        raise TypeError(f"transform_spec must be a sparkdist.data.TransformSpec, got {spec!r}")
 
     def input_columns(self, columns: Sequence[str], known: dict[str, ColumnInfo]) -> list[str]:
         """The stored columns to read: all asked for (``func`` may use any of them)."""

@@ -9,8 +9,9 @@ labels) to the spread. Anything else (a filter, a join, a computed column, a cac
 partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
 
 Recognizing a plain scan is `sparkdist.spark.file_scan`'s job (shared with the converter).
-Every file's footer is read on the driver first, so a file that lacks a column, or holds it
-with another type, keeps the Spark path instead of failing in a task.
+Every file's footer is read on the driver first (`sparkdist.data.files`, the converter's
+footer reader), so a file that lacks a column, or holds it with another type, keeps the
+Spark path instead of failing in a task.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sparkdist.data.files import NotReadable, locate, read_footers
 from sparkdist.data.fs import filesystem_and_path
 from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
 
-# Footers are read one by one on the driver; beyond this many files Spark reads.
+# Footers are read on the driver; beyond this many files Spark reads.
 MAX_FILES = 4096
 # Splits smaller than this cost more in task overhead than they gain in balance.
 _OPEN_COST_BYTES = 4 * 2**20
@@ -182,27 +184,23 @@ def _row_groups(
         return "the scan lists no files", []
     if len(urls) > MAX_FILES:
         return f"the scan has {len(urls)} files (more than {MAX_FILES})", []
-    groups = []
-    for url in urls:
-        try:
-            filesystem, path = filesystem_and_path(url)
-            if type(filesystem).__name__ != "LocalFileSystem":
+    try:
+        for url in urls:
+            if type(locate(url)[0]).__name__ != "LocalFileSystem":
                 return f"{url} is not on a local or mounted file system", []
-            metadata = pq.read_metadata(path)
-        except (OSError, ValueError, pa.ArrowException) as error:
-            return f"pyarrow cannot read {url} ({error})", []
-        reason = _schema_refusal(
-            metadata.schema.to_arrow_schema(), spec, label_col, label_is_numeric
-        )
+        footers = read_footers(urls)
+    except NotReadable as why:
+        return str(why), []
+    groups = []
+    for footer in footers:
+        reason = _schema_refusal(footer.schema, spec, label_col, label_is_numeric)
         if reason is not None:
-            return f"{url}: {reason}", []
-        for i in range(metadata.num_row_groups):
-            row_group = metadata.row_group(i)
-            if row_group.num_rows:
-                size = sum(
-                    row_group.column(c).total_compressed_size for c in range(row_group.num_columns)
-                )
-                groups.append((url, i, size, row_group.num_rows))
+            return f"{footer.url}: {reason}", []
+        for i, (rows, size) in enumerate(
+            zip(footer.row_group_rows, footer.row_group_bytes, strict=True)
+        ):
+            if rows:
+                groups.append((footer.url, i, size, rows))
     return None, groups
 
 

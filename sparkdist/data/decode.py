@@ -1,0 +1,207 @@
+"""Decodes a rank's windows of the Parquet files into numpy chunks, on the rank.
+
+A window is consecutive row groups of an epoch's order (`sparkdist.data.order`). In the
+files' own order its wanted rows are streamed in chunks of about ``chunk_rows`` rows;
+shuffled, its row groups are decoded whole and the rows gathered in the epoch's order.
+Only the wanted columns are decoded; nulls and ragged arrays are refused by column name;
+a `TransformSpec` runs on each chunk. Cutting chunks into batches is
+`sparkdist.data.batches`; which windows a rank reads is `sparkdist.data.reader`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkdist.data import fs, order
+from sparkdist.data.files import ColumnInfo, Layout
+from sparkdist.data.transform import TransformSpec
+
+Chunk = dict[str, np.ndarray]
+
+
+def _to_numpy(name: str, column: pa.Array, info: ColumnInfo, writable: bool = False) -> np.ndarray:
+    if column.null_count:
+        raise ValueError(
+            f"column {name!r} has null values; fill or drop them before make_spark_converter "
+            f"(e.g. df.na.drop(subset=[{name!r}]))"
+        )
+    if info.kind == "array":
+        values = column.flatten()
+        if values.null_count:
+            raise ValueError(f"column {name!r} has arrays with null elements; fill them first")
+        rows = len(column)
+        length = info.length
+        if rows:
+            # Every row must hold `length` elements: consecutive offsets `length` apart.
+            offsets = column.offsets.to_numpy()
+            if length is None:
+                length = int(offsets[1] - offsets[0])
+            if not (offsets[1:] - offsets[:-1] == length).all():
+                lengths = pc.min_max(pc.list_value_length(column)).as_py()
+                raise ValueError(
+                    f"column {name!r} has arrays of different lengths "
+                    f"({lengths['min']}..{lengths['max']}, first row of the data: "
+                    f"{info.length}); only fixed-length arrays can be batched"
+                )
+        return _as_dtype(_numpy(values, writable), info).reshape(rows, length or 0)
+    return _as_dtype(_numpy(column, writable), info)
+
+
+def _numpy(array: pa.Array, writable: bool) -> np.ndarray:
+    """``array`` as numpy; ``writable`` without a copy where Arrow's memory allows it.
+
+    A freshly decoded number column sits in a mutable buffer that only this chunk uses,
+    so a writable view of it is safe; ``to_numpy(writable=True)`` would copy it (about
+    10 us a 64 KiB batch, a tenth of the whole per-batch cost).
+    """
+    kind = array.type
+    if (
+        writable
+        and not array.null_count
+        and (pa.types.is_integer(kind) or pa.types.is_floating(kind))
+    ):
+        data = array.buffers()[1]
+        if data is not None and data.is_mutable:
+            dtype = np.dtype(kind.to_pandas_dtype())
+            return np.frombuffer(data, dtype, len(array), array.offset * dtype.itemsize)
+    return array.to_numpy(zero_copy_only=False, writable=writable)
+
+
+def _as_dtype(values: np.ndarray, info: ColumnInfo) -> np.ndarray:
+    """Cast to the dtype the layout promises (a source file read in place may differ)."""
+    if info.kind in ("string", "binary") or values.dtype == np.dtype(info.dtype):
+        return values
+    return values.astype(info.dtype)
+
+
+def to_numpy_chunk(
+    batch: pa.RecordBatch, columns: Sequence[ColumnInfo], writable: bool = False
+) -> Chunk:
+    """A record batch as {column: numpy array}; arrays come out as (rows, length).
+
+    ``writable`` (for torch, which wants writable memory) views Arrow's freshly decoded
+    buffers where it can (`_numpy`), else copies once per chunk instead of once per batch.
+    """
+    return {
+        info.name: _to_numpy(info.name, batch.column(info.name), info, writable) for info in columns
+    }
+
+
+class Scratch(threading.local):
+    """A thread's arrays that shuffled windows are decoded into, kept for the next window."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, like: np.ndarray, rows: int) -> np.ndarray:
+        """``rows`` rows shaped and typed like ``like``, from the held array if it fits."""
+        held = self.arrays.get(name)
+        if (
+            held is None
+            or len(held) < rows
+            or held.shape[1:] != like.shape[1:]
+            or held.dtype != like.dtype
+        ):
+            held = self.arrays[name] = np.empty((rows, *like.shape[1:]), like.dtype)
+        return held[:rows]
+
+
+@dataclass(frozen=True)
+class WindowDecoder:
+    """Reads positions of windows of ``layout``: ``columns`` in, ``output_columns`` out."""
+
+    layout: Layout
+    columns: tuple[ColumnInfo, ...]
+    output_columns: list[ColumnInfo]
+    transform: TransformSpec | None
+    writable: bool
+    chunk_rows: int
+
+    def read(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
+    ) -> Iterator[Chunk]:
+        """The rows of ``ranges`` (positions inside ``window``), decoded, in order."""
+        if epoch_order.shuffle:
+            yield from self._read_shuffled(epoch_order, window, ranges, scratch)
+            return
+        # The files' own order: each range is a run of consecutive rows, streamed.
+        bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+        for lo, hi in ranges:
+            for index, block in enumerate(window.blocks):
+                start, stop = max(lo, bounds[index]), min(hi, bounds[index + 1])
+                if start < stop:
+                    yield from self._stream(block, start - bounds[index], stop - bounds[index])
+
+    def read_all(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
+    ) -> list[Chunk]:
+        return list(self.read(epoch_order, window, ranges, scratch))
+
+    def _batches(self, block: order.Block) -> Iterator[pa.RecordBatch]:
+        names = [info.name for info in self.columns]
+        parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
+        yield from parquet.iter_batches(
+            self.chunk_rows, row_groups=[block.row_group], columns=names
+        )
+
+    def _stream(self, block: order.Block, start: int, stop: int) -> Iterator[Chunk]:
+        """Rows ``[start, stop)`` of one row group, in chunks of about ``chunk_rows``.
+
+        Spark writes row groups of up to 128 MiB: decoding one whole, then copying it for
+        torch, costs fresh memory (page faults) that a streaming read reuses, and reads
+        the rows after ``stop`` that the rank does not want.
+        """
+        offset = 0
+        for batch in self._batches(block):
+            rows = batch.num_rows
+            lo, hi = max(start - offset, 0), min(stop - offset, rows)
+            if lo < hi:
+                yield self._decode(batch.slice(lo, hi - lo))
+            offset += rows
+            if offset >= stop:
+                return
+
+    def _decode(self, batch: pa.RecordBatch) -> Chunk:
+        writable = self.writable and self.transform is None
+        return self._transformed(to_numpy_chunk(batch, self.columns, writable))
+
+    def _transformed(self, chunk: Chunk) -> Chunk:
+        if self.transform is None:
+            return chunk
+        return self.transform.apply(chunk, self.output_columns, self.writable)
+
+    def _read_shuffled(
+        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
+    ) -> Iterator[Chunk]:
+        """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
+
+        The row groups are decoded chunk by chunk into the thread's `Scratch` arrays,
+        reused from window to window: a row group decoded at once would take fresh memory
+        (128 MiB for Spark's) whose page faults cost as much as the decoding on a busy
+        machine. The gather is made in chunks of ``chunk_rows``.
+        """
+        permutation = epoch_order.permutation(window)
+        rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
+        bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+        hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
+        total = sum(window.blocks[index].rows for index in hit)
+        decoded: Chunk = {}
+        offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
+        for index in hit:
+            offsets[index] = filled - bounds[index]
+            for batch in self._batches(window.blocks[index]):
+                for name, values in to_numpy_chunk(batch, self.columns).items():
+                    if name not in decoded:
+                        decoded[name] = scratch.array(name, values, total)
+                    decoded[name][filled : filled + len(values)] = values
+                filled += batch.num_rows
+        local = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
+        for start in range(0, len(local), self.chunk_rows):
+            picked = local[start : start + self.chunk_rows]
+            yield self._transformed({name: values[picked] for name, values in decoded.items()})
