@@ -62,7 +62,7 @@ def test_each_rank_reads_its_equal_shard_once(sc, converter):
             "dtypes": {name: str(array.dtype) for name, array in batches[0].items()},
         }
 
-    shards = HorovodRunner(np=2, launcher="direct", timeout=300).run_all(main, converter)
+    shards = HorovodRunner(np=2, launcher="direct", timeout=300).run_all(main, converter=converter)
     assert len(converter) == N_ROWS
     ids = [shard["ids"] for shard in shards]
     assert len(ids[0]) == len(ids[1]) == N_ROWS // 2

@@ -56,7 +56,9 @@ def test_torch_dataloader_feeds_ddp_ranks(spark, tmp_path):
         return seen
 
     try:
-        shards = HorovodRunner(np=2, launcher="direct", timeout=300).run_all(main, converter)
+        shards = HorovodRunner(np=2, launcher="direct", timeout=300).run_all(
+            main, converter=converter
+        )
     finally:
         converter.delete()
     assert len(shards[0]) == len(shards[1]) == 32
