@@ -6,7 +6,8 @@ EXTRAS = {
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "horovod": ["horovod==0.28.1"],
-    "ensemble": ["scikit-learn>=1.4", "xgboost-cpu>=2.0"],
+    # scikit-learn: the lowest of the runtime matrix, like install_requires (tests/test_floors.py).
+    "ensemble": ["scikit-learn>=1.1.1", "xgboost-cpu>=2.0"],
     "mlflow": ["mlflow>=3,<4"],
     "mpi": ["mpi4py>=3.1"],
     # A Spark Connect client (pyspark's own dependency check names these floors).
