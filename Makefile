@@ -66,13 +66,15 @@ $(PETASTORM_STAMP): $(PETASTORM_REQS) setup.py
 # from the previous pins would test a stack no runtime has); pip's cache makes that quick.
 # The runtime's packages go in first, then sparkdist with the same file as constraints: a floor
 # of ours above what the runtime ships makes this step fail instead of upgrading it.
+# --no-compile: byte-compiling every installed module (pyspark, torch) took about half of a
+# build from the cache; Python compiles what the tests import, once.
 define RUNTIME_ENV
 $(call runtime_stamp,$(1)): $(call runtime_reqs,$(1)) $(COMPAT_REQS) setup.py
 	rm -rf .venv-$(1)
 	$(call runtime_python,$(call runtime_version,$(1))) -m venv .venv-$(1)
 	.venv-$(1)/bin/python -m pip install -q --upgrade pip
-	.venv-$(1)/bin/python -m pip install -q -r $(call runtime_reqs,$(1)) -r $(COMPAT_REQS)
-	.venv-$(1)/bin/python -m pip install -q -e . -c $(call runtime_reqs,$(1))
+	.venv-$(1)/bin/python -m pip install -q --no-compile -r $(call runtime_reqs,$(1)) -r $(COMPAT_REQS)
+	.venv-$(1)/bin/python -m pip install -q --no-compile -e . -c $(call runtime_reqs,$(1))
 	touch $$@
 
 runtime-$(1): $(call runtime_stamp,$(1))
