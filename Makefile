@@ -18,6 +18,17 @@ CLOUDPICKLE_LATEST_STAMP := $(CLOUDPICKLE_LATEST)/.sparkdist-$(CLOUDPICKLE_LATES
 BENCH_DIR := .bench-streaming
 BENCH_REQS := requirements/bench-streaming.txt
 BENCH_STAMP := $(BENCH_DIR)/.sparkdist-$(shell cat $(BENCH_REQS) | sha256sum | cut -c1-16)
+# The runtime matrix: one environment per supported runtime stack, `.venv-<runtime>`, built from
+# requirements/runtimes/<runtime>.txt (its `# python: X.Y` line names the interpreter), where
+# `make compat` runs tests/compat/. See docs/getting-started.md ("What is tested").
+RUNTIMES := $(sort $(basename $(notdir $(wildcard requirements/runtimes/*.txt))))
+COMPAT_REQS := requirements/compat-test.txt
+PYENV_ROOT ?= $(HOME)/.pyenv
+runtime_reqs = requirements/runtimes/$(1).txt
+runtime_version = $(shell sed -n 's/^# python: //p' $(call runtime_reqs,$(1)))
+# Python X.Y: pyenv's newest X.Y.* build when there is one, else pythonX.Y on PATH.
+runtime_python = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python))),$(shell command -v python$(1)))
+runtime_stamp = .venv-$(1)/.sparkdist-$(shell cat $(call runtime_reqs,$(1)) $(COMPAT_REQS) setup.py | sha256sum | cut -c1-16)
 # Tests and demos talk to 127.0.0.1 only.
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -25,7 +36,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # mkdocs-material's banner about its successor, printed on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest bench-deps test demo docs lint format bench clean
+.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps test demo docs lint format bench clean
 
 bootstrap: system venv horovod
 
@@ -63,6 +74,46 @@ $(CLOUDPICKLE_LATEST_STAMP): | venv
 	$(PY) -m pip install -q --no-deps --target $(CLOUDPICKLE_LATEST) cloudpickle==$(CLOUDPICKLE_LATEST_VERSION)
 	touch $@
 
+# A runtime's environment is rebuilt from nothing when its inputs change (a package left over
+# from the previous pins would test a stack no runtime has); pip's cache makes that quick.
+# The runtime's packages go in first, then sparkdist with the same file as constraints: a floor
+# of ours above what the runtime ships makes this step fail instead of upgrading it.
+# --no-compile: byte-compiling every installed module (pyspark, torch) took about half of a
+# build from the cache; Python compiles what the tests import, once.
+define RUNTIME_ENV
+$(call runtime_stamp,$(1)): $(call runtime_reqs,$(1)) $(COMPAT_REQS) setup.py
+	rm -rf .venv-$(1)
+	$(call runtime_python,$(call runtime_version,$(1))) -m venv .venv-$(1)
+	.venv-$(1)/bin/python -m pip install -q --upgrade pip
+	.venv-$(1)/bin/python -m pip install -q --no-compile -r $(call runtime_reqs,$(1)) -r $(COMPAT_REQS)
+	.venv-$(1)/bin/python -m pip install -q --no-compile -e . -c $(call runtime_reqs,$(1))
+	touch $$@
+
+runtime-$(1): $(call runtime_stamp,$(1))
+
+# The compatibility suite on this runtime's stack, with its own Spark and Python; the main
+# environment's variables stay out of it.
+compat-$(1): runtime-$(1)
+	env -u PYTHONPATH -u SPARK_HOME -u VIRTUAL_ENV \
+		PYSPARK_PYTHON=$(abspath .venv-$(1))/bin/python \
+		PYSPARK_DRIVER_PYTHON=$(abspath .venv-$(1))/bin/python \
+		SPARKDIST_RUNTIME=$(1) \
+		.venv-$(1)/bin/python -m pytest tests/compat --confcutdir=tests/compat \
+		-p no:cacheprovider --durations=5 -q
+
+.PHONY: runtime-$(1) compat-$(1)
+endef
+$(foreach runtime,$(RUNTIMES),$(eval $(call RUNTIME_ENV,$(runtime))))
+
+runtimes: $(addprefix runtime-,$(RUNTIMES))
+
+# Every runtime's suite, one after another; one that fails does not stop the others.
+compat: runtimes
+	status=0; for runtime in $(RUNTIMES); do \
+		echo "== compatibility suite on $$runtime"; \
+		$(MAKE) --no-print-directory compat-$$runtime || status=1; \
+	done; exit $$status
+
 bench-deps: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(BENCH_REQS) | venv
@@ -70,12 +121,13 @@ $(BENCH_STAMP): $(BENCH_REQS) | venv
 	$(PY) -m pip install -q --no-deps --target $(BENCH_DIR) -r $(BENCH_REQS)
 	touch $@
 
-test: bootstrap petastorm-side cloudpickle-latest
+test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(PY) -m ruff check sparkdist tests benchmarks
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m pytest tests --durations=40
+	$(MAKE) --no-print-directory compat
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo
@@ -102,4 +154,4 @@ bench: bootstrap petastorm-side bench-deps
 	done; exit $$status
 
 clean:
-	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(BENCH_DIR) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(addprefix .venv-,$(RUNTIMES)) $(BENCH_DIR) build *.egg-info .pytest_cache

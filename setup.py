@@ -6,7 +6,8 @@ EXTRAS = {
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "horovod": ["horovod==0.28.1"],
-    "ensemble": ["scikit-learn>=1.4", "xgboost-cpu>=2.0"],
+    # scikit-learn: the lowest of the runtime matrix, like install_requires (tests/test_floors.py).
+    "ensemble": ["scikit-learn>=1.1.1", "xgboost-cpu>=2.0"],
     "mlflow": ["mlflow>=3,<4"],
     "mpi": ["mpi4py>=3.1"],
     # A Spark Connect client (pyspark's own dependency check names these floors).
@@ -46,17 +47,21 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["sparkdist", "sparkdist.*"]),
     package_data={"sparkdist": ["py.typed", "log4j2.properties"]},
+    # Floors are the lowest versions of the runtime matrix (requirements/runtimes/*.txt), so that
+    # installing sparkdist on a supported runtime upgrades nothing it ships under Spark;
+    # tests/test_floors.py keeps them equal. pyspark 4 checks its own, higher ones.
     install_requires=[
-        "pyspark>=3.5",
-        "cloudpickle>=2.2",
-        "numpy>=1.24",
-        # Floors that Spark 3.5 runtimes (e.g. Databricks 15.4 LTS ML, petastorm) satisfy, so
-        # installing sparkdist there upgrades nothing; pyspark 4 checks its own, higher ones.
-        "pandas>=2.0",
-        "pyarrow>=14",
-        "psutil>=5.9",
+        "pyspark>=3.5.0",
+        "cloudpickle>=2.0.0",
+        "numpy>=1.23.5",
+        "pandas>=1.5.3",
+        "pyarrow>=8.0.0",
+        "psutil>=5.9.0",
         # The per-job TLS key and certificate of every channel (protocol/job_secret).
-        "cryptography>=41",
+        "cryptography>=39.0.1",
+        # pyspark 3.5 imports distutils (pyspark/sql/pandas/utils.py), which Python 3.12 only
+        # has through setuptools; a fresh 3.12 venv has none.
+        'setuptools>=74.0.0; python_version >= "3.12"',
     ],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sparkdist=sparkdist.cli:main"]},

@@ -19,6 +19,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
+# The compatibility suite runs in each runtime's own environment (`make compat`), not here.
+collect_ignore = ["compat"]
 
 
 @pytest.fixture(autouse=True)

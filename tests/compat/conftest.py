@@ -1,0 +1,75 @@
+"""The compatibility suite: the paths whose behaviour depends on the stack under them.
+
+`make compat` runs this directory once in each runtime's environment (`.venv-<runtime>`,
+built from requirements/runtimes/<runtime>.txt: that runtime's Spark, Python, numpy, pandas,
+pyarrow, cloudpickle, scikit-learn and MLflow), with `--confcutdir=tests/compat`, so none of
+the main suite's fixtures (which need the main environment's packages) load here. Everything
+else runs on the main stack only (tests/); docs/getting-started.md says what runs where, and why.
+
+One SparkSession (local-cluster[2,1,1024]: two executor JVMs) serves the whole run: each
+start costs about 30 s, and the suite must stay within a few minutes per runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+RUNTIME = os.environ.get("SPARKDIST_RUNTIME", "")
+RUNTIME_FILE = ROOT / "requirements" / "runtimes" / f"{RUNTIME}.txt"
+if not RUNTIME_FILE.is_file():
+    raise pytest.UsageError(
+        f"tests/compat runs on a runtime's stack: `make compat-<runtime>` (runtimes: "
+        f"{sorted(p.stem for p in RUNTIME_FILE.parent.glob('*.txt'))}); "
+        f"SPARKDIST_RUNTIME={RUNTIME!r} names none"
+    )
+
+
+def runtime_requirements() -> dict[str, str]:
+    """{package: pinned version} of the runtime under test ('' where "latest" pins none)."""
+    pins = {}
+    for line in RUNTIME_FILE.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:==(\S+))?", line).groups()
+            pins[name.lower()] = version or ""
+    return pins
+
+
+def runtime_python() -> str:
+    """The runtime's Python, X.Y, from its file's `# python: X.Y` line."""
+    return re.search(r"^# python: (\S+)$", RUNTIME_FILE.read_text(), re.M).group(1)
+
+
+# torch installs only where its CPU wheel does (Python 3.11: dbr-15.4 and latest); the
+# runtime's file says whether torch is part of its stack, and the torch tests run exactly there.
+collect_ignore = [] if "torch" in runtime_requirements() else ["test_compat_torch.py"]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkdist.spark.session import embedded_spark
+
+    session = embedded_spark(
+        app_name="sparkdist-compat",
+        master="local-cluster[2,1,1024]",
+        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sc(spark):
+    return spark.sparkContext

@@ -1,0 +1,80 @@
+"""The data path on a runtime's stack: a Spark DataFrame converted (its Parquet written by
+that Spark, its vectors by that pyarrow and pandas) and read back by the ranks of a job."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sparkdist import HorovodRunner
+from sparkdist.data import make_spark_converter
+
+N_ROWS = 200
+
+
+@pytest.fixture(scope="module")
+def converter(spark, tmp_path_factory):
+    from pyspark.ml.feature import VectorAssembler
+
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(N_ROWS, dtype="int64"),
+            "x": np.arange(N_ROWS, dtype="float64") / 2,
+            "flag": np.arange(N_ROWS) % 2 == 0,
+        }
+    )
+    df = spark.createDataFrame(frame).repartition(3)
+    df = VectorAssembler(inputCols=["x", "id"], outputCol="features").transform(df)
+    cache = tmp_path_factory.mktemp("converter-cache")
+    made = make_spark_converter(
+        df.select("id", "x", "flag", "features"),
+        parquet_row_group_size_bytes=1024,
+        cache_dir_url=cache.as_uri(),
+    )
+    yield made
+    made.delete()
+
+
+def test_each_rank_reads_its_equal_shard_once(sc, converter):
+    """The numpy batches every loader wraps (torch, tf): rank r of 2 reads its half."""
+
+    def main(converter):
+        import os
+
+        import numpy as np
+
+        from sparkdist.data.reader import ShardReader
+
+        reader = ShardReader(
+            converter.layout,
+            batch_size=16,
+            num_epochs=1,
+            cur_shard=int(os.environ["RANK"]),
+            shard_count=int(os.environ["WORLD_SIZE"]),
+        )
+        batches = list(reader)
+        reader.close()
+        return {
+            "ids": np.concatenate([b["id"] for b in batches]).tolist(),
+            "x": np.concatenate([b["x"] for b in batches]).tolist(),
+            "features": np.concatenate([b["features"] for b in batches]),
+            "dtypes": {name: str(array.dtype) for name, array in batches[0].items()},
+        }
+
+    shards = HorovodRunner(np=2, launcher="direct", timeout=300).run_all(main, converter=converter)
+    assert len(converter) == N_ROWS
+    ids = [shard["ids"] for shard in shards]
+    assert len(ids[0]) == len(ids[1]) == N_ROWS // 2
+    assert sorted(ids[0] + ids[1]) == list(range(N_ROWS))
+    for shard in shards:
+        rows = np.asarray(shard["ids"])
+        np.testing.assert_allclose(shard["x"], rows / 2)
+        expected = np.stack([rows / 2, rows], axis=1).astype("float32")
+        np.testing.assert_array_equal(shard["features"], expected)
+        assert shard["dtypes"] == {
+            "id": "int64",
+            "x": "float32",
+            "flag": "bool",
+            "features": "float32",
+        }
