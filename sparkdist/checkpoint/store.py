@@ -90,6 +90,12 @@ def open_directory(location: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), path
 
 
+def expired(steps: list[int], keep: int, pinned: set[int]) -> list[int]:
+    """The retention rule: the steps to remove, all but the newest `keep`, except those
+    a resumed rank is still loading (`pinned`)."""
+    return [step for step in sorted(steps)[:-keep] if step not in pinned]
+
+
 class CheckpointStore:
     """Checkpoints of one training run, by step, in `directory`.
 
@@ -308,12 +314,6 @@ class NoStore:
 
     def close(self) -> None:
         """Nothing to release: the directory is another process's."""
-
-
-def expired(steps: list[int], keep: int, pinned: set[int]) -> list[int]:
-    """The retention rule: the steps to remove, all but the newest `keep`, except those
-    a resumed rank is still loading (`pinned`)."""
-    return [step for step in sorted(steps)[:-keep] if step not in pinned]
 
 
 def _done(step: int, action: Callable[[], Any], stored: Stored | None = None) -> tuple:
