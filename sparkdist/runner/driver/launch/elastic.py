@@ -134,8 +134,9 @@ class _TaskJob:
                 self.gang.fail(f"the Spark job of the elastic tasks failed: "
                                f"{spark_error_summary(exc)}")  # fmt: skip
                 return
-            self.state.losses.fail(f"the Spark job of the elastic tasks failed: "
-                            f"{spark_error_summary(exc)}")  # fmt: skip
+            self.state.losses.fail(
+                f"the Spark job of the elastic tasks failed: {spark_error_summary(exc)}"
+            )
 
     def stop(self) -> None:
         self.cancelled = True
