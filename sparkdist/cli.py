@@ -3,119 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import logging
 import os
 import shlex
 import sys
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
 
+# The module's docstring is the command's help. Each subcommand is a function that adds its
+# parser (`_add_run`) beside the function that runs it (`_run`); `run`'s flags for the
+# runner are made from `RunnerOptions`, so a new runner option needs no change here.
 
-def _demo(args: argparse.Namespace) -> int:
-    from sparkdist.demos.full import DemoOptions, run_demo
+# --- The command, its exit codes and the options every subcommand takes -------------------
 
-    return run_demo(
-        DemoOptions(
-            np=args.np,
-            executors=args.executors,
-            epochs=args.epochs,
-            tf_epochs=args.tf_epochs,
-            models=args.models,
-            output_dir=args.output_dir,
-        )
-    )
-
-
-def _session(args: argparse.Namespace):
-    """A Spark Connect server with --remote (or SPARK_REMOTE); under spark-submit (or with
-    --master) that Spark; otherwise an embedded one."""
-    from pyspark.sql import SparkSession
-
-    from sparkdist.spark.session import embedded_spark
-
-    remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
-    if remote:
-        return SparkSession.builder.remote(remote).getOrCreate()
-    if args.master or "PYSPARK_GATEWAY_PORT" in os.environ:
-        builder = SparkSession.builder.appName("sparkdist-run")
-        if args.master:
-            builder = builder.master(args.master)
-        return builder.getOrCreate()
-    return embedded_spark(executors=args.executors, app_name="sparkdist-run")
-
-
-def _run(args: argparse.Namespace) -> int:
-    from sparkdist import HorovodRunner
-    from sparkdist.errors import SparkdistError
-    from sparkdist.spark.session import stop_session
-
-    script_args = list(args.script_args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
-    if os.path.isdir(args.script):
-        return _usage_error(f"{args.script} is a directory: give the training script's path")
-    if not os.path.isfile(args.script):
-        return _usage_error(f"no such script: {args.script}")
-    if not os.access(args.script, os.R_OK):
-        return _usage_error(f"cannot read the script {args.script} (permissions)")
-    if args.remote and args.master:
-        return _usage_error("give --master or --remote, not both")
-    try:
-        runner = HorovodRunner(
-            np=args.np,
-            driver_log_verbosity=args.driver_log_verbosity,
-            launcher=args.launcher,
-            start_timeout=args.start_timeout,
-            timeout=args.timeout,
-            env=dict(args.env),
-            mpi_args=args.mpi_args,
-            network_interface=args.network_interface,
-            timeline=args.timeline,
-            max_failures=args.max_failures,
-            retry_on_exception=args.retry_on_exception,
-            checkpoint_dir=args.checkpoint_dir,
-            ranks_per_task=args.ranks_per_task,
-            roles=args.roles,
-            min_np=args.min_np,
-            max_np=args.max_np,
-            report_ranks=args.report_ranks,
-        )
-    except ValueError as exc:  # checked before any Spark starts
-        return _usage_error(str(exc))
-    spark = _session(args) if args.np > 0 else None
-    try:
-        runner.run(args.script, args=script_args)
-    except SparkdistError as exc:
-        print(f"sparkdist run: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        if spark is not None:
-            # Stop Spark here rather than in its shutdown hook, which under spark-submit
-            # and local-cluster logs a "Failed to launch executor" error per executor.
-            stop_session(spark)
-    print(
-        f"sparkdist run: {args.script} finished on {abs(args.np)} ranks in "
-        f"{runner.last_job.wall_time_s:.1f}s",
-        file=sys.stderr,
-    )
-    return EXIT_OK
-
-
-def _usage_error(message: str) -> int:
-    print(f"sparkdist run: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from sparkdist.doctor import report, run_checks
-
-    text, healthy = report(run_checks())
-    print(text)
-    return 0 if healthy else 1
-
-
-def _entrypoint(args: argparse.Namespace) -> int:
-    print(os.path.abspath(__file__))
-    return 0
-
+_Commands = argparse._SubParsersAction  # what each subcommand is added to
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = """exit codes:
@@ -164,23 +69,6 @@ def _global_options(defaults: bool) -> argparse.ArgumentParser:
     return parent
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return key, value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from sparkdist import __version__
 
@@ -198,149 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub = _global_options(defaults=False)
+    for add_command in (_add_demo, _add_run, _add_doctor, _add_entrypoint):
+        add_command(commands)
+    return parser
 
-    def command(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
-        return commands.add_parser(
-            name,
-            help=help,
-            parents=[sub],
-            epilog=EXIT_CODES,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            **kwargs,
-        )
 
-    demo = command(
-        "demo", "every path end to end on an embedded Spark: DDP, Horovod, TensorFlow, ensembles"
+def _command(
+    commands: _Commands, name: str, help: str, func: Callable[[argparse.Namespace], int], **kwargs
+) -> argparse.ArgumentParser:
+    """A subcommand that runs `func(args)`, with -v/-q and the exit codes in its help."""
+    parser = commands.add_parser(
+        name,
+        help=help,
+        parents=[_global_options(defaults=False)],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
     )
-    demo.add_argument("--np", type=int, default=2, help="ranks of each runner job (default 2)")
-    demo.add_argument("--executors", type=int, default=2, help="executors of the embedded Spark")
-    demo.add_argument("--epochs", type=int, default=20, help="epochs of the DDP and Horovod jobs")
-    demo.add_argument("--tf-epochs", type=int, default=8, help="epochs of the TensorFlow job")
-    demo.add_argument("--models", type=int, default=4, help="models in the partition ensemble")
-    demo.add_argument(
-        "--output-dir",
-        default="sparkdist-demo",
-        help="where the timeline, checkpoints and the Keras model go (default ./sparkdist-demo)",
-    )
-    demo.set_defaults(func=_demo)
-
-    run = command(
-        "run",
-        "run a training script on N ranks",
-        description="Run SCRIPT on N ranks as __main__; arguments after -- go to the script. "
-        "With --remote (or SPARK_REMOTE) it runs through that Spark Connect server; under "
-        "spark-submit it uses that Spark; otherwise --master, else an embedded Spark. "
-        "Every option is HorovodRunner's of the same name.",
-    )
-    run.add_argument(
-        "--np",
-        type=int,
-        required=True,
-        help="ranks: N > 0 on the cluster, N < 0 as -N processes here",
-    )
-    run.add_argument("--master", help="Spark master URL (default: spark-submit's or embedded)")
-    run.add_argument(
-        "--remote", help="a Spark Connect URL, sc://host:port (default: env SPARK_REMOTE)"
-    )
-    run.add_argument(
-        "--executors", type=int, default=2, help="executors of an embedded Spark (default 2)"
-    )
-    run.add_argument(
-        "--launcher",
-        default="auto",
-        choices=["auto", "mpi", "direct"],
-        help="mpi: mpirun in the stage; direct: each task starts its ranks; "
-        "auto (default): mpi when mpirun is installed",
-    )
-    run.add_argument(
-        "--start-timeout",
-        type=_positive_seconds,
-        default=600.0,
-        metavar="S",
-        help="seconds for the job to get its slots and start every rank (default 600)",
-    )
-    run.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        default=None,
-        metavar="S",
-        help="seconds for the whole job (default: no limit)",
-    )
-    run.add_argument(
-        "--driver-log-verbosity",
-        default="all",
-        choices=["all", "log_callback_only"],
-        help="all (default): every rank's output, prefixed with its rank; "
-        "log_callback_only: only sparkdist.log_to_driver lines and errors",
-    )
-    run.add_argument(
-        "--env",
-        type=_key_value,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="an environment variable for the ranks (repeatable)",
-    )
-    run.add_argument(
-        "--mpi-args",
-        type=shlex.split,
-        default=[],
-        metavar="ARGS",
-        help='extra mpirun arguments as one string, e.g. "--mca btl_tcp_links 2"',
-    )
-    run.add_argument(
-        "--network-interface",
-        metavar="IFACE",
-        help="the interface the ranks and sparkdist's channels use (e.g. eth0; "
-        "default: the one carrying each executor's address)",
-    )
-    run.add_argument(
-        "--timeline",
-        metavar="PATH",
-        help="write a Horovod timeline of the job here (default: env HOROVOD_TIMELINE)",
-    )
-    run.add_argument(
-        "--ranks-per-task",
-        type=int,
-        default=1,
-        metavar="K",
-        help="ranks each Spark task starts; --np must be a multiple (default 1)",
-    )
-    run.add_argument("--min-np", type=int, help="elastic: start with at least this many ranks")
-    run.add_argument("--max-np", type=int, help="elastic: grow up to this many ranks")
-    run.add_argument(
-        "--max-failures",
-        type=int,
-        default=None,
-        help="relaunches after a lost executor or rank (default 0; no limit with "
-        "--min-np/--max-np)",
-    )
-    run.add_argument(
-        "--retry-on-exception",
-        action="store_true",
-        help="also relaunch when the script itself raised",
-    )
-    run.add_argument("--checkpoint-dir", help="where sparkdist.checkpoint keeps checkpoints")
-    run.add_argument(
-        "--roles",
-        help="a parameter-server job's roles, e.g. chief=1,worker=2,ps=1 (they add up to --np)",
-    )
-    run.add_argument(
-        "--report-ranks",
-        default="rank0",
-        choices=["rank0", "all"],
-        help="whose sparkdist.report metrics are shown and logged to MLflow (default rank0)",
-    )
-    run.add_argument("script", help="the Python training script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
-    run.set_defaults(func=_run)
-
-    doctor = command("doctor", "check Java, Spark, MPI, Horovod, frameworks, GPUs")
-    doctor.set_defaults(func=_doctor)
-
-    entry = command("entrypoint", "print the path to give spark-submit (see the README)")
-    entry.set_defaults(func=_entrypoint)
+    parser.set_defaults(func=func)
     return parser
 
 
@@ -362,6 +125,238 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sparkdist {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+def _add_demo(commands: _Commands) -> None:
+    summary = "every path end to end on an embedded Spark: DDP, Horovod, TensorFlow, ensembles"
+    demo = _command(commands, "demo", summary, _demo)
+    demo.add_argument("--np", type=int, default=2, help="ranks of each runner job (default 2)")
+    demo.add_argument("--executors", type=int, default=2, help="executors of the embedded Spark")
+    demo.add_argument("--epochs", type=int, default=20, help="epochs of the DDP and Horovod jobs")
+    demo.add_argument("--tf-epochs", type=int, default=8, help="epochs of the TensorFlow job")
+    demo.add_argument("--models", type=int, default=4, help="models in the partition ensemble")
+    demo.add_argument(
+        "--output-dir",
+        default="sparkdist-demo",
+        help="where the timeline, checkpoints and the Keras model go (default ./sparkdist-demo)",
+    )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sparkdist.demos.full import DemoOptions, run_demo
+
+    return run_demo(
+        DemoOptions(
+            np=args.np,
+            executors=args.executors,
+            epochs=args.epochs,
+            tf_epochs=args.tf_epochs,
+            models=args.models,
+            output_dir=args.output_dir,
+        )
+    )
+
+
+# --- run ----------------------------------------------------------------------------------
+
+
+def _add_run(commands: _Commands) -> None:
+    run = _command(
+        commands,
+        "run",
+        "run a training script on N ranks",
+        _run,
+        description="Run SCRIPT on N ranks as __main__; arguments after -- go to the script. "
+        "With --remote (or SPARK_REMOTE) it runs through that Spark Connect server; under "
+        "spark-submit it uses that Spark; otherwise --master, else an embedded Spark. "
+        "Every HorovodRunner option is a flag of the same name.",
+    )
+    run.add_argument("--master", help="Spark master URL (default: spark-submit's or embedded)")
+    run.add_argument(
+        "--remote", help="a Spark Connect URL, sc://host:port (default: env SPARK_REMOTE)"
+    )
+    run.add_argument(
+        "--executors", type=int, default=2, help="executors of an embedded Spark (default 2)"
+    )
+    _add_runner_flags(run.add_argument_group("HorovodRunner's options"))
+    run.add_argument("script", help="the Python training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sparkdist import HorovodRunner
+    from sparkdist.errors import SparkdistError
+    from sparkdist.spark.session import stop_session
+
+    problem = _bad_run_arguments(args)
+    if problem:
+        return _usage_error(problem)
+    try:
+        runner = HorovodRunner(**_runner_options(args))
+    except ValueError as exc:  # checked before any Spark starts
+        return _usage_error(str(exc))
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    spark = _session(args) if args.np > 0 else None
+    try:
+        runner.run(args.script, args=script_args)
+    except SparkdistError as exc:
+        print(f"sparkdist run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if spark is not None:
+            # Stop Spark here rather than in its shutdown hook, which under spark-submit
+            # and local-cluster logs a "Failed to launch executor" error per executor.
+            stop_session(spark)
+    print(
+        f"sparkdist run: {args.script} finished on {abs(args.np)} ranks in "
+        f"{runner.last_job.wall_time_s:.1f}s",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _bad_run_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with `run`'s arguments beyond the runner's options, if anything."""
+    if os.path.isdir(args.script):
+        return f"{args.script} is a directory: give the training script's path"
+    if not os.path.isfile(args.script):
+        return f"no such script: {args.script}"
+    if not os.access(args.script, os.R_OK):
+        return f"cannot read the script {args.script} (permissions)"
+    if args.remote and args.master:
+        return "give --master or --remote, not both"
+    return None
+
+
+def _usage_error(message: str) -> int:
+    print(f"sparkdist run: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _session(args: argparse.Namespace):
+    """A Spark Connect server with --remote (or SPARK_REMOTE); under spark-submit (or with
+    --master) that Spark; otherwise an embedded one."""
+    from pyspark.sql import SparkSession
+
+    from sparkdist.spark.session import embedded_spark
+
+    remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
+    if args.master or "PYSPARK_GATEWAY_PORT" in os.environ:
+        builder = SparkSession.builder.appName("sparkdist-run")
+        if args.master:
+            builder = builder.master(args.master)
+        return builder.getOrCreate()
+    return embedded_spark(executors=args.executors, app_name="sparkdist-run")
+
+
+# --- run's runner flags: one per `RunnerOptions` field ------------------------------------
+
+
+def _add_runner_flags(group: argparse._ArgumentGroup) -> None:
+    """A flag per `RunnerOptions` field: `--ranks-per-task` for `ranks_per_task`, required
+    when the field has no default. The field's metadata gives its help, choices or metavar;
+    its type how the flag's text is parsed (`_parsing`)."""
+    for option, hint in _runner_fields():
+        missing = dataclasses.MISSING
+        required = option.default is missing and option.default_factory is missing
+        keywords = {"required": True} if required else {"default": option.default}
+        keywords.update(copy.deepcopy(_parsing(hint)))  # its own default list
+        keywords.update(option.metadata)
+        group.add_argument("--" + option.name.replace("_", "-"), dest=option.name, **keywords)
+
+
+def _runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`HorovodRunner`'s keyword arguments from the parsed runner flags."""
+    options = {}
+    for option, hint in _runner_fields():
+        value = getattr(args, option.name)
+        # --env's (NAME, VALUE) pairs become the mapping the field holds.
+        options[option.name] = dict(value) if typing.get_origin(hint) is Mapping else value
+    return options
+
+
+def _runner_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """Each `RunnerOptions` field with its type."""
+    from sparkdist.runner.driver.options import RunnerOptions
+
+    hints = typing.get_type_hints(RunnerOptions)
+    return [(option, hints[option.name]) for option in dataclasses.fields(RunnerOptions)]
+
+
+def _parsing(hint: Any) -> dict[str, Any]:
+    """How a flag's text becomes a value of a field's type (argparse keywords). A field
+    that may be None takes its other type; one that may be a string (`roles`) takes the
+    text as it is, which `RunnerOptions` parses."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        if str in kinds:
+            return _PARSING[str]
+        if len(kinds) == 1:
+            hint = kinds[0]
+    if hint not in _PARSING:
+        raise TypeError(f"a RunnerOptions field of type {hint} has no flag: add it to _PARSING")
+    return _PARSING[hint]
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return key, value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+_PARSING: dict[Any, dict[str, Any]] = {
+    str: {},
+    int: {"type": int},
+    float: {"type": _positive_seconds},  # the runner's float options are seconds
+    bool: {"action": "store_true"},
+    # --env A=1 --env B=2: repeated, each NAME=VALUE
+    Mapping[str, str]: {"type": _key_value, "action": "append", "default": []},
+    # --mpi-args "--mca btl_tcp_links 2": one string, split as a shell would
+    tuple[str, ...]: {"type": shlex.split, "default": []},
+}
+
+
+# --- doctor and entrypoint ----------------------------------------------------------------
+
+
+def _add_doctor(commands: _Commands) -> None:
+    _command(commands, "doctor", "check Java, Spark, MPI, Horovod, frameworks, GPUs", _doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from sparkdist.doctor import report, run_checks
+
+    text, healthy = report(run_checks())
+    print(text)
+    return 0 if healthy else 1
+
+
+def _add_entrypoint(commands: _Commands) -> None:
+    summary = "print the path to give spark-submit (see the README)"
+    _command(commands, "entrypoint", summary, _entrypoint)
+
+
+def _entrypoint(args: argparse.Namespace) -> int:
+    print(os.path.abspath(__file__))
+    return 0
 
 
 if __name__ == "__main__":

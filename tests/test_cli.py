@@ -6,16 +6,22 @@ in tests/test_scripts_cli.py, tests/test_clean_output.py and tests/test_connect.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import sparkdist
-from sparkdist.cli import build_parser, main
+from sparkdist import HorovodRunner
+from sparkdist.cli import _runner_options, build_parser, main
+from sparkdist.runner.driver.options import RunnerOptions
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -73,6 +79,55 @@ def test_runner_options_are_flags():
     assert args.script_args[-2:] == ["--lr", "1"]
 
 
+def _runner_flags() -> dict[str, argparse.Action]:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = commands.choices["run"]
+    return {flag: action for action in run._actions for flag in action.option_strings}
+
+
+def test_every_runner_option_is_a_documented_flag():
+    """A flag per RunnerOptions field, generated from it (so adding an option adds its flag),
+    each HorovodRunner's keyword of the same name and named in docs/cli.md's table."""
+    names = [option.name for option in dataclasses.fields(RunnerOptions)]
+    assert names == list(inspect.signature(HorovodRunner).parameters)
+    flags = _runner_flags()
+    table = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    table = table.split("| flag | option | meaning |", 1)[1].split("\n\n", 1)[0]
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        assert flags[flag].dest == name and flags[flag].help, flag
+        assert f"`{flag}" in table and f"`{name}`" in table, f"docs/cli.md lacks {flag}"
+    documented = set(re.findall(r"`(--[a-z-]+)", table))
+    assert documented <= set(flags), documented - set(flags)
+
+
+def test_runner_flags_give_the_runners_options():
+    parser = build_parser()
+    plain = parser.parse_args(["run", "--np", "2", "x.py"])
+    assert RunnerOptions(**_runner_options(plain)) == RunnerOptions(np=2)
+    args = parser.parse_args(
+        ["run", "--np", "4", "--driver-log-verbosity", "log_callback_only", "--launcher",
+         "direct", "--start-timeout", "30", "--timeout", "90.5", "--env", "A=1", "--env",
+         "B=x=y", "--mpi-args", "--mca btl_tcp_links 2", "--network-interface", "lo",
+         "--timeline", "/tmp/t.json", "--max-failures", "3", "--retry-on-exception",
+         "--checkpoint-dir", "/tmp/ck", "--checkpoint-keep", "5", "--ranks-per-task", "2",
+         "--min-np", "2", "--max-np", "6", "--report-ranks", "all", "x.py"]
+    )  # fmt: skip
+    assert RunnerOptions(**_runner_options(args)) == RunnerOptions(
+        np=4, driver_log_verbosity="log_callback_only", launcher="direct", start_timeout=30.0,
+        timeout=90.5, env={"A": "1", "B": "x=y"}, mpi_args=("--mca", "btl_tcp_links", "2"),
+        network_interface="lo", timeline="/tmp/t.json", max_failures=3,
+        retry_on_exception=True, checkpoint_dir="/tmp/ck", checkpoint_keep=5,
+        ranks_per_task=2, min_np=2, max_np=6, report_ranks="all",
+    )  # fmt: skip
+    roles = parser.parse_args(["run", "--np", "4", "--roles", "chief=1,worker=2,ps=1", "x.py"])
+    assert (
+        RunnerOptions(**_runner_options(roles)).roles
+        == RunnerOptions(np=4, roles={"chief": 1, "worker": 2, "ps": 1}).roles
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -87,6 +142,8 @@ def test_runner_options_are_flags():
         (["run", "--np", "two", "{script}"], "invalid int value: 'two'"),
         (["run", "--np", "2", "--timeout", "-1", "{script}"], "positive number of seconds"),
         (["run", "--np", "2", "--launcher", "ssh", "{script}"], "invalid choice: 'ssh'"),
+        (["run", "--np", "2", "--checkpoint-keep", "0", "{script}"], "checkpoint_keep must be"),
+        (["run", "--np", "2", "--min-np", "3", "{script}"], "min_np=3 is more than max_np=2"),
         (["run", "{script}"], "the following arguments are required: --np"),
         (["run", "--np", "2", "--bogus", "{script}"], "unrecognized arguments: --bogus"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from sparkdist.protocol.launch import mpirun_available
 from sparkdist.roles import Roles
@@ -19,30 +20,112 @@ LAUNCHERS = ("auto", "mpi", "direct")
 REPORT_RANKS = ("rank0", "all")
 
 
+def _flag(help: str, **keywords: Any) -> dict[str, Any]:
+    """A field's metadata: the help of its `sparkdist run` flag, and `choices` (checked here
+    too) or a `metavar`. The flag's name and how its text is parsed follow from the field's
+    name and type (sparkdist/cli.py)."""
+    return {"help": help, **keywords}
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
-    """See `HorovodRunner` for what each option means."""
+    """See `HorovodRunner` for what each option means. Each field is also a flag of
+    `sparkdist run`, built from the field: adding an option here adds the flag."""
 
-    np: int
-    driver_log_verbosity: str = "all"
-    launcher: str = "auto"
-    start_timeout: float = 600.0
-    timeout: float | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    mpi_args: tuple[str, ...] = ()
-    network_interface: str | None = None
-    timeline: str | None = None
-    max_failures: int | None = None
+    np: int = field(metadata=_flag("ranks: N > 0 on the cluster, N < 0 as -N processes here"))
+    driver_log_verbosity: str = field(
+        default="all",
+        metadata=_flag(
+            "all (default): every rank's output, prefixed with its rank; "
+            "log_callback_only: only sparkdist.log_to_driver lines and errors",
+            choices=LOG_MODES,
+        ),
+    )
+    launcher: str = field(
+        default="auto",
+        metadata=_flag(
+            "mpi: mpirun in the stage; direct: each task starts its ranks; "
+            "auto (default): mpi when mpirun is installed",
+            choices=LAUNCHERS,
+        ),
+    )
+    start_timeout: float = field(
+        default=600.0,
+        metadata=_flag(
+            "seconds for the job to get its slots and start every rank (default 600)",
+            metavar="S",
+        ),
+    )
+    timeout: float | None = field(
+        default=None,
+        metadata=_flag("seconds for the whole job (default: no limit)", metavar="S"),
+    )
+    env: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=_flag("an environment variable for the ranks (repeatable)", metavar="NAME=VALUE"),
+    )
+    mpi_args: tuple[str, ...] = field(
+        default=(),
+        metadata=_flag(
+            'extra mpirun arguments as one string, e.g. "--mca btl_tcp_links 2"', metavar="ARGS"
+        ),
+    )
+    network_interface: str | None = field(
+        default=None,
+        metadata=_flag(
+            "the interface the ranks and sparkdist's channels use (e.g. eth0; "
+            "default: the one carrying each executor's address)",
+            metavar="IFACE",
+        ),
+    )
+    timeline: str | None = field(
+        default=None,
+        metadata=_flag(
+            "write a Horovod timeline of the job here (default: env HOROVOD_TIMELINE)",
+            metavar="PATH",
+        ),
+    )
+    max_failures: int | None = field(
+        default=None,
+        metadata=_flag(
+            "relaunches after a lost executor or rank (default 0; no limit with --min-np/--max-np)"
+        ),
+    )
     """None (not given): no limit for an elastic job, 0 for a fixed-size one
     (`relaunch_limit`)."""
-    retry_on_exception: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_keep: int = 2
-    ranks_per_task: int = 1
-    roles: Roles | Mapping[str, int] | str | None = None
-    min_np: int | None = None
-    max_np: int | None = None
-    report_ranks: str = "rank0"
+    retry_on_exception: bool = field(
+        default=False, metadata=_flag("also relaunch when the script itself raised")
+    )
+    checkpoint_dir: str | None = field(
+        default=None, metadata=_flag("where sparkdist.checkpoint keeps checkpoints")
+    )
+    checkpoint_keep: int = field(
+        default=2,
+        metadata=_flag("how many of the newest checkpoints are kept (default 2)", metavar="N"),
+    )
+    ranks_per_task: int = field(
+        default=1,
+        metadata=_flag(
+            "ranks each Spark task starts; --np must be a multiple (default 1)", metavar="K"
+        ),
+    )
+    roles: Roles | Mapping[str, int] | str | None = field(
+        default=None,
+        metadata=_flag(
+            "a parameter-server job's roles, e.g. chief=1,worker=2,ps=1 (they add up to --np)"
+        ),
+    )
+    min_np: int | None = field(
+        default=None, metadata=_flag("elastic: start with at least this many ranks")
+    )
+    max_np: int | None = field(default=None, metadata=_flag("elastic: grow up to this many ranks"))
+    report_ranks: str = field(
+        default="rank0",
+        metadata=_flag(
+            "whose sparkdist.report metrics are shown and logged to MLflow (default rank0)",
+            choices=REPORT_RANKS,
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_np(self.np)
@@ -51,16 +134,12 @@ class RunnerOptions:
         if roles is not None:
             roles.check_ranks(abs(self.np))
         _check_ranks_per_task(self.ranks_per_task, self.np)
-        if self.driver_log_verbosity not in LOG_MODES:
-            raise ValueError(
-                f"driver_log_verbosity must be one of {LOG_MODES}, "
-                f"got {self.driver_log_verbosity!r}"
-            )
+        for option in fields(self):
+            choices = option.metadata.get("choices")
+            value = getattr(self, option.name)
+            if choices is not None and value not in choices:
+                raise ValueError(f"{option.name} must be one of {choices}, got {value!r}")
         _check_launcher(self.launcher)
-        if self.report_ranks not in REPORT_RANKS:
-            raise ValueError(
-                f"report_ranks must be one of {REPORT_RANKS}, got {self.report_ranks!r}"
-            )
         for name in ("start_timeout", "timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -198,8 +277,6 @@ def _check_ranks_per_task(per_task: int, np: int) -> None:
 
 
 def _check_launcher(launcher: str) -> None:
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
     if launcher == "mpi" and not mpirun_available():
         raise ValueError(
             "launcher='mpi' needs Open MPI's mpirun on PATH: install it (e.g. "
