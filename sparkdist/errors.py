@@ -104,42 +104,5 @@ def exit_status(exit_code: int) -> int:
     return exit_code if exit_code >= 0 else 128 - exit_code
 
 
-def rank_failed_error(
-    rank: int,
-    host: str,
-    exit_code: int | None,
-    traceback: str | None,
-    tail: list[str],
-    reason: str | None,
-) -> RankFailedError:
-    """The error for a rank that failed first; its traceback shown once (the rank also
-    printed it, so its lines are left out of the output tail)."""
-    if traceback:
-        printed = set(traceback.splitlines())
-        tail = [line for line in tail if line not in printed]
-    return RankFailedError(
-        rank=rank, host=host, exit_code=exit_code, traceback=traceback, output_tail=tail,
-        reason=reason,
-    )  # fmt: skip
-
-
-def start_timeout_error(
-    missing: list[int], np: int, tasks_started: list[int], tails: str
-) -> JobTimeoutError:
-    return JobTimeoutError(
-        f"start timeout: ranks {missing} of {np} had not started; "
-        f"Spark tasks started: {tasks_started}. The cluster may lack free "
-        "task slots for a barrier stage of this size (other jobs running?), or rank "
-        "start-up is slow: raise HorovodRunner(start_timeout=...)." + tails
-    )
-
-
-def timeout_error(running: list[int], tails: str) -> JobTimeoutError:
-    return JobTimeoutError(
-        f"timeout: ranks {running} were still running when the job's time limit ran "
-        "out; the job was stopped." + tails
-    )
-
-
 class ConnectUnsupportedError(SparkdistError):
     """Something that needs a SparkContext was asked of a Spark Connect session."""

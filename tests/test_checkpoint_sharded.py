@@ -25,7 +25,7 @@ from test_elastic import SlotHolder, still_alive
 
 import sparkdist
 from sparkdist import checkpoint
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.checkpoint.store import CheckpointStore
 
 # --- what the ranks run -------------------------------------------------------------
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from sparkdist.errors import JobFailedError
-from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import JobSpec
 
 RAISED = "the Spark barrier stage failed: ValueError: network interface 'tn1' does not exist"
 EXECUTOR_LOST = "the Spark barrier stage failed: Job aborted: ExecutorLostFailure (executor 1)"
@@ -26,15 +27,15 @@ def reported(notices) -> tuple[str, str | None]:
 
 
 def lost(state):
-    state.task_lost(1, "10.0.0.2")
+    state.losses.task_lost(1, "10.0.0.2")
 
 
 def raised(state):
-    state.fail(RAISED, task_raised=True)
+    state.losses.fail(RAISED, task_raised=True)
 
 
 def executor_lost(state):
-    state.fail(EXECUTOR_LOST)
+    state.losses.fail(EXECUTOR_LOST)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ import pytest
 from sparkdist.errors import JobFailedError
 from sparkdist.roles import Roles
 from sparkdist.runner.driver.failures import WorldResize
-from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import JobSpec
 
 KILLED = -signal.SIGKILL
 
@@ -42,7 +43,9 @@ def test_a_parameter_server_job_goes_on_without_a_killed_worker(caplog):
     for rank in (0, 1, 3):
         state.losses.rank_exited(rank, 0, [])
     wait(state)  # returns: the job succeeded
-    assert state.results()[0] == b"result" and state.frameworks == ["tensorflow"]
+    assert state.rank_records.results()[0] == b"result" and state.rank_records.frameworks == [
+        "tensorflow"
+    ]
     assert state.failures.outside_user_code() is None
 
 
@@ -60,12 +63,12 @@ def test_a_parameter_server_job_fails_when_every_worker_is_lost():
 def test_growth_stops_rank_0_at_its_next_checkpoint_and_ends_the_attempt():
     state = JobState(JobSpec("elastic", 2, b"payload", False, "none"))
     assert state.answer_checkpoint(0, 3) is None  # nobody asked to grow
-    state.request_grow("2 more slots stayed free")
+    state.growth.request("2 more slots stayed free")
     assert state.answer_checkpoint(1, 5) is None  # only rank 0 is told
     assert state.answer_checkpoint(0, 5) == "grow"
     assert state.answer_checkpoint(0, 6) is None  # told once
     assert state.failures.stopping == "growing"
-    state.task_lost(1, "10.0.0.2")  # Spark cancelling the attempt: expected, no failure
+    state.losses.task_lost(1, "10.0.0.2")  # Spark cancelling the attempt: expected, no failure
     state.losses.rank_exited(0, 0, [])
     with pytest.raises(WorldResize, match="2 more slots stayed free; resuming from step 5"):
         wait(state)

@@ -11,7 +11,8 @@ import pytest
 
 from sparkdist.protocol import driver_channel, messages, wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.tune.messages import TrialCall
@@ -76,7 +77,7 @@ def test_unknown_hello_is_rejected_and_changes_nothing(driver):
     channel.send(("root", 0, "127.0.0.1", 1))
     kind, reason = channel.recv()
     assert kind == "rejected" and "unknown request 'root'" in reason
-    assert not any(r.started for r in state.ranks.values()) and not state.tasks_started
+    assert not any(r.started for r in state.ranks.values()) and not state.tasks.started
 
 
 def test_malformed_supervisor_report_is_rejected_and_the_stream_goes_on(driver):

@@ -1,5 +1,5 @@
 """Horovod timeline, the rank's side: rank 0 records it and sends it to the driver,
-which writes it where it was asked for (`runner/driver/timeline_file.py`). Horovod leaves
+which writes it where it was asked for (`runner/driver/job.py`). Horovod leaves
 the file as an unterminated JSON array (Chrome's trace viewer accepts that); it is
 closed before sending, so that the file is valid JSON for every other tool as well.
 

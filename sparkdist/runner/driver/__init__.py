@@ -3,7 +3,8 @@
 `HorovodRunner` (the front: options, payload) hands the job to `job.run_job`, whose one
 loop runs its attempts: each forms the world by the job's launch kind (`launch/`:
 driver-local, barrier stage, relayed stage, elastic gang; the job's authenticated
-`service.DriverService` filling a `job_state.JobState`), waits for it (`failures`),
-relaunches it when `retry` allows or its world is resized, and collects what it left
-(checkpoints, timeline, MLflow).
+`service.DriverService` filling a `job_state.JobState`, whose parts are `records`),
+waits for it and relaunches it when `failures` allows or its world is resized, and
+collects what it left (timeline, MLflow). The job's checkpoint store is
+`sparkdist.checkpoint.store`'s, opened once per job.
 """

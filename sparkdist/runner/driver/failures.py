@@ -1,30 +1,60 @@
-"""Which failure explains a job, when to report it, and whether it was the training
-code's doing (a retry decision).
+"""A job's failures, from the end of one of its processes to the failure that explains
+the job, and whether that failure is one to relaunch after.
 
-Failures arrive from every side at about the same time: a rank's traceback, its
-supervisor's exit status, a lost Spark task, mpirun's exit. The first one is kept,
-except that a rank's own failure noticed within `FAILURE_SETTLE_S` replaces a failure
-outside any rank (it explains a lost task or mpirun's exit better). The tracker also
-owns the driver's wait for the job: success, the first failure, or a time limit.
-Which ends are failures at all is decided before (`state/losses.py`).
+1. **Which ends fail the job** (`Losses`). A rank that raised, exited non-zero or lost
+   its supervisor fails the job, and so do a lost task and a launcher that exited
+   non-zero. A parameter-server worker that ends without an error of its own is a loss
+   the job survives while another worker is left (its coordinator reschedules the
+   worker's steps).
+2. **Which failure explains the job** (`FailureTracker`). Failures arrive from every side
+   at about the same time: a rank's traceback, its supervisor's exit status, a lost
+   Spark task, mpirun's exit. The first one is kept, except that a rank's own failure
+   noticed within `FAILURE_SETTLE_S` replaces a failure outside any rank (it explains a
+   lost task or mpirun's exit better). The tracker also owns the driver's wait for the
+   job: success, the first failure, a resize (`WorldResize`), or a time limit; and it
+   builds the error the job raises (its classes and their text are in
+   `sparkdist/errors.py`, shared by every layer).
+3. **Which failed jobs are relaunched** (`RelaunchBudget`, `HorovodRunner(max_failures=k)`).
+   A job is relaunched, as a whole, when it failed for a reason outside the training
+   code: an executor or host was lost, a rank was killed (SIGKILL: the OOM killer, a
+   preempted machine, an operator), or the job failed outside any rank. An exception
+   raised by the training code is a bug or bad data that a relaunch would only repeat,
+   so it is not retried unless asked (`retry_on_exception=True`). Errors that a relaunch
+   cannot cure are never retried: an unpicklable function, too few task slots, a time
+   limit, Ctrl-C. Apart from those, a job whose mpirun could not start its daemons,
+   before any rank started, is launched once more whatever `max_failures` says: none of
+   the user's code ran, and Open MPI's start-up fails now and then on a loaded host when
+   several daemons of one job share a machine ("orte_session_dir failed", "ORTE was
+   unable to reliably start one or more daemons").
 """
 
 from __future__ import annotations
 
+import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from sparkdist import errors
-from sparkdist.runner.driver.state.growth import Growth
-from sparkdist.runner.driver.state.launcher import LauncherRecord
-from sparkdist.runner.driver.state.ranks import RankRecords
-from sparkdist.runner.driver.state.tasks import SparkTasks
+from sparkdist.errors import (
+    JobFailedError,
+    JobTimeoutError,
+    NotEnoughSlotsError,
+    PayloadError,
+    RankFailedError,
+    describe_exit,
+)
+from sparkdist.runner.driver.records import Growth, JobSpec, Processes, RankRecords, SparkTasks
 
-# After a rank reports an exception, how long to wait for its exit status and last
-# output lines before reporting the failure anyway.
+logger = logging.getLogger(__name__)
+
 FAILURE_SETTLE_S = 3.0
+"""After a rank reports an exception, how long to wait for its exit status and last
+output lines before reporting the failure anyway."""
+NEVER_RETRIED = (PayloadError, NotEnoughSlotsError, JobTimeoutError)
+MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably start")
 
 
 class WorldResize(Exception):
@@ -44,9 +74,106 @@ class Failure:
     interface): the cause of the task losses Spark's cancelling then brings."""
 
 
+# --- 1. which ends fail the job ----------------------------------------------------------
+
+
+class Losses:
+    """Records how a rank, a task or the launcher ended, and tells the failure tracker
+    when that fails the job."""
+
+    def __init__(self, job: JobSpec, ranks: RankRecords, tasks: SparkTasks,
+                 processes: Processes, failures: FailureTracker):  # fmt: skip
+        self._job = job
+        self._ranks = ranks
+        self._tasks = tasks
+        self._processes = processes
+        self._failures = failures
+        self.workers_lost: set[int] = set()
+        """Parameter-server workers the job went on without."""
+
+    def task_lost(self, index: int, host: str) -> None:
+        """A task's connection broke before it said it was done."""
+        first = index * self._job.ranks_per_task  # the task's first rank
+        rank = first if first in self._ranks.by_rank else None
+        reason = (
+            f"lost contact with Spark task {index} on host {host}: its "
+            "executor died, or the host or its network was lost"
+        )
+        with self._ranks.cond:
+            self._tasks.lost_contact(index, reason)
+            if rank is not None and self._ranks.by_rank[rank].host == "?":
+                self._ranks.by_rank[rank].host = host
+        self._failures.notice(rank, reason, outside_user_code=True)
+
+    def supervisor_lost(self, rank: int) -> None:
+        """A rank's supervisor's connection broke before it reported the rank's exit."""
+        with self._ranks.cond:
+            exited = self._ranks.by_rank[rank].exited
+        if exited:
+            return
+        if self._job.tolerates_loss(rank):
+            self.worker_lost(rank, None)
+            return
+        self._failures.notice(
+            rank,
+            f"lost contact with rank {rank} (its supervisor process died, or its host "
+            "or network was lost)",
+        )
+
+    def rank_error(self, rank: int, traceback: str, reason: str) -> None:
+        """The rank's function raised."""
+        self._ranks.error(rank, traceback)
+        self._failures.notice(rank, reason)
+
+    def rank_exited(self, rank: int, exit_code: int, tail: list[str]) -> None:
+        self._ranks.exited(rank, exit_code, tail)
+        if exit_code == 0:
+            return
+        raised = self._ranks.by_rank[rank].traceback is not None
+        if self._job.tolerates_loss(rank) and not raised:
+            self.worker_lost(rank, exit_code)
+        else:
+            killed = exit_code == -signal.SIGKILL and not raised
+            self._failures.notice(rank, None, outside_user_code=killed)
+
+    def worker_lost(self, rank: int, exit_code: int | None) -> None:
+        """A parameter-server worker ended without an error of its own (killed, its host
+        lost): the job goes on while another worker is left."""
+        workers = self._job.roles.ranks_of("worker")
+        with self._ranks.cond:
+            self.workers_lost.add(rank)
+            left = len(workers) - len(self.workers_lost)
+        how = f"ended with {describe_exit(exit_code)}"
+        if left > 0:
+            logger.warning(
+                "sparkdist job %s: worker rank %d %s; the chief's coordinator runs its steps "
+                "on the %d worker(s) left", self._job.job_id, rank, how, left,
+            )  # fmt: skip
+            return
+        self._failures.notice(
+            rank,
+            f"every worker of the parameter-server job was lost (the last, rank {rank}, {how})",
+            outside_user_code=True,
+        )
+
+    def launcher_exited(self, name: str, exit_code: int) -> None:
+        """mpirun (or a direct launcher's supervisor process) ended."""
+        self._processes.launcher_exited(name, exit_code)
+        if exit_code != 0:
+            self._failures.notice(None, f"{name} exited with code {exit_code}")
+
+    def fail(self, reason: str, task_raised: bool = False) -> None:
+        """A failure seen outside the ranks (e.g. the Spark stage itself failed; with
+        `task_raised`, because a task's own code raised)."""
+        self._failures.notice(None, reason, task_raised=task_raised)
+
+
+# --- 2. which failure explains the job, and the wait for it -------------------------------
+
+
 class FailureTracker:
     """The failures of one job, and the driver's wait for it. Reads the job's ranks,
-    tasks, launcher and growth under the job's lock (`cond`); `succeeded` says whether
+    tasks, processes and growth under the job's lock (`cond`); `succeeded` says whether
     the job is done."""
 
     def __init__(
@@ -54,14 +181,14 @@ class FailureTracker:
         cond: threading.Condition,
         ranks: RankRecords,
         tasks: SparkTasks,
-        launcher: LauncherRecord,
+        processes: Processes,
         growth: Growth,
         succeeded: Callable[[], bool],
     ):
         self._cond = cond
-        self._ranks = ranks
+        self.ranks = ranks
         self._tasks = tasks
-        self._launcher = launcher
+        self._processes = processes
         self._growth = growth
         self._succeeded = succeeded
         self._first: Failure | None = None
@@ -74,7 +201,8 @@ class FailureTracker:
         return self._stopping
 
     def stop(self, reason: str) -> None:
-        """The job is being aborted: later losses are expected, not failures."""
+        """The job is being aborted (or stops to grow): later losses are expected, not
+        failures."""
         with self._cond:
             self._stopping = reason
 
@@ -130,7 +258,7 @@ class FailureTracker:
                 return self._describe(Failure(index, lost[index], 0.0))
             first = self._first
             if first is not None and first.rank is not None:
-                state = self._ranks.by_rank[first.rank]
+                state = self.ranks.by_rank[first.rank]
                 code = state.exit_code
                 if state.traceback is None and code is not None and code < 0:
                     return self._describe(first)
@@ -139,12 +267,11 @@ class FailureTracker:
     def _describe(self, failure: Failure) -> str:
         if failure.rank is None:
             return failure.reason or "unknown"
-        state = self._ranks.by_rank[failure.rank]
+        state = self.ranks.by_rank[failure.rank]
         if failure.reason:
             return f"rank {failure.rank} on host {state.host}: {failure.reason}"
         return (
-            f"rank {failure.rank} on host {state.host} ended with "
-            f"{errors.describe_exit(state.exit_code)}"
+            f"rank {failure.rank} on host {state.host} ended with {describe_exit(state.exit_code)}"
         )
 
     def _ready(self) -> bool:
@@ -156,49 +283,63 @@ class FailureTracker:
         settled = time.monotonic() - failure.noticed_at >= FAILURE_SETTLE_S
         if failure.rank is None:
             return settled
-        return self._ranks.by_rank[failure.rank].exited or settled
+        return self.ranks.by_rank[failure.rank].exited or settled
 
     def wait(
         self, start_deadline: float | None, deadline: float | None, launcher_expected: bool
     ) -> None:
         """Block until the job succeeded, failed, or ran out of time; raise on the latter
-        two."""
-        ranks = self._ranks
+        two (and `WorldResize` when rank 0 stopped for the job to grow)."""
+        ranks = self.ranks
         with self._cond:
             while True:
                 if self._growth.resizing is not None and ranks.by_rank[0].exited:
                     raise WorldResize(self._growth.resizing)
                 if self._ready():
                     raise self._error()
-                launcher_done = not launcher_expected or self._launcher.exit_code == 0
+                launcher_done = not launcher_expected or self._processes.launcher_exit_code == 0
                 if self._succeeded() and launcher_done:
                     return
                 now = time.monotonic()
                 if start_deadline and now > start_deadline and not ranks.all_started():
-                    missing = ranks.not_started()
-                    raise errors.start_timeout_error(
-                        missing, len(ranks.by_rank), sorted(self._tasks.started),
-                        ranks.tails(missing),
-                    )  # fmt: skip
+                    raise self._start_timeout()
                 if deadline and now > deadline:
                     running = ranks.running()
-                    raise errors.timeout_error(running, ranks.tails(running))
+                    raise JobTimeoutError(
+                        f"timeout: ranks {running} were still running when the job's time "
+                        "limit ran out; the job was stopped." + ranks.tails(running)
+                    )
                 self._cond.wait(0.2)
 
-    def _error(self) -> errors.JobFailedError:
+    def _start_timeout(self) -> JobTimeoutError:
+        missing = self.ranks.not_started()
+        return JobTimeoutError(
+            f"start timeout: ranks {missing} of {len(self.ranks.by_rank)} had not started; "
+            f"Spark tasks started: {sorted(self._tasks.started)}. The cluster may lack free "
+            "task slots for a barrier stage of this size (other jobs running?), or rank "
+            "start-up is slow: raise HorovodRunner(start_timeout=...)." + self.ranks.tails(missing)
+        )
+
+    def _error(self) -> JobFailedError:
+        """The error that reports the first failure (a rank's shows its traceback once:
+        the rank also printed it, so those lines are left out of its output tail)."""
         failure = self._first
         assert failure is not None
         if failure.rank is None:
-            tail = list(self._launcher.tail)
-            return errors.JobFailedError(failure.reason or "unknown", tail)
-        state = self._ranks.by_rank[failure.rank]
+            return JobFailedError(failure.reason or "unknown", list(self._processes.launcher_tail))
+        state = self.ranks.by_rank[failure.rank]
         reason = failure.reason
         if state.traceback is None and failure.rank in self._tasks.lost:
             # The rank's task was lost too: its executor (or host) is the better explanation.
             reason = self._tasks.lost[failure.rank]
-        return errors.rank_failed_error(
-            state.rank, state.host, state.exit_code, state.traceback, list(state.tail), reason
-        )
+        tail = list(state.tail)
+        if state.traceback:
+            printed = set(state.traceback.splitlines())
+            tail = [line for line in tail if line not in printed]
+        return RankFailedError(
+            rank=state.rank, host=state.host, exit_code=state.exit_code,
+            traceback=state.traceback, output_tail=tail, reason=reason,
+        )  # fmt: skip
 
 
 def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:
@@ -214,3 +355,67 @@ def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:
     if first.task_raised:
         return False
     return first.rank is None and new.rank is not None
+
+
+# --- 3. which failed jobs are relaunched --------------------------------------------------
+
+
+def retry_reason(
+    exc: BaseException, failures: FailureTracker, retry_on_exception: bool
+) -> str | None:
+    """Why the job that failed with `exc` may be relaunched, or None if it may not."""
+    if not isinstance(exc, JobFailedError) or isinstance(exc, NEVER_RETRIED):
+        return None
+    cause = failures.outside_user_code()
+    if cause:
+        return cause
+    if not isinstance(exc, RankFailedError):
+        return f"the job failed outside any rank: {exc.reason}"
+    if retry_on_exception:
+        return f"rank {exc.rank} failed and retry_on_exception=True: {exc.reason or 'exit'}"
+    return None
+
+
+def mpi_start_failed(exc: BaseException, failures: FailureTracker) -> bool:
+    """Whether mpirun failed to start the job's daemons before any rank started, so that
+    launching the job again repeats nothing of the user's."""
+    if not isinstance(exc, JobFailedError) or isinstance(exc, RankFailedError):
+        return False
+    if any(rank.started for rank in failures.ranks.by_rank.values()):
+        return False
+    return any(sign in line for line in exc.output_tail for sign in MPI_START_FAILURES)
+
+
+class Relaunch(NamedTuple):
+    reason: str
+    counted: bool
+    """False for the one start-up relaunch, which `max_failures` does not count."""
+    output_tail: tuple[str, ...] = ()
+    """The start-up relaunch: what Open MPI said."""
+
+
+class RelaunchBudget:
+    """A job's relaunches: the one after mpirun could not start, and up to
+    `max_failures` after failures outside the training code (None: no limit, an
+    elastic job's default, bounded instead by min_np and start_timeout)."""
+
+    def __init__(self, max_failures: int | None, retry_on_exception: bool):
+        self.max_failures = max_failures
+        self.retry_on_exception = retry_on_exception
+        self.used = 0
+        self._start_retried = False
+
+    def relaunch(self, exc: BaseException, failures: FailureTracker) -> Relaunch | None:
+        """Why the attempt that failed with `exc` is launched again, or None."""
+        if not self._start_retried and mpi_start_failed(exc, failures):
+            self._start_retried = True
+            tail = tuple(getattr(exc, "output_tail", ()))
+            return Relaunch("mpirun could not start its daemons", False, tail)
+        reason = retry_reason(exc, failures, self.retry_on_exception)
+        if reason is None or self.exhausted():
+            return None
+        self.used += 1
+        return Relaunch(reason, counted=True)
+
+    def exhausted(self) -> bool:
+        return self.max_failures is not None and self.used >= self.max_failures

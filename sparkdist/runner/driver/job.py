@@ -7,7 +7,9 @@ steps: *form* (the kind's: check the slots or seat a gang, start the job's
 authenticated service where the tasks reach it), *launch* and *wait* (success, the first
 failure, a resize, or a time limit) and *collect* (stop everything, fill the `JobReport`,
 log to MLflow, write the timeline). A failure outside the training code is a relaunch
-counted by `retry.RelaunchBudget`; a resize (`failures.WorldResize`) is one that is not.
+counted by `failures.RelaunchBudget`; a resize (`failures.WorldResize`) is one that is
+not. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened once, before
+the first attempt, and handed to every attempt, so a relaunch resumes from it.
 """
 
 from __future__ import annotations
@@ -16,21 +18,27 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from sparkdist import tracking
+from sparkdist.backends.timeline import DYNAMIC, FILE_NAME
+from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver import retry, timeline_file
-from sparkdist.runner.driver.failures import WorldResize
+from sparkdist.runner.driver.failures import RelaunchBudget, WorldResize
 from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
-from sparkdist.runner.driver.launch.kinds import choose_kind
+from sparkdist.runner.driver.launch.barrier import BarrierKind
+from sparkdist.runner.driver.launch.elastic import GangKind
+from sparkdist.runner.driver.launch.local import DriverLocalKind
+from sparkdist.runner.driver.launch.relayed import RelayedKind
 from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.spark import active_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -76,18 +84,43 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
                               label=f"sparkdist {report.name}")  # fmt: skip
     try:
         kind = choose_kind(options)
+        checkpoints = open_checkpoints(options, kind)
         try:
-            return _attempts(options, kind, Attempt(options, report, blob, all_results, metrics))
+            attempt = Attempt(options, report, blob, all_results, metrics, checkpoints)
+            return _attempts(options, kind, attempt)
         finally:
-            kind.close()
+            checkpoints.close()
     finally:
         metrics.close()
+
+
+def choose_kind(options: RunnerOptions) -> LaunchKind:
+    """The job's `launch.api.LaunchKind`, chosen once: np < 0: on the driver; min_np or
+    max_np: a gang; else a barrier stage, relayed when the executors cannot reach this
+    client (where the Spark layer places the job's service says so)."""
+    if options.on_driver:
+        return DriverLocalKind(options)
+    cluster = active_cluster()
+    if options.elastic:
+        return GangKind(options, cluster)
+    place = cluster.service_place()
+    if place.in_stage:
+        return RelayedKind(options, cluster, place)
+    return BarrierKind(options, cluster, place)
+
+
+def open_checkpoints(options: RunnerOptions, kind: LaunchKind) -> CheckpointStore | NoStore:
+    """The job's one checkpoint store, kept across its attempts. A relayed job's is kept
+    by its barrier task 0 (`launch/relayed.py`), in storage this client may not see."""
+    if isinstance(kind, RelayedKind):
+        return NoStore(options.checkpoint_dir)
+    return CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
 
 
 def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> list[Any]:
     """The one relaunch loop: until an attempt succeeds or may not be relaunched."""
     report = attempt.report
-    budget = retry.RelaunchBudget(options.relaunch_limit, options.retry_on_exception)
+    budget = RelaunchBudget(options.relaunch_limit, options.retry_on_exception)
     why = "start"
     while True:
         report.attempts = len(report.failures) + 1
@@ -98,23 +131,26 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
             why = f"{exc}"
         except BaseException as exc:
             state = attempt.world.state if attempt.world is not None else None
-            relaunch = None if state is None else budget.relaunch(exc, state)
+            relaunch = None if state is None else budget.relaunch(exc, state.failures)
             if relaunch is None:
                 raise
             report.failures.append(relaunch.reason)
-            why = kind.relaunching(report.job_id, relaunch, budget)
+            resume_point = attempt.checkpoints.resume_point()
+            why = kind.relaunching(report.job_id, relaunch, budget, resume_point)
 
 
 class Attempt:
     """Launch the job once, in any kind: form, launch, wait, collect."""
 
     def __init__(self, options: RunnerOptions, report: JobReport, blob: bytes,
-                 all_results: bool, metrics: ReportedMetrics):  # fmt: skip
+                 all_results: bool, metrics: ReportedMetrics,
+                 checkpoints: CheckpointStore | NoStore):  # fmt: skip
         self.options = options
         self.report = report
         self.blob = blob
         self.all_results = all_results
         self.metrics = metrics
+        self.checkpoints = checkpoints
         self.credentials = messages.SecretEnv(tracking.rank0_credentials())
         self.world: World | None = None
         """The world of the attempt running or just ended; None if none formed."""
@@ -126,8 +162,8 @@ class Attempt:
         report.outcome = "running"
         plan = AttemptPlan(
             self.options, number, report.job_id, wire.new_secret(),
-            timeline_file.requested_path(self.options.timeline, os.environ), report.name,
-            report.launcher, self.blob, self.all_results, self.metrics, self.credentials,
+            _timeline_path(self.options.timeline, os.environ), report.name, report.launcher,
+            self.blob, self.all_results, self.metrics, self.credentials, self.checkpoints,
         )  # fmt: skip
         try:
             world = self.world = kind.form(plan, why)
@@ -138,7 +174,7 @@ class Attempt:
             self.launch_and_wait(world)
         finally:
             self.collect(world, plan.timeline_path)
-        return [_load_result(r, blob) for r, blob in enumerate(world.state.results())]
+        return [_load_result(r, b) for r, b in enumerate(world.state.rank_records.results())]
 
     def launch_and_wait(self, world: World) -> None:
         """Start the job and wait for its end; tell its processes to finish or abort."""
@@ -164,9 +200,9 @@ class Attempt:
         leftovers = world.launch.stop(finished=report.outcome == "succeeded")
         world.service.close()
         report.wall_time_s = time.monotonic() - world.started
-        report.processes += [p for p in state.started_processes() if p not in report.processes]
+        report.processes += [p for p in state.processes.started() if p not in report.processes]
         report.files = dict(state.files)
-        report.frameworks = list(state.frameworks)
+        report.frameworks = list(state.rank_records.frameworks)
         tracking.log_job(
             np=self.options.np,
             launcher=report.launcher,
@@ -175,7 +211,7 @@ class Attempt:
             outcome=report.outcome,
         )
         try:
-            timeline_file.save_timeline(report.files, timeline_path)
+            _save_timeline(report.files, timeline_path)
         except OSError as exc:
             logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
         if leftovers:
@@ -183,6 +219,26 @@ class Attempt:
                            leftovers)  # fmt: skip
         logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
                     report.wall_time_s)  # fmt: skip
+
+
+def _timeline_path(option: str | None, environ: Mapping[str, str]) -> str | None:
+    """Where the job's Horovod timeline was asked for on the driver: the runner option,
+    else HOROVOD_TIMELINE (rank 0 records it, `backends/timeline.py`, and sends it)."""
+    path = option if option is not None else environ.get("HOROVOD_TIMELINE")
+    return path or None
+
+
+def _save_timeline(files: Mapping[str, bytes], path: str | None) -> str | None:
+    """Write the timeline rank 0 sent (if any) at `path`."""
+    if not path or path == DYNAMIC or FILE_NAME not in files:
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = f"{path}.partial"
+    with open(partial, "wb") as f:
+        f.write(files[FILE_NAME])
+    os.replace(partial, path)
+    logger.info("Horovod timeline written to %s", path)
+    return path
 
 
 def _outcome(exc: BaseException) -> str:

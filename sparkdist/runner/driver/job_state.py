@@ -1,39 +1,38 @@
 """What the driver knows about a running job, as its peers' messages build it up.
 Shared by the driver's handler threads under one lock (`cond`).
 
-`JobState` composes one part per concern (`state/`): each rank's record
-(`rank_records`), the Spark tasks (`tasks`), the launcher (`launcher`), the open
-channels (`peers`), a parameter-server job's servers (`servers`), which ends fail the
-job (`losses`) and an elastic job's growth (`growth`); plus the failures
-(`failures.FailureTracker`, which also owns the wait for the job), the rendezvous store
-(`rendezvous`), and where rank output is printed (`console`). `service` turns messages
-into calls on it and on its parts; its own methods are the events that touch several
-parts, the `launch.LauncherSink` a launch on the driver reports to, and what the
-launchers read.
+`JobState` holds one part per concern, as plain records (`records.py`): what the job is
+(`job`), each rank's record (`rank_records`), the Spark tasks (`tasks`), the processes
+started and the launcher's end (`processes`), the open channels (`peers`), an elastic
+job's growth (`growth`) and the rendezvous store (`rendezvous`); plus how ends become
+failures and which failure explains the job (`losses` and `failures`, `failures.py`),
+where rank output is printed (`console`), and the job's checkpoint store
+(`checkpoints`, `sparkdist/checkpoint/store.py`), which outlives the attempt.
+
+Whoever learns of an event that concerns one part (the service, a launch) calls that
+part. `JobState`'s own methods are only the events that touch several parts.
 """
 
 from __future__ import annotations
 
 import threading
 
+from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.protocol import messages, wire
-from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import Console
-from sparkdist.runner.driver.failures import FailureTracker
+from sparkdist.runner.driver.failures import FailureTracker, Losses
 from sparkdist.runner.driver.metrics import ReportedMetrics
-from sparkdist.runner.driver.rendezvous import RendezvousStore
-from sparkdist.runner.driver.state import peers
-from sparkdist.runner.driver.state.growth import Growth
-from sparkdist.runner.driver.state.launcher import LauncherRecord
-from sparkdist.runner.driver.state.losses import Losses
-from sparkdist.runner.driver.state.peers import Peers
-from sparkdist.runner.driver.state.ranks import RankRecords, RankState
-from sparkdist.runner.driver.state.servers import ParameterServers
-from sparkdist.runner.driver.state.spec import JobSpec
-from sparkdist.runner.driver.state.tasks import SparkTasks
-
-__all__ = ["JobSpec", "JobState", "RankState"]
+from sparkdist.runner.driver.records import (
+    Growth,
+    JobSpec,
+    Peers,
+    Processes,
+    RankRecords,
+    RankState,
+    RendezvousStore,
+    SparkTasks,
+    send,
+)
 
 
 class JobState:
@@ -43,59 +42,42 @@ class JobState:
         self,
         job: JobSpec,
         console: Console | None = None,
-        checkpoints: CheckpointStore | None = None,
+        checkpoints: CheckpointStore | NoStore | None = None,
         metrics: ReportedMetrics | None = None,
     ):
         self.job = job
         self.console = console or Console()
-        self.checkpoints = checkpoints
+        self.checkpoints = checkpoints if checkpoints is not None else NoStore()
+        """The job's checkpoint store: it answers the ranks' checkpoint messages."""
         self.metrics = metrics or ReportedMetrics()
         """Where the ranks' `sparkdist.report` calls go."""
-        self.cond = threading.Condition()
-        self.processes: list[ProcessRecord] = []
+        self.cond = cond = threading.Condition()
         self.files: dict[str, bytes] = {}
+        """Files the ranks uploaded (a Horovod timeline), by name."""
         self.rendezvous = RendezvousStore()
-        cond = self.cond
         self.rank_records = RankRecords(job.num_ranks, cond, self.console, job.log_mode)
         self.ranks: dict[int, RankState] = self.rank_records.by_rank
         """Each rank's record (the same dict as `rank_records.by_rank`)."""
         self.tasks = SparkTasks(job.num_tasks, cond)
-        self.launcher = LauncherRecord(cond)
+        self.processes = Processes(cond)
         self.growth = Growth(cond)
         self.peers = Peers(cond)
-        self.servers = ParameterServers(job, self.rank_records, self.peers)
         self.failures = FailureTracker(
-            cond, self.rank_records, self.tasks, self.launcher, self.growth, self.succeeded
+            cond, self.rank_records, self.tasks, self.processes, self.growth, self.succeeded
         )
-        self.losses = Losses(
-            job, self.rank_records, self.tasks, self.launcher, self.failures.notice
-        )
-
-    @property
-    def frameworks(self) -> list[str]:
-        """The frameworks rank 0's function used."""
-        return self.rank_records.frameworks
-
-    @frameworks.setter
-    def frameworks(self, value: list[str]) -> None:
-        self.rank_records.frameworks = value
-
-    @property
-    def tasks_started(self) -> set[int]:
-        return self.tasks.started
-
-    # --- events that touch several parts ----------------------------------------------
+        self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures)
 
     def connected(self, kind: str, number: int, channel: wire.Channel) -> str | None:
         """A task or supervisor connected; returns why the job is stopping, if it is
-        (the peer is then told to abort at once)."""
+        (the peer is then told to abort at once). A parameter-server job's server whose
+        chief is done already is told to finish."""
         with self.cond:
             self.peers.add(kind, number, channel)
             if kind == "task":
                 self.tasks.connected(number)
-            late_server = self.servers.late(kind, number)
+            late_server = self._chief_done() and self._server_peer(kind, number)
         if late_server:
-            self.servers.finish([channel])
+            send([channel], messages.Finish("the chief finished"))
         return self.failures.stopping
 
     def stop(self, how: str, reason: str) -> None:
@@ -105,7 +87,7 @@ class JobState:
             self.failures.stop(reason)
             self.rendezvous.close()
         order = messages.Abort(reason) if how == "abort" else messages.Finish(reason)
-        peers.send(self.peers.select(lambda kind, _: kind == "task" or how == "abort"), order)
+        send(self.peers.select(lambda kind, _: kind == "task" or how == "abort"), order)
 
     def agent_placed(self, index: int, place: messages.AgentPlace) -> None:
         """Task `index`'s agent listens at `place`; once every task's does, task 0 gets
@@ -114,15 +96,16 @@ class JobState:
             places = self.tasks.placed(index, place)
             task0 = self.peers.channel("task", 0)
         if places is not None and task0 is not None:
-            peers.send([task0], messages.AgentPlaces(places))
+            send([task0], messages.AgentPlaces(places))
 
     def rank_result(self, rank: int, value: bytes, frameworks: list[str]) -> None:
-        """A rank's function returned; the chief's return stops a job's servers."""
+        """A rank's function returned; the chief's return stops a parameter-server job's
+        servers (TensorFlow servers, which never return)."""
         with self.cond:
             self.rank_records.result(rank, value, frameworks)
-            servers = self.servers.channels()
-        if servers and self.servers.chief_done():
-            self.servers.finish(servers)
+            servers = self.peers.select(self._server_peer)
+        if servers and self._chief_done():
+            send(servers, messages.Finish("the chief finished"))
 
     def answer_checkpoint(self, rank: int, step: int) -> str | None:
         """After rank `rank` stored checkpoint `step`: "grow" when the job should stop
@@ -133,54 +116,19 @@ class JobState:
                 self.failures.stop("growing")
         return answer
 
-    # --- the `launch.LauncherSink` of a launch on the driver (and of task 0's reports) ---
-
-    def record(self, record: ProcessRecord) -> None:
-        with self.cond:
-            if record not in self.processes:
-                self.processes.append(record)
-
-    def launcher_output(self, lines: list[str]) -> None:
-        self.launcher.output(lines)
-
-    def launcher_exited(self, name: str, exit_code: int) -> None:
-        """mpirun (or a direct launcher's supervisor process) ended."""
-        self.losses.launcher_exited(name, exit_code)
-
-    # --- what the launchers call ------------------------------------------------------
-
-    def task_lost(self, index: int, host: str) -> None:
-        """A task's connection broke before it said it was done."""
-        self.losses.task_lost(index, host)
-
-    def fail(self, reason: str, task_raised: bool = False) -> None:
-        """A failure seen outside the ranks (see `Losses.fail`)."""
-        self.losses.fail(reason, task_raised)
-
-    def request_grow(self, reason: str) -> None:
-        """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger."""
-        self.growth.request(reason)
-
     def succeeded(self) -> bool:
         """Every rank ended well (or was a worker the job could lose), the results the
-        job waits for arrived, and mpirun, if any, exited with 0."""
+        job waits for arrived (a server sends none), and mpirun, if any, exited with 0."""
         needed = self.ranks if self.job.all_results else [0]
-        needed = [r for r in needed if self.servers.needs_result(r)]
+        needed = [r for r in needed if not self.job.server_rank(r)]
         with self.cond:
             ended = self.rank_records.succeeded(needed, tolerated=self.losses.workers_lost)
-            return ended and self.launcher.exit_code in (None, 0)
+            return ended and self.processes.launcher_exit_code in (None, 0)
 
-    def started_processes(self) -> list[ProcessRecord]:
-        """Every process the job reported starting, so far."""
+    def _chief_done(self) -> bool:
+        """A parameter-server job's chief returned: its servers are to stop."""
         with self.cond:
-            return list(self.processes)
+            return self.job.roles is not None and self.ranks[0].has_result
 
-    def live_task_count(self) -> int:
-        """How many Spark tasks connected and were not lost: those whose end to await."""
-        return self.tasks.live_count()
-
-    def results(self) -> list[bytes | None]:
-        return self.rank_records.results()
-
-    def wait_tasks_done(self, count: int, timeout_s: float) -> bool:
-        return self.tasks.wait_done(count, timeout_s)
+    def _server_peer(self, kind: str, number: int) -> bool:
+        return kind == "supervisor" and self.job.server_rank(number)

@@ -1,6 +1,8 @@
 """The driver's side of a job: one authenticated server that every task, supervisor
 and rank talks to, turning their messages (`messages`) into the job's state
-(`job_state.JobState` and its parts).
+(`job_state.JobState`): a message that concerns one part of it goes to that part, one
+that touches several to `JobState`, and a checkpoint message to the job's checkpoint
+store (`sparkdist/checkpoint/store.py`), which answers it.
 
 Three kinds of peers connect, each saying first who it is:
 
@@ -19,13 +21,13 @@ peer waits for an answer that never comes.
 
 from __future__ import annotations
 
+import functools
 import logging
 
+from sparkdist.checkpoint.store import REQUESTS as CHECKPOINT_REQUESTS
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.messages import MalformedMessage
-from sparkdist.runner.driver.job_state import JobSpec, JobState
-
-__all__ = ["DriverService", "JobSpec", "JobState"]
+from sparkdist.runner.driver.job_state import JobState
 
 logger = logging.getLogger(__name__)
 
@@ -109,13 +111,13 @@ class _TaskPeer(_StreamPeer):
     def handle(self, report) -> bool:
         match report:
             case messages.ProcessStarted(record):
-                self.state.record(record)
+                self.state.processes.record(record)
             case messages.AgentPlace():
                 self.state.agent_placed(self.number, report)
             case messages.LauncherOutput(lines):
-                self.state.launcher_output(lines)
+                self.state.processes.launcher_output(lines)
             case messages.LauncherExit(name, code):
-                self.state.launcher_exited(name, code)
+                self.state.losses.launcher_exited(name, code)
             case messages.TaskDone():
                 self.state.tasks.finished(self.number)
                 return True
@@ -138,7 +140,7 @@ class _SupervisorPeer(_StreamPeer):
     def handle(self, report) -> bool:
         match report:
             case messages.ProcessStarted(record):
-                self.state.record(record)
+                self.state.processes.record(record)
             case messages.RankOutput(lines):
                 self.state.rank_records.output(self.number, lines)
             case messages.RankExit(code, tail):
@@ -178,11 +180,13 @@ class _RankPeer:
                     reply = messages.Rejected(str(exc))
                 self.channel.send(messages.encode(reply))
         finally:
-            if state.checkpoints is not None:  # a rank gone reads no checkpoint
-                state.checkpoints.unpin(self._reader)
+            state.checkpoints.unpin(self._reader)  # a rank gone reads no checkpoint
 
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank
+        if isinstance(request, CHECKPOINT_REQUESTS):  # the job's store answers them
+            stored = functools.partial(state.answer_checkpoint, rank)
+            return state.checkpoints.answer(request, self._reader, stored)
         match request:
             case messages.KvPut(key, value):
                 state.rendezvous.put(key, value)
@@ -198,30 +202,8 @@ class _RankPeer:
                 state.rank_result(rank, value, frameworks)
             case messages.RankError(traceback, reason):
                 state.losses.rank_error(rank, traceback, reason)
-            case messages.CheckpointSave(step, blob):
-                reply = self._checkpoint_save(step, blob)
-                if isinstance(reply, messages.Ok):
-                    return messages.Ok(state.answer_checkpoint(rank, step))
-                return reply
             case messages.Report(step, metrics):
                 return self._report(step, metrics)
-            case messages.CheckpointLatest():
-                store = state.checkpoints
-                return messages.Ok(store.latest(self._reader) if store else None)
-            case messages.CheckpointLoaded():
-                if state.checkpoints:
-                    state.checkpoints.unpin(self._reader)
-            case messages.CheckpointSteps():
-                return messages.Ok(state.checkpoints.steps() if state.checkpoints else [])
-            case messages.CheckpointPlace(step, suffix):
-                return self._checkpoint(
-                    step, lambda s: s.shard_location(step, state.job.job_id, suffix)
-                )
-            case messages.CheckpointCommit(step, world_size, location, kind):
-                reply = self._checkpoint(step, lambda s: s.commit(step, world_size, location, kind))
-                if isinstance(reply, messages.Ok):
-                    return messages.Ok(state.answer_checkpoint(rank, step))
-                return reply
         return messages.Ok()
 
     @property
@@ -235,17 +217,3 @@ class _RankPeer:
             return messages.Failed(f"metrics must map names to numbers; bad: {bad}")
         pruned = self.state.metrics.add(self.rank, step, metrics)
         return messages.Ok("prune" if pruned else None)
-
-    def _checkpoint_save(self, step: int, blob: bytes) -> tuple:
-        return self._checkpoint(step, lambda store: store.save(step, blob))
-
-    def _checkpoint(self, step: int, action) -> tuple:
-        """Run `action(store)`; its value as `Ok`, or `Failed` saying why not."""
-        store = self.state.checkpoints
-        if store is None:
-            return messages.Failed("this job has no checkpoint store")
-        try:
-            return messages.Ok(action(store))
-        except (OSError, ValueError) as exc:
-            logger.warning("checkpoint %s: %s", step, exc)
-            return messages.Failed(str(exc))

@@ -3,7 +3,7 @@
 `job.run_job` drives every job through one loop of attempts. Each attempt asks the job's
 `LaunchKind` to *form* the world (its ranks, its `JobState`, its service, its
 `protocol.launch.Launch`), then starts it, waits for it, stops it and collects what it
-did, the same way for every kind. The kinds (`kinds.choose_kind` picks one per job):
+did, the same way for every kind. The kinds (`job.choose_kind` picks one per job):
 
 * `local.DriverLocalKind`: np < 0, the ranks are subprocesses of the driver;
 * `barrier.BarrierKind`: one Spark barrier stage, served from the driver;
@@ -13,27 +13,33 @@ did, the same way for every kind. The kinds (`kinds.choose_kind` picks one per j
   from those that run (min_np..max_np) and grows or shrinks between attempts.
 
 As in torch.distributed.elastic, a failure and a membership change are both a relaunch
-of the loop: a failure is counted by the `retry.RelaunchBudget`, a resize is not.
+of the loop: a failure is counted by the `failures.RelaunchBudget`, a resize is not.
+The job's one checkpoint store travels in every `AttemptPlan` to the attempt's state,
+whose service hands it the ranks' checkpoint messages.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sparkdist import job_environment, tracking
+from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.job_environment import JobEnvironment
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec
 from sparkdist.protocol.payload import driver_pythonpath
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
-from sparkdist.runner.driver.job_state import JobSpec, JobState
+from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget
+from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.driver.retry import Relaunch, RelaunchBudget
+from sparkdist.runner.driver.records import JobSpec
 from sparkdist.spark import jobs
+
+logger = logging.getLogger(__name__)
 
 
 class Closeable(Protocol):
@@ -55,8 +61,9 @@ class World:
 
 @dataclass
 class AttemptPlan:
-    """What every kind needs to form one attempt's world: its identity and secret, and
-    how the job's specs, states and Spark descriptions are made."""
+    """What every kind needs to form one attempt's world: its identity and secret, the
+    job's checkpoint store, and how the job's specs, states and Spark descriptions are
+    made."""
 
     options: RunnerOptions
     number: int
@@ -70,15 +77,17 @@ class AttemptPlan:
     all_results: bool
     metrics: ReportedMetrics
     credentials: messages.SecretEnv
+    checkpoints: CheckpointStore | NoStore
+    """The job's one store, opened before its first attempt (`job.run_job`)."""
 
-    def new_state(self, num_ranks: int, checkpoints: CheckpointStore | None) -> JobState:
+    def new_state(self, num_ranks: int) -> JobState:
         """The state of this attempt's world of `num_ranks` ranks."""
         opts = self.options
         job = JobSpec(
             self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
             opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
         )  # fmt: skip
-        return JobState(job, checkpoints=checkpoints, metrics=self.metrics)
+        return JobState(job, checkpoints=self.checkpoints, metrics=self.metrics)
 
     def spec(self, num_ranks: int, driver: str, relay=None) -> LaunchSpec:
         """What every task needs to start its part of this attempt."""
@@ -126,9 +135,33 @@ class LaunchKind(Protocol):
         previous attempt's failure or resize). Raises if no world can form: that ends
         the job."""
 
-    def relaunching(self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget) -> str:
-        """Note that attempt `job_id` failed and is launched again; return the `why`
-        of the next attempt."""
+    def relaunching(
+        self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str
+    ) -> str:
+        """Note that attempt `job_id` failed and is launched again, resuming from
+        `resume_point` (the checkpoint store's); return the `why` of the next attempt."""
 
-    def close(self) -> None:
-        """After the job's last attempt: release what the kind kept across attempts."""
+
+class FixedSizeKind:
+    """What the fixed-size kinds (driver-local, barrier, relayed) share: a world of `np`
+    ranks every attempt, and the relaunch line in the driver's log."""
+
+    def __init__(self, options: RunnerOptions):
+        self.options = options
+
+    def relaunching(
+        self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str
+    ) -> str:
+        if not relaunch.counted:
+            logger.warning(
+                "sparkdist job %s: mpirun could not start its daemons before any rank "
+                "started; launching it once more. Open MPI said:\n%s",
+                job_id, "\n".join(relaunch.output_tail),
+            )  # fmt: skip
+            return relaunch.reason
+        logger.warning(
+            "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most %d), "
+            "resuming from %s",
+            job_id, relaunch.reason, budget.used, budget.max_failures, resume_point,
+        )  # fmt: skip
+        return relaunch.reason

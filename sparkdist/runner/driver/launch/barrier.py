@@ -13,10 +13,8 @@ import threading
 from sparkdist.network import is_local_address, join_address
 from sparkdist.protocol.launch import LaunchSpec
 from sparkdist.protocol.processes import ProcessRecord, wait_gone
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.launch.api import AttemptPlan, World
-from sparkdist.runner.driver.launch.fixed import FixedSizeKind
+from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_barrier_task
@@ -33,13 +31,13 @@ class BarrierKind(FixedSizeKind):
     the driver where the Spark layer says the executors reach it."""
 
     def __init__(self, options: RunnerOptions, cluster: Cluster, place: ServicePlace):
-        super().__init__(options, CheckpointStore(options.checkpoint_dir, options.checkpoint_keep))
+        super().__init__(options)
         self.cluster = cluster
         self.place = place
 
     def form(self, plan: AttemptPlan, why: str) -> World:
         opts = self.options
-        state = plan.new_state(opts.num_ranks, self.checkpoints)
+        state = plan.new_state(opts.num_ranks)
         self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         spec = plan.spec(opts.num_ranks, join_address(*service.address))
@@ -72,7 +70,7 @@ class BarrierStage:
             )
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
-            self.state.fail(
+            self.state.losses.fail(
                 f"the Spark barrier stage failed: {spark_error_summary(exc)}",
                 task_raised=python_error_in(exc) is not None,
             )
@@ -86,9 +84,9 @@ class BarrierStage:
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
         # A task whose executor was lost will never say it is done: do not wait for it.
-        expected = self.state.live_task_count()
+        expected = self.state.tasks.live_count()
         if (
-            not self.state.wait_tasks_done(expected, CANCEL_GRACE_S)
+            not self.state.tasks.wait_done(expected, CANCEL_GRACE_S)
             or expected < self.spec.num_tasks
         ):
             logger.info("cancelling Spark job group %s", self.group)
@@ -102,5 +100,5 @@ class BarrierStage:
 
 def wait_local_gone(state: JobState) -> list[ProcessRecord]:
     """The job's recorded processes on this machine that did not end within 5 s."""
-    local = [p for p in state.started_processes() if is_local_address(p.host)]
+    local = [p for p in state.processes.started() if is_local_address(p.host)]
     return wait_gone(local, timeout_s=5.0)

@@ -24,13 +24,12 @@ import time
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
+from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, World
 from sparkdist.runner.driver.launch.barrier import wait_local_gone
 from sparkdist.runner.driver.launch.gang import Gang
 from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.driver.retry import Relaunch, RelaunchBudget
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, job_tag, spark_error_summary
@@ -59,7 +58,6 @@ class GangKind:
         self.options = options
         self.cluster = cluster
         self.place = place
-        self.checkpoints = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
         self.world = 0
         """The size of the last world formed (0 before the first)."""
 
@@ -86,7 +84,7 @@ class GangKind:
         previous, self.world = self.world, len(chosen) * per_task
         logger.warning("sparkdist elastic job: world %s -> %d ranks: %s",
                        previous or "0", self.world, why)  # fmt: skip
-        state = plan.new_state(self.world, self.checkpoints)
+        state = plan.new_state(self.world)
         tasks.state = state
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
@@ -96,21 +94,16 @@ class GangKind:
                     plan.job_id, self.world, min_np, max_np, plan.launcher)  # fmt: skip
         return World(state, service, _SeatedWorld(tasks, gang, state, watcher), started)
 
-    def relaunching(self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget) -> str:
+    def relaunching(
+        self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str
+    ) -> str:
         """The next world's log line says why (the world's size changes with it)."""
-        why = f"{relaunch.reason}; resuming from {self.resume_point()}"
+        why = f"{relaunch.reason}; resuming from {resume_point}"
         if not relaunch.counted:
             return why
         if budget.max_failures is None:
             return f"{why} (relaunch {budget.used}; no limit, as max_failures was not given)"
         return f"{why} (relaunch {budget.used} of at most {budget.max_failures})"
-
-    def resume_point(self) -> str:
-        steps = self.checkpoints.steps()
-        return f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
-
-    def close(self) -> None:
-        self.checkpoints.close()
 
 
 class _TaskJob:
@@ -141,8 +134,9 @@ class _TaskJob:
                 self.gang.fail(f"the Spark job of the elastic tasks failed: "
                                f"{spark_error_summary(exc)}")  # fmt: skip
                 return
-            self.state.fail(f"the Spark job of the elastic tasks failed: "
-                            f"{spark_error_summary(exc)}")  # fmt: skip
+            self.state.losses.fail(
+                f"the Spark job of the elastic tasks failed: {spark_error_summary(exc)}"
+            )
 
     def stop(self) -> None:
         self.cancelled = True
@@ -176,7 +170,7 @@ class _GrowWatcher:
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= GROW_SETTLE_S:
-                self.state.request_grow(
+                self.state.growth.request(
                     f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s "
                     f"(max_np={self.max_np})"
                 )
@@ -201,7 +195,7 @@ class _SeatedWorld:
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         self.watcher.stop()
-        self.state.wait_tasks_done(self.state.live_task_count(), CANCEL_GRACE_S)
+        self.state.tasks.wait_done(self.state.tasks.live_count(), CANCEL_GRACE_S)
         self.gang.close()
         self.tasks.stop()
         return wait_local_gone(self.state)

@@ -11,6 +11,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 from sparkdist.job_environment import DirectRank, gpus_to_env
 from sparkdist.network import join_address
@@ -24,11 +26,8 @@ from sparkdist.protocol.launch import (
     supervisor_argv,
 )
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.launch.api import AttemptPlan, World
-from sparkdist.runner.driver.launch.fixed import FixedSizeKind
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.spark.gpus import driver_gpu_addresses
 
@@ -40,16 +39,23 @@ LOCAL_HOST = "127.0.0.1"
 class DriverLocalKind(FixedSizeKind):
     """An `api.LaunchKind`: every attempt's ranks on this machine, served from here."""
 
-    def __init__(self, options: RunnerOptions):
-        super().__init__(options, CheckpointStore(options.checkpoint_dir, options.checkpoint_keep))
-
     def form(self, plan: AttemptPlan, why: str) -> World:
-        state = plan.new_state(self.options.num_ranks, self.checkpoints)
+        state = plan.new_state(self.options.num_ranks)
         service = DriverService(state, plan.secret, LOCAL_HOST, LOCAL_HOST)
         spec = plan.spec(state.job.num_ranks, join_address(*service.address))
         logger.info("sparkdist job %s: %d ranks, launcher %s, on the driver",
                     plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
         return World(state, service, LocalLaunch(spec, state))
+
+
+class Reports(NamedTuple):
+    """The `launch.LauncherSink` of the launchers started here: what a task reports to
+    the service about its launcher (`service._TaskPeer`), given straight to the parts
+    of the job's state it concerns."""
+
+    record: Callable[[ProcessRecord], None]
+    launcher_output: Callable[[list[str]], None]
+    launcher_exited: Callable[[str, int], None]
 
 
 class LocalLaunch:
@@ -59,9 +65,12 @@ class LocalLaunch:
         self.spec = spec
         self.state = state
         self._children: list[subprocess.Popen] = []
+        self._reports = Reports(
+            state.processes.record, state.processes.launcher_output, state.losses.launcher_exited
+        )
 
     def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
-        self._children.append(start_launcher(argv, env, name, role, LOCAL_HOST, self.state))
+        self._children.append(start_launcher(argv, env, name, role, LOCAL_HOST, self._reports))
 
     def start(self) -> None:
         n = self.spec.num_ranks
@@ -95,6 +104,6 @@ class LocalLaunch:
     def stop(self, finished: bool) -> list[ProcessRecord]:
         for proc in self._children:
             stop_group(proc, settle_s=5.0 if finished else 0.0)
-        started = self.state.started_processes()
+        started = self.state.processes.started()
         kill_records(started)
         return wait_gone(started, timeout_s=5.0)

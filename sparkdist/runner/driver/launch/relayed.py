@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
+from sparkdist.checkpoint.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
 from sparkdist.network import join_address
 from sparkdist.protocol import wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.checkpoint_store import CheckpointStore
 from sparkdist.runner.driver.console import RecordingConsole
-from sparkdist.runner.driver.job_state import JobSpec, JobState
-from sparkdist.runner.driver.launch.api import AttemptPlan, World
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
-from sparkdist.runner.driver.launch.fixed import FixedSizeKind
 from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.spark import Cluster, ServicePlace
 
@@ -48,18 +48,18 @@ TASKS_DONE_GRACE_S = 10.0
 
 class RelayedKind(FixedSizeKind):
     """An `api.LaunchKind`: a barrier stage whose task 0 serves the job; the client
-    replays what it did when the stage ends. Checkpoints live in `checkpoint_dir`,
-    where task 0 writes them."""
+    replays what it did when the stage ends. The job's checkpoint store is task 0's
+    (`HostedJob`), in `checkpoint_dir`: the client's plan holds a `NoStore`."""
 
     def __init__(self, options: RunnerOptions, cluster: Cluster, place: ServicePlace):
-        super().__init__(options, None)
+        super().__init__(options)
         self.cluster = cluster
         self.place = place
         _check_relayed(options)
 
     def form(self, plan: AttemptPlan, why: str) -> World:
         opts = self.options
-        state = plan.new_state(opts.num_ranks, None)
+        state = plan.new_state(opts.num_ranks)
         self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         relay = RelayPlan(
@@ -201,15 +201,15 @@ class HostedJob:
         """After task 0's own part ended: wait for the others, then pack the outcome."""
         self._thread.join()
         state = self.state
-        state.wait_tasks_done(min(state.live_task_count(), num_tasks), TASKS_DONE_GRACE_S)
+        state.tasks.wait_done(min(state.tasks.live_count(), num_tasks), TASKS_DONE_GRACE_S)
         self.service.close()
         self.checkpoints.close()
         outcome = self.outcome
         outcome.lines = list(self.console.lines)
-        outcome.results = state.results()
-        outcome.processes = state.started_processes()
+        outcome.results = state.rank_records.results()
+        outcome.processes = state.processes.started()
         outcome.files = dict(state.files)
-        outcome.frameworks = list(state.frameworks)
+        outcome.frameworks = list(state.rank_records.frameworks)
         outcome.reported = list(state.metrics.reported)
         if self._error is not None:
             outcome.error = cloudpickle.dumps(self._error)
@@ -222,9 +222,9 @@ def replay(outcome: RelayOutcome, state: JobState) -> None:
     for stream, line in outcome.lines:
         state.console.write(stream, line)
     for process in outcome.processes:
-        state.record(process)
+        state.processes.record(process)
     state.files.update(outcome.files)
-    state.frameworks = list(outcome.frameworks)
+    state.rank_records.frameworks = list(outcome.frameworks)
     for entry in outcome.reported:
         state.metrics.add(entry.rank, entry.step, entry.metrics, entry.time)
     for rank, result in enumerate(outcome.results):

@@ -1,5 +1,7 @@
-"""The driver's side of checkpoints: the record of what was committed, which outlives a
-job's attempts, so that a relaunched (or resized) job resumes where the last one left off.
+"""The driver's half of checkpoints (the rank's half is `driver_path.py`, `sharded.py`
+and `tensorflow.py`, which send the messages this half answers): the record of what
+was committed, which outlives a job's attempts, so that a relaunched (or resized) job
+resumes where the last one left off.
 
 Two kinds of checkpoint share one sequence of steps:
 
@@ -13,11 +15,17 @@ Two kinds of checkpoint share one sequence of steps:
   steps exist for `latest`: a directory left by a crash mid-save is never read and is
   removed by the next commit at or past its step.
 
-In relay mode (`launch/relayed.py`) the store lives in barrier task 0, which is why the directory
-may be any URL pyarrow or fsspec opens (`s3://...`, `dbfs:/...`) or a path every
-executor shares. Files are written under a temporary name and renamed, so a reader
-never sees half a record; only the newest `keep` checkpoints are kept, but never one a
-resumed rank is still reading (`pin`/`unpin`).
+One store is opened per job on the driver (`runner/driver/job.py`) and handed to every
+attempt, whose service passes it the ranks' checkpoint messages (`REQUESTS`): the store
+answers them (`CheckpointStore.answer`). In relay mode (a Spark Connect client the
+executors cannot reach) the store lives in barrier task 0 instead, and the client holds
+a `NoStore` that only says where the job resumes from; that is why the directory may be
+any URL pyarrow or fsspec opens (`s3://...`, `dbfs:/...`) or a path every executor
+shares. Files are written under a temporary name and renamed, so a reader never sees
+half a record.
+
+Retention (`expired`): only the newest `keep` checkpoints are kept, of either kind, but
+never one a resumed rank is still reading (`latest(reader)` pins it until `unpin`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -36,12 +45,28 @@ from urllib.parse import urlparse
 from pyarrow import ArrowInvalid
 from pyarrow import fs as pafs
 
+from sparkdist.protocol import messages
+
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^checkpoint-(\d{12})\.(pkl|commit\.json)$")
 _SHARD_DIR = re.compile(r"^step-(\d{12})-([0-9a-zA-Z]+)")
 SHARDED = "sharded"
 """The subdirectory of the checkpoint directory that holds the ranks' shards."""
+REQUESTS = (
+    messages.CheckpointSave,
+    messages.CheckpointPlace,
+    messages.CheckpointCommit,
+    messages.CheckpointLatest,
+    messages.CheckpointLoaded,
+    messages.CheckpointSteps,
+)
+"""The ranks' checkpoint messages, which the job's store answers (`answer`)."""
+
+Reader = tuple[str, int]
+"""(job id, rank): a rank that reads checkpoints, and pins the one it loads."""
+Stored = Callable[[int], str | None]
+"""The job's answer once a rank's step is stored: "grow" when an elastic job stops there."""
 
 
 def open_directory(location: str) -> tuple[pafs.FileSystem, str]:
@@ -63,6 +88,12 @@ def open_directory(location: str) -> tuple[pafs.FileSystem, str]:
         ) from exc
     filesystem, path = fsspec.core.url_to_fs(location)
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), path
+
+
+def expired(steps: list[int], keep: int, pinned: set[int]) -> list[int]:
+    """The retention rule: the steps to remove, all but the newest `keep`, except those
+    a resumed rank is still loading (`pinned`)."""
+    return [step for step in sorted(steps)[:-keep] if step not in pinned]
 
 
 class CheckpointStore:
@@ -210,12 +241,9 @@ class CheckpointStore:
                 self._prune()
 
     def _prune(self) -> None:
-        """Remove all but the newest `keep`, except what a reader is loading."""
+        """Remove what the retention rule (`expired`) no longer keeps."""
         records = self._records()
-        pinned = set(self._pins.values())
-        for step in sorted(records)[: -self.keep]:
-            if step in pinned:
-                continue
+        for step in expired(list(records), self.keep, set(self._pins.values())):
             name = records[step]
             if name.endswith(".commit.json"):
                 shards = f"{self._root.rstrip('/')}/{SHARDED}/{self._read_record(name)['name']}"
@@ -227,9 +255,76 @@ class CheckpointStore:
             if name.endswith(".commit.json") and self._fs.get_file_info(pickle).is_file:
                 self._fs.delete_file(pickle)
 
+    # --- the ranks' messages ----------------------------------------------------------
+
+    def answer(self, request: tuple, reader: Reader, stored: Stored) -> tuple:
+        """The reply to `reader`'s checkpoint message (one of `REQUESTS`): `Ok(...)`, or
+        `Failed(error)` for a save, place or commit that could not be done. A stored
+        step's `Ok` carries the job's answer to it, `stored(step)`."""
+        job_id = reader[0]
+        match request:
+            case messages.CheckpointSave(step, blob):
+                return _done(step, lambda: self.save(step, blob), stored)
+            case messages.CheckpointPlace(step, suffix):
+                return _done(step, lambda: self.shard_location(step, job_id, suffix))
+            case messages.CheckpointCommit(step, world_size, location, kind):
+                return _done(step, lambda: self.commit(step, world_size, location, kind), stored)
+            case messages.CheckpointLatest():
+                return messages.Ok(self.latest(reader))
+            case messages.CheckpointLoaded():
+                self.unpin(reader)
+                return messages.Ok()
+            case messages.CheckpointSteps():
+                return messages.Ok(self.steps())
+        raise ValueError(f"not a checkpoint message: {request!r}")
+
+    def resume_point(self) -> str:
+        """Where a relaunch resumes from, for the driver's log."""
+        steps = self.steps()
+        return f"step {steps[-1]}" if steps else "scratch (no checkpoint saved yet)"
+
     def close(self) -> None:
         if self.owned:
             self._fs.delete_dir(self._root)
+
+
+class NoStore:
+    """The checkpoints of a job kept elsewhere: in `directory`, by a relayed job's barrier
+    task 0 (the client that holds this sees none of them), or nowhere (a job state
+    made without a store). A rank that asks anyway is answered as a job with no store."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        self.directory = directory
+
+    def answer(self, request: tuple, reader: Reader, stored: Stored) -> tuple:
+        match request:
+            case messages.CheckpointLatest():
+                return messages.Ok(None)
+            case messages.CheckpointSteps():
+                return messages.Ok([])
+            case messages.CheckpointLoaded():
+                return messages.Ok()
+        return messages.Failed("this job has no checkpoint store")
+
+    def unpin(self, reader: Reader) -> None:
+        """Nothing is pinned here."""
+
+    def resume_point(self) -> str:
+        return f"the newest checkpoint in {self.directory}"
+
+    def close(self) -> None:
+        """Nothing to release: the directory is another process's."""
+
+
+def _done(step: int, action: Callable[[], Any], stored: Stored | None = None) -> tuple:
+    """`Ok` with `action()`'s value (or, for a stored step, `stored(step)`), or `Failed`
+    saying why it could not be done."""
+    try:
+        value = action()
+    except (OSError, ValueError) as exc:
+        logger.warning("checkpoint %s: %s", step, exc)
+        return messages.Failed(str(exc))
+    return messages.Ok(stored(step) if stored is not None else value)
 
 
 def _check_step(step: int) -> None:

@@ -1,0 +1,342 @@
+"""The parts of what the driver knows about a running job, as plain records, one concern
+each: what the job is (`JobSpec`), each rank's record (`RankRecords`), the Spark tasks
+(`SparkTasks`), the processes started and the launcher's end (`Processes`), the open
+channels (`Peers`), an elastic job's growth (`Growth`) and the key-value store the
+ranks' rendezvous use (`RendezvousStore`).
+
+Each part changes only itself, under the job's one lock (`JobState.cond`; the rendezvous
+store keeps its own). What touches several parts is `job_state.JobState`'s, and how the
+end of a process becomes the job's failure is `failures.py`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from sparkdist.protocol import messages, wire
+from sparkdist.protocol.processes import ProcessRecord
+from sparkdist.roles import SERVERS, Roles
+from sparkdist.runner.driver.console import Console
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class JobSpec:
+    """What the job is, as the driver tells every rank when it says hello."""
+
+    job_id: str
+    num_ranks: int
+    payload: bytes
+    all_results: bool
+    log_mode: str
+    ranks_per_task: int = 1
+    """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
+    roles: Roles | None = None
+    """A parameter-server job's roles: its server ranks stop when the chief is done."""
+    rank0_env: messages.SecretEnv = field(default_factory=messages.SecretEnv, repr=False)
+    """Credentials only rank 0 gets (with its `Welcome`, over the encrypted channel)."""
+
+    def server_rank(self, rank: int) -> bool:
+        """A parameter-server job's worker or ps: a TensorFlow server that never returns."""
+        return self.roles is not None and self.roles.role_of(rank)[0] in SERVERS
+
+    def tolerates_loss(self, rank: int) -> bool:
+        """A parameter-server worker: its coordinator reschedules what it was running."""
+        return self.roles is not None and self.roles.role_of(rank)[0] == "worker"
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_ranks // self.ranks_per_task
+
+
+@dataclass
+class RankState:
+    """One rank's record: where it runs, whether it started, its output's last lines
+    (for error messages), its result or traceback, and how it ended."""
+
+    rank: int
+    host: str = "?"
+    started: bool = False
+    exit_code: int | None = None
+    exited: bool = False
+    traceback: str | None = None
+    result: bytes | None = None
+    has_result: bool = False
+    tail: deque = field(default_factory=lambda: deque(maxlen=messages.TAIL_LINES))
+
+
+class RankRecords:
+    """The records of a job's ranks, filled from their messages under the job's lock."""
+
+    def __init__(self, num_ranks: int, cond: threading.Condition, console: Console, log_mode: str):
+        self.cond = cond
+        self.by_rank = {r: RankState(r) for r in range(num_ranks)}
+        self.frameworks: list[str] = []
+        """The frameworks rank 0's function used (its `Result` says which)."""
+        self._console = console
+        self._log_mode = log_mode
+
+    def located(self, rank: int, host: str) -> None:
+        """The rank's supervisor connected from `host`."""
+        with self.cond:
+            self.by_rank[rank].host = host
+
+    def started(self, rank: int, host: str) -> None:
+        with self.cond:
+            self.by_rank[rank].started = True
+            self.by_rank[rank].host = host
+            self.cond.notify_all()
+
+    def output(self, rank: int, lines: list[tuple[str, str]]) -> None:
+        """Lines the rank printed: kept for error messages, shown with `log_mode="all"`."""
+        with self.cond:
+            self.by_rank[rank].tail.extend(line for _, line in lines)
+        if self._log_mode == "all":
+            for stream, line in lines:
+                self._console.write(stream, f"[rank {rank}] {line}")
+
+    def result(self, rank: int, value: bytes, frameworks: list[str]) -> None:
+        with self.cond:
+            self.by_rank[rank].result = value
+            self.by_rank[rank].has_result = True
+            if rank == 0:
+                self.frameworks = frameworks
+            self.cond.notify_all()
+
+    def error(self, rank: int, traceback: str) -> None:
+        with self.cond:
+            self.by_rank[rank].traceback = traceback
+
+    def exited(self, rank: int, exit_code: int, tail: list[str]) -> None:
+        """The rank's process ended; `tail` is its last lines as its supervisor saw them."""
+        state = self.by_rank[rank]
+        with self.cond:
+            state.exited = True
+            state.exit_code = exit_code
+            if tail:
+                state.tail.extend(line for line in tail if line not in state.tail)
+            self.cond.notify_all()
+
+    def all_started(self) -> bool:
+        return all(s.started for s in self.by_rank.values())
+
+    def not_started(self) -> list[int]:
+        return [r for r, s in self.by_rank.items() if not s.started]
+
+    def running(self) -> list[int]:
+        return [r for r, s in self.by_rank.items() if not s.exited]
+
+    def succeeded(self, needed: Iterable[int], tolerated: set[int]) -> bool:
+        """Every rank exited with 0 (or its loss was `tolerated`) and the `needed` ranks
+        sent their results."""
+        return all(
+            s.exited and (s.exit_code == 0 or r in tolerated) for r, s in self.by_rank.items()
+        ) and all(self.by_rank[r].has_result for r in needed)
+
+    def tails(self, ranks: list[int]) -> str:
+        """The last lines of each of `ranks`, for an error message."""
+        parts = []
+        for rank in ranks:
+            tail = list(self.by_rank[rank].tail)[-10:]
+            if tail:
+                parts.append(f"\nLast lines of rank {rank}:\n" + "\n".join(f"  {t}" for t in tail))
+        return "".join(parts)
+
+    def results(self) -> list[bytes | None]:
+        return [self.by_rank[r].result for r in range(len(self.by_rank))]
+
+
+class SparkTasks:
+    """A job's Spark tasks as the driver sees them: which connected, which said they were
+    done, which were lost (and why), and where each task's agent listens."""
+
+    def __init__(self, num_tasks: int, cond: threading.Condition):
+        self.cond = cond
+        self.num_tasks = num_tasks
+        self.started: set[int] = set()
+        self.done: set[int] = set()
+        self.lost: dict[int, str] = {}
+        """Tasks whose agent connection broke before they finished, with why."""
+        self.places: dict[int, messages.AgentPlace] = {}
+
+    def connected(self, index: int) -> None:
+        with self.cond:
+            self.started.add(index)
+
+    def finished(self, index: int) -> None:
+        """Task `index` said it was done."""
+        with self.cond:
+            self.done.add(index)
+            self.cond.notify_all()
+
+    def lost_contact(self, index: int, reason: str) -> None:
+        with self.cond:
+            self.lost[index] = reason
+
+    def placed(self, index: int, place: messages.AgentPlace) -> list[messages.AgentPlace] | None:
+        """Task `index`'s agent listens at `place`; every task's place, in task order,
+        once all are known."""
+        with self.cond:
+            self.places[index] = place
+            if sorted(self.places) != list(range(self.num_tasks)):
+                return None
+            return [self.places[i] for i in range(self.num_tasks)]
+
+    def live_count(self) -> int:
+        """How many tasks connected and were not lost: those whose end to await."""
+        with self.cond:
+            return len(self.started - self.lost.keys())
+
+    def wait_done(self, count: int, timeout_s: float) -> bool:
+        """Whether `count` tasks said they were done within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while len(self.done) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(min(remaining, 0.2))
+        return True
+
+
+class Processes:
+    """The processes a job reported starting (stopped when it ends, listed in its
+    report), and its launcher's end: mpirun's (or a direct launcher's supervisor
+    process's) last output lines and exit code."""
+
+    def __init__(self, cond: threading.Condition):
+        self.cond = cond
+        self._started: list[ProcessRecord] = []
+        self.launcher_tail: deque = deque(maxlen=messages.TAIL_LINES)
+        self.launcher_exit_code: int | None = None
+        """mpirun's exit code once it ended (a direct launcher's is not kept)."""
+
+    def record(self, record: ProcessRecord) -> None:
+        with self.cond:
+            if record not in self._started:
+                self._started.append(record)
+
+    def started(self) -> list[ProcessRecord]:
+        """Every process the job reported starting, so far."""
+        with self.cond:
+            return list(self._started)
+
+    def launcher_output(self, lines: list[str]) -> None:
+        with self.cond:
+            self.launcher_tail.extend(lines)
+        for line in lines:
+            logger.debug("mpirun: %s", line)
+
+    def launcher_exited(self, name: str, exit_code: int) -> None:
+        with self.cond:
+            if name == "mpirun":
+                self.launcher_exit_code = exit_code
+            self.cond.notify_all()
+
+
+Peer = tuple[str, int]
+"""("task", index) or ("supervisor", rank)."""
+
+
+class Peers:
+    """The open channels from the driver to a job's tasks and rank supervisors."""
+
+    def __init__(self, cond: threading.Condition):
+        self.cond = cond
+        self._channels: dict[Peer, wire.Channel] = {}
+
+    def add(self, kind: str, number: int, channel: wire.Channel) -> None:
+        with self.cond:
+            self._channels[(kind, number)] = channel
+
+    def remove(self, kind: str, number: int) -> None:
+        with self.cond:
+            self._channels.pop((kind, number), None)
+
+    def channel(self, kind: str, number: int) -> wire.Channel | None:
+        with self.cond:
+            return self._channels.get((kind, number))
+
+    def select(self, wanted: Callable[[str, int], bool]) -> list[wire.Channel]:
+        """The channels of the peers `wanted(kind, number)` picks."""
+        with self.cond:
+            return [c for (kind, number), c in self._channels.items() if wanted(kind, number)]
+
+
+def send(channels: Iterable[wire.Channel], order: NamedTuple) -> None:
+    """Send `order` (`Finish`, `Abort`, every task's agent place) to each channel; a peer
+    gone already is skipped (its loss is reported by its own handler)."""
+    data = messages.encode(order)
+    for channel in channels:
+        try:
+            channel.send(data)
+        except OSError:
+            pass
+
+
+class Growth:
+    """An elastic job's growth: when more slots stay free (`launch/elastic.py` decides),
+    rank 0 is asked to stop at its next checkpoint, so that the job relaunches larger
+    and resumes from there (`failures.WorldResize` ends the attempt)."""
+
+    def __init__(self, cond: threading.Condition):
+        self.cond = cond
+        self.reason: str | None = None
+        """Why the world should grow, once it should."""
+        self.resizing: str | None = None
+        """Rank 0 was told to stop after its checkpoint, so the job can grow: why."""
+
+    def request(self, reason: str) -> None:
+        """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger."""
+        with self.cond:
+            self.reason = reason
+
+    def answer_checkpoint(self, rank: int, step: int) -> str | None:
+        """After rank `rank` stored checkpoint `step`: "grow" when the job should stop
+        there to grow (rank 0 then ends), else None."""
+        with self.cond:
+            if rank != 0 or self.reason is None or self.resizing is not None:
+                return None
+            self.resizing = f"{self.reason}; resuming from step {step}"
+            return "grow"
+
+
+class RendezvousStore:
+    """The job's key-value rendezvous store: frameworks exchange start-up values through
+    it (rank 0's TCPStore port, Horovod's or TensorFlow's cluster addresses). Keys are
+    put once and read by any rank; a read waits for its key until a deadline."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, key: str, value: Any) -> None:
+        with self._cond:
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def get(self, key: str, timeout_s: float) -> tuple[bool, Any]:
+        """(True, value) once `key` is there; (False, None) after `timeout_s` or once
+        the store is closed (the job is being stopped)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while key not in self._values:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return False, None
+                self._cond.wait(min(remaining, 0.5))
+            return True, self._values[key]
+
+    def close(self) -> None:
+        """Wake every waiting read: the job is stopping."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
