@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -93,7 +94,8 @@ class Console:
         self._window_s, self._collapse_min = window_s, collapse_min
         self._rate, self._burst = rate, burst
         self._files: dict[int, TextIO] = {}
-        self._held: dict[int, _Held] = {}  # by sequence number, oldest first
+        # by sequence number, oldest first (an OrderedDict: its front is found at once)
+        self._held: OrderedDict[int, _Held] = OrderedDict()
         self._next = 0
         self._latest: dict[tuple[str, str], int] = {}  # (stream, text) -> newest held
         self._rank_latest: dict[int, int] = {}  # rank -> its newest held line
