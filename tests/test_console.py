@@ -38,6 +38,12 @@ def test_identical_lines_collapse_and_each_rank_keeps_its_order(tmp_path):
         f"[ranks {spans(list(range(1, 256, 2)))}] loss 1",
         "[rank 7] epoch 1 done",
     ]
+    # 256 files, more than the console keeps open at once: none loses a line.
+    for rank in (0, 100, 255):
+        assert _lines(tmp_path / "ranks" / f"rank-{rank}.log") == [
+            "epoch 1 done",
+            f"loss {rank % 2}",
+        ]
     assert _lines(tmp_path / "ranks" / "rank-7.log") == [
         "epoch 1 done",
         "loss 1",

@@ -35,6 +35,9 @@ BURST = 500
 MAX_HELD = 20_000
 """Held lines past this are shown at once (a flood does not grow the driver's memory)."""
 NOTE_EVERY_S = 1.0
+MAX_OPEN_FILES = 128
+"""Per-rank files kept open at once (the least recently written is closed first), so
+1,024 ranks do not use up the driver's file descriptors."""
 
 RANK_LINE = re.compile(r"\[rank (\d+)\] (.*)", re.S)
 IMPORTANT = re.compile(r"error|warn|exception|traceback|critical|fatal", re.I)
@@ -93,7 +96,8 @@ class Console:
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._window_s, self._collapse_min = window_s, collapse_min
         self._rate, self._burst = rate, burst
-        self._files: dict[int, TextIO] = {}
+        self._files: OrderedDict[int, TextIO] = OrderedDict()  # open, least recent first
+        self._named = False  # the per-rank files' directory was printed
         # by sequence number, oldest first (an OrderedDict: its front is found at once)
         self._held: OrderedDict[int, _Held] = OrderedDict()
         self._next = 0
@@ -110,7 +114,7 @@ class Console:
     @property
     def log_dir(self) -> Path | None:
         """Where the per-rank files are (None before the first rank line)."""
-        return self._log_dir if self._files else None
+        return self._log_dir if self._named else None
 
     def write(self, stream: str, line: str) -> None:
         """Write `line` to `stream` ("stdout" or "stderr"); a rank's line (`[rank N] ...`)
@@ -158,15 +162,21 @@ class Console:
 
     def _keep(self, rank: int, text: str) -> None:
         """Append the rank's line to its file (opened, and its directory named, once)."""
-        file = self._files.get(rank)
-        if file is None:
+        if not self._named:
             if self._log_dir is None:
                 self._log_dir = Path(tempfile.mkdtemp(prefix="sparkdist-ranks-"))
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            if not self._files:
-                where = self._log_dir / "rank-N.log"
-                self._show("stderr", f"[sparkdist] each rank's full output: {where}")
-            file = self._files[rank] = open(self._log_dir / f"rank-{rank}.log", "a")  # noqa: SIM115
+            where = self._log_dir / "rank-N.log"
+            self._show("stderr", f"[sparkdist] each rank's full output: {where}")
+            self._named = True
+        file = self._files.get(rank)
+        if file is None:
+            if len(self._files) >= MAX_OPEN_FILES:
+                self._files.popitem(last=False)[1].close()
+            path = self._log_dir / f"rank-{rank}.log"
+            file = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        else:
+            self._files.move_to_end(rank)
         file.write(text + "\n")
 
     def _visible(self, rank: int, text: str) -> str | None:
