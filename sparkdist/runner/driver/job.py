@@ -199,6 +199,7 @@ class Attempt:
         state.metrics.close()  # the progress line ends before the job's last log lines
         leftovers = world.launch.stop(finished=report.outcome == "succeeded")
         world.service.close()
+        state.console.close()  # the held rank lines show before the job's result or error
         report.wall_time_s = time.monotonic() - world.started
         report.processes += [p for p in state.processes.started() if p not in report.processes]
         report.files = dict(state.files)
