@@ -178,20 +178,18 @@ def test_an_error_line_in_a_flood_reaches_the_console(sc, capfd):
     def main():
         import os
         import sys
-        import time
 
         rank = int(os.environ["RANK"])
-        start = time.monotonic()
         for i in range(1000):
             print(f"rank {rank} line {i}")
             if rank == 5 and i == 600:
                 print("ERROR: rank 5 saw a bad batch", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        return time.monotonic() - start
 
-    took = HorovodRunner(np=8, ranks_per_task=4, launcher="direct").run_all(main)
+    # 8,000 lines, far over the console's burst of 500 and 100 a second for as long as the
+    # job takes: the rate limit cuts them (no timing is asserted)
+    HorovodRunner(np=8, ranks_per_task=4, launcher="direct").run(main)
     out, err = capfd.readouterr()
-    assert max(took) < 1.0  # 1,000 lines per rank in under a second: a flood
     assert "[rank 5] ERROR: rank 5 saw a bad batch" in err
     assert len(out.splitlines()) < 8000
     assert re.search(r"^\[sparkdist\] \d+ lines of ranks \S+ not shown", err, re.M), err[-2000:]
