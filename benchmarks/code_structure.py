@@ -13,7 +13,8 @@ A walk is one operation run for real through sparkdist's public API, in a child 
 per checkout (local Spark, `local[2]`), traced in that process (the driver's) with
 `sys.setprofile`: a *stop* is a call into a sparkdist module from another module (or from
 outside sparkdist), a *return* a stop into a module the walk had already visited and
-left. Left out: what a module runs while it is imported, what logging's handlers run for
+left for another (the stop before it went elsewhere: two calls in a row into one helper
+module, say `fs`, leave nothing). Left out: what a module runs while it is imported, what logging's handlers run for
 a log record (sparkdist's console handler: its stops count log lines), and the
 time-driven watcher threads (progress displays: their stops count seconds). The walks:
 
@@ -315,12 +316,16 @@ def walks_of(checkout: Path) -> dict[str, Any]:
 
 
 def _walk_summary(entries: list[str], stops: list[str]) -> dict[str, Any]:
-    """Modules visited (with their stops), stops, and returns."""
+    """Modules visited (with their stops), stops, and returns: a stop into a module the walk
+    had visited and then left for another (two calls in a row into one module, e.g. a
+    helper module's two functions, leave nothing)."""
     visited, returns, visits = set(entries), 0, {}
+    last = entries[-1] if entries else None
     for module in stops:
-        returns += module in visited
+        returns += module in visited and module != last
         visited.add(module)
         visits[module] = visits.get(module, 0) + 1
+        last = module
     return {"modules": len(visited), "stops": len(stops), "returns": returns, "visits": visits}
 
 
