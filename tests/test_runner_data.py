@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -210,3 +211,42 @@ def test_keras_fit_on_the_tf_dataset_takes_equal_steps(spark):
         [(exact, taken)] = result["positions"]
         assert (exact["epoch"], exact["rows_consumed"]) == (0, 1000)
         assert (taken["epoch"], taken["rows_consumed"]) >= (0, 1000)
+
+
+def sharded_accuracy(test) -> dict:
+    """An evaluation loop: each rank scores its batches, one allreduce sums the counts.
+
+    A fixed "model" predicts ``id % 3 == 0`` against the label ``id % 5 == 0``; the rows
+    marked ``is_pad`` (read twice for equal steps) are left out of the masked counts.
+    """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    counts = torch.zeros(4, dtype=torch.int64)  # masked correct, masked rows, all correct, all
+    batches = 0
+    with test.make_torch_dataloader(
+        batch_size=100, num_epochs=1, shuffle=True, pad_column="is_pad"
+    ) as loader:
+        for batch in loader:
+            right = (batch["id"] % 3 == 0) == batch["label"].bool()
+            keep = ~batch["is_pad"]
+            counts += torch.tensor(
+                [int(right[keep].sum()), int(keep.sum()), int(right.sum()), len(right)]
+            )
+            batches += 1
+    dist.all_reduce(counts)
+    dist.destroy_process_group()
+    return {"batches": batches, "counts": counts.tolist()}
+
+
+def test_sharded_metric_over_unpadded_rows_counts_each_row_once(spark):
+    """1001 rows on 2 ranks: 501 rows each, one of them a pad; the mask leaves it out."""
+    df = spark.range(1001).selectExpr("id", "cast(id % 5 = 0 as int) as label").repartition(3)
+    results = HorovodRunner(np=2, start_timeout=120).run_all(sharded_accuracy, test=df)
+    assert [r["batches"] for r in results] == [6, 6]  # equal steps
+    ids = np.arange(1001)
+    exact = int(((ids % 3 == 0) == (ids % 5 == 0)).sum())
+    masked_right, masked_rows, all_right, all_rows = results[0]["counts"]
+    assert (masked_right, masked_rows) == (exact, 1001)
+    assert all_rows == 1002 and all_right in (exact, exact + 1)  # the pad, counted twice

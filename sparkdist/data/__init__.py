@@ -10,18 +10,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "BatchedDataLoader": "sparkdist.data.torch_loader",
     "CACHE_DIR_CONF": "sparkdist.data.cache",
     "SparkDatasetConverter": "sparkdist.data.converter",
     "TransformSpec": "sparkdist.data.transform",
     "make_spark_converter": "sparkdist.data.conversion",
+    "register_delete_dir_handler": "sparkdist.data.cache",
 }
 
-__all__ = ["CACHE_DIR_CONF", "SparkDatasetConverter", "TransformSpec", "make_spark_converter"]
+__all__ = [
+    "CACHE_DIR_CONF",
+    "BatchedDataLoader",
+    "SparkDatasetConverter",
+    "TransformSpec",
+    "make_spark_converter",
+    "register_delete_dir_handler",
+]
 
 if TYPE_CHECKING:
-    from sparkdist.data.cache import CACHE_DIR_CONF
+    from sparkdist.data.cache import CACHE_DIR_CONF, register_delete_dir_handler
     from sparkdist.data.conversion import make_spark_converter
     from sparkdist.data.converter import SparkDatasetConverter
+    from sparkdist.data.torch_loader import BatchedDataLoader
     from sparkdist.data.transform import TransformSpec
 
 

@@ -33,6 +33,19 @@ def _join(parts: list[Chunk]) -> Chunk:
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
+def mark_pads(chunks: Iterator[Chunk], column: str, own: int) -> Iterator[Chunk]:
+    """The chunks of one epoch with ``column`` added: True after the first ``own`` rows.
+
+    Pads (rows repeated for equal steps) end a rank's slice, and each reader (or decode
+    worker) streams its rows of the slice in order, so its pads are its last rows.
+    """
+    seen = 0
+    for chunk in chunks:
+        rows = _rows(chunk)
+        yield {**chunk, column: np.arange(seen, seen + rows) >= own}
+        seen += rows
+
+
 def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
     """Cut a stream of numpy chunks into batches of exactly ``size`` rows.
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
@@ -72,7 +73,9 @@ def resolve_parent_cache_dir_url(
     """The parent cache directory URL: parameter, then Spark conf, then the local default."""
     chosen = cache_dir_url or conf_value
     if chosen:
-        return fs.normalize_dir_url(chosen)
+        url = fs.normalize_dir_url(chosen)
+        _warn_if_local_on_databricks(master, url)
+        return url
     if is_local_master(master):
         return local_default_cache_dir_url()
     raise ValueError(
@@ -81,6 +84,23 @@ def resolve_parent_cache_dir_url(
         f"spark.conf.set('{CACHE_DIR_CONF}', 'file:/dbfs/tmp/sparkdist-cache'), "
         f"or pass cache_dir_url= to make_spark_converter."
     )
+
+
+def _warn_if_local_on_databricks(master: str, url: str) -> None:
+    """On a Databricks cluster a local directory is one machine's, unless it is a mount."""
+    if "DATABRICKS_RUNTIME_VERSION" not in os.environ or is_local_master(master):
+        return
+    if urlparse(url).scheme != "file":
+        return
+    path = urlparse(url).path
+    if not path.startswith(("/dbfs/", "/Volumes/")):
+        logger.warning(
+            "sparkdist.data: the cache directory %s is a local path on a Databricks cluster: "
+            "every executor writes the copy there and every rank reads it, so it must be "
+            "storage they share, such as file:/dbfs/... or /Volumes/... (or an NFS mount on "
+            "every node)",
+            url,
+        )
 
 
 def parent_cache_dir_url_for(spark: Any, cache_dir_url: str | None = None) -> str:
@@ -123,6 +143,7 @@ class _Entry:
 _entries: list[_Entry] = []
 _lock = threading.Lock()
 _written_here: set[str] = set()
+_delete_handler: Callable[[str], None] | None = None  # register_delete_dir_handler's
 _lease_refresh_seconds = 3600.0
 _lease_thread: threading.Thread | None = None
 
@@ -190,12 +211,31 @@ def write_once(
         return url, False
 
 
+def register_delete_dir_handler(handler: Callable[[str], None] | None) -> None:
+    """Remove copies with ``handler(url)`` from now on (petastorm's hook); None: the default.
+
+    The handler serves `delete` and the removal at exit; stale copies of dead drivers are
+    still swept by the default.
+    """
+    global _delete_handler
+    _delete_handler = handler
+
+
 def delete(url: str) -> None:
     """Remove a cache directory and forget it, so the same DataFrame is written anew."""
     with _lock:
         _entries[:] = [entry for entry in _entries if entry.url != url]
         _written_here.discard(url)
-    _remove(url, "deleted")
+    _remove_copy(url, "deleted")
+
+
+def _remove_copy(url: str, why: str) -> None:
+    """Remove a copy this process made: with the registered handler, else `_remove`."""
+    if _delete_handler is not None:
+        _delete_handler(url)
+        logger.info("sparkdist.data: the registered delete handler removed %s (%s)", url, why)
+    else:
+        _remove(url, why)
 
 
 def _remove(url: str, why: str) -> bool:
@@ -279,7 +319,7 @@ def sweep_stale(parent_url: str, max_age: float, now: float | None = None) -> li
 def _delete_all_at_exit() -> None:
     for url in sorted(_written_here):
         try:
-            _remove(url, "the driver exits")
+            _remove_copy(url, "the driver exits")
         except Exception as exc:  # best effort while the interpreter exits
             logger.warning("sparkdist.data: could not delete %s at exit: %r", url, exc)
     _written_here.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,9 @@ DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
 DEFAULT_COMPRESSION_CODEC = "snappy"
 COMPRESSION_CODECS = ("uncompressed", "snappy", "gzip", "lz4", "lz4_raw", "zstd")
 BACKENDS = ("auto", "pyarrow", "petastorm")
+# What the torch loader gives: petastorm's types (booleans as torch.uint8) for code written
+# against petastorm, or torch's own (torch.bool) for the runner's DataFrame arguments.
+TENSOR_TYPES = ("petastorm", "torch")
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,14 @@ class ConversionOptions:
     dtype: str | None = "float32"
     cache_dir_url: str | None = None
     backend: str = "auto"
+    tensor_types: str = "petastorm"
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if self.tensor_types not in TENSOR_TYPES:
+            raise ValueError(
+                f"tensor_types must be one of {TENSOR_TYPES}, not {self.tensor_types!r}"
+            )
         if self.codec not in COMPRESSION_CODECS:
             raise ValueError(f"compression_codec must be None or one of {COMPRESSION_CODECS}")
         if self.parquet_row_group_size_bytes < 1024:
@@ -69,15 +78,18 @@ class Conversion:
 
 
 def make_spark_converter(
-    df: DataFrame,
+    df: DataFrame | str | os.PathLike,
     parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
     compression_codec: str | None = None,
     dtype: str | None = "float32",
     *,
     cache_dir_url: str | None = None,
     backend: str = "auto",
+    tensor_types: str = "petastorm",
 ) -> SparkDatasetConverter:
     """A handle on ``df``'s rows for the ranks: its source files, or a copy written once.
+
+    ``df`` is a DataFrame, or the path (or URL) of saved Parquet data, read in place.
 
     ``dtype`` ("float32", "float64" or None) sets the precision of float columns and of
     Spark ML vectors, which become fixed-length arrays. A copy goes under ``cache_dir_url``,
@@ -85,17 +97,23 @@ def make_spark_converter(
     ``petastorm.spark.converter.parentCacheDirUrl``); local Spark defaults to the temp dir.
     ``compression_codec`` (None: ``DEFAULT_COMPRESSION_CODEC``) and
     ``parquet_row_group_size_bytes`` apply to a copy. ``backend`` is "auto", "pyarrow" or
-    "petastorm". Raises ValueError naming the columns that cannot be batched.
+    "petastorm". ``tensor_types`` is "petastorm" (the torch loader gives petastorm's types:
+    booleans as torch.uint8) or "torch" (torch.bool, as for the runner's DataFrame
+    arguments). Raises ValueError naming the columns that cannot be batched.
     """
     options = ConversionOptions(
-        parquet_row_group_size_bytes, compression_codec, dtype, cache_dir_url, backend
+        parquet_row_group_size_bytes, compression_codec, dtype, cache_dir_url, backend, tensor_types
     )
     return convert(df, options).converter
 
 
-def convert(df: DataFrame, options: ConversionOptions | None = None) -> Conversion:
+def convert(
+    df: DataFrame | str | os.PathLike, options: ConversionOptions | None = None
+) -> Conversion:
     """``make_spark_converter``, also saying whether this call wrote the copy."""
     options = options or ConversionOptions()
+    if isinstance(df, str | os.PathLike):
+        df = _saved_parquet(df)
     prepared = prepare_dataframe(df, options.dtype)  # refuses unsupported types, by column
     backend = choose_backend(options.backend)
     direct = find_direct_source(df, options.dtype)
@@ -108,13 +126,25 @@ def convert(df: DataFrame, options: ConversionOptions | None = None) -> Conversi
             direct.layout.num_rows,
             fs.human_bytes(direct.file_bytes),
         )
-        converter = SparkDatasetConverter(None, direct.layout, backend, options.dtype, direct.kind)
+        converter = SparkDatasetConverter(
+            None, direct.layout, backend, options.dtype, direct.kind, options.tensor_types
+        )
         return Conversion(converter, wrote_copy=False)
     size, codec = options.parquet_row_group_size_bytes, options.codec
     write = functools.partial(writer.write_copy, prepared, df, codec, size)
     url, reused = cache.copy_once(df, options.cache_dir_url, (options.dtype, size, codec), write)
-    converter = SparkDatasetConverter(url, describe(url), backend, options.dtype, "copy")
+    converter = SparkDatasetConverter(
+        url, describe(url), backend, options.dtype, "copy", options.tensor_types
+    )
     return Conversion(converter, wrote_copy=not reused)
+
+
+def _saved_parquet(path: str | os.PathLike) -> DataFrame:
+    """Saved Parquet data (petastorm takes a path too), through Spark: read in place."""
+    from pyspark.sql import SparkSession
+
+    logger.info("sparkdist.data: converting the Parquet data saved at %s", path)
+    return SparkSession.builder.getOrCreate().read.parquet(os.fspath(path))
 
 
 def choose_backend(backend: str = "auto") -> str:

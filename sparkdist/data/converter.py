@@ -9,20 +9,19 @@ DataFrame becomes one is `sparkdist.data.conversion`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from sparkdist.data import cache, petastorm_backend
 from sparkdist.data.files import Layout
-from sparkdist.data.reader import ReadOptions, ShardReader
-
-if TYPE_CHECKING:
-    from sparkdist.data.tf_dataset import TFDatasetContext
-    from sparkdist.data.torch_loader import TorchLoaderContext
+from sparkdist.data.reader import ReaderContext, ReadOptions, ShardReader
 
 logger = logging.getLogger(__name__)
+
+READER_POOL_TYPES = ("thread", "process", "dummy")
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,8 @@ class SparkDatasetConverter:
 
     Picklable and small (URLs and row counts), so it can travel to the ranks.
     ``cache_dir_url`` is the copy's directory, or None when the ranks read the source's
-    own files (``source`` "parquet" or "delta"; "copy" otherwise).
+    own files (``source`` "parquet" or "delta"; "copy" otherwise). ``tensor_types`` is
+    what the torch loader gives: "petastorm" (booleans as torch.uint8) or "torch".
     """
 
     # petastorm's constant, for code written against it: our conf name (petastorm's own
@@ -43,6 +43,7 @@ class SparkDatasetConverter:
     backend: str = "pyarrow"
     dtype: str | None = "float32"
     source: str = "copy"
+    tensor_types: str = "petastorm"
 
     def __len__(self) -> int:
         return self.layout.num_rows
@@ -56,7 +57,7 @@ class SparkDatasetConverter:
     def file_urls(self) -> list[str]:
         return list(self.layout.file_urls)
 
-    def _use_petastorm(self, shard_count: int) -> bool:
+    def _use_petastorm(self, options: ReadOptions) -> bool:
         if self.backend != "petastorm":
             return False
         version, reason = petastorm_backend.petastorm_status()
@@ -67,12 +68,15 @@ class SparkDatasetConverter:
                 reason,
             )
             return False
-        if self.layout.num_row_groups < shard_count:
+        if options.pad_column is not None:
+            logger.info("sparkdist.data: petastorm marks no pads, so the pyarrow reader reads")
+            return False
+        if self.layout.num_row_groups < options.shard_count:
             logger.info(
                 "sparkdist.data: %d row groups for %d shards: petastorm shards by row group, "
                 "so the pyarrow reader (row ranges) reads this one",
                 self.layout.num_row_groups,
-                shard_count,
+                options.shard_count,
             )
             return False
         return True
@@ -87,43 +91,56 @@ class SparkDatasetConverter:
         *,
         seed: int | None = None,
         drop_last: bool = False,
+        pad_column: str | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int = 0,
         transform_spec: Any = None,
         columns: Sequence[str] | None = None,
         prefetch: int = 2,
         workers_count: int | None = None,
+        reader_pool_type: str = "thread",
+        data_loader_fn: Callable[..., Any] | None = None,
         collate_fn: Callable[[dict], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         **dataloader_kwargs: Any,
-    ) -> TorchLoaderContext | Any:
+    ) -> ReaderContext | Any:
         """Context manager giving a ``torch.utils.data.DataLoader`` of this rank's batches.
 
         Batches are ``{column: tensor}`` (or what ``collate_fn`` makes of a
-        ``{column: numpy array}`` batch). Rank ``cur_shard`` of ``shard_count`` (default:
-        env RANK / WORLD_SIZE, else the whole data) reads its equal slice of each epoch's
+        ``{column: numpy array}`` batch), of the converter's ``tensor_types``. Rank
+        ``cur_shard`` of ``shard_count`` (default: this rank, from env RANK / WORLD_SIZE or
+        Horovod's or MPI's, else the whole data) reads its equal slice of each epoch's
         global order: every rank gets the same number of batches (padded, or
-        ``drop_last``). ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a
-        new global order each epoch from ``seed`` (the same on every rank; default 0).
-        Each iteration reads ``num_epochs`` epochs (None: forever) from the loader's
-        position, which ``state_dict()`` / ``load_state_dict()`` save and restore.
-        ``transform_spec`` is a `TransformSpec`; ``workers_count`` threads decode in
-        parallel; a thread reads ``prefetch`` decoded chunks (about 8 MiB each) ahead (0:
-        none); ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
+        ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
+        ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
+        each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
+        ``num_epochs`` epochs (None: forever) from the loader's position, which
+        ``state_dict()`` / ``load_state_dict()`` save and restore. ``transform_spec`` is a
+        `TransformSpec`; ``workers_count`` threads decode in parallel; a thread reads
+        ``prefetch`` decoded chunks (about 8 MiB each) ahead (0: none; petastorm's
+        ``reader_pool_type="dummy"`` is neither); ``num_workers`` / ``pin_memory`` / other
+        keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
+        petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
+        shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default).
         """
-        options = ReadOptions.of(locals(), writable=True)
-        if self._use_petastorm(options.shard_count):
+        options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
+        if self._use_petastorm(options):
             return petastorm_backend.loader("torch", self.cache_dir_url, self.layout, options)
-        from sparkdist.data.torch_loader import TorchLoaderContext
+        from sparkdist.data.torch_loader import BatchedDataLoader
 
-        return TorchLoaderContext(
-            ShardReader(self.layout, options),
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            **dataloader_kwargs,
+        given = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory}
+        extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
+        if data_loader_fn is None:
+            data_loader_fn = functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
+        make = functools.partial(
+            _call_with_reader,
+            data_loader_fn,
+            batch_size=batch_size,
+            shuffling_queue_capacity=shuffling_queue_capacity,
+            **extra,
         )
+        return ReaderContext(ShardReader(self.layout, options), make)
 
     def make_tf_dataset(
         self,
@@ -136,32 +153,68 @@ class SparkDatasetConverter:
         prefetch: int | None = None,  # tf.data's (the reader's own stays at its default)
         seed: int | None = None,
         drop_last: bool = False,
+        pad_column: str | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
         transform_spec: Any = None,
         columns: Sequence[str] | None = None,
         workers_count: int | None = None,
-    ) -> TFDatasetContext | Any:
+        reader_pool_type: str = "thread",
+    ) -> ReaderContext | Any:
         """Context manager giving a ``tf.data.Dataset`` of namedtuple batches of this rank.
 
-        ``batch_size=None`` means 32, as in petastorm; ``prefetch=None`` means AUTOTUNE.
-        The other arguments and the guarantees (equal steps, global shuffle, position)
-        are those of ``make_torch_dataloader``; ``dataset.steps_per_epoch`` is the number
-        of batches per epoch on every rank, for Keras ``fit``.
+        A ``tf.compat.v1`` dataset, as petastorm's (TF1's ``make_one_shot_iterator()``
+        works). ``batch_size=None`` means 32, as in petastorm; ``prefetch=None`` means
+        AUTOTUNE. The other arguments and the guarantees (equal steps, global shuffle,
+        position, ``pad_column``) are those of ``make_torch_dataloader``;
+        ``dataset.steps_per_epoch`` is the number of batches per epoch on every rank, for
+        Keras ``fit``.
         """
         options = ReadOptions.of(
             locals(),
             skip=["prefetch"],
             batch_size=batch_size or 32,
             shuffling_queue_capacity=shuffling_queue_capacity or 0,
+            **_pool(reader_pool_type),
         )
-        if self._use_petastorm(options.shard_count):
+        if self._use_petastorm(options):
             return petastorm_backend.loader(
                 "tf", self.cache_dir_url, self.layout, options, prefetch
             )
-        from sparkdist.data.tf_dataset import TFDatasetContext
+        from sparkdist.data import tf_dataset
 
-        return TFDatasetContext(ShardReader(self.layout, options), prefetch)
+        reader = ShardReader(self.layout, options)
+        tf_dataset.check_names(reader)
+        return ReaderContext(reader, functools.partial(tf_dataset.make_dataset, prefetch=prefetch))
+
+    def make_numpy_batches(
+        self,
+        batch_size: int = 32,
+        num_epochs: int | None = None,
+        shuffle: bool = False,
+        cur_shard: int | None = None,
+        shard_count: int | None = None,
+        *,
+        seed: int | None = None,
+        drop_last: bool = False,
+        pad_column: str | None = None,
+        shuffle_buffer_rows: int | None = None,
+        transform_spec: Any = None,
+        columns: Sequence[str] | None = None,
+        prefetch: int = 2,
+        workers_count: int | None = None,
+    ) -> ReaderContext:
+        """Context manager giving this rank's batches as ``{column: numpy array}``.
+
+        Neither torch nor TensorFlow is imported: for JAX, scikit-learn or plain numpy.
+        The arguments and the guarantees (equal steps, global shuffle, the position with
+        ``len()``, ``epoch``, ``state_dict()`` / ``load_state_dict()``, ``pad_column``) are
+        those of ``make_torch_dataloader``; the arrays are the caller's to write to.
+        """
+        from sparkdist.data.numpy_batches import NumpyBatches
+
+        options = ReadOptions.of(locals(), writable=True)
+        return ReaderContext(ShardReader(self.layout, options), NumpyBatches)
 
     def delete(self) -> None:
         """Remove the cached copy; the same DataFrame is written anew if converted again.
@@ -174,3 +227,18 @@ class SparkDatasetConverter:
             )
             return
         cache.delete(self.cache_dir_url)
+
+
+def _pool(reader_pool_type: str) -> dict[str, Any]:
+    """petastorm's ``reader_pool_type`` as reading options: "dummy" reads in the caller's
+    thread; "thread" and "process" are the reader's threads (pyarrow decodes without the GIL)."""
+    if reader_pool_type not in READER_POOL_TYPES:
+        raise ValueError(
+            f"reader_pool_type must be one of {READER_POOL_TYPES}, not {reader_pool_type!r}"
+        )
+    return {"prefetch": 0, "workers_count": 1} if reader_pool_type == "dummy" else {}
+
+
+def _call_with_reader(make: Callable[..., Any], reader: ShardReader, **kwargs: Any) -> Any:
+    """``make(reader=reader, **kwargs)``: petastorm passes the reader by keyword."""
+    return make(reader=reader, **kwargs)

@@ -174,6 +174,13 @@ def rank_slice(
     return own
 
 
+def own_rows(remaining: Sequence[Interval], rank: int, world: int, drop_last: bool) -> int:
+    """How many rows of rank ``rank``'s slice are its own; the rest of the slice are pads."""
+    size = total(remaining)
+    each = slice_rows(size, world, drop_last)
+    return max(0, min(each, size - rank * each))
+
+
 def left_after(
     remaining: Sequence[Interval], world: int, drop_last: bool, rows_per_rank: int
 ) -> list[Interval]:
@@ -218,6 +225,10 @@ class Position:
 
     def slice(self) -> list[Interval]:
         return rank_slice(self.remaining, self.rank, self.world, self.drop_last)
+
+    def own_rows(self) -> int:
+        """Rows of this rank's slice that are not pads (see `rank_slice`)."""
+        return own_rows(self.remaining, self.rank, self.world, self.drop_last)
 
     def batches_in_epoch(self) -> int:
         each = slice_rows(total(self.remaining), self.world, self.drop_last)

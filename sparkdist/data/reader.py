@@ -14,9 +14,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,23 +25,55 @@ from typing import Any
 import numpy as np
 
 from sparkdist.data import order
-from sparkdist.data.batches import EPOCH_END, prefetched, rebatch
+from sparkdist.data.batches import EPOCH_END, mark_pads, prefetched, rebatch
 from sparkdist.data.decode import Chunk, Scratch, WindowDecoder
-from sparkdist.data.files import Layout
+from sparkdist.data.files import ColumnInfo, Layout
 from sparkdist.data.transform import TransformSpec
+
+logger = logging.getLogger(__name__)
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
 
+# Where a rank's place in the world is found: torchrun's and the runner's names first, then
+# those petastorm checks (Horovod's, Open MPI's, MPICH's).
+RANK_VARIABLES = (
+    ("RANK", "WORLD_SIZE"),
+    ("HOROVOD_RANK", "HOROVOD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+)
+
+
+def rank_from_env() -> tuple[int, int, str] | None:
+    """(rank, world size, the variable read) of this process, when its environment says."""
+    for rank_name, size_name in RANK_VARIABLES:
+        rank, size = os.environ.get(rank_name), os.environ.get(size_name)
+        if rank is not None and size is not None:
+            return int(rank), int(size), rank_name
+    return None
+
 
 def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, int]:
-    """(cur_shard, shard_count), defaulting to env RANK / WORLD_SIZE inside a rank."""
+    """(cur_shard, shard_count), by default this rank's (`rank_from_env`), else all the data.
+
+    A shard given that is not the environment's rank is read as asked, with a warning (as
+    petastorm warns): each rank usually reads its own.
+    """
+    found = rank_from_env()
     if cur_shard is None and shard_count is None:
-        rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-        if rank is not None and size is not None:
-            cur_shard, shard_count = int(rank), int(size)
-        else:
-            cur_shard, shard_count = 0, 1
+        cur_shard, shard_count = found[:2] if found else (0, 1)
+    elif found and (cur_shard, shard_count) != found[:2]:
+        logger.warning(
+            "sparkdist.data: reading cur_shard=%s, shard_count=%s as asked, but %s says this "
+            "is rank %d of %d: give no shard (or cur_shard=rank, shard_count=world size) for "
+            "each rank to read its own",
+            cur_shard,
+            shard_count,
+            found[2],
+            found[0],
+            found[1],
+        )
     if cur_shard is None or shard_count is None:
         raise ValueError("give both cur_shard and shard_count, or neither")
     if shard_count < 1 or not 0 <= cur_shard < shard_count:
@@ -57,7 +90,9 @@ class ReadOptions:
     here. Made, the shard is known (env RANK / WORLD_SIZE by default) and
     ``transform_spec`` is a `TransformSpec` (petastorm's class is taken too).
     ``shuffling_queue_capacity`` is petastorm's knob: it shuffles too. ``writable`` hands
-    out memory that torch may write to.
+    out memory that torch may write to. ``pad_column`` names a boolean column added to
+    every batch, True on the rows repeated to keep the steps equal (a metric leaves them
+    out).
     """
 
     batch_size: int = 32
@@ -74,6 +109,7 @@ class ReadOptions:
     prefetch: int = 2
     workers_count: int | None = None
     writable: bool = False
+    pad_column: str | None = None
 
     def __post_init__(self) -> None:
         shard = default_shard(self.cur_shard, self.shard_count)
@@ -167,6 +203,7 @@ class ShardReader:
         self.cur_shard, self.shard_count = options.cur_shard, options.shard_count
         self.batch_size, self.num_epochs = options.batch_size, options.num_epochs
         self.columns, self.output_columns = _columns(layout, options)
+        self.batch_columns = self.output_columns + _pad_column(self.output_columns, options)
         self.position = order.Position(
             layout.num_rows,
             seed=0 if options.seed is None else int(options.seed),
@@ -252,8 +289,8 @@ class ShardReader:
 
     def _plan(
         self, worker: int, workers: int, start: order.Position | None
-    ) -> Iterator[tuple[order.EpochOrder, list]]:
-        """(epoch order, pieces this worker reads) per epoch of one iteration."""
+    ) -> Iterator[tuple[order.EpochOrder, list, int]]:
+        """(epoch order, pieces this worker reads, how many are not pads) per epoch."""
         position = (start or self.position).copy()
         epochs = batches = 0
         while self.num_epochs is None or epochs < self.num_epochs:
@@ -266,7 +303,11 @@ class ShardReader:
             )
             own = position.slice()
             wanted = wanted_intervals(own, self.batch_size, worker, workers, batches)
-            yield epoch_order, _by_window(epoch_order.pieces(wanted))
+            # Pads end the slice: this worker's rows before that end are its own.
+            real = wanted_intervals(
+                [(0, position.own_rows())], self.batch_size, worker, workers, batches
+            )
+            yield epoch_order, _by_window(epoch_order.pieces(wanted)), order.total(real)
             batches += position.batches_in_epoch()
             position.next_epoch()
             epochs += 1
@@ -303,9 +344,10 @@ class ShardReader:
 
     def _chunks(self, worker: int, workers: int, start: order.Position | None) -> Iterator[Chunk]:
         """This worker's decoded chunks of one iteration, each epoch closed by `EPOCH_END`."""
-        decoder = self._decoder()
-        for epoch_order, pieces in self._plan(worker, workers, start):
-            yield from self._epoch_chunks(decoder, epoch_order, pieces)
+        decoder, pad_column = self._decoder(), self.options.pad_column
+        for epoch_order, pieces, real in self._plan(worker, workers, start):
+            chunks = self._epoch_chunks(decoder, epoch_order, pieces)
+            yield from mark_pads(chunks, pad_column, real) if pad_column else chunks
             yield EPOCH_END
 
     def batches(
@@ -393,3 +435,63 @@ def _columns(layout: Layout, options: ReadOptions) -> tuple[tuple, list]:
         columns = transform.input_columns(columns or list(known), known)
     stored = tuple(known[name] for name in (columns or known))
     return stored, transform.output_columns(stored) if transform else list(stored)
+
+
+def _pad_column(output: list[ColumnInfo], options: ReadOptions) -> list[ColumnInfo]:
+    """The ``pad_column`` the batches carry besides the data's columns (none if not asked)."""
+    name = options.pad_column
+    if name is None:
+        return []
+    if name in {info.name for info in output}:
+        raise ValueError(
+            f"pad_column {name!r} is a column of the data; name the marker something new, "
+            f"e.g. pad_column='is_pad'"
+        )
+    return [ColumnInfo(name, "scalar", "bool")]
+
+
+class ReaderPosition:
+    """A loader's position, from the `ShardReader` it reads (``self.reader``).
+
+    Shared by the torch loader and the numpy batches; ``len()`` is the number of batches
+    one iteration yields from the current position, the same on every rank.
+    """
+
+    reader: ShardReader
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self.reader.position.epoch
+
+    @property
+    def rows_in_shard(self) -> int:
+        """Rows this rank reads in the current epoch (the same on every rank)."""
+        return self.reader.rows_in_shard
+
+    def __len__(self) -> int:
+        return self.reader.batches_per_iteration()
+
+    def state_dict(self, steps: int | None = None) -> dict:
+        """The world's position: epoch, rows consumed, seed, what is left. Picklable.
+
+        After the batches handed out so far, or after the iteration's first ``steps``.
+        """
+        return self.reader.state_dict(steps)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict` (saved by a world of any size) on the next ``iter``."""
+        self.reader.load_state_dict(state)
+
+
+class ReaderContext:
+    """What the converter's ``make_*`` return: ``with`` gives ``make(reader)``; exit stops it."""
+
+    def __init__(self, reader: ShardReader, make: Callable[[ShardReader], Any]) -> None:
+        self._reader, self._make = reader, make
+
+    def __enter__(self) -> Any:
+        return self._make(self._reader)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._reader.close()

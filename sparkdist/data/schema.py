@@ -21,7 +21,11 @@ SUPPORTED_DTYPES = ("float32", "float64", None)
 def check_dtype(dtype: str | None) -> None:
     """Refuse a float precision other than float32, float64 or None (keep as is)."""
     if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype must be 'float32', 'float64' or None (keep as is), not {dtype!r}")
+        # petastorm's message, its spaces included (code written for it matches on it).
+        raise ValueError(
+            f"dtype {dtype} is not supported. {' ' * 12}Use 'float32' or float64 "
+            "(or None: floats as they are)"
+        )
 
 
 def is_vector(data_type: DataType) -> bool:

@@ -9,7 +9,9 @@ torch side. tf.data takes batches ahead of the training step (its prefetch, Kera
 buffers), so ``dataset.state_dict(steps=n)`` gives the exact place after the first ``n``
 batches of the current iteration, the steps the model trained on. An iteration that tf
 drops before its end does not move the position (tf.distribute takes a few batches to look
-at a dataset before Keras trains on it): the next one starts where it did.
+at a dataset before Keras trains on it): the next one starts where it did. It is a
+``tf.compat.v1`` dataset, so TF1 code in graph mode (``make_one_shot_iterator()``, a
+``Session``) reads it as it read petastorm's.
 """
 
 from __future__ import annotations
@@ -34,45 +36,40 @@ def _spec(info: ColumnInfo) -> Any:
     return tf.TensorSpec(shape=(None,), dtype=dtype)
 
 
-class TFDatasetContext:
-    """Context manager returned by ``make_tf_dataset``; stops reading on exit."""
+def check_names(reader: ShardReader) -> None:
+    """Refuse, when asked for the dataset, columns that cannot be namedtuple fields."""
+    names = [info.name for info in reader.batch_columns]
+    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n) or n[:1] == "_"]
+    if bad:
+        raise ValueError(
+            f"make_tf_dataset yields namedtuples, so column names must be Python "
+            f"identifiers not starting with '_'; rename {bad} (df.withColumnRenamed) or "
+            f"choose columns with columns=[...]"
+        )
 
-    def __init__(self, reader: ShardReader, prefetch: int | None) -> None:
-        names = [info.name for info in reader.output_columns]
-        bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n) or n[:1] == "_"]
-        if bad:
-            raise ValueError(
-                f"make_tf_dataset yields namedtuples, so column names must be Python "
-                f"identifiers not starting with '_'; rename {bad} (df.withColumnRenamed) or "
-                f"choose columns with columns=[...]"
-            )
-        self._reader = reader
-        self._prefetch = prefetch
 
-    def __enter__(self) -> Any:
-        import tensorflow as tf
+def make_dataset(reader: ShardReader, prefetch: int | None) -> Any:
+    """The rank's ``tf.data`` dataset; a ``tf.compat.v1`` one, so TF1 code's
+    ``dataset.make_one_shot_iterator()`` works as with petastorm (it is a TF2 dataset too)."""
+    import tensorflow as tf
 
-        reader = self._reader
-        names = [info.name for info in reader.output_columns]
-        batch_type = collections.namedtuple("Batch", names)  # type: ignore[misc]
-        signature = batch_type(*[_spec(info) for info in reader.output_columns])
+    names = [info.name for info in reader.batch_columns]
+    batch_type = collections.namedtuple("Batch", names)  # type: ignore[misc]
+    signature = batch_type(*[_spec(info) for info in reader.batch_columns])
 
-        def generate():
-            for batch in reader.iteration_apart():
-                yield batch_type(*[batch[name] for name in names])
+    def generate():
+        for batch in reader.iteration_apart():
+            yield batch_type(*[batch[name] for name in names])
 
-        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        prefetch = tf.data.AUTOTUNE if self._prefetch is None else self._prefetch
-        dataset = dataset.prefetch(prefetch) if prefetch else dataset
-        # Already this rank's slice: tf.distribute must not shard it again (its AUTO
-        # policy would give each worker every n-th batch of it).
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options)
-        dataset.steps_per_epoch = reader.batches_per_epoch()
-        dataset.state_dict = reader.state_dict
-        dataset.load_state_dict = reader.load_state_dict
-        return dataset
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._reader.close()
+    dataset = tf.compat.v1.data.Dataset.from_generator(generate, output_signature=signature)
+    prefetch = tf.data.AUTOTUNE if prefetch is None else prefetch
+    dataset = dataset.prefetch(prefetch) if prefetch else dataset
+    # Already this rank's slice: tf.distribute must not shard it again (its AUTO
+    # policy would give each worker every n-th batch of it).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = dataset.with_options(options)
+    dataset.steps_per_epoch = reader.batches_per_epoch()
+    dataset.state_dict = reader.state_dict
+    dataset.load_state_dict = reader.load_state_dict
+    return dataset

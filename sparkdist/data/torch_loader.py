@@ -8,6 +8,12 @@ rank, which is the order in which DataLoader takes them back: the rank still get
 batches in order, each row once. ``pin_memory`` and the other DataLoader options pass
 through. The loader counts the batches it hands out, so ``state_dict()`` is the world's
 position (see `sparkdist.data.order`).
+
+Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
+unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
+code written against petastorm; ``"torch"`` keeps numpy's (``torch.bool``), as the converter
+the runner makes of a DataFrame argument does. A ``pad_column`` stays ``torch.bool``: it is
+a mask, and ``~`` on a uint8 tensor is a bitwise not.
 """
 
 from __future__ import annotations
@@ -19,7 +25,28 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sparkdist.data.reader import ShardReader
+from sparkdist.data.reader import ReaderPosition, ShardReader
+
+# petastorm's promotions (petastorm.pytorch._sanitize_pytorch_types), for its API.
+_PETASTORM_TYPES = {
+    np.dtype(np.bool_): np.uint8,
+    np.dtype(np.uint16): np.int32,
+    np.dtype(np.uint32): np.int64,
+}
+
+
+def petastorm_types(batch: dict[str, np.ndarray], keep: str | None = None) -> dict[str, np.ndarray]:
+    """``batch`` with petastorm's types for torch (``keep``, the pad mask, stays bool)."""
+    out = {}
+    for name, values in batch.items():
+        wanted = _PETASTORM_TYPES.get(values.dtype) if name != keep else None
+        if wanted is None:
+            out[name] = values
+        elif values.dtype.itemsize == np.dtype(wanted).itemsize:
+            out[name] = values.view(wanted)  # bool as uint8: the same bytes, no copy
+        else:
+            out[name] = values.astype(wanted)
+    return out
 
 
 def _to_torch(values: np.ndarray) -> Any:
@@ -39,33 +66,50 @@ def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 class RankDataset(IterableDataset):
     """One rank's batches; in DataLoader worker ``w`` of ``k``, batches ``w, w+k, ...``."""
 
-    def __init__(self, reader: ShardReader) -> None:
+    def __init__(self, reader: ShardReader, tensor_types: str = "petastorm") -> None:
         self.reader = reader
+        self.tensor_types = tensor_types
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        yield from self.reader.batches(worker, workers)
+        batches = self.reader.batches(worker, workers)
+        if self.tensor_types == "torch":
+            yield from batches
+            return
+        pad_column = self.reader.options.pad_column
+        for batch in batches:
+            yield petastorm_types(batch, keep=pad_column)
 
 
-class TorchDataLoader(DataLoader):
+class BatchedDataLoader(ReaderPosition, DataLoader):
     """``torch.utils.data.DataLoader`` of one rank's batches, with a resumable position.
 
-    ``len(loader)`` is the number of batches one iteration yields from the current
-    position; every rank gets the same number.
+    Made as petastorm's ``data_loader_fn`` is called: ``BatchedDataLoader(reader=...,
+    batch_size=..., shuffling_queue_capacity=...)``, where ``reader`` already shuffles and
+    cuts batches of ``batch_size`` (so ``shuffling_queue_capacity`` adds nothing here).
+    ``collate_fn`` gets each batch as ``{column: numpy array}`` (default: tensors).
     """
 
     def __init__(
         self,
         reader: ShardReader,
+        batch_size: int | None = None,
+        shuffling_queue_capacity: int = 0,
         *,
+        tensor_types: str = "petastorm",
         collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
+        if batch_size is not None and batch_size != reader.batch_size:
+            raise ValueError(
+                f"batch_size={batch_size}, but the reader cuts batches of {reader.batch_size}: "
+                "give batch_size to make_torch_dataloader"
+            )
         super().__init__(
-            RankDataset(reader),
+            RankDataset(reader, tensor_types),
             batch_size=None,
             collate_fn=collate_fn or to_tensors,
             num_workers=num_workers,
@@ -74,44 +118,6 @@ class TorchDataLoader(DataLoader):
         )
         self.reader = reader
 
-    @property
-    def rows_in_shard(self) -> int:
-        """Rows this rank reads in the current epoch (the same on every rank)."""
-        return self.reader.rows_in_shard
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return self.reader.position.epoch
-
-    def __len__(self) -> int:
-        return self.reader.batches_per_iteration()
-
-    def state_dict(self, steps: int | None = None) -> dict:
-        """The world's position: epoch, rows consumed, seed, what is left. Picklable.
-
-        After the batches handed out so far, or after the iteration's first ``steps``.
-        """
-        return self.reader.state_dict(steps)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a `state_dict` (saved by a world of any size) on the next ``iter``."""
-        self.reader.load_state_dict(state)
-
     def __iter__(self) -> Iterator[Any]:
         self.reader.position.settle()
         return self.reader.count(super().__iter__())
-
-
-class TorchLoaderContext:
-    """Context manager returned by ``make_torch_dataloader``; stops reading on exit."""
-
-    def __init__(self, reader: ShardReader, **dataloader_kwargs: Any) -> None:
-        self._reader = reader
-        self._kwargs = dataloader_kwargs
-
-    def __enter__(self) -> TorchDataLoader:
-        return TorchDataLoader(self._reader, **self._kwargs)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._reader.close()

@@ -111,6 +111,7 @@ class TransformSpec:
                 "every row (filter rows in Spark, before make_spark_converter), so that all "
                 "ranks take the same number of steps"
             )
+        declared = {_field_parts(field)[0] for field in self.edit_fields or ()}
         out = {}
         for info in columns:
             if info.name not in result.columns:
@@ -124,6 +125,10 @@ class TransformSpec:
                 continue
             if values.dtype == object:
                 values = np.stack(values) if rows else np.empty((0, *(info.shape or ())))
-            values = values.astype(info.dtype, copy=False)
+            if info.name in declared or np.can_cast(values.dtype, info.dtype, "same_kind"):
+                values = values.astype(info.dtype, copy=False)
+            # else: a column changed in kind (ints scaled to floats) and not declared in
+            # edit_fields keeps what func made, as petastorm's torch loader does, rather
+            # than being cast back (tf, which needs types up front, wants it declared).
             out[info.name] = np.require(values, requirements=["W", "C"]) if writable else values
         return out

@@ -195,13 +195,15 @@ def converted_dataframes(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     if not frames:
         yield kwargs
         return
-    from sparkdist.data.conversion import convert
+    from sparkdist.data.conversion import ConversionOptions, convert
+
+    options = ConversionOptions(tensor_types="torch")  # sparkdist's own API: torch.bool
 
     converted = dict(kwargs)
     written = []
     try:
         for key in frames:
-            conversion = convert(kwargs[key])
+            conversion = convert(kwargs[key], options)
             converted[key] = conversion.converter
             if conversion.wrote_copy:
                 written.append(conversion.converter)
