@@ -190,17 +190,17 @@ class SparkDatasetConverter:
     def make_numpy_batches(
         self,
         batch_size: int = 32,
+        *,
         num_epochs: int | None = None,
         shuffle: bool = False,
-        cur_shard: int | None = None,
-        shard_count: int | None = None,
-        *,
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
-        shuffle_buffer_rows: int | None = None,
-        transform_spec: Any = None,
+        cur_shard: int | None = None,
+        shard_count: int | None = None,
         columns: Sequence[str] | None = None,
+        transform_spec: Any = None,
+        shuffle_buffer_rows: int | None = None,
         prefetch: int = 2,
         workers_count: int | None = None,
     ) -> ReaderContext:
@@ -209,7 +209,8 @@ class SparkDatasetConverter:
         Neither torch nor TensorFlow is imported: for JAX, scikit-learn or plain numpy.
         The arguments and the guarantees (equal steps, global shuffle, the position with
         ``len()``, ``epoch``, ``state_dict()`` / ``load_state_dict()``, ``pad_column``) are
-        those of ``make_torch_dataloader``; the arrays are the caller's to write to.
+        those of ``make_torch_dataloader``; the arrays are the caller's to write to. A new
+        API, so every argument but ``batch_size`` is given by keyword.
         """
         from sparkdist.data.numpy_batches import NumpyBatches
 
