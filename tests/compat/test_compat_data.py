@@ -37,24 +37,14 @@ def converter(spark, tmp_path_factory):
 
 
 def test_each_rank_reads_its_equal_shard_once(sc, converter):
-    """The numpy batches every loader wraps (torch, tf): rank r of 2 reads its half."""
+    """`make_numpy_batches` (torch and TensorFlow need not be on the stack): rank r of 2
+    reads its half."""
 
     def main(converter):
-        import os
-
         import numpy as np
 
-        from sparkdist.data.reader import ShardReader
-
-        reader = ShardReader(
-            converter.layout,
-            batch_size=16,
-            num_epochs=1,
-            cur_shard=int(os.environ["RANK"]),
-            shard_count=int(os.environ["WORLD_SIZE"]),
-        )
-        batches = list(reader)
-        reader.close()
+        with converter.make_numpy_batches(batch_size=16, num_epochs=1) as reader:
+            batches = list(reader)
         return {
             "ids": np.concatenate([b["id"] for b in batches]).tolist(),
             "x": np.concatenate([b["x"] for b in batches]).tolist(),
