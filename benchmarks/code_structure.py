@@ -14,9 +14,9 @@ per checkout (local Spark, `local[2]`), traced in that process (the driver's) wi
 `sys.setprofile`: a *stop* is a call into a sparkdist module from another module (or from
 outside sparkdist), a *return* a stop into a module the walk had already visited and
 left for another (the stop before it went elsewhere: two calls in a row into one helper
-module, say `fs`, leave nothing). Left out: what a module runs while it is imported, what logging's handlers run for
-a log record (sparkdist's console handler: its stops count log lines), and the
-time-driven watcher threads (progress displays: their stops count seconds). The walks:
+module, say `fs`, leave nothing). Left out: what a module runs while it is imported, what
+logging's handlers run for a log record (sparkdist's console handler: its stops count log
+lines), and the time-driven watcher threads (progress displays: their stops count seconds). The walks:
 
 * a job's options: `HorovodRunner(np=2, ...)` and `run(main)`, up to the call of the chosen
   launch kind's `form` (the first thread a job starts, if no `form` comes first);
