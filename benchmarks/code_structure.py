@@ -16,7 +16,8 @@ outside sparkdist), a *return* a stop into a module the walk had already visited
 left for another (the stop before it went elsewhere: two calls in a row into one helper
 module, say `fs`, leave nothing). Left out: what a module runs while it is imported, what
 logging's handlers run for a log record (sparkdist's console handler: its stops count log
-lines), and the time-driven watcher threads (progress displays: their stops count seconds). The walks:
+lines), and the time-driven watcher threads (progress displays: their stops count
+seconds). The walks:
 
 * a job's options: `HorovodRunner(np=2, ...)` and `run(main)`, up to the call of the chosen
   launch kind's `form` (the first thread a job starts, if no `form` comes first);
