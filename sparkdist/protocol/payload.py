@@ -105,20 +105,24 @@ class _SourcePickler(cloudpickle.Pickler):
 
 
 def _dumps(main: Callable, kwargs: dict[str, Any]) -> bytes:
+    """Two pickles in one buffer: `(main, kwargs)`, then the sources its pickling found (the
+    payload's bytes are not pickled again, which would copy a large payload twice)."""
     buffer = io.BytesIO()
     pickler = _SourcePickler(buffer)
     pickler.dump((main, kwargs))
     sources = {name: lines for name, lines in pickler.sources.items() if lines}
-    return pickle.dumps((buffer.getvalue(), sources), protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(sources, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    return buffer.getvalue()
 
 
 def unpack(blob: bytes) -> tuple[Callable, dict[str, Any]]:
     """On a rank: the `(main, kwargs)` that `pack` made, with the driver's source lines
     of by-value code in `linecache` (mtime None: kept however the file differs here)."""
-    pickled, sources = pickle.loads(blob)
-    for filename, lines in sources.items():
+    stream = io.BytesIO(blob)
+    main_and_kwargs = cloudpickle.load(stream)
+    for filename, lines in pickle.load(stream).items():
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    return cloudpickle.loads(pickled)
+    return main_and_kwargs
 
 
 def pack(main: Callable, kwargs: dict[str, Any]) -> bytes:
