@@ -94,6 +94,7 @@ runtime-$(1): $(call runtime_stamp,$(1))
 # The compatibility suite on this runtime's stack, with its own Spark and Python; the main
 # environment's variables stay out of it.
 compat-$(1): runtime-$(1)
+	@echo "== compatibility suite on $(1)"
 	env -u PYTHONPATH -u SPARK_HOME -u VIRTUAL_ENV \
 		PYSPARK_PYTHON=$(abspath .venv-$(1))/bin/python \
 		PYSPARK_DRIVER_PYTHON=$(abspath .venv-$(1))/bin/python \
@@ -107,12 +108,11 @@ $(foreach runtime,$(RUNTIMES),$(eval $(call RUNTIME_ENV,$(runtime))))
 
 runtimes: $(addprefix runtime-,$(RUNTIMES))
 
-# Every runtime's suite, one after another; one that fails does not stop the others.
+# Every runtime's suite, two at a time (each is mostly waiting on its Spark; two share the two
+# cores well), each one's output printed whole when it ends; one that fails does not stop the
+# others.
 compat: runtimes
-	status=0; for runtime in $(RUNTIMES); do \
-		echo "== compatibility suite on $$runtime"; \
-		$(MAKE) --no-print-directory compat-$$runtime || status=1; \
-	done; exit $$status
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target $(addprefix compat-,$(RUNTIMES))
 
 bench-deps: $(BENCH_STAMP)
 
