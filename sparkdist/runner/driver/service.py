@@ -16,6 +16,12 @@ Three kinds of peers connect, each saying first who it is:
   values, sends back its result or its traceback, `log_to_driver` messages and
   `sparkdist.report` metrics.
 
+A task's supervisors and ranks come through the task's relay (`runner/task/relay.py`):
+each is a stream of the task's one channel (`Relayed` frames, ended by `RelayClosed`),
+served by the same handler its own connection would get, and lost with that channel.
+The payload goes once per relay: its next ranks get an empty one, which it fills in.
+Ranks the driver starts itself (`np < 0`) connect directly.
+
 Each peer is a handler of its messages, one at a time (`received`), on the loop: a
 rendezvous read waits for its key on a loop timer, not a thread, and checkpoint
 requests, which may write to storage, run on the server's small pool of threads.

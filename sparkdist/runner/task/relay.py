@@ -63,12 +63,13 @@ class HostRelay:
             if channel is not None:
                 channel.close()
             return
+        body = self._with_payload(frame.body)  # kept even if its rank is gone already
         with self._lock:
             channel = self._streams.get(frame.stream)
         if channel is None:
             return  # that peer is gone already; the driver learns it from RelayClosed
         try:
-            channel.send(self._with_payload(frame.body))
+            channel.send(body)
         except OSError:
             pass  # its serving thread sees the end and reports it
 
