@@ -115,6 +115,8 @@ def test_relays_fan_in_by_task_and_send_the_payload_once_per_task():
         ranks = [_rank(tasks[r // 4], secret, r, payload) for r in range(8)]
         ranks[5].put("k", 5)
         assert ranks[2].get("k", timeout_s=10) == 5
+        ranks[7].send_file("big", payload)  # a large frame up: checked off the loop
+        assert state.files["big"] == payload
         assert service.connections_max == 2
         assert service.payload_bytes_sent == 2 * len(payload)
         assert all(state.ranks[r].started for r in range(8))

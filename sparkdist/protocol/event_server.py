@@ -6,7 +6,8 @@ It speaks exactly what `wire.Server` speaks (asyncio's non-blocking TLS with the
 certificate, then the same HMAC handshake and MAC'd frames through `wire.Frames`), so
 unchanged `wire.connect` clients talk to it. A connection's handler is a coroutine;
 `EventChannel.send` may be called from any thread: frames are sealed and written on the
-loop, in the order sent, a large one in pieces so that other peers are served meanwhile.
+loop, in the order sent, a large one in pieces so that other peers are served meanwhile (and
+its MAC computed or checked on a pool thread).
 Work that may block (a checkpoint written to storage) goes to `EventServer.offload`, a
 small pool of threads whose size does not depend on the number of peers.
 """
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 WRITE_CHUNK = 1 << 20
 """A large frame is written this many bytes at a time, waiting for each to drain."""
+OFFLOAD_BYTES = 1 << 20
+"""A frame at least this large has its MAC computed or checked off the loop."""
 OFFLOAD_THREADS = 4
 
 
@@ -47,7 +50,9 @@ class EventChannel:
         """The next message (raises EOFError, OSError or `AuthenticationError`)."""
         header = await self._reader.readexactly(wire.Frames.HEADER_BYTES)
         body = await self._reader.readexactly(wire.Frames.body_size(header))
-        return self._frames.open(header, body, self.peer)
+        if len(body) < OFFLOAD_BYTES:
+            return self._frames.open(header, body, self.peer)
+        return await self._server.offload(self._frames.open, header, body, self.peer)
 
     def send(self, message: Any) -> None:
         """Queue `message` for the peer (safe from any thread). Raises ConnectionError
@@ -75,7 +80,11 @@ class EventChannel:
     async def _write_loop(self) -> None:
         try:
             while (message := await self._outbox.get()) is not None:
-                header, body = self._frames.seal(message)
+                body = wire.Frames.body(message)
+                if len(body) < OFFLOAD_BYTES:
+                    header = self._frames.header(body)
+                else:  # its MAC takes a while (hashlib lets other threads run meanwhile)
+                    header = await self._server.offload(self._frames.header, body)
                 self._writer.write(header)
                 view = memoryview(body)
                 for start in range(0, len(view), WRITE_CHUNK):
@@ -131,9 +140,9 @@ class EventServer:
         """Connections open now."""
         return len(self._channels)
 
-    def offload(self, work: Callable[[], Any]) -> asyncio.Future:
-        """Run `work`, which may block, off the loop (from the loop)."""
-        return self.loop.run_in_executor(self._pool, work)
+    def offload(self, work: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Run `work(*args)`, which may block, off the loop (from the loop)."""
+        return self.loop.run_in_executor(self._pool, work, *args)
 
     async def _serve(self, reader, writer) -> None:
         peer = "{}:{}".format(*(writer.get_extra_info("peername") or ("?", 0))[:2])

@@ -111,10 +111,18 @@ class Frames:
 
     def seal(self, message: Any) -> tuple[bytes, bytes]:
         """(header, body) of the next outgoing frame: sent in the order sealed."""
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        body = self.body(message)
+        return self.header(body), body
+
+    @staticmethod
+    def body(message: Any) -> bytes:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def header(self, body: bytes) -> bytes:
+        """The header of the next outgoing frame, whose body is `body`."""
         seq = struct.pack("!Q", self._out_seq)
         self._out_seq += 1
-        return _HEADER.pack(len(body)) + _mac(self._key, self._out_tag, seq, body), body
+        return _HEADER.pack(len(body)) + _mac(self._key, self._out_tag, seq, body)
 
     @staticmethod
     def body_size(header: bytes) -> int:
