@@ -358,6 +358,31 @@ def test_logs_stream_with_rank_prefix_in_order(sc, capfd, launcher):
         assert f"[rank {rank}] to stderr from {rank}" in err
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ranks_reach_the_driver_through_their_tasks_relay(sc, capfd, launcher):
+    """Two tasks of four ranks: the driver held one connection per task and sent the
+    payload once per task; every rank's result and output arrived through the relays."""
+    ballast = os.urandom(1 << 20)  # travels in the payload
+
+    def main():
+        import os
+
+        rank = int(os.environ["RANK"])
+        print(f"through the relay from rank {rank}")
+        return rank, len(ballast)
+
+    runner = HorovodRunner(np=8, ranks_per_task=4, launcher=launcher)
+    assert runner.run_all(main) == [(rank, len(ballast)) for rank in range(8)]
+    out, _ = capfd.readouterr()
+    for rank in range(8):
+        assert f"[rank {rank}] through the relay from rank {rank}" in out
+    job = runner.last_job
+    assert job.driver_connections_max == 2
+    assert job.payload_bytes > len(ballast)
+    assert job.payload_bytes_sent == 2 * job.payload_bytes
+    assert_nothing_left(runner, job_roles(8, launcher))
+
+
 def test_log_callback_only(sc, capfd):
     def main():
         import os

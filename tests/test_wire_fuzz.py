@@ -162,7 +162,7 @@ def test_reordered_replayed_or_damaged_frames_are_never_unpickled(job, order, da
     secret, recorder = job
     token = os.urandom(6).hex()
     channel = wire.connect(recorder.server.address, secret)
-    frames = [_frame(channel._key, i, pickle.dumps(Tripwire(token, i))) for i in range(5)]
+    frames = [_frame(channel._frames._key, i, pickle.dumps(Tripwire(token, i))) for i in range(5)]
     stream, expected, in_order = [], [], True
     for position, index in enumerate(order):
         frame = frames[index]

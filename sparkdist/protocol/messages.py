@@ -13,7 +13,9 @@ The channels (see docs/architecture.md):
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
-  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank;
+  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank. A task's
+  supervisors and ranks reach the driver through their task's relay: each one's frames
+  are a stream of `Relayed` frames on the task's channel, ended by `RelayClosed`;
 * an elastic job's plain task to its gang: `GangCheckIn`, answered by `GangSeat` (then
   the task runs like a barrier task) or `GangRelease`;
 * mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
@@ -168,6 +170,8 @@ class SecretEnv(dict):
 @register("welcome")
 class Welcome(NamedTuple):
     payload: bytes
+    """The pickled `main` and its arguments. Empty through a task's relay after the
+    first: the relay gives each of its ranks the payload it got once."""
     send_result: bool
     job_id: str
     env: dict = SecretEnv()
@@ -261,6 +265,26 @@ class Report(NamedTuple):
     metrics: dict
 
 
+# --- a task's relay (`runner/task/relay.py`) and the driver, over the task's channel --
+
+
+@register("relayed")
+class Relayed(NamedTuple):
+    """A frame of the task's local peer `stream` (a supervisor or a rank on its host):
+    from the task, its hello, then its messages; from the driver, what it sends it."""
+
+    stream: int
+    body: Any
+
+
+@register("relay_closed")
+class RelayClosed(NamedTuple):
+    """From the task: local peer `stream`'s connection ended (lost, unless its last
+    message came). From the driver: the peer is done, close its connection."""
+
+    stream: int
+
+
 # --- an elastic job's plain tasks and its gang (`runner/driver/launch/gang.py`) -------------
 
 
@@ -340,13 +364,14 @@ class Rejected(NamedTuple):
 
 
 HELLOS = (TaskHello, SupervisorHello, RankHello)
-TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone)
+RELAY_FRAMES = (Relayed, RelayClosed)
+TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
                  CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
                  CheckpointCommit, Report)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
-TASK_ORDERS = ORDERS + (AgentPlaces,)
+TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)
 GANG_ORDERS = (GangSeat, GangRelease, Rejected)

@@ -33,7 +33,15 @@ from typing import Any
 
 from sparkdist.protocol.job_secret import JobSecret, client_context, new_secret
 
-__all__ = ["AuthenticationError", "Channel", "JobSecret", "Server", "connect", "new_secret"]
+__all__ = [
+    "AuthenticationError",
+    "Channel",
+    "Frames",
+    "JobSecret",
+    "Server",
+    "connect",
+    "new_secret",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,53 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return buffer
 
 
+class Frames:
+    """The MAC'd frames of one authenticated channel, whatever carries them: the blocking
+    `Channel` here and the driver's event-driven channels (`event_server`) share it.
+
+    A frame is its body's length, HMAC-SHA256(session key, direction, sequence number,
+    body), then the body (a pickle), which is unpickled only after its MAC checks out.
+    """
+
+    HEADER_BYTES = _HEADER.size + MAC_BYTES
+
+    def __init__(self, session_key: bytes, is_client: bool):
+        self._key = session_key
+        self._out_tag = b"c" if is_client else b"s"
+        self._in_tag = b"s" if is_client else b"c"
+        self._out_seq = 0
+        self._in_seq = 0
+
+    def seal(self, message: Any) -> tuple[bytes, bytes]:
+        """(header, body) of the next outgoing frame: sent in the order sealed."""
+        body = self.body(message)
+        return self.header(body), body
+
+    @staticmethod
+    def body(message: Any) -> bytes:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def header(self, body: bytes) -> bytes:
+        """The header of the next outgoing frame, whose body is `body`."""
+        seq = struct.pack("!Q", self._out_seq)
+        self._out_seq += 1
+        return _HEADER.pack(len(body)) + _mac(self._key, self._out_tag, seq, body)
+
+    @staticmethod
+    def body_size(header: bytes) -> int:
+        """The body's length, from a frame's first `HEADER_BYTES` bytes."""
+        return _HEADER.unpack(header[: _HEADER.size])[0]
+
+    def open(self, header: bytes, body: bytes, peer: str) -> Any:
+        """The message of the next incoming frame, once its MAC checks out."""
+        mac = header[_HEADER.size :]
+        seq = struct.pack("!Q", self._in_seq)
+        if not hmac.compare_digest(mac, _mac(self._key, self._in_tag, seq, body)):
+            raise AuthenticationError(f"bad message authentication code from {peer}")
+        self._in_seq += 1
+        return pickle.loads(body)
+
+
 class Channel:
     """One authenticated, ordered, bidirectional message stream.
 
@@ -92,31 +147,19 @@ class Channel:
 
     def __init__(self, sock: socket.socket, session_key: bytes, is_client: bool):
         self.sock = sock
-        self._key = session_key
-        self._out_tag = b"c" if is_client else b"s"
-        self._in_tag = b"s" if is_client else b"c"
-        self._out_seq = 0
-        self._in_seq = 0
+        self._frames = Frames(session_key, is_client)
         self._send_lock = threading.Lock()
-        self.peer = _peer_name(sock)
+        self.peer = peer_name(sock)
 
     def send(self, message: Any) -> None:
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
-            seq = struct.pack("!Q", self._out_seq)
-            self._out_seq += 1
-            mac = _mac(self._key, self._out_tag, seq, body)
-            self.sock.sendall(_HEADER.pack(len(body)) + mac + body)
+            header, body = self._frames.seal(message)
+            self.sock.sendall(header + body)
 
     def recv(self) -> Any:
-        (size,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
-        mac = _recv_exact(self.sock, MAC_BYTES)
-        body = _recv_exact(self.sock, size)
-        seq = struct.pack("!Q", self._in_seq)
-        if not hmac.compare_digest(mac, _mac(self._key, self._in_tag, seq, body)):
-            raise AuthenticationError(f"bad message authentication code from {self.peer}")
-        self._in_seq += 1
-        return pickle.loads(body)
+        header = _recv_exact(self.sock, Frames.HEADER_BYTES)
+        body = _recv_exact(self.sock, Frames.body_size(header))
+        return self._frames.open(header, body, self.peer)
 
     def wait_readable(self) -> None:
         """Block until the peer sends something or goes away; reads nothing."""
@@ -138,7 +181,7 @@ class Channel:
         self.sock.close()
 
 
-def _tune(sock: socket.socket) -> None:
+def tune(sock: socket.socket) -> None:
     """No Nagle delay for small control messages; detect a dead peer (see DEAD_PEER_S)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -151,7 +194,7 @@ def _tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
 
 
-def _peer_name(sock: socket.socket) -> str:
+def peer_name(sock: socket.socket) -> str:
     try:
         host, port = sock.getpeername()[:2]
         return f"{host}:{port}"
@@ -174,21 +217,38 @@ def _client_handshake(sock: socket.socket, secret: bytes) -> bytes:
     return _mac(secret, b"session", server_nonce, client_nonce)
 
 
-def _server_handshake(sock: socket.socket, secret: bytes) -> bytes:
-    server_nonce = os.urandom(NONCE_BYTES)
-    sock.sendall(server_nonce)
-    answer = _recv_exact(sock, NONCE_BYTES + MAC_BYTES)
+def server_nonce() -> bytes:
+    """The server's first handshake message: a fresh nonce."""
+    return os.urandom(NONCE_BYTES)
+
+
+ANSWER_BYTES = NONCE_BYTES + MAC_BYTES
+"""The size of the client's answer to `server_nonce`."""
+
+
+def server_check(secret: bytes, nonce: bytes, answer: bytes) -> tuple[bytes, bytes]:
+    """Check the client's answer to `nonce`; (the server's proof to send back, the
+    session key). Raises `AuthenticationError` if the client lacks the secret."""
     client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-    if not hmac.compare_digest(proof, _mac(secret, b"client", server_nonce, client_nonce)):
+    if not hmac.compare_digest(proof, _mac(secret, b"client", nonce, client_nonce)):
         raise AuthenticationError("the client does not hold this job's secret")
-    sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
-    return _mac(secret, b"session", server_nonce, client_nonce)
+    return _mac(secret, b"server", client_nonce, nonce), _mac(
+        secret, b"session", nonce, client_nonce
+    )
+
+
+def _server_handshake(sock: socket.socket, secret: bytes) -> bytes:
+    nonce = server_nonce()
+    sock.sendall(nonce)
+    proof, key = server_check(secret, nonce, _recv_exact(sock, ANSWER_BYTES))
+    sock.sendall(proof)
+    return key
 
 
 def _client_tls(sock: socket.socket, pin: bytes) -> ssl.SSLSocket:
     """TLS to a server that must present the job's certificate; anything else is refused
     before this client sends a byte of its own."""
-    where = _peer_name(sock)
+    where = peer_name(sock)
     try:
         tls = client_context().wrap_socket(sock)
     except (ssl.SSLError, EOFError, ConnectionResetError) as exc:
@@ -214,7 +274,7 @@ def connect(address: tuple[str, int], secret: JobSecret, timeout: float = 30.0) 
             sock = _client_tls(sock, secret.pin)
         key = _client_handshake(sock, secret.hmac_key)
         sock.settimeout(None)
-        _tune(sock)
+        tune(sock)
     except BaseException:
         sock.close()
         raise
@@ -257,14 +317,14 @@ class Server:
             ).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        peer = _peer_name(sock)
+        peer = peer_name(sock)
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_side=True)
             key = _server_handshake(sock, self._secret.hmac_key)
             sock.settimeout(None)
-            _tune(sock)
+            tune(sock)
         except (OSError, EOFError, AuthenticationError) as exc:
             logger.warning("%s: rejected a connection from %s: %s", self._name, peer, exc)
             sock.close()

@@ -151,7 +151,7 @@ class HorovodRunner:
             blob = payload.pack(main, arguments)
             opts = self.options
             self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher(),
-                                      name=_name_of(main))  # fmt: skip
+                                      name=_name_of(main), payload_bytes=len(blob))  # fmt: skip
             return run_job(opts, blob, all_results, self.last_job)
 
 

@@ -38,6 +38,7 @@ from sparkdist.runner.driver.launch.local import DriverLocalKind
 from sparkdist.runner.driver.launch.relayed import RelayedKind
 from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.service import DriverService
 from sparkdist.spark import active_cluster
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,13 @@ class JobReport:
     reported: list[Reported] = field(default_factory=list)
     """Every `sparkdist.report` call of the ranks, in the order the driver got them
     (filled while the job runs)."""
+    payload_bytes: int = 0
+    """The size of the pickled `main` and its arguments."""
+    driver_connections_max: int = 0
+    """The most connections the driver's service held at once in the last attempt: one
+    per Spark task (its ranks and supervisors come through the task's relay)."""
+    payload_bytes_sent: int = 0
+    """Bytes of payload the driver's service sent in the last attempt: once per task."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -199,6 +207,9 @@ class Attempt:
         state.metrics.close()  # the progress line ends before the job's last log lines
         leftovers = world.launch.stop(finished=report.outcome == "succeeded")
         world.service.close()
+        if isinstance(world.service, DriverService):
+            report.driver_connections_max = world.service.connections_max
+            report.payload_bytes_sent = world.service.payload_bytes_sent
         state.console.close()  # the held rank lines show before the job's result or error
         report.wall_time_s = time.monotonic() - world.started
         report.processes += [p for p in state.processes.started() if p not in report.processes]

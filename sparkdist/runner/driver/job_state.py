@@ -1,5 +1,5 @@
 """What the driver knows about a running job, as its peers' messages build it up.
-Shared by the driver's handler threads under one lock (`cond`).
+Shared by the driver service's event loop and the launch's threads under one lock (`cond`).
 
 `JobState` holds one part per concern, as plain records (`records.py`): what the job is
 (`job`), each rank's record (`rank_records`), the Spark tasks (`tasks`), the processes
@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 
 from sparkdist.checkpoint.store import CheckpointStore, NoStore
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker, Losses
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.records import (
     Growth,
     JobSpec,
+    Link,
     Peers,
     Processes,
     RankRecords,
@@ -67,7 +68,7 @@ class JobState:
         )
         self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures)
 
-    def connected(self, kind: str, number: int, channel: wire.Channel) -> str | None:
+    def connected(self, kind: str, number: int, channel: Link) -> str | None:
         """A task or supervisor connected; returns why the job is stopping, if it is
         (the peer is then told to abort at once). A parameter-server job's server whose
         chief is done already is told to finish."""

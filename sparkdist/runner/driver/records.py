@@ -17,9 +17,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.console import Console
@@ -245,14 +245,22 @@ Peer = tuple[str, int]
 """("task", index) or ("supervisor", rank)."""
 
 
+class Link(Protocol):
+    """How the driver sends to one peer: its own channel, or its stream through its
+    task's channel (`runner/task/relay.py`). Safe from any thread; raises OSError once
+    the peer is gone."""
+
+    def send(self, message: Any) -> None: ...
+
+
 class Peers:
-    """The open channels from the driver to a job's tasks and rank supervisors."""
+    """The open links from the driver to a job's tasks and rank supervisors."""
 
     def __init__(self, cond: threading.Condition):
         self.cond = cond
-        self._channels: dict[Peer, wire.Channel] = {}
+        self._channels: dict[Peer, Link] = {}
 
-    def add(self, kind: str, number: int, channel: wire.Channel) -> None:
+    def add(self, kind: str, number: int, channel: Link) -> None:
         with self.cond:
             self._channels[(kind, number)] = channel
 
@@ -260,17 +268,17 @@ class Peers:
         with self.cond:
             self._channels.pop((kind, number), None)
 
-    def channel(self, kind: str, number: int) -> wire.Channel | None:
+    def channel(self, kind: str, number: int) -> Link | None:
         with self.cond:
             return self._channels.get((kind, number))
 
-    def select(self, wanted: Callable[[str, int], bool]) -> list[wire.Channel]:
+    def select(self, wanted: Callable[[str, int], bool]) -> list[Link]:
         """The channels of the peers `wanted(kind, number)` picks."""
         with self.cond:
             return [c for (kind, number), c in self._channels.items() if wanted(kind, number)]
 
 
-def send(channels: Iterable[wire.Channel], order: NamedTuple) -> None:
+def send(channels: Iterable[Link], order: NamedTuple) -> None:
     """Send `order` (`Finish`, `Abort`, every task's agent place) to each channel; a peer
     gone already is skipped (its loss is reported by its own handler)."""
     data = messages.encode(order)
@@ -311,32 +319,42 @@ class Growth:
 class RendezvousStore:
     """The job's key-value rendezvous store: frameworks exchange start-up values through
     it (rank 0's TCPStore port, Horovod's or TensorFlow's cluster addresses). Keys are
-    put once and read by any rank; a read waits for its key until a deadline."""
+    put once and read by any rank; a read waits for its key (`when_put`) without holding
+    a thread: its answer comes when the key is put or the store closes, and its reader
+    bounds the wait with a timer of its own."""
 
     def __init__(self) -> None:
         self._values: dict[str, Any] = {}
-        self._cond = threading.Condition()
+        self._waiting: dict[str, list[Answer]] = {}
+        self._lock = threading.Lock()
         self._closed = False
 
     def put(self, key: str, value: Any) -> None:
-        with self._cond:
+        with self._lock:
             self._values[key] = value
-            self._cond.notify_all()
+            waiting = self._waiting.pop(key, [])
+        for answer in waiting:
+            answer(True, value)
 
-    def get(self, key: str, timeout_s: float) -> tuple[bool, Any]:
-        """(True, value) once `key` is there; (False, None) after `timeout_s` or once
-        the store is closed (the job is being stopped)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while key not in self._values:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closed:
-                    return False, None
-                self._cond.wait(min(remaining, 0.5))
-            return True, self._values[key]
+    def when_put(self, key: str, answer: Answer) -> None:
+        """`answer(True, value)` once `key` is there (at once if it is), or
+        `answer(False, None)` once the store is closed (the job is being stopped)."""
+        with self._lock:
+            if key not in self._values and not self._closed:
+                self._waiting.setdefault(key, []).append(answer)
+                return
+            found = key in self._values
+        answer(found, self._values.get(key))
 
     def close(self) -> None:
-        """Wake every waiting read: the job is stopping."""
-        with self._cond:
+        """Answer every waiting read: the job is stopping."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            waiting = [a for answers in self._waiting.values() for a in answers]
+            self._waiting.clear()
+        for answer in waiting:
+            answer(False, None)
+
+
+Answer = Callable[[bool, Any], None]
+"""How a rendezvous read is answered: (found, value)."""

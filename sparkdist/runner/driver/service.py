@@ -1,5 +1,6 @@
-"""The driver's side of a job: one authenticated server that every task, supervisor
-and rank talks to, turning their messages (`messages`) into the job's state
+"""The driver's side of a job: one authenticated, event-driven server (`EventServer`:
+one asyncio loop thread, however many peers) that every task, supervisor and rank
+talks to, turning their messages (`messages`) into the job's state
 (`job_state.JobState`): a message that concerns one part of it goes to that part, one
 that touches several to `JobState`, and a checkpoint message to the job's checkpoint
 store (`sparkdist/checkpoint/store.py`), which answers it.
@@ -15,21 +16,37 @@ Three kinds of peers connect, each saying first who it is:
   values, sends back its result or its traceback, `log_to_driver` messages and
   `sparkdist.report` metrics.
 
+A task's supervisors and ranks come through the task's relay (`runner/task/relay.py`):
+each is a stream of the task's one channel (`Relayed` frames, ended by `RelayClosed`),
+served by the same handler its own connection would get, and lost with that channel.
+The payload goes once per relay: its next ranks get an empty one, which it fills in.
+Ranks the driver starts itself (`np < 0`) connect directly.
+
+Each peer is a handler of its messages, one at a time (`received`), on the loop: a
+rendezvous read waits for its key on a loop timer, not a thread, and checkpoint
+requests, which may write to storage, run on the server's small pool of threads.
+
 A message this server does not expect gets a `Rejected` reply saying why, so that no
 peer waits for an answer that never comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
 from sparkdist.checkpoint.store import REQUESTS as CHECKPOINT_REQUESTS
 from sparkdist.protocol import messages, wire
+from sparkdist.protocol.event_server import EventChannel, EventServer
 from sparkdist.protocol.messages import MalformedMessage
 from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import Link
 
 logger = logging.getLogger(__name__)
+
+LOCAL_HELLOS = (messages.SupervisorHello, messages.RankHello)
+"""Who may speak through a task's relay."""
 
 
 class DriverService:
@@ -39,60 +56,144 @@ class DriverService:
         self, state: JobState, secret: wire.JobSecret, bind_host: str, advertise_host: str
     ):
         self.state = state
-        self._server = wire.Server(secret, self._serve, host=bind_host, name="sparkdist-driver")
+        self.payload_bytes_sent = 0
+        """Bytes of payload sent in `Welcome`s (the simulator and the tests read it)."""
+        self._server = EventServer(secret, self._serve, host=bind_host, name="sparkdist-driver")
         self.address = (advertise_host, self._server.address[1])
+
+    @property
+    def connections_max(self) -> int:
+        """The most peer connections the service held at once."""
+        return self._server.connections_max
 
     def close(self) -> None:
         self._server.close()
 
-    def _serve(self, channel: wire.Channel) -> None:
-        """Serve one peer's channel until it closes (a `wire.Server` handler)."""
+    async def _serve(self, channel: EventChannel) -> None:
+        """Serve one peer's connection until it closes (an `EventServer` handler)."""
+        peer = self.greet(await channel.recv(), channel, messages.HELLOS)
+        if peer is None:
+            return
         try:
-            hello = messages.decode(channel.recv(), messages.HELLOS)
+            while not peer.received(await channel.recv()):
+                pass
+        except asyncio.CancelledError:
+            raise  # the service stops: nobody is lost
+        except BaseException:
+            peer.closed()
+            raise
+        peer.closed()
+
+    def greet(self, raw, link: Link, hellos: tuple[type, ...]) -> _Peer | None:
+        """The peer a hello (one of `hellos`) announces, opened; None (and a `Rejected`)
+        for anything else."""
+        try:
+            hello = messages.decode(raw, hellos)
         except MalformedMessage as exc:
             logger.warning("refusing a peer: %s", exc)
-            _reject(channel, exc)
-            return
+            _reject(link, exc)
+            return None
         if isinstance(hello, messages.TaskHello):
-            _TaskPeer(self.state, channel, hello.index, hello.host).serve()
+            peer: _Peer = _TaskPeer(self.state, link, hello.index, hello.host)
+            peer.streams = _TaskStreams(self, link)  # its relay's local peers
         elif isinstance(hello, messages.SupervisorHello):
-            _SupervisorPeer(self.state, channel, hello.rank, hello.host).serve()
+            peer = _SupervisorPeer(self.state, link, hello.rank, hello.host)
         else:
-            _RankPeer(self.state, channel, hello).serve()
+            peer = _RankPeer(self, link, hello)
+        peer.opened()
+        return peer
+
+    def welcome(self, rank: int, link: Link) -> messages.Welcome:
+        """What rank `rank` gets first: the payload (once per task's relay: the relay
+        gives the next ranks the payload it got), and what it is to send back."""
+        spec = self.state.job
+        relay = link.relay if isinstance(link, _StreamLink) else None
+        payload = b"" if relay is not None and relay.payload_sent else spec.payload
+        if relay is not None:
+            relay.payload_sent = True
+        self.payload_bytes_sent += len(payload)
+        return messages.Welcome(
+            payload,
+            spec.all_results or rank == 0,
+            spec.job_id,
+            spec.rank0_env if rank == 0 else messages.SecretEnv(),
+        )
+
+    def offload(self, work, done) -> None:
+        """Run `work()`, which may block, off the loop; then `done(its result)` on it, or
+        `done(Failed(...))` if it raised."""
+
+        def finished(future: asyncio.Future) -> None:
+            if future.cancelled():
+                return  # the service stopped
+            if future.exception() is not None:
+                logger.error("a request failed", exc_info=future.exception())
+                done(messages.Failed(repr(future.exception())))
+            else:
+                done(future.result())
+
+        self._server.offload(work).add_done_callback(finished)
+
+    def later(self, delay_s: float, call, *args) -> asyncio.TimerHandle:
+        """Call `call(*args)` on the loop after `delay_s` seconds."""
+        return self._server.loop.call_later(delay_s, call, *args)
+
+    def on_loop(self, call, *args) -> None:
+        """Call `call(*args)` on the loop (from any thread); dropped once it stopped."""
+        try:
+            self._server.loop.call_soon_threadsafe(call, *args)
+        except RuntimeError:
+            pass
 
 
-def _reject(channel: wire.Channel, exc: MalformedMessage) -> None:
-    channel.send(messages.encode(messages.Rejected(str(exc))))
+def _reject(link: Link, exc: MalformedMessage) -> None:
+    link.send(messages.encode(messages.Rejected(str(exc))))
 
 
-class _StreamPeer:
+class _Peer:
+    """A task, supervisor or rank: a handler of its messages, whichever way they come."""
+
+    def opened(self) -> None:
+        """Its hello arrived."""
+
+    def received(self, raw) -> bool:
+        """Act on one message; True after the peer's last one."""
+        raise NotImplementedError
+
+    def closed(self) -> None:
+        """Its connection ended (after its last message, or lost before it)."""
+
+
+class _StreamPeer(_Peer):
     """A task or a supervisor: one-way reports until its last one, then it is gone. If
     the connection breaks before that, the peer was lost (`lost`)."""
 
     kind = ""
     reports: tuple[type, ...] = ()
 
-    def __init__(self, state: JobState, channel: wire.Channel, number: int, host: str):
-        self.state, self.channel, self.number, self.host = state, channel, number, host
+    def __init__(self, state: JobState, link: Link, number: int, host: str):
+        self.state, self.link, self.number, self.host = state, link, number, host
+        self.finished = False
 
-    def serve(self) -> None:
-        stopping = self.state.connected(self.kind, self.number, self.channel)
+    def opened(self) -> None:
+        stopping = self.state.connected(self.kind, self.number, self.link)
         if stopping:
-            self.channel.send(messages.encode(messages.Abort(stopping)))
-        finished = False
+            self.link.send(messages.encode(messages.Abort(stopping)))
+
+    def received(self, raw) -> bool:
         try:
-            while not finished:
-                try:
-                    report = messages.decode(self.channel.recv(), self.reports)
-                except MalformedMessage as exc:
-                    logger.warning("%s %d sent %s", self.kind, self.number, exc)
-                    _reject(self.channel, exc)
-                    continue
-                finished = self.handle(report)
-        finally:
-            self.state.peers.remove(self.kind, self.number)
-            if not finished:
-                self.lost()
+            report = messages.decode(raw, self.reports)
+        except MalformedMessage as exc:
+            logger.warning("%s %d sent %s", self.kind, self.number, exc)
+            _reject(self.link, exc)
+            return False
+        self.finished = self.handle(report)
+        return self.finished
+
+    def closed(self) -> None:
+        self.state.peers.remove(self.kind, self.number)
+        if not self.finished:
+            self.lost()
 
     def handle(self, report) -> bool:
         """Act on one report; True after the peer's last one."""
@@ -102,14 +203,81 @@ class _StreamPeer:
         raise NotImplementedError
 
 
+class _TaskStreams:
+    """A task's local peers (`runner/task/relay.py`): each is a stream of the task's
+    channel, served by the same handler a direct connection gets."""
+
+    def __init__(self, service: DriverService, link: Link):
+        self.service, self.link = service, link
+        self.peers: dict[int, _Peer] = {}
+        self.ended: set[int] = set()
+        self.payload_sent = False
+        """The relay got the payload: later ranks through it get theirs from it."""
+
+    def received(self, stream: int, body) -> None:
+        if stream in self.ended:
+            return  # after its end (a peer that kept talking)
+        peer = self.peers.get(stream)
+        if peer is None:
+            peer = self.service.greet(body, _StreamLink(self, stream), LOCAL_HELLOS)
+            if peer is None:
+                self._end(stream)
+            else:
+                self.peers[stream] = peer
+        elif peer.received(body):
+            self._end(stream)
+            peer.closed()
+
+    def closed(self, stream: int) -> None:
+        """The relay says the stream's connection ended."""
+        self.ended.add(stream)
+        peer = self.peers.pop(stream, None)
+        if peer is not None:
+            peer.closed()
+
+    def close_all(self) -> None:
+        """The task's channel ended: so did every stream."""
+        for stream in list(self.peers):
+            self.closed(stream)
+
+    def _end(self, stream: int) -> None:
+        """The driver is done with the stream: the relay closes its connection."""
+        self.ended.add(stream)
+        self.peers.pop(stream, None)
+        try:
+            self.link.send(messages.encode(messages.RelayClosed(stream)))
+        except OSError:
+            pass
+
+
+class _StreamLink:
+    """How the driver sends to a task's local peer: through the task's channel."""
+
+    def __init__(self, relay: _TaskStreams, stream: int):
+        self.relay, self.stream = relay, stream
+
+    def send(self, message) -> None:
+        self.relay.link.send(messages.encode(messages.Relayed(self.stream, message)))
+
+
 class _TaskPeer(_StreamPeer):
-    """A barrier task: process records and its launcher's output and exit."""
+    """A barrier task: process records, its launcher's output and exit, and its local
+    peers' streams."""
 
     kind = "task"
     reports = messages.TASK_REPORTS
+    streams: _TaskStreams
+
+    def closed(self) -> None:
+        self.streams.close_all()
+        super().closed()
 
     def handle(self, report) -> bool:
         match report:
+            case messages.Relayed(stream, body):
+                self.streams.received(stream, body)
+            case messages.RelayClosed(stream):
+                self.streams.closed(stream)
             case messages.ProcessStarted(record):
                 self.state.processes.record(record)
             case messages.AgentPlace():
@@ -133,9 +301,9 @@ class _SupervisorPeer(_StreamPeer):
     kind = "supervisor"
     reports = messages.SUPERVISOR_REPORTS
 
-    def serve(self) -> None:
+    def opened(self) -> None:
         self.state.rank_records.located(self.number, self.host)
-        super().serve()
+        super().opened()
 
     def handle(self, report) -> bool:
         match report:
@@ -145,7 +313,7 @@ class _SupervisorPeer(_StreamPeer):
                 self.state.rank_records.output(self.number, lines)
             case messages.RankExit(code, tail):
                 self.state.losses.rank_exited(self.number, code, tail)
-                self.channel.send(messages.encode(messages.Bye()))
+                self.link.send(messages.encode(messages.Bye()))
                 return True
         return False
 
@@ -153,46 +321,62 @@ class _SupervisorPeer(_StreamPeer):
         self.state.losses.supervisor_lost(self.number)
 
 
-class _RankPeer:
+class _RankPeer(_Peer):
     """A rank: its payload, then requests, each answered."""
 
-    def __init__(self, state: JobState, channel: wire.Channel, hello: messages.RankHello):
-        self.state, self.channel, self.rank = state, channel, hello.rank
-        self.host = hello.host
+    def __init__(self, service: DriverService, link: Link, hello: messages.RankHello):
+        self.service, self.state, self.link = service, service.state, link
+        self.rank, self.host = hello.rank, hello.host
 
-    def serve(self) -> None:
-        state, spec = self.state, self.state.job
-        state.rank_records.started(self.rank, self.host)
-        welcome = messages.Welcome(
-            spec.payload,
-            spec.all_results or self.rank == 0,
-            spec.job_id,
-            spec.rank0_env if self.rank == 0 else messages.SecretEnv(),
-        )
-        self.channel.send(messages.encode(welcome))
+    def opened(self) -> None:
+        self.state.rank_records.started(self.rank, self.host)
+        self._reply(self.service.welcome(self.rank, self.link))
+
+    def received(self, raw) -> bool:
         try:
-            while True:
-                raw = self.channel.recv()
-                try:
-                    reply = self._answer(messages.decode(raw, messages.RANK_REQUESTS))
-                except MalformedMessage as exc:
-                    logger.warning("rank %d sent %s", self.rank, exc)
-                    reply = messages.Rejected(str(exc))
-                self.channel.send(messages.encode(reply))
-        finally:
-            state.checkpoints.unpin(self._reader)  # a rank gone reads no checkpoint
+            request = messages.decode(raw, messages.RANK_REQUESTS)
+        except MalformedMessage as exc:
+            logger.warning("rank %d sent %s", self.rank, exc)
+            self._reply(messages.Rejected(str(exc)))
+            return False
+        if isinstance(request, CHECKPOINT_REQUESTS):  # the job's store answers them
+            stored = functools.partial(self.state.answer_checkpoint, self.rank)
+            answer = functools.partial(self.state.checkpoints.answer, request, self._reader, stored)
+            self.service.offload(answer, self._reply)
+        elif isinstance(request, messages.KvGet):
+            self._when_put(request.key, request.timeout_s)
+        else:
+            self._reply(self._answer(request))
+        return False
+
+    def closed(self) -> None:
+        self.state.checkpoints.unpin(self._reader)  # a rank gone reads no checkpoint
+
+    def _reply(self, reply: tuple) -> None:
+        try:
+            self.link.send(messages.encode(reply))
+        except OSError:
+            pass  # the rank is gone: its connection's end says so
+
+    def _when_put(self, key: str, timeout_s: float) -> None:
+        """Answer a rendezvous read once its key is put, or after `timeout_s`."""
+        answered = False
+
+        def answer(found: bool, value) -> None:  # on the loop
+            nonlocal answered
+            if not answered:
+                answered = True
+                timer.cancel()
+                self._reply(messages.Ok(value) if found else messages.Missing(key))
+
+        timer = self.service.later(max(0.0, timeout_s), answer, False, None)
+        self.state.rendezvous.when_put(key, functools.partial(self.service.on_loop, answer))
 
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank
-        if isinstance(request, CHECKPOINT_REQUESTS):  # the job's store answers them
-            stored = functools.partial(state.answer_checkpoint, rank)
-            return state.checkpoints.answer(request, self._reader, stored)
         match request:
             case messages.KvPut(key, value):
                 state.rendezvous.put(key, value)
-            case messages.KvGet(key, timeout_s):
-                found, value = state.rendezvous.get(key, timeout_s)
-                return messages.Ok(value) if found else messages.Missing(key)
             case messages.Log(text):
                 state.console.write("stdout", f"[rank {rank}] {text}")
             case messages.FileUpload(name, data):

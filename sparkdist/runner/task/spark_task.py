@@ -1,6 +1,8 @@
 """What each Spark barrier task of a job does, on its executor.
 
-1. connect to the driver and say which task it is;
+1. connect to the driver and say which task it is, and open the task's relay
+   (`relay.HostRelay`): the supervisors and ranks it starts reach the driver through
+   it, over this task's one channel;
 2. mpi launcher: start its task agent and tell the driver where it listens (host,
    port, network); the driver hands task 0 every task's, and task 0 runs mpirun over
    all tasks. Direct launcher: every task starts its own ranks at once. A task holds
@@ -33,6 +35,7 @@ from typing import Protocol
 
 import psutil
 
+from sparkdist import job_environment
 from sparkdist.job_environment import DirectRank, agents_to_env, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
 from sparkdist.protocol import messages, wire
@@ -46,6 +49,7 @@ from sparkdist.protocol.launch import (
 )
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
 from sparkdist.runner.task.agent import TaskAgent
+from sparkdist.runner.task.relay import HostRelay
 from sparkdist.spark.gpus import gpu_addresses
 from sparkdist.spark.task import barrier_context, task_context
 
@@ -86,8 +90,11 @@ class TaskRun:
         self._children: list[subprocess.Popen] = []
         self.channel = wire.connect(split_address(spec.job.driver), spec.job.secret)
         self._send(messages.TaskHello(index, host, os.getpid()))
+        # What this task starts reaches the driver through the task's relay.
+        self.relay = HostRelay(spec.job.secret, self._send)
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
         self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
+        self.env[job_environment.DRIVER] = self.relay.address  # orted's ranks inherit it
         # Open MPI's session directory, per task: tasks of several jobs (or several
         # "hosts" sharing one /tmp, as executors on one machine do) otherwise share
         # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
@@ -108,6 +115,9 @@ class TaskRun:
                     logger.warning("the driver rejected a report of task %d: %s", self.index,
                                    order.reason)  # fmt: skip
                     continue
+                if isinstance(order, messages.RELAY_FRAMES):
+                    self.relay.deliver(order)
+                    continue
                 if isinstance(order, messages.AgentPlaces):
                     self.agent_places = order.places
                     self._news.set()
@@ -116,6 +126,7 @@ class TaskRun:
                 break
         except (EOFError, OSError, wire.AuthenticationError, messages.MalformedMessage):
             self.stop_reason = "driver lost"
+            self.relay.close()  # its supervisors and ranks lose the driver too
         self._stopped.set()
         self._news.set()
 
@@ -179,6 +190,7 @@ class TaskRun:
         kill_records(leftovers)
         still = wait_gone(leftovers, timeout_s=5.0)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self.relay.close()
         try:
             self._send(messages.TaskDone([r.pid for r in still]))
         except OSError:
