@@ -1,7 +1,7 @@
 """The scale simulator: the driver's real service and job state, and N simulated Spark
 tasks, supervisors and ranks that speak the real protocol (TLS, HMAC, the messages of
 `sparkdist.protocol.messages`) from a few worker processes, to measure how the driver's
-cost grows with the world: time to form it, to deliver the payload, to stream the ranks'
+cost grows with the world: time to form it, to deliver the payload, to stream the ranks
 lines and to collect their results; the driver's CPU, memory, threads and bytes sent.
 
 * `hosts.py`: what runs in a worker process: its share of the simulated hosts (one Spark

@@ -136,19 +136,36 @@ class SimulatedHost:
         self.task: wire.Channel | None = None
         self.supervisors: dict[int, wire.Channel] = {}
         self.rank_channels: dict[int, wire.Channel] = {}
-        self.fetch_channels: dict[int, wire.Channel] = {}
         self.tails: dict[int, list[str]] = {}
+        self.stopped = threading.Event()
+        """Set when the driver told the task to finish or abort (`order`), or went away."""
+        self.order: messages.Finish | messages.Abort | None = None
 
     def _connect(self, address: tuple[str, int]) -> wire.Channel:
+        """A channel to `address`; what the driver sends on it is counted."""
         channel = wire.connect(address, self.plan.secret)
-        channel.sock = _CountedSocket(channel.sock, self.count)
+        if address == self.plan.driver:
+            channel.sock = _CountedSocket(channel.sock, self.count)
         return channel
 
     def start_task(self) -> None:
         self.task = self._connect(self.plan.driver)
         _send(self.task, messages.TaskHello(self.index, self.name, os.getpid()))
+        threading.Thread(target=self._listen, name=f"{self.name}-task", daemon=True).start()
 
-    def start_rank(self, rank: int) -> None:
+    def _listen(self) -> None:
+        """The driver's orders to the task, as `TaskRun._listen` reads them."""
+        try:
+            while True:
+                order = messages.decode(self.task.recv(), messages.TASK_ORDERS)
+                if isinstance(order, (messages.Finish, messages.Abort)):
+                    self.order = order
+                    break
+        except (EOFError, OSError, wire.AuthenticationError, messages.MalformedMessage):
+            self.order = None
+        self.stopped.set()
+
+    def start_rank(self, rank: int, gate: contextlib.AbstractContextManager) -> None:
         """The rank's supervisor says hello and reports its processes; the rank says
         hello, gets its `Welcome` and meets the others through the rendezvous store."""
         supervisor = self.supervisors[rank] = self._connect(self.address)
@@ -157,25 +174,12 @@ class SimulatedHost:
             record = ProcessRecord(self.name, FAKE_PIDS + 2 * rank + offset, role, 0.0)
             _send(supervisor, messages.ProcessStarted(record))
         channel = self.rank_channels[rank] = self._connect(self.address)
-        _request(channel, messages.RankHello(rank, self.name, os.getpid()), messages.Welcome)
+        with gate:  # a large payload: a few at a time
+            hello = messages.RankHello(rank, self.name, os.getpid())
+            _request(channel, hello, messages.Welcome)  # its payload dropped at once
         if rank == 0:
             _request(channel, messages.KvPut(MASTER_KEY, f"{self.name}:29500"), messages.Ok)
         _request(channel, messages.KvGet(MASTER_KEY, 60.0), messages.Ok)
-
-    def open_fetch(self, rank: int) -> None:
-        self.fetch_channels[rank] = self._connect(self.address)
-
-    def fetch(self, rank: int, size: int, gate: contextlib.AbstractContextManager) -> None:
-        """The rank says hello again and gets the payload in its `Welcome`."""
-        channel = self.fetch_channels.pop(rank)
-        with gate:
-            hello = messages.RankHello(rank, self.name, os.getpid())
-            welcome = _request(channel, hello, messages.Welcome)
-            got = len(welcome.payload)
-            del welcome
-        channel.close()
-        if got != size:
-            raise RuntimeError(f"rank {rank} got a payload of {got} bytes, not {size}")
 
     def output(self, rank: int, first: int, last: int, lines: LinePlan) -> None:
         """Rank `rank`'s lines `first` to `last - 1`, from its supervisor."""
@@ -198,7 +202,8 @@ class SimulatedHost:
 
     def finish_task(self) -> None:
         """The driver says finish; the task says it is done, nothing left behind."""
-        _order(self.task, messages.TASK_ORDERS, messages.Finish)
+        if not self.stopped.wait(60) or not isinstance(self.order, messages.Finish):
+            raise RuntimeError(f"task {self.index} got {self.order}, not Finish")
         _send(self.task, messages.TaskDone([]))
         self.task.close()
 
@@ -215,17 +220,12 @@ class Phases:
         for _ in self.pool.map(lambda item: call(*item), items):
             pass
 
-    def form(self) -> None:
-        self._each([(h,) for h in self.hosts], SimulatedHost.start_task)
-        self._each(self._ranks, SimulatedHost.start_rank)  # rank 0 first: it puts the key
-
-    def open_fetch(self) -> None:
-        self._each(self._ranks, SimulatedHost.open_fetch)
-
-    def fetch(self, size: int) -> None:
-        large = size >= LARGE_PAYLOAD
+    def form(self, payload: int) -> None:
+        """Tasks, then every rank (rank 0 first: it puts the key the others read)."""
+        large = payload >= LARGE_PAYLOAD
         gate = threading.BoundedSemaphore(LARGE_IN_FLIGHT) if large else contextlib.nullcontext()
-        self._each(self._ranks, lambda host, rank: host.fetch(rank, size, gate))
+        self._each([(h,) for h in self.hosts], SimulatedHost.start_task)
+        self._each(self._ranks, lambda host, rank: host.start_rank(rank, gate))
 
     def lines(self, lines: LinePlan) -> None:
         """Every supervisor streams its rank's lines, in ticks when at a rate."""

@@ -95,9 +95,9 @@ class Measurement:
     hosts: int
     form_s: float = 0.0
     payload_s: dict[int, float | None] = field(default_factory=dict)
-    """Seconds to give every rank the payload, by its size (None: not measured)."""
+    """Seconds to form a job of that payload size (None: not measured)."""
     payload_bytes: dict[int, int] = field(default_factory=dict)
-    """What the driver sent while delivering each payload."""
+    """What the driver sent while forming it."""
     lines_s: float = 0.0
     collect_s: float = 0.0
     cpu_s: float = 0.0
@@ -123,6 +123,7 @@ class Simulation:
         stderr: TextIO | None = None,
         log_dir: str | None = None,
         tls: bool = True,
+        payload: int = SMALL_PAYLOAD,
     ):
         if ranks <= 0 or hosts <= 0 or ranks % hosts:
             raise ValueError(f"{ranks} ranks do not split evenly over {hosts} hosts")
@@ -132,7 +133,8 @@ class Simulation:
         sink = io.StringIO() if stdout is None else stdout
         self.console = CountingConsole(sink, stderr or sink, os.path.join(self.log_dir, "ranks"))
         secret = wire.new_secret(tls)
-        job = JobSpec(uuid.uuid4().hex[:12], ranks, b"x" * SMALL_PAYLOAD, True, "all",
+        self.payload = payload
+        job = JobSpec(uuid.uuid4().hex[:12], ranks, b"p" * payload, True, "all",
                       ranks_per_task=ranks // hosts)  # fmt: skip
         self.state = JobState(job, console=self.console)
         self.service = DriverService(self.state, secret, LOCAL_HOST, LOCAL_HOST)
@@ -172,21 +174,13 @@ class Simulation:
         self.sent_bytes += sent
         return time.monotonic() - start, sent
 
-    def form(self) -> float:
-        """Every task, supervisor and rank connected, every rank welcomed and met."""
-        seconds, _ = self.phase("form")
+    def form(self) -> tuple[float, int]:
+        """Every task, supervisor and rank connected, every rank welcomed (given the
+        job's payload) and met: (seconds, bytes the driver sent)."""
+        seconds, sent = self.phase("form", self.payload)
         if not self.state.rank_records.all_started():
             raise RuntimeError(f"ranks {self.state.rank_records.not_started()} never started")
-        return seconds
-
-    def deliver(self, size: int) -> tuple[float, int]:
-        """Every rank gets a payload of `size` bytes (on a channel opened beforehand)."""
-        self.phase("open_fetch")
-        self.state.job.payload = b"p" * size
-        try:
-            return self.phase("fetch", size)
-        finally:
-            self.state.job.payload = b"x" * SMALL_PAYLOAD
+        return seconds, sent
 
     def stream(self, lines: LinePlan) -> float:
         """Every rank's supervisor streams `lines`; until the driver handled them all."""
@@ -241,27 +235,36 @@ def measure(
     lines: LinePlan = LinePlan(1000),
     simulation: Simulation | None = None,
 ) -> Measurement:
-    """One whole simulated job (or the given `simulation`'s, left open): form, deliver
-    each payload (one whose bytes to every rank would exceed `payload_budget` is not
-    measured), stream the lines, collect the results."""
+    """One whole simulated job (or the given `simulation`'s, left open): form it, stream
+    the lines, collect the results; then, for each payload size, a job formed with that
+    payload (not measured when giving it to every rank would exceed `payload_budget`)."""
     sim = simulation or Simulation(ranks, hosts)
     row = Measurement(ranks, hosts)
     sampler = Sampler()
     cpu = time.process_time()
     try:
-        row.form_s = sim.form()
-        for size in payload_sizes:
-            if size * ranks > payload_budget:
-                row.payload_s[size] = None
-                continue
-            row.payload_s[size], row.payload_bytes[size] = sim.deliver(size)
+        row.form_s, _ = sim.form()
         row.lines_s = sim.stream(lines)
         row.collect_s = sim.collect()
+        for size in payload_sizes:
+            row.payload_s[size] = None
+            if size * ranks <= payload_budget:
+                row.payload_s[size], row.payload_bytes[size] = _formed_with(ranks, hosts, size)
+                row.sent_bytes += row.payload_bytes[size]
     finally:
         row.cpu_s = time.process_time() - cpu
         sampler.stop()
         row.rss_mb, row.threads = sampler.rss / 2**20, sampler.threads
-        row.sent_bytes = sim.sent_bytes
+        row.sent_bytes += sim.sent_bytes
         if simulation is None:
             sim.close()
     return row
+
+
+def _formed_with(ranks: int, hosts: int, payload: int) -> tuple[float, int]:
+    """A job formed with a payload of `payload` bytes: (seconds, bytes the driver sent)."""
+    sim = Simulation(ranks, hosts, payload=payload)
+    try:
+        return sim.form()
+    finally:
+        sim.close()
