@@ -29,7 +29,7 @@ from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.simulator.hosts import LinePlan, WorkerPlan, serve
+from sparkdist.runner.simulator.hosts import LinePlan, WorkerPlan, host_name, serve
 
 LOCAL_HOST = "127.0.0.1"
 WORKERS = 4
@@ -46,16 +46,19 @@ class CountingConsole(Console):
         super().__init__(stdout, stderr, log_dir=log_dir)
         self.rank_lines = 0
         self._counted = threading.Condition()
+        self._awaited = float("inf")
 
     def write(self, stream: str, line: str) -> None:
         super().write(stream, line)
         if line.startswith("[rank "):
             with self._counted:
                 self.rank_lines += 1
-                self._counted.notify_all()
+                if self.rank_lines >= self._awaited:  # wake the waiter once, not per line
+                    self._counted.notify_all()
 
     def wait_lines(self, count: int, timeout_s: float) -> None:
         with self._counted:
+            self._awaited = count
             if not self._counted.wait_for(lambda: self.rank_lines >= count, timeout_s):
                 raise TimeoutError(f"the driver handled {self.rank_lines} of {count} lines")
 
@@ -139,11 +142,16 @@ class Simulation:
         self.state = JobState(job, console=self.console)
         self.service = DriverService(self.state, secret, LOCAL_HOST, LOCAL_HOST)
         self.sent_bytes = 0
-        self._workers = self._start_workers(workers, secret, ranks // hosts)
+        self._workers: list = []
+        try:
+            self._start_workers(workers, secret, ranks // hosts)
+        except BaseException:
+            self.close()
+            raise
 
-    def _start_workers(self, count: int, secret: wire.JobSecret, per_host: int) -> list:
+    def _start_workers(self, count: int, secret: wire.JobSecret, per_host: int) -> None:
         context = multiprocessing.get_context("spawn")
-        workers = []
+        workers = self._workers
         count = min(count, self.hosts)
         for shard in range(count):
             hosts = tuple(range(shard, self.hosts, count))
@@ -155,12 +163,14 @@ class Simulation:
             workers.append((process, ours))
         for process, conn in workers:
             self._answer(process, conn)
-        return workers
 
     def _answer(self, process, conn) -> int:
         if not conn.poll(PHASE_TIMEOUT_S):
             raise TimeoutError(f"{process.name} did not answer in {PHASE_TIMEOUT_S:.0f}s")
-        status, value = conn.recv()
+        try:
+            status, value = conn.recv()
+        except EOFError:
+            raise RuntimeError(f"{process.name} died (exit code {process.exitcode})") from None
         if status == "failed":
             raise RuntimeError(f"{process.name} failed:\n{value}")
         return value
@@ -208,7 +218,7 @@ class Simulation:
         process, _ = self._workers[shard]
         process.kill()
         process.join()
-        return [f"sim-host-{h}" for h in range(shard, self.hosts, len(self._workers))]
+        return [host_name(h) for h in range(shard, self.hosts, len(self._workers))]
 
     def close(self) -> None:
         for process, conn in self._workers:
