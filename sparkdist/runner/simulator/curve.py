@@ -51,10 +51,21 @@ def row_cells(row: Measurement) -> list[str]:
 
 
 def print_table(rows: Iterable[Measurement], out: TextIO | None = None) -> None:
-    """The curve as a Markdown table."""
+    """The curve as a Markdown table, then the driver's CPU by phase (the payloads'
+    jobs apart from the job that forms, streams and finishes)."""
     out = out or sys.stdout
-    out.write("| " + " | ".join(COLUMNS) + " |\n")
-    out.write("|" + "---:|" * len(COLUMNS) + "\n")
-    for row in rows:
-        out.write("| " + " | ".join(row_cells(row)) + " |\n")
+    rows = list(rows)
+    _table(out, COLUMNS, [row_cells(row) for row in rows])
+    out.write("\n")
+    phases = ("form", "lines", "collect", "payloads")
+    cells = [[str(r.ranks), *(f"{r.phase_cpu_s.get(p, 0.0):.2f}" for p in phases)] for r in rows]
+    _table(out, ("ranks", *(f"driver CPU s: {p}" for p in phases)), cells)
     out.flush()
+
+
+def _table(out: TextIO, header: Iterable[str], rows: list[list[str]]) -> None:
+    header = list(header)
+    out.write("| " + " | ".join(header) + " |\n")
+    out.write("|" + "---:|" * len(header) + "\n")
+    for cells in rows:
+        out.write("| " + " | ".join(cells) + " |\n")

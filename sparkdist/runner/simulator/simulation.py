@@ -104,6 +104,8 @@ class Measurement:
     lines_s: float = 0.0
     collect_s: float = 0.0
     cpu_s: float = 0.0
+    phase_cpu_s: dict[str, float] = field(default_factory=dict)
+    """The driver's CPU seconds by phase: form, lines, collect, payloads."""
     rss_mb: float = 0.0
     threads: int = 0
     sent_bytes: int = 0
@@ -252,15 +254,23 @@ def measure(
     row = Measurement(ranks, hosts)
     sampler = Sampler()
     cpu = time.process_time()
+
+    def charge(phase: str) -> None:
+        row.phase_cpu_s[phase] = time.process_time() - cpu - sum(row.phase_cpu_s.values())
+
     try:
         row.form_s, _ = sim.form()
+        charge("form")
         row.lines_s = sim.stream(lines)
+        charge("lines")
         row.collect_s = sim.collect()
+        charge("collect")
         for size in payload_sizes:
             row.payload_s[size] = None
             if size * ranks <= payload_budget:
                 row.payload_s[size], row.payload_bytes[size] = _formed_with(ranks, hosts, size)
                 row.sent_bytes += row.payload_bytes[size]
+        charge("payloads")
     finally:
         row.cpu_s = time.process_time() - cpu
         sampler.stop()
