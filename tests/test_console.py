@@ -299,7 +299,7 @@ def _named(text: str, out: str) -> list[int]:
     return sorted(named)
 
 
-def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd):
+def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd, tmp_path):
     def main():
         import os
         import sys
@@ -322,7 +322,8 @@ def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd):
         for epoch in range(2):
             print(f"epoch {epoch} done", flush=True)
 
-    runner = HorovodRunner(np=32, ranks_per_task=16, launcher="direct")
+    runner = HorovodRunner(np=32, ranks_per_task=16, launcher="direct",
+                           checkpoint_dir=str(tmp_path / "ckpt"))  # fmt: skip
     started = time.monotonic()
     runner.run(main)
     took = time.monotonic() - started
@@ -346,6 +347,11 @@ def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd):
             "epoch 0 done",
             "epoch 1 done",
         ]), lines  # fmt: skip
+    # kept with the checkpoints too (copied at the attempt's end)
+    copy = tmp_path / "ckpt" / "logs" / logs.parent.name / "attempt-1"
+    assert f"[sparkdist] each rank's full output, copied: {copy}" in err
+    for rank in (0, 31):
+        assert (copy / f"rank-{rank}.log").read_bytes() == (logs / f"rank-{rank}.log").read_bytes()
     assert_nothing_left(runner, {"supervisor", "rank"})
     print(f"np=32 job: {took:.1f} s, {sum(p.stat().st_size for p in logs.iterdir())} bytes "
           f"in {len(list(logs.iterdir()))} rank files")  # fmt: skip
