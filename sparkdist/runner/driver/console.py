@@ -75,6 +75,8 @@ class _Held:
     since: float
     important: bool
     ranks: list[int] = field(default_factory=list)
+    members: set[int] = field(default_factory=set)
+    """The same ranks, to look up."""
 
 
 class Console:
@@ -197,7 +199,7 @@ class Console:
         number = self._latest.get(key)
         if (
             number is None
-            or rank in self._held[number].ranks
+            or rank in self._held[number].members
             or self._newest_shared.get(rank, -1) > number
         ):
             number = self._next
@@ -206,6 +208,7 @@ class Console:
             self._latest[key] = number
         held = self._held[number]
         held.ranks.append(rank)
+        held.members.add(rank)
         self._pending.setdefault(rank, deque()).append(number)
         if len(held.ranks) > 1:  # shared (by its first two ranks, from now on)
             for member in held.ranks if len(held.ranks) == 2 else [rank]:
@@ -222,21 +225,34 @@ class Console:
             self._show_held(number, now)
 
     def _show_held(self, number: int, now: float) -> None:
-        """Show held line `number`, after the lines its ranks printed before it."""
-        held = self._held.pop(number)
-        for rank in held.ranks:
-            for earlier in list(self._pending[rank]):
-                if earlier == number:
-                    break
-                if earlier in self._held:  # (one being shown up the stack is not)
-                    self._show_held(earlier, now)
-        for rank in held.ranks:
-            self._pending[rank].remove(number)
-            if self._newest_shared.get(rank) == number:
-                del self._newest_shared[rank]
-        if self._latest.get((held.stream, held.text)) == number:
-            del self._latest[(held.stream, held.text)]
-        self._emit(held, now)
+        """Show held line `number`, after the held lines its ranks printed before it
+        (depth first, without recursion: chains of ranks can be long)."""
+        stack = [number]
+        while stack:
+            top = stack[-1]
+            earlier = {
+                e for r in self._held[top].ranks for e in self._before(r, top)
+                if e in self._held and e not in stack
+            }  # fmt: skip
+            if earlier:
+                stack.extend(sorted(earlier, reverse=True))  # the oldest shows first
+                continue
+            stack.pop()
+            held = self._held.pop(top)
+            for rank in held.ranks:
+                self._pending[rank].remove(top)
+                if self._newest_shared.get(rank) == top:
+                    del self._newest_shared[rank]
+            if self._latest.get((held.stream, held.text)) == top:
+                del self._latest[(held.stream, held.text)]
+            self._emit(held, now)
+
+    def _before(self, rank: int, number: int):
+        """The rank's held lines before `number`, in its order."""
+        for earlier in self._pending[rank]:
+            if earlier == number:
+                return
+            yield earlier
 
     def _emit(self, held: _Held, now: float) -> None:
         if len(held.ranks) >= self._collapse_min:
