@@ -79,6 +79,89 @@ class _Held:
     """The same ranks, to look up."""
 
 
+class HeldLines:
+    """The rank lines held for the window: a line from several ranks is held once, and
+    they are taken in an order that keeps each rank's lines in the order it printed them."""
+
+    def __init__(self) -> None:
+        # by sequence number, oldest first (an OrderedDict: its front is found at once)
+        self._held: OrderedDict[int, _Held] = OrderedDict()
+        self._next = 0
+        self._latest: dict[tuple[str, str], int] = {}  # (stream, text) -> newest held
+        self._pending: dict[int, deque[int]] = {}  # rank -> its held lines, in order
+        self._newest_shared: dict[int, int] = {}  # rank -> its newest held line shared
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def oldest(self) -> _Held:
+        return next(iter(self._held.values()))
+
+    def add(self, rank: int, stream: str, text: str, is_important: bool) -> None:
+        """Join the newest held line with the same text, unless this rank is in it
+        already or has a line held after it that other ranks share; else hold a new one.
+        A rank's own lines held after the joined one (`rank 5 loaded its shard`, then
+        `epoch 1 done`) are taken before it (`_take`), so its lines stay in order."""
+        key = (stream, text)
+        number = self._latest.get(key)
+        if (
+            number is None
+            or rank in self._held[number].members
+            or self._newest_shared.get(rank, -1) > number
+        ):
+            number = self._next
+            self._next += 1
+            self._held[number] = _Held(stream, text, time.monotonic(), is_important)
+            self._latest[key] = number
+        held = self._held[number]
+        held.ranks.append(rank)
+        held.members.add(rank)
+        self._pending.setdefault(rank, deque()).append(number)
+        if len(held.ranks) > 1:  # shared (by its first two ranks, from now on)
+            for member in held.ranks if len(held.ranks) == 2 else [rank]:
+                self._newest_shared[member] = max(self._newest_shared.get(member, -1), number)
+
+    def take(self, held_since: float | None) -> list[_Held]:
+        """Remove and return the lines held since before `held_since` (None: all), oldest
+        first, each after the lines its ranks printed before it."""
+        taken: list[_Held] = []
+        while self._held:
+            number, held = next(iter(self._held.items()))
+            if held_since is not None and held.since > held_since:
+                break
+            self._take(number, taken)
+        return taken
+
+    def _take(self, number: int, taken: list[_Held]) -> None:
+        """Depth first, without recursion: chains of ranks can be long."""
+        stack = [number]
+        while stack:
+            top = stack[-1]
+            earlier = {
+                e for r in self._held[top].ranks for e in self._before(r, top)
+                if e in self._held and e not in stack
+            }  # fmt: skip
+            if earlier:
+                stack.extend(sorted(earlier, reverse=True))  # the oldest first
+                continue
+            stack.pop()
+            held = self._held.pop(top)
+            for rank in held.ranks:
+                self._pending[rank].remove(top)
+                if self._newest_shared.get(rank) == top:
+                    del self._newest_shared[rank]
+            if self._latest.get((held.stream, held.text)) == top:
+                del self._latest[(held.stream, held.text)]
+            taken.append(held)
+
+    def _before(self, rank: int, number: int):
+        """The rank's held lines before `number`, in its order."""
+        for earlier in self._pending[rank]:
+            if earlier == number:
+                return
+            yield earlier
+
+
 class Console:
     """Writes whole lines to stdout or stderr (or the streams given); thread-safe."""
 
@@ -98,12 +181,7 @@ class Console:
         self._files = files if files is not None else RunLogs().attempt(0, uuid.uuid4().hex[:12])
         self._window_s, self._collapse_min = window_s, collapse_min
         self._rate, self._burst = rate, burst
-        # by sequence number, oldest first (an OrderedDict: its front is found at once)
-        self._held: OrderedDict[int, _Held] = OrderedDict()
-        self._next = 0
-        self._latest: dict[tuple[str, str], int] = {}  # (stream, text) -> newest held
-        self._pending: dict[int, deque[int]] = {}  # rank -> its held lines, in order
-        self._newest_shared: dict[int, int] = {}  # rank -> its newest held line shared
+        self._held = HeldLines()
         self._in_traceback: set[int] = set()
         self._tokens = float(burst)
         self._refilled = time.monotonic()
@@ -130,7 +208,7 @@ class Console:
             shown = self._visible(rank, text)
             if shown is None:
                 return
-            self._hold(rank, stream, shown, self._is_important(rank, shown))
+            self._held.add(rank, stream, shown, self._is_important(rank, shown))
             if len(self._held) > MAX_HELD:
                 self._flush(everything=True)
             elif self._timer is None:
@@ -190,69 +268,12 @@ class Console:
             return True
         return important(text)
 
-    def _hold(self, rank: int, stream: str, text: str, is_important: bool) -> None:
-        """Join the newest held line with the same text, unless this rank is in it
-        already or has a line held after it that other ranks share; else hold a new one.
-        A rank's own lines held after the joined one (`rank 5 loaded its shard`, then
-        `epoch 1 done`) show before it (`_show_held`), so its lines stay in order."""
-        key = (stream, text)
-        number = self._latest.get(key)
-        if (
-            number is None
-            or rank in self._held[number].members
-            or self._newest_shared.get(rank, -1) > number
-        ):
-            number = self._next
-            self._next += 1
-            self._held[number] = _Held(stream, text, time.monotonic(), is_important)
-            self._latest[key] = number
-        held = self._held[number]
-        held.ranks.append(rank)
-        held.members.add(rank)
-        self._pending.setdefault(rank, deque()).append(number)
-        if len(held.ranks) > 1:  # shared (by its first two ranks, from now on)
-            for member in held.ranks if len(held.ranks) == 2 else [rank]:
-                self._newest_shared[member] = max(self._newest_shared.get(member, -1), number)
-
     def _flush(self, everything: bool) -> None:
         """Show the held lines older than the window (or all), oldest first."""
         now = time.monotonic()
         self._files.flush()
-        while self._held:
-            number, held = next(iter(self._held.items()))
-            if not everything and now - held.since < self._window_s:
-                break
-            self._show_held(number, now)
-
-    def _show_held(self, number: int, now: float) -> None:
-        """Show held line `number`, after the held lines its ranks printed before it
-        (depth first, without recursion: chains of ranks can be long)."""
-        stack = [number]
-        while stack:
-            top = stack[-1]
-            earlier = {
-                e for r in self._held[top].ranks for e in self._before(r, top)
-                if e in self._held and e not in stack
-            }  # fmt: skip
-            if earlier:
-                stack.extend(sorted(earlier, reverse=True))  # the oldest shows first
-                continue
-            stack.pop()
-            held = self._held.pop(top)
-            for rank in held.ranks:
-                self._pending[rank].remove(top)
-                if self._newest_shared.get(rank) == top:
-                    del self._newest_shared[rank]
-            if self._latest.get((held.stream, held.text)) == top:
-                del self._latest[(held.stream, held.text)]
+        for held in self._held.take(None if everything else now - self._window_s):
             self._emit(held, now)
-
-    def _before(self, rank: int, number: int):
-        """The rank's held lines before `number`, in its order."""
-        for earlier in self._pending[rank]:
-            if earlier == number:
-                return
-            yield earlier
 
     def _emit(self, held: _Held, now: float) -> None:
         if len(held.ranks) >= self._collapse_min:
@@ -293,7 +314,7 @@ class Console:
             self._flush(everything=False)
             self._note()
             if self._held:
-                oldest = next(iter(self._held.values()))
+                oldest = self._held.oldest()
                 wait = oldest.since + self._window_s - time.monotonic()
                 self._start_timer(max(wait, 0.01))
             elif self._left_out:
