@@ -20,7 +20,7 @@ from sparkdist.runner.driver.rank_logs import KEEP_RUNS, RankFiles, RunLogs, rem
 
 def _console(tmp_path: Path, **kw) -> tuple[Console, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
-    return Console(out, err, files=RankFiles(tmp_path / "ranks"), **kw), out, err
+    return Console(out, err, log_dir=tmp_path / "ranks", **kw), out, err
 
 
 def test_spans_name_ranges():

@@ -163,7 +163,9 @@ class HeldLines:
 
 
 class Console:
-    """Writes whole lines to stdout or stderr (or the streams given); thread-safe."""
+    """Writes whole lines to stdout or stderr (or the streams given); thread-safe. The
+    rank files go to `files` (an attempt's, `rank_logs.RunLogs.attempt`), or straight
+    into `log_dir`, or else into a run of their own on the driver."""
 
     def __init__(
         self,
@@ -171,6 +173,7 @@ class Console:
         stderr: TextIO | None = None,
         *,
         files: RankFiles | None = None,
+        log_dir: str | Path | None = None,
         window_s: float = WINDOW_S,
         collapse_min: int = COLLAPSE_MIN,
         rate: float = RATE,
@@ -178,7 +181,9 @@ class Console:
     ):
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._lock = threading.Lock()
-        self._files = files if files is not None else RunLogs().attempt(0, uuid.uuid4().hex[:12])
+        if files is None:  # a directory of the caller's, kept as it is; else a new run's
+            files = RankFiles(log_dir) if log_dir else RunLogs().attempt(0, uuid.uuid4().hex[:12])
+        self._files = files
         self._window_s, self._collapse_min = window_s, collapse_min
         self._rate, self._burst = rate, burst
         self._held = HeldLines()
