@@ -10,8 +10,12 @@ import re
 import time
 from pathlib import Path
 
-from sparkdist import HorovodRunner
+import pytest
+from test_runner import assert_nothing_left
+
+from sparkdist import HorovodRunner, RankFailedError
 from sparkdist.runner.driver.console import Console, spans
+from sparkdist.runner.driver.rank_logs import KEEP_RUNS, RankFiles, RunLogs, remove_old_runs
 
 
 def _console(tmp_path: Path, **kw) -> tuple[Console, io.StringIO, io.StringIO]:
@@ -48,6 +52,25 @@ def test_identical_lines_collapse_and_each_rank_keeps_its_order(tmp_path):
         "epoch 1 done",
         "loss 1",
         "epoch 1 done",
+    ]
+
+
+def test_lines_collapse_across_each_ranks_own_lines_before_them(tmp_path):
+    """Each rank's own line, then a common one, arriving interleaved (as from many hosts):
+    the common line still shows once, after every rank's own line."""
+    console, out, _ = _console(tmp_path, window_s=60)
+    for rank in range(8):
+        console.write("stdout", f"[rank {rank}] rank {rank} loaded its shard")
+        if rank >= 2:
+            console.write("stdout", f"[rank {rank - 2}] epoch 0 done")
+    for rank in (6, 7):
+        console.write("stdout", f"[rank {rank}] epoch 0 done")
+    console.write("stdout", "[rank 3] epoch 1 done")
+    console.close()
+    assert out.getvalue().splitlines() == [
+        *(f"[rank {rank}] rank {rank} loaded its shard" for rank in range(8)),
+        "[ranks 0-7] epoch 0 done",
+        "[rank 3] epoch 1 done",
     ]
 
 
@@ -113,6 +136,68 @@ def test_lines_without_a_rank_show_at_once(tmp_path):
     console.write("stdout", "sparkdist run: done")
     assert out.getvalue() == "sparkdist run: done\n"
     assert console.log_dir is None
+
+
+# --- where the files are: a directory per attempt, the newest runs kept -------------
+
+
+def test_attempts_of_a_run_share_its_directory_and_are_copied_under_the_checkpoints(tmp_path):
+    logs = RunLogs(copy_to=str(tmp_path / "ckpt"), root=tmp_path / "driver")
+    for number, job_id in enumerate(["aaaaaaaaaaaa", "bbbbbbbbbbbb"]):
+        out, err = io.StringIO(), io.StringIO()
+        console = Console(out, err, files=logs.attempt(number, job_id), window_s=60)
+        console.write("stdout", f"[rank 1] attempt {number + 1}")
+        console.close()
+        run = console.log_dir.parent
+        assert console.log_dir == tmp_path / "driver" / run.name / f"attempt-{number + 1}"
+        assert re.fullmatch(r"\d{8}-\d{6}-aaaaaaaaaaaa", run.name)  # the first attempt's id
+        copy = tmp_path / "ckpt" / "logs" / run.name / f"attempt-{number + 1}"
+        assert (
+            err.getvalue().splitlines()[-1]
+            == f"[sparkdist] each rank's full output, copied: {copy}"
+        )
+        assert _lines(copy / "rank-1.log") == [f"attempt {number + 1}"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "attempt-1", "attempt-2"]
+
+
+def test_rank_logs_are_copied_to_a_checkpoint_url(tmp_path):
+    """A URL checkpoint directory (an object store: no appends) gets whole files at the end."""
+    from pyarrow import fs as pafs
+
+    from sparkdist.checkpoint.store import open_directory
+
+    logs = RunLogs(copy_to="memory://sparkdist-test/console-run", root=tmp_path)
+    console = Console(io.StringIO(), io.StringIO(), files=logs.attempt(0, "cccccccccccc"))
+    for i in range(3):
+        console.write("stdout", f"[rank 0] line {i}")
+    console.close()
+    filesystem, root = open_directory("memory://sparkdist-test/console-run/logs")
+    found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+    files = [info.path for info in found if info.type == pafs.FileType.File]
+    assert len(files) == 1 and files[0].endswith("/attempt-1/rank-0.log"), files
+    with filesystem.open_input_stream(files[0]) as stream:
+        assert stream.read() == b"line 0\nline 1\nline 2\n"
+
+
+def test_the_newest_runs_are_kept_but_never_one_being_written(tmp_path):
+    old = [tmp_path / f"20260101-0000{i:02d}-job{i}" for i in range(12)]
+    for run in old:
+        (run / "attempt-1").mkdir(parents=True)
+        (run / "attempt-1" / "rank-0.log").write_text("x\n")
+    busy = RankFiles(old[0] / "attempt-2", run=old[0])  # the oldest run still writes
+    busy.write(0, "still here")
+    new = RankFiles(
+        tmp_path / "20270101-000000-new" / "attempt-1", run=tmp_path / "20270101-000000-new"
+    )
+    new.write(3, "a new run")  # its first line applies the rule
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted(
+        [old[0].name, *(r.name for r in old[-(KEEP_RUNS - 1) :]), "20270101-000000-new"]
+    )
+    busy.close()
+    new.close()
+    assert remove_old_runs(tmp_path, KEEP_RUNS) == [old[0]]  # no longer written: it goes
+    assert len(list(tmp_path.iterdir())) == KEEP_RUNS
 
 
 # --- real jobs: 8 ranks on two executors --------------------------------------------
@@ -199,3 +284,113 @@ def test_an_error_line_in_a_flood_reaches_the_console(sc, capfd):
         assert [line for line in lines if line.startswith("rank ")] == [
             f"rank {rank} line {i}" for i in range(1000)
         ]
+
+
+# --- 32 ranks of plain Python on two executors, and driver_log_verbosity ---------------
+
+
+def _named(text: str, out: str) -> list[int]:
+    """The ranks the console named for `text`: in collapsed lines and single ones."""
+    named = [int(r) for r in re.findall(rf"^\[rank (\d+)\] {text}$", out, re.M)]
+    for group in re.findall(rf"^\[ranks ([\d,-]+)\] {text}$", out, re.M):
+        for part in group.split(","):
+            low, _, high = part.partition("-")
+            named += list(range(int(low), int(high or low) + 1))
+    return sorted(named)
+
+
+def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd, tmp_path):
+    def main():
+        import os
+        import sys
+
+        from sparkdist.protocol.driver_channel import driver_client
+
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        client = driver_client()  # a barrier on the driver's rendezvous store:
+        client.put(f"ready-{rank}", True)
+        if rank == 0:  # rank 0 waits for every rank, then one key releases them all
+            for other in range(size):
+                client.get(f"ready-{other}")
+            client.put("go", True)
+        client.get("go")
+        print(f"rank {rank} of {size} here", flush=True)
+        for step in range(5):
+            sys.stderr.write(f"\rtraining: {step * 25}%|{'#' * step}")
+            sys.stderr.flush()
+        sys.stderr.write("\n")
+        for epoch in range(2):
+            print(f"epoch {epoch} done", flush=True)
+
+    runner = HorovodRunner(np=32, ranks_per_task=16, launcher="direct",
+                           checkpoint_dir=str(tmp_path / "ckpt"))  # fmt: skip
+    started = time.monotonic()
+    runner.run(main)
+    took = time.monotonic() - started
+    out, err = capfd.readouterr()
+    for epoch in range(2):
+        assert _named(f"epoch {epoch} done", out) == list(range(32)), out
+    assert re.search(r"^\[ranks [\d,-]+\] epoch \d done$", out, re.M), out  # collapsed
+    for rank in range(32):
+        assert f"[rank {rank}] rank {rank} of 32 here" in out
+    bars = re.findall(r"^\[ranks? (\S+)\] \rtraining", err, re.M)
+    assert bars == ["0"], err  # only rank 0's bar
+    logs = Path(runner.last_job.rank_logs)
+    assert _rank_logs(err) == logs and logs.name == "attempt-1"
+    assert sorted(p.name for p in logs.iterdir()) == sorted(f"rank-{r}.log" for r in range(32))
+    for rank in range(32):
+        lines = _lines(logs / f"rank-{rank}.log")
+        assert sorted(lines) == sorted([
+            f"rank {rank} of 32 here",
+            "\rtraining: 0%|\rtraining: 25%|#\rtraining: 50%|##\rtraining: 75%|###"
+            "\rtraining: 100%|####",
+            "epoch 0 done",
+            "epoch 1 done",
+        ]), lines  # fmt: skip
+    # kept with the checkpoints too (copied at the attempt's end)
+    copy = tmp_path / "ckpt" / "logs" / logs.parent.name / "attempt-1"
+    assert f"[sparkdist] each rank's full output, copied: {copy}" in err
+    for rank in (0, 31):
+        assert (copy / f"rank-{rank}.log").read_bytes() == (logs / f"rank-{rank}.log").read_bytes()
+    assert_nothing_left(runner, {"supervisor", "rank"})
+    print(f"np=32 job: {took:.1f} s, {sum(p.stat().st_size for p in logs.iterdir())} bytes "
+          f"in {len(list(logs.iterdir()))} rank files")  # fmt: skip
+
+
+def test_log_callback_only_shows_only_log_to_driver_lines_collapsed(sc, capfd):
+    """`driver_log_verbosity="log_callback_only"` keeps its meaning with the collapsing
+    console: the ranks' own prints stay on the ranks, `log_to_driver` lines show (collapsed
+    when many ranks send the same) and fill the per-rank files, and a failure still comes
+    back with its traceback."""
+
+    def main():
+        import os
+
+        import sparkdist
+        from sparkdist.protocol.driver_channel import driver_client
+
+        rank = int(os.environ["RANK"])
+        print(f"rank {rank} prints this on the rank only", flush=True)
+        sparkdist.log_to_driver("data loaded")
+        sparkdist.log_to_driver(f"rank {rank} has shard {rank}")
+        client = driver_client()
+        client.put(f"logged-{rank}", True)
+        for other in range(8):
+            client.get(f"logged-{other}")
+        if rank == 5:
+            raise ValueError("rank 5 found a bad shard")
+
+    runner = HorovodRunner(np=8, ranks_per_task=4, launcher="direct",
+                           driver_log_verbosity="log_callback_only")  # fmt: skip
+    with pytest.raises(RankFailedError) as failed:
+        runner.run(main)
+    assert "ValueError: rank 5 found a bad shard" in str(failed.value)
+    out, err = capfd.readouterr()
+    assert "prints this on the rank only" not in out + err
+    assert _named("data loaded", out) == list(range(8)), out
+    assert re.search(r"^\[ranks [\d,-]+\] data loaded$", out, re.M), out
+    for rank in range(8):
+        assert f"[rank {rank}] rank {rank} has shard {rank}" in out
+    logs = Path(runner.last_job.rank_logs)
+    for rank in range(8):
+        assert _lines(logs / f"rank-{rank}.log") == ["data loaded", f"rank {rank} has shard {rank}"]

@@ -9,21 +9,24 @@ So that hundreds of ranks stay readable, a rank's line (`[rank N] text`) is held
 - a progress bar (a line with a carriage return) of a rank other than 0 is not shown;
 - beyond `rate` lines a second (after a burst of `burst`), lines are left out with a
   count; never a line that looks like a warning, an error or a traceback (`important`).
-Every line of rank N, shown or not, is written to `rank-N.log` in the directory the
-console names on its first rank line. `close` shows what is held (the job's end).
+Every line of rank N, shown or not, is written to its `rank-N.log` (`rank_logs.py` says
+where), whose directory the console names on its first rank line. `close` shows what is
+held (the job's end) and where the files were copied, if they were.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-import tempfile
 import threading
 import time
-from collections import OrderedDict
+import uuid
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+from sparkdist.runner.driver.rank_logs import RankFiles, RunLogs
 
 WINDOW_S = 0.25
 """How long a rank's line waits for the same line from other ranks."""
@@ -35,9 +38,6 @@ BURST = 500
 MAX_HELD = 20_000
 """Held lines past this are shown at once (a flood does not grow the driver's memory)."""
 NOTE_EVERY_S = 1.0
-MAX_OPEN_FILES = 128
-"""Per-rank files kept open at once (the least recently written is closed first), so
-1,024 ranks do not use up the driver's file descriptors."""
 
 RANK_LINE = re.compile(r"\[rank (\d+)\] (.*)", re.S)
 IMPORTANT = re.compile(r"error|warn|exception|traceback|critical|fatal", re.I)
@@ -75,16 +75,104 @@ class _Held:
     since: float
     important: bool
     ranks: list[int] = field(default_factory=list)
+    members: set[int] = field(default_factory=set)
+    """The same ranks, to look up."""
+
+
+class HeldLines:
+    """The rank lines held for the window: a line from several ranks is held once, and
+    they are taken in an order that keeps each rank's lines in the order it printed them."""
+
+    def __init__(self) -> None:
+        # by sequence number, oldest first (an OrderedDict: its front is found at once)
+        self._held: OrderedDict[int, _Held] = OrderedDict()
+        self._next = 0
+        self._latest: dict[tuple[str, str], int] = {}  # (stream, text) -> newest held
+        self._pending: dict[int, deque[int]] = {}  # rank -> its held lines, in order
+        self._newest_shared: dict[int, int] = {}  # rank -> its newest held line shared
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def oldest(self) -> _Held:
+        return next(iter(self._held.values()))
+
+    def add(self, rank: int, stream: str, text: str, is_important: bool) -> None:
+        """Join the newest held line with the same text, unless this rank is in it
+        already or has a line held after it that other ranks share; else hold a new one.
+        A rank's own lines held after the joined one (`rank 5 loaded its shard`, then
+        `epoch 1 done`) are taken before it (`_take`), so its lines stay in order."""
+        key = (stream, text)
+        number = self._latest.get(key)
+        if (
+            number is None
+            or rank in self._held[number].members
+            or self._newest_shared.get(rank, -1) > number
+        ):
+            number = self._next
+            self._next += 1
+            self._held[number] = _Held(stream, text, time.monotonic(), is_important)
+            self._latest[key] = number
+        held = self._held[number]
+        held.ranks.append(rank)
+        held.members.add(rank)
+        self._pending.setdefault(rank, deque()).append(number)
+        if len(held.ranks) > 1:  # shared (by its first two ranks, from now on)
+            for member in held.ranks if len(held.ranks) == 2 else [rank]:
+                self._newest_shared[member] = max(self._newest_shared.get(member, -1), number)
+
+    def take(self, held_since: float | None) -> list[_Held]:
+        """Remove and return the lines held since before `held_since` (None: all), oldest
+        first, each after the lines its ranks printed before it."""
+        taken: list[_Held] = []
+        while self._held:
+            number, held = next(iter(self._held.items()))
+            if held_since is not None and held.since > held_since:
+                break
+            self._take(number, taken)
+        return taken
+
+    def _take(self, number: int, taken: list[_Held]) -> None:
+        """Depth first, without recursion: chains of ranks can be long."""
+        stack = [number]
+        while stack:
+            top = stack[-1]
+            earlier = {
+                e for r in self._held[top].ranks for e in self._before(r, top)
+                if e in self._held and e not in stack
+            }  # fmt: skip
+            if earlier:
+                stack.extend(sorted(earlier, reverse=True))  # the oldest first
+                continue
+            stack.pop()
+            held = self._held.pop(top)
+            for rank in held.ranks:
+                self._pending[rank].remove(top)
+                if self._newest_shared.get(rank) == top:
+                    del self._newest_shared[rank]
+            if self._latest.get((held.stream, held.text)) == top:
+                del self._latest[(held.stream, held.text)]
+            taken.append(held)
+
+    def _before(self, rank: int, number: int):
+        """The rank's held lines before `number`, in its order."""
+        for earlier in self._pending[rank]:
+            if earlier == number:
+                return
+            yield earlier
 
 
 class Console:
-    """Writes whole lines to stdout or stderr (or the streams given); thread-safe."""
+    """Writes whole lines to stdout or stderr (or the streams given); thread-safe. The
+    rank files go to `files` (an attempt's, `rank_logs.RunLogs.attempt`), or straight
+    into `log_dir`, or else into a run of their own on the driver."""
 
     def __init__(
         self,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         *,
+        files: RankFiles | None = None,
         log_dir: str | Path | None = None,
         window_s: float = WINDOW_S,
         collapse_min: int = COLLAPSE_MIN,
@@ -93,16 +181,12 @@ class Console:
     ):
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._lock = threading.Lock()
-        self._log_dir = Path(log_dir) if log_dir is not None else None
+        if files is None:  # a directory of the caller's, kept as it is; else a new run's
+            files = RankFiles(log_dir) if log_dir else RunLogs().attempt(0, uuid.uuid4().hex[:12])
+        self._files = files
         self._window_s, self._collapse_min = window_s, collapse_min
         self._rate, self._burst = rate, burst
-        self._files: OrderedDict[int, TextIO] = OrderedDict()  # open, least recent first
-        self._named = False  # the per-rank files' directory was printed
-        # by sequence number, oldest first (an OrderedDict: its front is found at once)
-        self._held: OrderedDict[int, _Held] = OrderedDict()
-        self._next = 0
-        self._latest: dict[tuple[str, str], int] = {}  # (stream, text) -> newest held
-        self._rank_latest: dict[int, int] = {}  # rank -> its newest held line
+        self._held = HeldLines()
         self._in_traceback: set[int] = set()
         self._tokens = float(burst)
         self._refilled = time.monotonic()
@@ -114,7 +198,7 @@ class Console:
     @property
     def log_dir(self) -> Path | None:
         """Where the per-rank files are (None before the first rank line)."""
-        return self._log_dir if self._named else None
+        return self._files.directory if self._files.made else None
 
     def write(self, stream: str, line: str) -> None:
         """Write `line` to `stream` ("stdout" or "stderr"); a rank's line (`[rank N] ...`)
@@ -129,7 +213,7 @@ class Console:
             shown = self._visible(rank, text)
             if shown is None:
                 return
-            self._hold(rank, stream, shown, self._is_important(rank, shown))
+            self._held.add(rank, stream, shown, self._is_important(rank, shown))
             if len(self._held) > MAX_HELD:
                 self._flush(everything=True)
             elif self._timer is None:
@@ -149,9 +233,9 @@ class Console:
                 self._timer = None
             self._flush(everything=True)
             self._note(force=True)
-            for file in self._files.values():
-                file.close()
-            self._files.clear()
+            copied = self._files.close()
+            if copied is not None:
+                self._show("stderr", f"[sparkdist] each rank's full output, copied: {copied}")
 
     # --- under the lock ---------------------------------------------------------------
 
@@ -161,23 +245,12 @@ class Console:
         out.flush()
 
     def _keep(self, rank: int, text: str) -> None:
-        """Append the rank's line to its file (opened, and its directory named, once)."""
-        if not self._named:
-            if self._log_dir is None:
-                self._log_dir = Path(tempfile.mkdtemp(prefix="sparkdist-ranks-"))
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            where = self._log_dir / "rank-N.log"
+        """Append the rank's line to its file (its directory named on the first line)."""
+        made = self._files.made
+        self._files.write(rank, text)
+        if not made:
+            where = self._files.directory / "rank-N.log"
             self._show("stderr", f"[sparkdist] each rank's full output: {where}")
-            self._named = True
-        file = self._files.get(rank)
-        if file is None:
-            if len(self._files) >= MAX_OPEN_FILES:
-                self._files.popitem(last=False)[1].close()
-            path = self._log_dir / f"rank-{rank}.log"
-            file = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
-        else:
-            self._files.move_to_end(rank)
-        file.write(text + "\n")
 
     def _visible(self, rank: int, text: str) -> str | None:
         """What of the text is shown: a progress bar (carriage returns) of a rank other
@@ -200,34 +273,11 @@ class Console:
             return True
         return important(text)
 
-    def _hold(self, rank: int, stream: str, text: str, is_important: bool) -> None:
-        """Join the held line with the same text, if this rank's lines so far are all
-        older than it (a rank's lines stay in order); else hold a new one."""
-        key = (stream, text)
-        number = self._latest.get(key)
-        if number is None or number <= self._rank_latest.get(rank, -1):
-            number = self._next
-            self._next += 1
-            self._held[number] = _Held(stream, text, time.monotonic(), is_important)
-            self._latest[key] = number
-        self._held[number].ranks.append(rank)
-        self._rank_latest[rank] = number
-
     def _flush(self, everything: bool) -> None:
         """Show the held lines older than the window (or all), oldest first."""
         now = time.monotonic()
-        for file in self._files.values():
-            file.flush()
-        while self._held:
-            number, held = next(iter(self._held.items()))
-            if not everything and now - held.since < self._window_s:
-                break
-            del self._held[number]
-            if self._latest.get((held.stream, held.text)) == number:
-                del self._latest[(held.stream, held.text)]
-            for rank in held.ranks:
-                if self._rank_latest.get(rank) == number:
-                    del self._rank_latest[rank]
+        self._files.flush()
+        for held in self._held.take(None if everything else now - self._window_s):
             self._emit(held, now)
 
     def _emit(self, held: _Held, now: float) -> None:
@@ -250,10 +300,11 @@ class Console:
         now = time.monotonic()
         if not self._left_out or (not force and now - self._noted < NOTE_EVERY_S):
             return
+        ranks, where = spans(list(self._left_out_ranks)), self._files.directory
         self._show(
             "stderr",
-            f"[sparkdist] {self._left_out} lines of ranks {spans(list(self._left_out_ranks))} "
-            f"not shown (over {self._rate:g} lines a second); every line is in {self._log_dir}",
+            f"[sparkdist] {self._left_out} lines of ranks {ranks} not shown (over "
+            f"{self._rate:g} lines a second); every line is in {where}",
         )
         self._left_out, self._left_out_ranks, self._noted = 0, set(), now
 
@@ -268,7 +319,7 @@ class Console:
             self._flush(everything=False)
             self._note()
             if self._held:
-                oldest = next(iter(self._held.values()))
+                oldest = self._held.oldest()
                 wait = oldest.since + self._window_s - time.monotonic()
                 self._start_timer(max(wait, 0.01))
             elif self._left_out:

@@ -36,7 +36,9 @@ class HorovodRunner:
             `np < 0`: `-np` ranks as subprocesses of the driver (for debugging).
         driver_log_verbosity: "all" streams every rank's stdout/stderr to the driver,
             each line prefixed with its rank; "log_callback_only" shows only
-            `sparkdist.log_to_driver` messages (and errors).
+            `sparkdist.log_to_driver` messages (and errors). Either way, what reaches
+            the driver is also kept per rank in `rank-N.log`, in the directory
+            `last_job.rank_logs` names (docs/monitoring.md).
         launcher: "mpi" (mpirun started inside the barrier stage), "direct" (each
             task starts its ranks itself, no MPI), or "auto": mpi when `mpirun` is
             installed.

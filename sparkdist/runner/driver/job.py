@@ -39,6 +39,7 @@ from sparkdist.runner.driver.launch.relayed import RelayedKind
 from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.spark import active_cluster
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class JobReport:
     per Spark task (its ranks and supervisors come through the task's relay)."""
     payload_bytes_sent: int = 0
     """Bytes of payload the driver's service sent in the last attempt: once per task."""
+    rank_logs: str | None = None
+    """The directory of the last attempt's `rank-N.log` files on the driver (None: no
+    rank line reached the driver)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -159,6 +163,9 @@ class Attempt:
         self.all_results = all_results
         self.metrics = metrics
         self.checkpoints = checkpoints
+        # A store in a directory the user named also keeps the rank logs (copied there).
+        copy_to = options.checkpoint_dir if isinstance(checkpoints, CheckpointStore) else None
+        self.rank_logs = RunLogs(copy_to)
         self.credentials = messages.SecretEnv(tracking.rank0_credentials())
         self.world: World | None = None
         """The world of the attempt running or just ended; None if none formed."""
@@ -172,6 +179,7 @@ class Attempt:
             self.options, number, report.job_id, wire.new_secret(),
             _timeline_path(self.options.timeline, os.environ), report.name, report.launcher,
             self.blob, self.all_results, self.metrics, self.credentials, self.checkpoints,
+            self.rank_logs,
         )  # fmt: skip
         try:
             world = self.world = kind.form(plan, why)
@@ -211,6 +219,8 @@ class Attempt:
             report.driver_connections_max = world.service.connections_max
             report.payload_bytes_sent = world.service.payload_bytes_sent
         state.console.close()  # the held rank lines show before the job's result or error
+        if state.console.log_dir is not None:
+            report.rank_logs = str(state.console.log_dir)
         report.wall_time_s = time.monotonic() - world.started
         report.processes += [p for p in state.processes.started() if p not in report.processes]
         report.files = dict(state.files)

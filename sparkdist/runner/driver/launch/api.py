@@ -32,10 +32,12 @@ from sparkdist.job_environment import JobEnvironment
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec
 from sparkdist.protocol.payload import driver_pythonpath
+from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.spark import jobs
 
@@ -79,6 +81,8 @@ class AttemptPlan:
     credentials: messages.SecretEnv
     checkpoints: CheckpointStore | NoStore
     """The job's one store, opened before its first attempt (`job.run_job`)."""
+    rank_logs: RunLogs = field(default_factory=RunLogs)
+    """Where the run's per-rank files go: a directory per attempt (`rank_logs.py`)."""
 
     def new_state(self, num_ranks: int) -> JobState:
         """The state of this attempt's world of `num_ranks` ranks."""
@@ -87,7 +91,8 @@ class AttemptPlan:
             self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
             opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
         )  # fmt: skip
-        return JobState(job, checkpoints=self.checkpoints, metrics=self.metrics)
+        console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
+        return JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
 
     def spec(self, num_ranks: int, driver: str, relay=None) -> LaunchSpec:
         """What every task needs to start its part of this attempt."""
