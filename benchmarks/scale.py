@@ -14,9 +14,11 @@ fan-in and teardown. Each np is timed with:
 
 sparkdist's rows use at most MAX_TASKS tasks (`ranks_per_task = np / MAX_TASKS` above
 it, so np=64 runs 2 ranks per task), TorchDistributor one task per rank, as it must.
-Runs are interleaved (one run of every launcher at every np, then again), so that the
-machine's load between them hits all alike. Prints the median per launcher and np, and
-mpi / direct.
+Runs are interleaved (one run of every launcher at every np, then again, in the other
+order), so that the machine's load between them hits all alike, and an untimed job first
+starts the executors' Python workers for that np (otherwise the first launcher timed at a
+new np pays for them alone: 9 of 34 s of an mpi job at np=32 here). Prints the median per
+launcher and np, and mpi / direct.
 
     .venv/bin/python benchmarks/scale.py [--np 2,8,32,64] [--repeat 2] [--max-tasks 32]
         [--master local-cluster[2,32,3072]] [--only REGEX]
@@ -87,6 +89,14 @@ def contenders(np: int, per_task: int) -> dict[str, Callable[[], object]]:
     }
 
 
+def warm_up(row: ScaleRow) -> None:
+    """A direct-launcher job at `row`'s shape: the executors' Python workers for that
+    many tasks are started (and Spark's code paths warm) before any timed run."""
+    from sparkdist import HorovodRunner
+
+    HorovodRunner(np=row.np, ranks_per_task=row.ranks_per_task, launcher="direct").run(trivial_job)
+
+
 def real_process_rows(
     nps: Sequence[int], repeat: int = 2, max_tasks: int = 32, only: str | None = None
 ) -> list[ScaleRow]:
@@ -101,11 +111,13 @@ def real_process_rows(
         }
         for row in rows
     }
-    for fn in runs[min(nps)].values():
-        fn()  # warm-up: the executors' Python workers, imports, Spark's code paths
     for round_ in range(repeat):
         for row in rows:
-            for name, fn in runs[row.np].items():
+            # Untimed, first: whichever launcher ran first at a new np would pay for
+            # starting the executors' extra Python workers (seconds at np=32) alone.
+            warm_up(row)
+            order = list(runs[row.np].items())
+            for name, fn in order if round_ % 2 == 0 else order[::-1]:
                 seconds = time_one(fn, expected=(1, [1] * row.np))
                 row.times.setdefault(name, []).append(seconds)
                 print(f"  round {round_ + 1}, np={row.np}, {name}: {seconds:.2f}s", flush=True)
