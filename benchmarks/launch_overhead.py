@@ -223,19 +223,23 @@ def lightning_contenders():
     )
 
 
+def time_one(fn, expected) -> float:
+    """Wall time of one run of `fn`, whose output is kept off the table; it must return one
+    of `expected`."""
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        value = fn()
+    elapsed = time.perf_counter() - started
+    if value not in expected:
+        raise AssertionError(f"wrong result {value!r}, expected one of {expected!r}")
+    return elapsed
+
+
 def measure(fn, repeat: int, expected=(3.0, [3.0, 3.0])) -> list[float]:
     """Wall times of `repeat` runs after a warm-up; each must return one of `expected`
     (the allreduce's sum by default)."""
     fn()  # warm-up: imports, JIT of Spark's code paths
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            value = fn()
-        times.append(time.perf_counter() - started)
-        if value not in expected:
-            raise AssertionError(f"wrong result {value!r}, expected one of {expected!r}")
-    return times
+    return [time_one(fn, expected) for _ in range(repeat)]
 
 
 def main() -> None:

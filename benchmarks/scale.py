@@ -1,0 +1,173 @@
+"""Launch time as the world grows: a trivial job at np 2, 8, 32 and 64, side by side.
+
+Real processes on one warm local-cluster session (by default local-cluster[2,32,3072]: 64
+task slots on however many cores the machine has). The job is plain Python (`main`
+returns 1 and imports no framework), so what grows with np is each launcher's own start,
+fan-in and teardown. Each np is timed with:
+
+* sparkdist's mpi launcher (mpirun over the tasks' agents);
+* sparkdist's direct launcher (each task starts its ranks);
+* sparkdist's elastic gang (`min_np = max_np = np`, plain tasks seated by the job's gang,
+  the default launcher);
+* pyspark's TorchDistributor (`local_mode=False`, `num_processes=np`: one barrier task
+  and one torchrun per rank).
+
+sparkdist's rows use at most MAX_TASKS tasks (`ranks_per_task = np / MAX_TASKS` above
+it, so np=64 runs 2 ranks per task), TorchDistributor one task per rank, as it must.
+Runs are interleaved (one run of every launcher at every np, then again, in the other
+order), so that the machine's load between them hits all alike, and an untimed job first
+starts the executors' Python workers for that np (otherwise the first launcher timed at a
+new np pays for them alone: 9 of 34 s of an mpi job at np=32 here). Prints the median per
+launcher and np, and mpi / direct.
+
+    .venv/bin/python benchmarks/scale.py [--np 2,8,32,64] [--repeat 2] [--max-tasks 32]
+        [--master local-cluster[2,32,3072]] [--only REGEX]
+
+`real_process_rows` returns the table's rows for a caller that adds its own sections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch_overhead import time_one  # noqa: E402 (a sibling script, not a package)
+
+LAUNCHERS = ("sparkdist mpi", "sparkdist direct", "sparkdist elastic gang", "TorchDistributor")
+DEFAULT_MASTER = "local-cluster[2,32,3072]"
+
+
+def trivial_job() -> int:
+    """Imports nothing, so a run measures the launcher alone."""
+    return 1
+
+
+@dataclass
+class ScaleRow:
+    """One np: every launcher's wall times (seconds), in run order."""
+
+    np: int
+    ranks_per_task: int
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, launcher: str) -> float | None:
+        runs = self.times.get(launcher)
+        return statistics.median(runs) if runs else None
+
+
+def ranks_per_task(np: int, max_tasks: int) -> int:
+    """The fewest ranks per task that keep a job at or under `max_tasks` tasks."""
+    per_task = -(-np // max_tasks)
+    if np % per_task:
+        raise ValueError(f"np={np} does not split into tasks of {per_task} ranks")
+    return per_task
+
+
+def contenders(np: int, per_task: int) -> dict[str, Callable[[], object]]:
+    """What to time at one np, by launcher name."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from sparkdist import HorovodRunner
+
+    def sparkdist_run(**options):
+        return lambda: HorovodRunner(np=np, ranks_per_task=per_task, **options).run(trivial_job)
+
+    return {
+        "sparkdist mpi": sparkdist_run(launcher="mpi"),
+        "sparkdist direct": sparkdist_run(launcher="direct"),
+        "sparkdist elastic gang": sparkdist_run(min_np=np, max_np=np),
+        "TorchDistributor": lambda: TorchDistributor(
+            num_processes=np, local_mode=False, use_gpu=False
+        ).run(trivial_job),
+    }
+
+
+def warm_up(row: ScaleRow) -> None:
+    """A direct-launcher job at `row`'s shape: the executors' Python workers for that
+    many tasks are started (and Spark's code paths warm) before any timed run."""
+    from sparkdist import HorovodRunner
+
+    HorovodRunner(np=row.np, ranks_per_task=row.ranks_per_task, launcher="direct").run(trivial_job)
+
+
+def real_process_rows(
+    nps: Sequence[int], repeat: int = 2, max_tasks: int = 32, only: str | None = None
+) -> list[ScaleRow]:
+    """Time a trivial job `repeat` times per launcher and np on the active (or a new,
+    local-cluster) session, interleaved; one row per np."""
+    rows = [ScaleRow(np, ranks_per_task(np, max_tasks)) for np in nps]
+    runs = {
+        row.np: {
+            name: fn
+            for name, fn in contenders(row.np, row.ranks_per_task).items()
+            if not only or re.search(only, name)
+        }
+        for row in rows
+    }
+    for round_ in range(repeat):
+        for row in rows:
+            # Untimed, first: whichever launcher ran first at a new np would pay for
+            # starting the executors' extra Python workers (seconds at np=32) alone.
+            warm_up(row)
+            order = list(runs[row.np].items())
+            for name, fn in order if round_ % 2 == 0 else order[::-1]:
+                seconds = time_one(fn, expected=(1, [1] * row.np))
+                row.times.setdefault(name, []).append(seconds)
+                print(f"  round {round_ + 1}, np={row.np}, {name}: {seconds:.2f}s", flush=True)
+    return rows
+
+
+def format_rows(rows: Sequence[ScaleRow], repeat: int) -> str:
+    """The side-by-side table (median seconds) of `real_process_rows`."""
+
+    def cell(value: float | None) -> str:
+        return f"{value:>10.2f}" if value is not None else f"{'-':>10}"
+
+    lines = [
+        f"Trivial plain-Python job, median of {repeat} interleaved runs, warm session",
+        f"{'np':>4} {'per task':>8} {'mpi':>10} {'direct':>10} {'mpi/direct':>10}"
+        f" {'elastic':>10} {'TorchDistributor':>17}",
+    ]
+    for row in rows:
+        mpi, direct = row.median("sparkdist mpi"), row.median("sparkdist direct")
+        ratio = f"{mpi / direct:>9.2f}x" if mpi and direct else f"{'-':>10}"
+        lines.append(
+            f"{row.np:>4} {row.ranks_per_task:>8} {cell(mpi)} {cell(direct)} {ratio}"
+            f" {cell(row.median('sparkdist elastic gang'))}"
+            f" {cell(row.median('TorchDistributor')):>17}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", default="2,8,32,64", help="comma-separated world sizes")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--max-tasks", type=int, default=32, help="most tasks of a sparkdist job (more ranks each)"
+    )
+    parser.add_argument("--master", default=DEFAULT_MASTER)
+    parser.add_argument("--only", metavar="REGEX", help="only the launchers whose name matches")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    nps = [int(n) for n in args.np.split(",")]
+
+    from sparkdist.spark.session import embedded_spark
+
+    spark = embedded_spark(master=args.master, app_name="sparkdist-scale")
+    rows = real_process_rows(nps, args.repeat, args.max_tasks, args.only)
+    spark.stop()
+    print()
+    print(f"Real processes on {args.master}")
+    print(format_rows(rows, args.repeat))
+
+
+if __name__ == "__main__":
+    main()
