@@ -38,8 +38,8 @@ from sparkdist.runner.driver.launch.local import DriverLocalKind
 from sparkdist.runner.driver.launch.relayed import RelayedKind
 from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.rank_logs import RunLogs
+from sparkdist.runner.driver.service import DriverService
 from sparkdist.spark import active_cluster
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sparkdist.network import split_address
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.processes import ProcessRecord
+from sparkdist.runner.task.relay import HostRelay
 
 POOL_THREADS = 32
 """Threads per worker process that run the simulated peers' blocking calls."""
@@ -130,7 +132,7 @@ class SimulatedHost:
         self.plan = plan
         self.count = count
         self.address = plan.driver
-        """Where this host's supervisors and ranks reach the driver."""
+        """Where this host's supervisors and ranks reach the driver: its task's relay."""
         first = index * plan.ranks_per_host
         self.ranks = range(first, first + plan.ranks_per_host)
         self.task: wire.Channel | None = None
@@ -151,6 +153,8 @@ class SimulatedHost:
     def start_task(self) -> None:
         self.task = self._connect(self.plan.driver)
         _send(self.task, messages.TaskHello(self.index, self.name, os.getpid()))
+        self.relay = HostRelay(self.plan.secret, lambda record: _send(self.task, record))
+        self.address = split_address(self.relay.address)
         threading.Thread(target=self._listen, name=f"{self.name}-task", daemon=True).start()
 
     def _listen(self) -> None:
@@ -158,6 +162,9 @@ class SimulatedHost:
         try:
             while True:
                 order = messages.decode(self.task.recv(), messages.TASK_ORDERS)
+                if isinstance(order, messages.RELAY_FRAMES):
+                    self.relay.deliver(order)
+                    continue
                 if isinstance(order, (messages.Finish, messages.Abort)):
                     self.order = order
                     break
@@ -204,6 +211,7 @@ class SimulatedHost:
         """The driver says finish; the task says it is done, nothing left behind."""
         if not self.stopped.wait(60) or not isinstance(self.order, messages.Finish):
             raise RuntimeError(f"task {self.index} got {self.order}, not Finish")
+        self.relay.close()
         _send(self.task, messages.TaskDone([]))
         self.task.close()
 
