@@ -23,6 +23,11 @@ launcher and np, and mpi / direct.
     .venv/bin/python benchmarks/scale.py [--np 2,8,32,64] [--repeat 2] [--max-tasks 32]
         [--master local-cluster[2,32,3072]] [--only REGEX]
 
+Then the scale simulator's curve (`sparkdist/runner/simulator`: the driver's real service
+and job state against simulated tasks and ranks speaking the real protocol, 8 ranks per
+simulated host) at 16 to 1,024 ranks (`--simulated`): the driver's time, CPU, threads and
+bytes sent.
+
 `real_process_rows` returns the table's rows for a caller that adds its own sections.
 """
 
@@ -39,6 +44,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launch_overhead import time_one  # noqa: E402 (a sibling script, not a package)
+
+from sparkdist.runner.simulator.curve import CURVE_RANKS, curve, print_table  # noqa: E402
 
 LAUNCHERS = ("sparkdist mpi", "sparkdist direct", "sparkdist elastic gang", "TorchDistributor")
 DEFAULT_MASTER = "local-cluster[2,32,3072]"
@@ -155,6 +162,11 @@ def main() -> None:
     )
     parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--only", metavar="REGEX", help="only the launchers whose name matches")
+    parser.add_argument(
+        "--simulated",
+        default=",".join(map(str, CURVE_RANKS)),
+        help="world sizes of the simulator's curve, comma-separated ('' for none)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     nps = [int(n) for n in args.np.split(",")]
@@ -167,6 +179,9 @@ def main() -> None:
     print()
     print(f"Real processes on {args.master}")
     print(format_rows(rows, args.repeat))
+    if args.simulated:
+        print("\nThe scale simulator: the driver's real service, simulated tasks and ranks")
+        print_table(curve([int(n) for n in args.simulated.split(",")]))
 
 
 if __name__ == "__main__":
