@@ -12,6 +12,10 @@ fan-in and teardown. Each np is timed with:
 * pyspark's TorchDistributor (`local_mode=False`, `num_processes=np`: one barrier task
   and one torchrun per rank).
 
+TorchDistributor runs up to PEER_MAX_NP (32 by default): each of its ranks is a torchrun and
+a worker that both import torch, and at np=64 those 128 processes ran a 24 GB machine out of
+memory (the OOM killer took the session's JVM). Above it the table shows "-".
+
 sparkdist's rows use at most MAX_TASKS tasks (`ranks_per_task = np / MAX_TASKS` above
 it, so np=64 runs 2 ranks per task), TorchDistributor one task per rank, as it must.
 Runs are interleaved (one run of every launcher at every np, then again, in the other
@@ -21,7 +25,7 @@ new np pays for them alone: 9 of 34 s of an mpi job at np=32 here). Prints the m
 launcher and np, and mpi / direct.
 
     .venv/bin/python benchmarks/scale.py [--np 2,8,32,64] [--repeat 2] [--max-tasks 32]
-        [--master local-cluster[2,32,3072]] [--only REGEX]
+        [--peer-max-np 32] [--master local-cluster[2,32,3072]] [--only REGEX]
 
 Then the scale simulator's curve (`sparkdist/runner/simulator`: the driver's real service
 and job state against simulated tasks and ranks speaking the real protocol, 8 ranks per
@@ -77,8 +81,8 @@ def ranks_per_task(np: int, max_tasks: int) -> int:
     return per_task
 
 
-def contenders(np: int, per_task: int) -> dict[str, Callable[[], object]]:
-    """What to time at one np, by launcher name."""
+def contenders(np: int, per_task: int, peer_max_np: int) -> dict[str, Callable[[], object]]:
+    """What to time at one np, by launcher name (TorchDistributor up to `peer_max_np`)."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from sparkdist import HorovodRunner
@@ -86,14 +90,16 @@ def contenders(np: int, per_task: int) -> dict[str, Callable[[], object]]:
     def sparkdist_run(**options):
         return lambda: HorovodRunner(np=np, ranks_per_task=per_task, **options).run(trivial_job)
 
-    return {
+    runs = {
         "sparkdist mpi": sparkdist_run(launcher="mpi"),
         "sparkdist direct": sparkdist_run(launcher="direct"),
         "sparkdist elastic gang": sparkdist_run(min_np=np, max_np=np),
-        "TorchDistributor": lambda: TorchDistributor(
-            num_processes=np, local_mode=False, use_gpu=False
-        ).run(trivial_job),
     }
+    if np <= peer_max_np:
+        runs["TorchDistributor"] = lambda: TorchDistributor(
+            num_processes=np, local_mode=False, use_gpu=False
+        ).run(trivial_job)
+    return runs
 
 
 def warm_up(row: ScaleRow) -> None:
@@ -105,7 +111,11 @@ def warm_up(row: ScaleRow) -> None:
 
 
 def real_process_rows(
-    nps: Sequence[int], repeat: int = 2, max_tasks: int = 32, only: str | None = None
+    nps: Sequence[int],
+    repeat: int = 2,
+    max_tasks: int = 32,
+    only: str | None = None,
+    peer_max_np: int = 32,
 ) -> list[ScaleRow]:
     """Time a trivial job `repeat` times per launcher and np on the active (or a new,
     local-cluster) session, interleaved; one row per np."""
@@ -113,7 +123,7 @@ def real_process_rows(
     runs = {
         row.np: {
             name: fn
-            for name, fn in contenders(row.np, row.ranks_per_task).items()
+            for name, fn in contenders(row.np, row.ranks_per_task, peer_max_np).items()
             if not only or re.search(only, name)
         }
         for row in rows
@@ -160,6 +170,9 @@ def main() -> None:
     parser.add_argument(
         "--max-tasks", type=int, default=32, help="most tasks of a sparkdist job (more ranks each)"
     )
+    parser.add_argument(
+        "--peer-max-np", type=int, default=32, help="largest np TorchDistributor runs at"
+    )
     parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--only", metavar="REGEX", help="only the launchers whose name matches")
     parser.add_argument(
@@ -174,7 +187,7 @@ def main() -> None:
     from sparkdist.spark.session import embedded_spark
 
     spark = embedded_spark(master=args.master, app_name="sparkdist-scale")
-    rows = real_process_rows(nps, args.repeat, args.max_tasks, args.only)
+    rows = real_process_rows(nps, args.repeat, args.max_tasks, args.only, args.peer_max_np)
     spark.stop()
     print()
     print(f"Real processes on {args.master}")
