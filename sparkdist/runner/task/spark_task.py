@@ -107,26 +107,29 @@ class TaskRun:
         self.channel.send(messages.encode(message))
 
     def _listen(self) -> None:
-        """Until the driver says finish or abort (or goes away)."""
+        """Until the channel closes: the driver's orders (the first finish or abort stops
+        the task), and its frames for the relay's local peers, which still come while
+        the task stops (a rank's last reply, a supervisor's `Bye`)."""
         try:
             while True:
                 order = messages.decode(self.channel.recv(), messages.TASK_ORDERS)
                 if isinstance(order, messages.Rejected):
                     logger.warning("the driver rejected a report of task %d: %s", self.index,
                                    order.reason)  # fmt: skip
-                    continue
-                if isinstance(order, messages.RELAY_FRAMES):
+                elif isinstance(order, messages.RELAY_FRAMES):
                     self.relay.deliver(order)
-                    continue
-                if isinstance(order, messages.AgentPlaces):
+                elif isinstance(order, messages.AgentPlaces):
                     self.agent_places = order.places
                     self._news.set()
-                    continue
-                self.stop_reason = "finish" if isinstance(order, messages.Finish) else "abort"
-                break
+                else:
+                    self._stop("finish" if isinstance(order, messages.Finish) else "abort")
         except (EOFError, OSError, wire.AuthenticationError, messages.MalformedMessage):
-            self.stop_reason = "driver lost"
+            self._stop("driver lost")
             self.relay.close()  # its supervisors and ranks lose the driver too
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
         self._stopped.set()
         self._news.set()
 
