@@ -145,6 +145,12 @@ class EventServer:
         return self.loop.run_in_executor(self._pool, work, *args)
 
     async def _serve(self, reader, writer) -> None:
+        try:
+            await self._serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            pass  # `close` cancelled it; ending quietly keeps asyncio from logging each one
+
+    async def _serve_connection(self, reader, writer) -> None:
         peer = "{}:{}".format(*(writer.get_extra_info("peername") or ("?", 0))[:2])
         try:
             key = await asyncio.wait_for(self._handshake(reader, writer), wire.HANDSHAKE_TIMEOUT_S)
