@@ -48,12 +48,13 @@ def test_a_client_without_the_token_is_refused(relay, tmp_path):
     done = run_client(env, "task-0", f"orted; touch {target}")
     assert done.returncode == 255
     assert "refused" in done.stderr
-    # A raw caller that sends no request at all gets nothing and starts nothing.
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(relay_.path)
-        sock.sendall(rsh.frame(rsh.REQUEST, b"task-0\0orted"))
-        kind, body = rsh.read_frame(sock)
-    assert kind == rsh.ERROR and b"refused" in body
+    # A raw caller without the token (none, or not even text) starts nothing either.
+    for body in (b"task-0\0orted", "\u00e9t\u00e9\0task-0\0orted".encode(), b""):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(relay_.path)
+            sock.sendall(rsh.frame(rsh.REQUEST, body))
+            kind, reply = rsh.read_frame(sock)
+        assert kind == rsh.ERROR and b"refused" in reply
     assert not target.exists() and records == []
 
 

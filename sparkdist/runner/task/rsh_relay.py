@@ -39,7 +39,7 @@ class LaunchRelay:
     def __init__(self, agents: Mapping[str, tuple[str, int]], secret: wire.JobSecret):
         self._agents = dict(agents)
         self._secret = secret
-        self._token = secrets.token_hex(32)
+        self._token = secrets.token_hex(32).encode()
         self._dir = tempfile.mkdtemp(prefix="sparkdist-rsh-")
         self.path = os.path.join(self._dir, "relay")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -51,7 +51,7 @@ class LaunchRelay:
 
     def env(self) -> dict[str, str]:
         """What mpirun's environment needs for its rsh agents to reach this relay."""
-        return {RSH_RELAY: self.path, RSH_TOKEN: self._token}
+        return {RSH_RELAY: self.path, RSH_TOKEN: self._token.decode()}
 
     def _accept(self) -> None:
         while True:
@@ -67,9 +67,12 @@ class LaunchRelay:
         try:
             kind, body = rsh.read_frame(conn)
             token, argv = rsh.decode_request(body)
-            if kind != rsh.REQUEST or not hmac.compare_digest(token, self._token):
+            if kind != rsh.REQUEST or not hmac.compare_digest(os.fsencode(token), self._token):
                 logger.warning("rsh relay refused a caller without the job's token")
                 conn.sendall(rsh.frame(rsh.ERROR, b"refused: not this job's rsh agent"))
+                return
+            if len(argv) < 2:
+                conn.sendall(rsh.frame(rsh.ERROR, b"expected TASK-NAME COMMAND..."))
                 return
             task, command = argv[0], " ".join(argv[1:])
             if task not in self._agents:
@@ -77,7 +80,7 @@ class LaunchRelay:
                 conn.sendall(rsh.frame(rsh.ERROR, f"unknown task {task!r} ({known})".encode()))
                 return
             self._launch(conn, task, command)
-        except (EOFError, OSError, ValueError, IndexError) as exc:
+        except (EOFError, OSError) as exc:
             logger.debug("rsh relay: a call ended early: %s", exc)
         finally:
             with self._lock:
