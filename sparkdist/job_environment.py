@@ -12,7 +12,6 @@ sparkdist: every layer may read it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,8 +33,10 @@ WORLD_SIZE = "SPARKDIST_WORLD_SIZE"
 LOCAL_RANK = "SPARKDIST_LOCAL_RANK"
 LOCAL_WORLD_SIZE = "SPARKDIST_LOCAL_WORLD_SIZE"
 # Set for some processes only.
-AGENTS = "SPARKDIST_AGENTS"
-"""mpirun's: task name -> (host, port) of that task's agent, for the rsh agent."""
+RSH_RELAY = "SPARKDIST_RSH_RELAY"
+"""mpirun's: the Unix socket of task 0's launch relay, for the rsh agent."""
+RSH_TOKEN = "SPARKDIST_RSH_TOKEN"
+"""mpirun's: the random token the rsh agent shows task 0's launch relay."""
 SUPERVISOR_PID = "SPARKDIST_SUPERVISOR_PID"
 """A rank's: its supervisor, whose death ends the rank."""
 TASK_GPUS = "SPARKDIST_TASK_GPUS"
@@ -171,14 +172,6 @@ def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
         "LOCAL_WORLD_SIZE": env[LOCAL_WORLD_SIZE],
         "NODE_RANK": env.get(NODE_RANK, "0"),
     }
-
-
-def agents_to_env(agents: Mapping[str, tuple[str, int]]) -> dict[str, str]:
-    return {AGENTS: json.dumps({name: list(address) for name, address in agents.items()})}
-
-
-def agents_from_env(env: Mapping[str, str]) -> dict[str, tuple[str, int]]:
-    return {name: (host, int(port)) for name, (host, port) in json.loads(env[AGENTS]).items()}
 
 
 def gpus_to_env(addresses: list[str]) -> dict[str, str]:

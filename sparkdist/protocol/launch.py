@@ -18,7 +18,6 @@ from sparkdist.job_environment import DirectRank, JobEnvironment, TaskEnvironmen
 from sparkdist.protocol.processes import ProcessRecord, popen_group
 
 SUPERVISOR_MODULE = "sparkdist.runner.rank.supervisor"
-RSH_MODULE = "sparkdist.runner.task.rsh"
 
 
 @dataclass(frozen=True)
@@ -127,10 +126,11 @@ def mpirun_argv(
     hosts: Sequence[tuple[str, int]],
     networks: Sequence[str],
     extra_args: Sequence[str],
-    use_rsh_agent: bool,
+    rsh_agent: str | None = None,
     btl: Sequence[str] = ("self", "tcp"),
 ) -> list[str]:
-    """mpirun's command line: one `-H` entry per task, the sparkdist rsh agent, the
+    """mpirun's command line: one `-H` entry per task, the rsh agent (the command mpirun
+    runs in ssh's place, e.g. sparkdist's `runner/task/rsh.py`; None on one host), the
     networks every task can use, no core binding (Spark manages the cores). `btl`:
     Open MPI's transports (TCP between tasks; see `shared_memory_btl` for ranks that
     share one host)."""
@@ -151,9 +151,9 @@ def mpirun_argv(
         # hwloc_shmem_topology_write, seen in CI). Ranks read the topology themselves.
         "--mca", "rtc_hwloc_vmhole", "none",
     ]  # fmt: skip
-    if use_rsh_agent:
+    if rsh_agent is not None:
         argv += [
-            "--mca", "plm_rsh_agent", f"{python} -m {RSH_MODULE}",
+            "--mca", "plm_rsh_agent", rsh_agent,
             "--mca", "plm_rsh_no_tree_spawn", "1",
             # Keep each orted in the foreground of its task (no --daemonize), so it
             # stays a child of the task, in the task's process group.

@@ -223,22 +223,31 @@ class RunningJob:
 
 
 def running_jobs(cluster) -> dict[str, RunningJob]:
-    """The jobs running on the cluster, read from the environment of their mpirun
-    processes (root may read it; the secret is on no command line)."""
+    """The jobs running on the cluster, read from their orted daemons: the environment
+    (root may read it; the secret is on no command line) and, for each task agent, the
+    port its Spark task (the daemon's parent) listens on at the task's address."""
     jobs = {}
     for i in range(cluster.state.hosts):
         for proc in cluster.descendants(i):
             try:
                 env = proc.environ()
                 cmd = proc.cmdline()
+                if not ("SPARKDIST_SECRET" in env and cmd and cmd[0].endswith("orted")):
+                    continue
+                listening = proc.parent().net_connections(kind="tcp")
             except psutil.Error:
                 continue
-            if "SPARKDIST_AGENTS" in env and cmd and cmd[0].endswith("mpirun"):
-                secret = env["SPARKDIST_SECRET"]
-                assert all(secret not in part for part in cmd)
-                agents = [(h, int(p)) for h, p in json.loads(env["SPARKDIST_AGENTS"]).values()]
-                job_id = env["SPARKDIST_JOB_ID"]
-                jobs[job_id] = RunningJob(job_id, JobSecret.from_text(secret), agents)
+            secret = env["SPARKDIST_SECRET"]
+            assert all(secret not in part for part in cmd)
+            host = env["SPARKDIST_TASK_HOST"]
+            agents = [
+                (host, c.laddr.port)
+                for c in listening
+                if c.status == psutil.CONN_LISTEN and c.laddr.ip == host
+            ]
+            job_id = env["SPARKDIST_JOB_ID"]
+            job = jobs.setdefault(job_id, RunningJob(job_id, JobSecret.from_text(secret), []))
+            job.agents.extend(a for a in agents if a not in job.agents)
     return jobs
 
 

@@ -36,7 +36,7 @@ from typing import Protocol
 import psutil
 
 from sparkdist import job_environment
-from sparkdist.job_environment import DirectRank, agents_to_env, gpus_to_env
+from sparkdist.job_environment import DirectRank, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import (
@@ -48,8 +48,13 @@ from sparkdist.protocol.launch import (
     supervisor_argv,
 )
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
+from sparkdist.runner.task import rsh
 from sparkdist.runner.task.agent import TaskAgent
+<<<<<<< HEAD
 from sparkdist.runner.task.relay import HostRelay
+=======
+from sparkdist.runner.task.rsh_relay import LaunchRelay
+>>>>>>> s44-rsh
 from sparkdist.spark.gpus import gpu_addresses
 from sparkdist.spark.task import barrier_context, task_context
 
@@ -102,6 +107,7 @@ class TaskRun:
         self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job.job_id}-task{index}-")
         self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
         self.agent: TaskAgent | None = None
+        self.relay: LaunchRelay | None = None
 
     def _send(self, message) -> None:
         self.channel.send(messages.encode(message))
@@ -167,17 +173,19 @@ class TaskRun:
         self._stopped.wait()
 
     def _start_mpirun(self, places: list[messages.AgentPlace]) -> None:
-        """Task 0: mpirun over every task's agent (`ranks_per_task` slots each)."""
+        """Task 0: mpirun over every task's agent (`ranks_per_task` slots each); its rsh
+        agent (stdlib only, `-S -I`) hands each daemon start to this process's relay."""
+        agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
+        self.relay = LaunchRelay(agents, self.spec.job.secret)
         argv = mpirun_argv(
             sys.executable,
             self.spec.num_ranks,
             [(f"task-{i}", self.spec.ranks_per_task) for i in range(len(places))],
             [p.network for p in places],
             self.spec.mpi_args,
-            use_rsh_agent=True,
+            rsh_agent=f"{sys.executable} -S -I {rsh.__file__}",
         )
-        agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
-        self._start(argv, {**self.env, **agents_to_env(agents)}, "mpirun", "mpirun")
+        self._start(argv, {**self.env, **self.relay.env()}, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
@@ -192,6 +200,8 @@ class TaskRun:
         ]
         kill_records(leftovers)
         still = wait_gone(leftovers, timeout_s=5.0)
+        if self.relay is not None:
+            self.relay.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.relay.close()
         try:

@@ -84,7 +84,6 @@ class LocalLaunch:
                 [("localhost", n)],
                 ["127.0.0.0/8"],
                 [*btl_args, *self.spec.mpi_args],
-                use_rsh_agent=False,
                 btl=btl,
             )
             self._start(argv, env, "mpirun", "mpirun")
