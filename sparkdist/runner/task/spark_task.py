@@ -50,11 +50,8 @@ from sparkdist.protocol.launch import (
 from sparkdist.protocol.processes import ProcessRecord, kill_records, stop_group, wait_gone
 from sparkdist.runner.task import rsh
 from sparkdist.runner.task.agent import TaskAgent
-<<<<<<< HEAD
 from sparkdist.runner.task.relay import HostRelay
-=======
 from sparkdist.runner.task.rsh_relay import LaunchRelay
->>>>>>> s44-rsh
 from sparkdist.spark.gpus import gpu_addresses
 from sparkdist.spark.task import barrier_context, task_context
 
