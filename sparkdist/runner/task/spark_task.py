@@ -104,7 +104,7 @@ class TaskRun:
         self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job.job_id}-task{index}-")
         self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
         self.agent: TaskAgent | None = None
-        self.relay: LaunchRelay | None = None
+        self.launch_relay: LaunchRelay | None = None
 
     def _send(self, message) -> None:
         self.channel.send(messages.encode(message))
@@ -173,7 +173,7 @@ class TaskRun:
         """Task 0: mpirun over every task's agent (`ranks_per_task` slots each); its rsh
         agent (stdlib only, `-S -I`) hands each daemon start to this process's relay."""
         agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
-        self.relay = LaunchRelay(agents, self.spec.job.secret)
+        self.launch_relay = LaunchRelay(agents, self.spec.job.secret)
         argv = mpirun_argv(
             sys.executable,
             self.spec.num_ranks,
@@ -182,7 +182,7 @@ class TaskRun:
             self.spec.mpi_args,
             rsh_agent=f"{sys.executable} -S -I {rsh.__file__}",
         )
-        self._start(argv, {**self.env, **self.relay.env()}, "mpirun", "mpirun")
+        self._start(argv, {**self.env, **self.launch_relay.env()}, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
@@ -197,8 +197,8 @@ class TaskRun:
         ]
         kill_records(leftovers)
         still = wait_gone(leftovers, timeout_s=5.0)
-        if self.relay is not None:
-            self.relay.close()
+        if self.launch_relay is not None:
+            self.launch_relay.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.relay.close()
         try:
