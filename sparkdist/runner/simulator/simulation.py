@@ -108,6 +108,9 @@ class Measurement:
     """The driver's CPU seconds by phase: form, lines, collect, payloads."""
     rss_mb: float = 0.0
     threads: int = 0
+    """The most threads this process ran during the job (the sampler's left out)."""
+    threads_before: int = 0
+    """This process's threads before the job's service started."""
     sent_bytes: int = 0
 
     @property
@@ -132,6 +135,9 @@ class Simulation:
     ):
         if ranks <= 0 or hosts <= 0 or ranks % hosts:
             raise ValueError(f"{ranks} ranks do not split evenly over {hosts} hosts")
+        self.threads_before = psutil.Process().num_threads()
+        """This process's threads before the job's: what a test process or a Spark session
+        already runs is not the driver's cost."""
         self.ranks, self.hosts = ranks, hosts
         self._own_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sparkdist-simulator-")
@@ -275,6 +281,7 @@ def measure(
         row.cpu_s = time.process_time() - cpu
         sampler.stop()
         row.rss_mb, row.threads = sampler.rss / 2**20, sampler.threads
+        row.threads_before = sim.threads_before
         row.sent_bytes += sim.sent_bytes
         if simulation is None:
             sim.close()
