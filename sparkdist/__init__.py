@@ -4,6 +4,8 @@
   stage (Horovod, torch.distributed, TensorFlow or MPI inside).
 * `TorchDistributor` / `DeepspeedTorchDistributor`: pyspark's API on the same runner.
 * `sparkdist.ensemble.PartitionEnsemble`: one scikit-learn/XGBoost model per partition.
+* `sparkdist.elastic`: in-process elastic training (`elastic.run`, `TorchState`): survivors
+  keep their processes when the world of an elastic job changes.
 * `report(metrics, step)`: from any rank, metrics to the driver (progress, MLflow, tune).
 * `set_log_level(level)`: how much sparkdist logs (or env SPARKDIST_LOG_LEVEL).
 

@@ -65,6 +65,9 @@ PROGRESS = "SPARKDIST_PROGRESS"
 """0 turns sparkdist's progress displays off (`sparkdist.progress`)."""
 LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
 """The `sparkdist` logger's level where the application configured none (`console_log`)."""
+ELASTIC_TIMEOUT_S = "SPARKDIST_ELASTIC_TIMEOUT_S"
+"""`sparkdist.elastic.run`: seconds a process group may take to form and a collective to
+finish before a rank gives up on its world (default 30)."""
 
 DEFAULT_LAUNCHER = "direct"
 DEFAULT_LOG_MODE = "all"

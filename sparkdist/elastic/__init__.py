@@ -1,0 +1,24 @@
+"""In-process elastic training: survivors keep their processes when the world changes.
+
+```python
+from sparkdist import elastic
+
+state = elastic.TorchState(model=model, optimizer=opt, step=0)
+
+@elastic.run
+def train(state):
+    ...  # steps; state.commit() after each
+```
+
+Horovod elastic's API (`hvd.elastic.run`, `TorchState`, `ObjectState`, `commit`,
+`restore`, `sync`, `register_reset_callbacks`) on torch.distributed, with worlds formed
+by sparkdist's driver. Importing this package imports no torch.
+"""
+
+from __future__ import annotations
+
+from sparkdist.elastic.generations import WorldChanged
+from sparkdist.elastic.run import run
+from sparkdist.elastic.state import ObjectState, State, TorchState
+
+__all__ = ["ObjectState", "State", "TorchState", "WorldChanged", "run"]

@@ -1,0 +1,146 @@
+"""`elastic.run`: the loop that keeps a rank's process through changes of its world.
+
+On each entry: join the driver's newest world, form its torch process group, sync the state
+from world rank 0 and call the function. When the world changes, a rank stops at its next
+commit (`WorldChanged`: nothing to undo) or its collective fails (a peer was lost: back to
+the last commit); either way it ends the group, waits for the next world and goes round
+again, in the same process. Horovod's `hvd.elastic.run`, on torch.distributed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sparkdist import job_environment
+from sparkdist.elastic import torch_group
+from sparkdist.elastic.generations import Generation, Generations, Watcher, WorldChanged, WorldEnded
+from sparkdist.elastic.state import State
+from sparkdist.protocol import driver_channel
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_launch: tuple[int, int] | None = None  # (RANK, WORLD_SIZE) when this process first entered
+_group: torch_group.TorchGroup | None = None  # the group the last run left formed
+
+
+def launch_place() -> tuple[int, int]:
+    """This process's launch rank and its launch world's size, read once: `run` rewrites
+    `RANK` and `WORLD_SIZE` for each world."""
+    global _launch
+    if _launch is None:
+        if os.environ.get(job_environment.LAUNCHER) == "mpi":
+            logger.warning(
+                "elastic.run: the mpi launcher ends every rank when one is lost; "
+                'survivors keep their processes only with launcher="direct"'
+            )
+        _launch = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    return _launch
+
+
+def run(func: Callable[..., T]) -> Callable[..., T | None]:
+    """Run `func(state, *args, **kwargs)` in a world that may change under it.
+
+    `func` starts over (with `state` as committed, synced from world rank 0) each time the
+    world re-forms; it returns its value on success. A rank that is no longer a member
+    returns None. An exception from `func` that is not a broken collective propagates.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> T | None:
+        if not isinstance(state, State):
+            kind = type(state).__name__
+            raise TypeError(f"elastic.run: the first argument must be an elastic State, not {kind}")
+        client = driver_channel.driver_client()
+        if client is None:
+            raise RuntimeError("elastic.run runs in a sparkdist rank: start the function "
+                               "with HorovodRunner(...).run")  # fmt: skip
+        return _Loop(state, Generations(client, *launch_place())).run(func, args, kwargs)
+
+    return wrapper
+
+
+class _Loop:
+    """One call of a `run` function: its worlds, one after another."""
+
+    def __init__(self, state: State, generations: Generations):
+        self.state, self.generations = state, generations
+        self.launch_rank = generations.launch_rank
+        self.limit_s = torch_group.timeout_s()
+        self.wait_s = driver_channel.RENDEZVOUS_TIMEOUT_S
+        self._watcher: Watcher | None = None
+
+    def run(self, func: Callable[..., T], args: tuple, kwargs: dict) -> T | None:
+        global _group
+        if _group is not None:  # an earlier run's world
+            _group.destroy()
+            _group = None
+        generation = self.generations.first(self.wait_s)
+        reformed = False
+        while generation.world_rank(self.launch_rank) is not None:
+            try:
+                return self._enter(generation, reformed, func, args, kwargs)
+            except WorldChanged:
+                logger.info("elastic: world %d ends at a commit", generation.number)
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
+                if not torch_group.is_collective_failure(exc) and not self._superseded():
+                    raise
+                logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
+                               generation.number, type(exc).__name__, exc)  # fmt: skip
+                self.state.restore()
+                failure = exc
+            generation = self._next(generation, failure)
+            reformed = True
+        logger.info("elastic: rank %d is not in world %d (%s): leaving",
+                    self.launch_rank, generation.number, generation.reason)  # fmt: skip
+        return None
+
+    def _enter(self, generation: Generation, reformed: bool, func, args, kwargs):
+        """Form `generation`'s group, sync, call `func`: its value, or an exception. The group
+        stays formed after success (user code may still use it), and ends otherwise."""
+        global _group
+        self._watcher = None
+        group = torch_group.form(
+            generation, self.launch_rank, self.generations.client, self.limit_s
+        )
+
+        def on_newer(newer: Generation) -> None:  # in the watcher's thread
+            if set(generation.members) - set(newer.members):
+                group.abort()  # a lost member blocks NCCL collectives forever
+
+        watcher = Watcher(self.generations, generation, on_newer).start()
+        state = self.state
+        state._group, state._watcher, self._watcher = group, watcher, watcher
+        try:
+            if reformed:
+                state.on_reset()
+            state.sync()
+            state.announce_world()
+            value = func(state, *args, **kwargs)
+        except BaseException:
+            group.destroy()
+            state._group = None
+            raise
+        finally:
+            watcher.stop()
+            state._watcher = None
+        _group = group
+        return value
+
+    def _superseded(self) -> bool:
+        """Had the driver formed a newer world when the exception came (it caused it)?"""
+        return self._watcher is not None and self._watcher.newer is not None
+
+    def _next(self, generation: Generation, failure: BaseException | None) -> Generation:
+        """The world after `generation`; a failure that no new world answers is raised."""
+        try:
+            return self.generations.wait_next(generation.number, self.wait_s)
+        except (WorldEnded, TimeoutError):
+            if failure is not None:
+                raise failure from None
+            raise

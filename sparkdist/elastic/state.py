@@ -1,0 +1,183 @@
+"""What survives a change of the world: the states `elastic.run` commits, restores and syncs.
+
+Shaped like Horovod elastic's (`horovod.torch.elastic`): `commit()` keeps an in-memory copy
+and then stops at a world change (`WorldChanged`), `restore()` goes back to the last commit
+after a failed collective, and `sync()` gives every rank world rank 0's state when a world
+forms (a newcomer gets it by broadcast, not from storage).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sparkdist.elastic import broadcast
+from sparkdist.elastic.generations import WorldChanged
+
+logger = logging.getLogger(__name__)
+
+
+class State:
+    """The base of every elastic state: the world it is in, the commit and the reset
+    callbacks. Subclasses say how to `save`, `restore` and `sync` their values."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._group = None  # the world's TorchGroup, while `elastic.run` is inside it
+        self._watcher = None
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in the current world."""
+        return self._group.rank if self._group else int(os.environ.get("RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        return self._group.world_size if self._group else int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def generation(self) -> int:
+        """The number of the current world (0: the one the job started with)."""
+        return self._group.generation.number if self._group else 0
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Functions called after the world re-formed, before the state is synced (to
+        rescale a learning rate to `world_size`, say), as in Horovod."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Keep the state in memory (what `restore()` returns to), then raise `WorldChanged`
+        if the driver formed a newer world. Call it once per step, on every rank."""
+        self.save()
+        self.check_world()
+
+    def check_world(self) -> None:
+        """Raise `WorldChanged` if the driver formed a newer world. Every rank decides as
+        world rank 0 saw it (one small broadcast), so all stop at the same commit."""
+        if self._group is None or not self._group.generation.driver_knows:
+            return
+        import torch
+        import torch.distributed as dist
+
+        seen = self._watcher is not None and self._watcher.newer is not None
+        flag = torch.tensor([1 if seen else 0], dtype=torch.int32, device=self._group.device)
+        dist.broadcast(flag, src=0)
+        if flag.item():
+            raise WorldChanged(f"generation {self.generation} ends: a newer world formed")
+
+    check_host_updates = check_world  # Horovod's name
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def values(self) -> dict[str, Any]:
+        """The values this state carries, by name."""
+        raise NotImplementedError
+
+    def announce_world(self) -> None:
+        """Tell every value that follows the world (has `on_world_change(rank, world_size)`,
+        as sparkdist's data loader does) where it now is."""
+        for name, value in self.values().items():
+            hook = getattr(value, "on_world_change", None)
+            if callable(hook):
+                logger.debug(
+                    "elastic: %s follows the world: rank %d of %d", name, self.rank, self.world_size
+                )
+                hook(self.rank, self.world_size)
+
+
+class ObjectState(State):
+    """Picklable values, as attributes: `state = ObjectState(epoch=0, best=None)`,
+    then `state.epoch += 1`. Committed by deep copy; synced by pickling from world rank 0."""
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__()
+        self._names = list(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._saved: dict[str, Any] = {}
+        self.save()
+
+    def values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self) -> None:
+        self._saved = {name: copy.deepcopy(getattr(self, name)) for name in self._names}
+
+    def restore(self) -> None:
+        for name, value in self._saved.items():
+            setattr(self, name, copy.deepcopy(value))
+
+    def sync(self) -> None:
+        if self._group is not None:
+            for name, value in broadcast.broadcast_object(self.values(), self.rank).items():
+                setattr(self, name, value)
+        self.save()
+
+
+def is_stateful(value: Any) -> bool:
+    """Does `value` carry its state as `state_dict()` / `load_state_dict()` (modules,
+    optimizers, LR schedulers, sparkdist's data loader)?"""
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
+class TorchState(ObjectState):
+    """A model, its optimizer and any other values: `TorchState(model=m, optimizer=opt,
+    step=0)`. A value with `state_dict`/`load_state_dict` is committed as a copy of its
+    state_dict (tensors cloned to CPU) and synced tensor by tensor; the others as in
+    `ObjectState`."""
+
+    def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
+        given = {
+            name: v for name, v in (("model", model), ("optimizer", optimizer)) if v is not None
+        }
+        super().__init__(**given, **values)
+
+    def _stateful(self) -> list[str]:
+        return [name for name in self._names if is_stateful(getattr(self, name))]
+
+    def save(self) -> None:
+        stateful = set(self._stateful())
+        self._saved = {
+            name: broadcast.snapshot(value.state_dict())
+            if name in stateful
+            else copy.deepcopy(value)
+            for name, value in self.values().items()
+        }
+        self._saved_stateful = stateful
+
+    def restore(self) -> None:
+        for name, saved in self._saved.items():
+            if name in self._saved_stateful:  # a fresh copy: loading may alias its tensors
+                getattr(self, name).load_state_dict(broadcast.snapshot(saved))
+            else:
+                setattr(self, name, copy.deepcopy(saved))
+
+    def sync(self) -> None:
+        if self._group is not None:
+            stateful = self._stateful()
+            for name in stateful:
+                value = getattr(self, name)
+                tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
+                                                self.rank, self._group.device)  # fmt: skip
+                if self.rank != 0:
+                    value.load_state_dict(tree)
+            plain = {name: getattr(self, name) for name in self._names if name not in stateful}
+            for name, value in broadcast.broadcast_object(plain, self.rank).items():
+                setattr(self, name, value)
+        self.save()

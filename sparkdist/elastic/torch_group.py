@@ -1,0 +1,164 @@
+"""Forming and ending a generation's torch process group, so that no rank waits forever.
+
+World rank 0 of generation g starts a fresh `TCPStore` on its task's host (port 0: the
+system picks one) and publishes "host:port" through the driver's KV store under
+`sparkdist-elastic/<g>/store`; the others read it and meet there. Every step has a timeout
+(`SPARKDIST_ELASTIC_TIMEOUT_S`, default 30 s): the group's forming and every collective
+(gloo and NCCL both honour `init_process_group(timeout=...)`).
+
+What unblocks a rank whose peer is lost:
+* gloo: a peer's death closes its sockets, and the survivors' pending collective fails at
+  once ("Connection reset by peer"); a peer that hangs, or a host that vanishes without
+  closing its connections, fails the collective after the timeout. (Aborting a gloo group
+  from another thread does not interrupt a pending collective.)
+* NCCL: nothing returns by itself. The watcher aborts the communicators
+  (`_abort_process_group`) as soon as the driver formed a world without the lost peer, and
+  the collective timeout with `TORCH_NCCL_ASYNC_ERROR_HANDLING` covers the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdist import job_environment
+from sparkdist.elastic.generations import Generation
+from sparkdist.protocol.driver_channel import DriverClient
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+TRANSPORT_ERRORS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe",
+                    "timed out", "process group", "communicator", "socket")  # fmt: skip
+"""Words of a RuntimeError that a collective raised because its group broke."""
+
+
+def timeout_s(env=os.environ) -> float:
+    """The elastic timeout (seconds) from `SPARKDIST_ELASTIC_TIMEOUT_S`, checked early."""
+    text = env.get(job_environment.ELASTIC_TIMEOUT_S, "")
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{job_environment.ELASTIC_TIMEOUT_S} must be a positive number of "
+                         f"seconds, not {text!r}")  # fmt: skip
+    return value
+
+
+def store_key(generation: int) -> str:
+    return f"sparkdist-elastic/{generation}/store"
+
+
+def backend_for_rank() -> str:
+    """NCCL when this rank has a GPU, else gloo."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Did a collective fail because the group broke (not because of the user's code)?"""
+    import torch.distributed as dist
+
+    if isinstance(exc, (dist.DistError, TimeoutError)):  # backend, store, network; forming
+        return True
+    if isinstance(exc, RuntimeError):
+        text = str(exc).lower()
+        return any(word in text for word in TRANSPORT_ERRORS)
+    return False
+
+
+@dataclass
+class TorchGroup:
+    """The default torch process group of one generation, as this rank sees it."""
+
+    generation: Generation
+    rank: int
+    backend: str
+    _store: Any = field(default=None, repr=False)
+    """World rank 0's `TCPStore` server: it lives as long as the group."""
+
+    @property
+    def world_size(self) -> int:
+        return self.generation.size
+
+    @property
+    def device(self):
+        """Where this group's collectives take tensors."""
+        import torch
+
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
+
+    def abort(self) -> None:
+        """Abort NCCL communicators so that a pending collective returns (safe from another
+        thread); gloo's cannot be interrupted and end by their timeout."""
+        import torch.distributed as dist
+
+        if self.backend == "nccl" and dist.is_initialized():
+            try:
+                dist.distributed_c10d._abort_process_group()
+            except (RuntimeError, ValueError) as exc:  # already aborted or destroyed
+                logger.debug("elastic: abort: %s", exc)
+
+    def destroy(self) -> None:
+        """End the group (NCCL's aborted first, so nothing blocks) and its store."""
+        import torch.distributed as dist
+
+        self.abort()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, ValueError) as exc:
+                logger.debug("elastic: destroy: %s", exc)
+        self._store = None
+
+
+def form(
+    generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
+) -> TorchGroup:
+    """Form `generation`'s default process group, within `limit_s` seconds per step; sets
+    `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` for code that reads them."""
+    import torch.distributed as dist
+
+    rank = generation.world_rank(launch_rank)
+    if rank is None:
+        raise ValueError(
+            f"launch rank {launch_rank} is not a member of generation {generation.number}"
+        )
+    backend, size = backend_for_rank(), generation.size
+    timeout = datetime.timedelta(seconds=limit_s)
+    store, server = None, None
+    key = store_key(generation.number)
+    if rank == 0:
+        host = os.environ.get(job_environment.TASK_HOST) or os.environ.get(
+            "MASTER_ADDR", "127.0.0.1"
+        )
+        server = dist.TCPStore(
+            host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
+        )
+        address = f"{host}:{server.port}"
+        client.put(key, address)
+        store = server
+    else:
+        address = client.get(key, limit_s)
+    host, port = address.rsplit(":", 1)
+    if store is None:
+        store = dist.TCPStore(host, int(port), size, is_master=False, timeout=timeout)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=host, MASTER_PORT=port)
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # errors raise, no abort()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    logger.info(
+        "elastic: generation %d formed: rank %d of %d (%s)", generation.number, rank, size, backend
+    )
+    return TorchGroup(generation, rank, backend, server)
