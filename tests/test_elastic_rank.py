@@ -1,0 +1,235 @@
+"""The rank side of in-process elastic training (`sparkdist.elastic`), with real processes,
+real gloo groups formed by the package's own group code, and the driver's real service.
+
+* One process: what `commit()` keeps and `restore()` brings back (no alias of the commit),
+  and the hook a value that follows the world gets.
+* Three spawned rank processes against a real `DriverService`: `elastic.run` forms the
+  group (the store's address exchanged through the driver's KV), syncs world rank 0's
+  state (parameters, optimizer, plain values) and trains DDP; a peer killed or hung in a
+  collective unblocks the survivors (at once, or within the stated timeout).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from sparkdist import elastic, job_environment
+from sparkdist.elastic import torch_group
+from sparkdist.elastic.generations import Generation
+from sparkdist.protocol import driver_channel, messages, wire
+from sparkdist.protocol.job_secret import JobSecret
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import JobSpec
+from sparkdist.runner.driver.service import DriverService
+
+TIMEOUT_S = 3.0
+"""The elastic timeout the ranks of these tests run with."""
+COLLECTIVE_FAILED = 3
+START_S = 120
+
+
+def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _step(model, optimizer, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    loss = model(torch.randn(16, 4, generator=generator)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _flat(state) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
+
+
+class _Follower:
+    """A value that follows the world, as sparkdist's data loader does."""
+
+    def __init__(self):
+        self.position, self.places = 0, []
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+    def on_world_change(self, rank, world_size):
+        self.places.append((rank, world_size))
+
+
+def test_commit_and_restore_keep_and_bring_back_the_state():
+    model, optimizer = _model(0)
+    follower = _Follower()
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0, history=[1], data=follower)
+    _step(model, optimizer, 1)
+    state.step, follower.position = 1, 16
+    state.history.append(2)
+    state.commit()  # outside elastic.run: a local commit, no world to check
+    committed = _flat(state).clone()
+    moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    for attempt in range(2):  # a restored state trained on must not change the commit
+        _step(model, optimizer, 2 + attempt)
+        state.step, follower.position = 5, 99
+        state.history.append(3)
+        assert not torch.equal(_flat(state), committed)
+        state.restore()
+        assert torch.equal(_flat(state), committed)
+        assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moments)
+        assert (state.step, state.history, follower.position) == (1, [1, 2], 16)
+    assert state.data is follower  # a stateful value is loaded in place, not replaced
+    state.announce_world()
+    assert follower.places == [(0, 1)]
+    assert isinstance(elastic.ObjectState(a=1), elastic.State)
+
+
+def test_run_outside_a_rank_and_bad_settings_say_so(monkeypatch):
+    with pytest.raises(TypeError, match="elastic State"):
+        elastic.run(lambda state: None)({"step": 0})
+    with pytest.raises(RuntimeError, match="sparkdist rank"):
+        elastic.run(lambda state: None)(elastic.ObjectState(step=0))
+    monkeypatch.setenv(job_environment.ELASTIC_TIMEOUT_S, "soon")
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        torch_group.timeout_s()
+
+
+# --- rank processes against a real driver service ------------------------------------
+
+
+def _connect(rank: int, world_size: int, address: str, secret_text: str) -> None:
+    """What `rank/main.py` does before the user's function, for a spawned test rank."""
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
+         "LOCAL_WORLD_SIZE": "1", job_environment.TASK_HOST: "127.0.0.1",
+         job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S)}
+    )  # fmt: skip
+    client = driver_channel.connect(address, JobSecret.from_text(secret_text))
+    client.request(messages.RankHello(rank, "127.0.0.1", os.getpid()))
+
+
+def _train_rank(rank, world_size, address, secret_text, results) -> None:
+    import torch.distributed as dist
+
+    _connect(rank, world_size, address, secret_text)
+    model, optimizer = _model(seed=rank)  # each rank starts different: sync makes them one
+    follower = _Follower()
+    state = elastic.TorchState(model, optimizer, step=0, owner=f"rank {rank}", data=follower)
+
+    @elastic.run
+    def train(state):
+        entered = _flat(state)
+        ddp = torch.nn.parallel.DistributedDataParallel(state.model)
+        while state.step < 3:
+            _step(ddp, state.optimizer, seed=100 * state.step + state.rank)
+            state.step += 1
+            follower.position += 16
+            state.commit()
+        committed = _flat(state)
+        _step(state.model, state.optimizer, seed=7)  # a step past the commit, rolled back
+        state.restore()
+        state.sync()
+        gathered = [torch.zeros_like(committed) for _ in range(state.world_size)]
+        dist.all_gather(gathered, committed)
+        same = [torch.equal(g, gathered[0]) for g in gathered]
+        return (entered.tolist(), torch.equal(_flat(state), committed), same, state.owner,
+                state.step, follower.places, state.rank, state.world_size)  # fmt: skip
+
+    results.put((rank, train(state)))
+
+
+def _hang_rank(rank, world_size, address, secret_text, in_collective) -> None:
+    """Ranks 0 and 1 enter an all_reduce that rank 2 never joins; exit code 3 if it raised
+    the error of a broken group."""
+    import torch.distributed as dist
+
+    _connect(rank, world_size, address, secret_text)
+    client = driver_channel.driver_client()
+    torch_group.form(Generation(0, tuple(range(world_size))), rank, client, TIMEOUT_S)
+    dist.all_reduce(torch.ones(4))  # the group works
+    in_collective[rank].set()
+    if rank == world_size - 1:
+        time.sleep(3600)  # the test kills or stops this one
+    try:
+        dist.all_reduce(torch.ones(4))
+    except Exception as exc:  # noqa: BLE001 - the test checks which
+        os._exit(COLLECTIVE_FAILED if torch_group.is_collective_failure(exc) else 4)
+    os._exit(5)
+
+
+class _Ranks:
+    """A real `DriverService` and `world_size` spawned rank processes connected to it."""
+
+    def __init__(self, world_size: int, target, extra):
+        self.state = JobState(JobSpec("job", world_size, b"payload", False, "all"))
+        self.secret = wire.new_secret()
+        self.service = DriverService(self.state, self.secret, "127.0.0.1", "127.0.0.1")
+        address = self.service.address
+        address = address if isinstance(address, str) else "{}:{}".format(*address)
+        context = multiprocessing.get_context("spawn")
+        self.procs = [
+            context.Process(
+                target=target, args=(r, world_size, address, self.secret.to_text(), extra)
+            )
+            for r in range(world_size)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+        self.service.close()
+
+
+def test_run_forms_a_gloo_group_syncs_from_rank_zero_and_trains():
+    results = multiprocessing.get_context("spawn").Queue()
+    ranks = _Ranks(3, _train_rank, results)
+    try:
+        got = dict(results.get(timeout=START_S) for _ in range(3))
+        for proc in ranks.procs:
+            proc.join(START_S)
+            assert proc.exitcode == 0
+    finally:
+        ranks.close()
+    initial_zero = _flat(elastic.TorchState(_model(seed=0)[0])).tolist()
+    for rank, (entered, restored, same, owner, step, places, world_rank, size) in got.items():
+        assert entered == pytest.approx(initial_zero)  # every rank starts from rank 0's model
+        assert restored and all(same)  # back to the commit; parameters equal on every rank
+        assert (owner, step, world_rank, size) == ("rank 0", 3, rank, 3)
+        assert places == [(rank, 3)]  # the loader-like value heard where it is
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_collective_is_unblocked_when_a_peer_dies_or_hangs(how):
+    """A peer killed in a collective fails it at once (its sockets close); a peer that
+    hangs fails it after the elastic timeout. Either way the survivors raise a broken
+    group's error, which `elastic.run` recovers from."""
+    context = multiprocessing.get_context("spawn")
+    in_collective = [context.Event() for _ in range(3)]
+    ranks = _Ranks(3, _hang_rank, in_collective)
+    try:
+        for event in in_collective:
+            assert event.wait(START_S)
+        began = time.monotonic()
+        os.kill(ranks.procs[2].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        limit = 2.0 if how == "killed" else TIMEOUT_S + 5.0
+        for survivor in ranks.procs[:2]:
+            survivor.join(max(0.0, began + limit - time.monotonic()))
+            assert survivor.exitcode == COLLECTIVE_FAILED, f"{how}: survivor still waiting"
+        took = time.monotonic() - began
+        if how == "stopped":
+            assert took >= TIMEOUT_S * 0.9  # gloo waited its timeout, no less
+    finally:
+        ranks.close()
