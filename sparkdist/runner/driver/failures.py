@@ -46,6 +46,7 @@ from sparkdist.errors import (
     RankFailedError,
     describe_exit,
 )
+from sparkdist.runner.driver.membership import Loss, Membership
 from sparkdist.runner.driver.records import Growth, JobSpec, Processes, RankRecords, SparkTasks
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,16 @@ MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably st
 class WorldResize(Exception):
     """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
     can relaunch with more ranks (`runner/driver/launch/elastic.py`)."""
+
+
+class WorldChange(Exception):
+    """Not a failure: an in-process elastic world (`membership.py`) lost members
+    (`grow=False`) or has tasks standing by to grow into (`grow=True`). Its ranks run
+    on; the driver's loop of attempts (`job.py`) decides what becomes of it."""
+
+    def __init__(self, reason: str, grow: bool):
+        super().__init__(reason)
+        self.reason, self.grow = reason, grow
 
 
 @dataclass
@@ -82,12 +93,14 @@ class Losses:
     when that fails the job."""
 
     def __init__(self, job: JobSpec, ranks: RankRecords, tasks: SparkTasks,
-                 processes: Processes, failures: FailureTracker):  # fmt: skip
+                 processes: Processes, failures: FailureTracker,
+                 membership: Membership):  # fmt: skip
         self._job = job
         self._ranks = ranks
         self._tasks = tasks
         self._processes = processes
         self._failures = failures
+        self._membership = membership
         self.workers_lost: set[int] = set()
         """Parameter-server workers the job went on without."""
 
@@ -103,6 +116,11 @@ class Losses:
             self._tasks.lost_contact(index, reason)
             if rank is not None and self._ranks.by_rank[rank].host == "?":
                 self._ranks.by_rank[rank].host = host
+        per_task = self._job.ranks_per_task
+        ranks = [r for r in range(first, first + per_task) if r in self._ranks.by_rank]
+        # Each of the task's ranks is lost with it (in process: a member to go on without).
+        if ranks and all(self._membership.lose(r, reason, True) for r in ranks):
+            return
         self._failures.notice(rank, reason, outside_user_code=True)
 
     def supervisor_lost(self, rank: int) -> None:
@@ -114,27 +132,39 @@ class Losses:
         if self._job.tolerates_loss(rank):
             self.worker_lost(rank, None)
             return
-        self._failures.notice(
-            rank,
+        reason = (
             f"lost contact with rank {rank} (its supervisor process died, or its host "
-            "or network was lost)",
+            "or network was lost)"
         )
+        if not self._membership.lose(rank, reason, outside_user_code=False):
+            self._failures.notice(rank, reason)
 
     def rank_error(self, rank: int, traceback: str, reason: str) -> None:
-        """The rank's function raised."""
+        """The rank's function raised (no failure once the world went on without it)."""
         self._ranks.error(rank, traceback)
-        self._failures.notice(rank, reason)
+        if rank not in self._membership.left:
+            self._failures.notice(rank, reason)
 
     def rank_exited(self, rank: int, exit_code: int, tail: list[str]) -> None:
         self._ranks.exited(rank, exit_code, tail)
-        if exit_code == 0:
+        if exit_code == 0 or rank in self._membership.left:
             return
         raised = self._ranks.by_rank[rank].traceback is not None
+        killed = exit_code == -signal.SIGKILL and not raised
         if self._job.tolerates_loss(rank) and not raised:
             self.worker_lost(rank, exit_code)
-        else:
-            killed = exit_code == -signal.SIGKILL and not raised
+        elif raised or not self._membership.lose(rank, self._ended(rank, exit_code), killed):
             self._failures.notice(rank, None, outside_user_code=killed)
+
+    def _ended(self, rank: int, exit_code: int) -> str:
+        host = self._ranks.by_rank[rank].host
+        return f"rank {rank} on host {host} ended with {describe_exit(exit_code)}"
+
+    def refused(self, losses: list[Loss]) -> None:
+        """The job's loop did not re-form the world in process after `losses`: they
+        fail the job as any loss does (and it may be relaunched)."""
+        for loss in losses:
+            self._failures.notice(loss.rank, loss.reason, outside_user_code=loss.outside_user_code)
 
     def worker_lost(self, rank: int, exit_code: int | None) -> None:
         """A parameter-server worker ended without an error of its own (killed, its host
@@ -183,6 +213,7 @@ class FailureTracker:
         tasks: SparkTasks,
         processes: Processes,
         growth: Growth,
+        membership: Membership,
         succeeded: Callable[[], bool],
     ):
         self._cond = cond
@@ -190,6 +221,7 @@ class FailureTracker:
         self._tasks = tasks
         self._processes = processes
         self._growth = growth
+        self._membership = membership
         self._succeeded = succeeded
         self._first: Failure | None = None
         self._noticed: list[Failure] = []
@@ -289,14 +321,20 @@ class FailureTracker:
         self, start_deadline: float | None, deadline: float | None, launcher_expected: bool
     ) -> None:
         """Block until the job succeeded, failed, or ran out of time; raise on the latter
-        two (and `WorldResize` when rank 0 stopped for the job to grow)."""
-        ranks = self.ranks
+        two (and `WorldResize` when rank 0 stopped for the job to grow, `WorldChange`
+        when an in-process world lost members or can grow)."""
+        ranks, membership = self.ranks, self._membership
         with self._cond:
             while True:
                 if self._growth.resizing is not None and ranks.by_rank[0].exited:
                     raise WorldResize(self._growth.resizing)
                 if self._ready():
                     raise self._error()
+                if membership.pending:
+                    reason = "; ".join(loss.reason for loss in membership.pending.values())
+                    raise WorldChange(reason, grow=False)
+                if self._growth.reason is not None and membership.in_process():
+                    raise WorldChange(self._growth.take(), grow=True)
                 launcher_done = not launcher_expected or self._processes.launcher_exit_code == 0
                 if self._succeeded() and launcher_done:
                     return
@@ -416,6 +454,14 @@ class RelaunchBudget:
             return None
         self.used += 1
         return Relaunch(reason, counted=True)
+
+    def reform(self) -> bool:
+        """Whether an in-process world may go on without the members it lost: such a
+        loss is a fault like any other, so it counts as a relaunch would."""
+        if self.exhausted():
+            return False
+        self.used += 1
+        return True
 
     def exhausted(self) -> bool:
         return self.max_failures is not None and self.used >= self.max_failures

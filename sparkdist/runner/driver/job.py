@@ -8,7 +8,11 @@ authenticated service where the tasks reach it), *launch* and *wait* (success, t
 failure, a resize, or a time limit) and *collect* (stop everything, fill the `JobReport`,
 log to MLflow, write the timeline). A failure outside the training code is a relaunch
 counted by `failures.RelaunchBudget`; a resize (`failures.WorldResize`) is one that is
-not. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened once, before
+not. An in-process elastic world's change (`failures.WorldChange`: members lost, or
+tasks to grow into) is the loop's third kind of step: the attempt runs on, its world
+re-formed in process (a lost member counted by the budget like a relaunch, a grow not),
+or, when that cannot be (too few left, budget spent), its losses fail the attempt as
+any loss does. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened once, before
 the first attempt, and handed to every attempt, so a relaunch resumes from it.
 """
 
@@ -30,7 +34,7 @@ from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.failures import RelaunchBudget, WorldResize
+from sparkdist.runner.driver.failures import RelaunchBudget, WorldChange, WorldResize
 from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
 from sparkdist.runner.driver.launch.barrier import BarrierKind
 from sparkdist.runner.driver.launch.elastic import GangKind
@@ -64,6 +68,9 @@ class JobReport:
     """How many times the job was launched (more than 1 after relaunches)."""
     failures: list[str] = field(default_factory=list)
     """Why each relaunched attempt failed, in order."""
+    reformed: list[str] = field(default_factory=list)
+    """Why an in-process elastic world re-formed without a relaunch, in order (a grow's
+    entry starts with `grew:`)."""
     reported: list[Reported] = field(default_factory=list)
     """Every `sparkdist.report` call of the ranks, in the order the driver got them
     (filled while the job runs)."""
@@ -133,15 +140,31 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
     """The one relaunch loop: until an attempt succeeds or may not be relaunched."""
     report = attempt.report
     budget = RelaunchBudget(options.relaunch_limit, options.retry_on_exception)
-    why = "start"
+    why, running = "start", False
     while True:
-        report.attempts = len(report.failures) + 1
         try:
+            if running:  # the same attempt, its world re-formed in process
+                return attempt.carry_on()
+            report.attempts = len(report.failures) + 1
             return attempt.run(kind, report.attempts - 1, why)
+        except WorldChange as change:
+            running = True
+            world = attempt.world
+            assert world is not None
+            if change.grow:
+                kind.change_in_process(world, change)
+                report.reformed.append(f"grew: {change.reason}")
+            elif world.state.membership.can_shrink() and budget.reform():
+                kind.change_in_process(world, change)
+                report.reformed.append(change.reason)
+            else:  # too few left, or no fault left to tolerate: relaunch or fail as ever
+                world.state.losses.refused(world.state.membership.refuse())
         except WorldResize as exc:
+            running = False
             report.failures.append(f"grew: {exc}")
             why = f"{exc}"
         except BaseException as exc:
+            running = False
             state = attempt.world.state if attempt.world is not None else None
             relaunch = None if state is None else budget.relaunch(exc, state.failures)
             if relaunch is None:
@@ -169,8 +192,10 @@ class Attempt:
         self.credentials = messages.SecretEnv(tracking.rank0_credentials())
         self.world: World | None = None
         """The world of the attempt running or just ended; None if none formed."""
+        self.timeline_path: str | None = None
 
     def run(self, kind: LaunchKind, number: int, why: str) -> list[Any]:
+        """Form the attempt's world, launch it and wait for it (`carry_on`)."""
         report = self.report
         self.world = None
         report.job_id = uuid.uuid4().hex[:12]
@@ -182,21 +207,36 @@ class Attempt:
             self.rank_logs,
         )  # fmt: skip
         try:
-            world = self.world = kind.form(plan, why)
+            self.world = kind.form(plan, why)
         except BaseException as exc:
             report.outcome = _outcome(exc)
             raise
-        try:
-            self.launch_and_wait(world)
-        finally:
-            self.collect(world, plan.timeline_path)
-        return [_load_result(r, b) for r, b in enumerate(world.state.rank_records.results())]
+        self.timeline_path = plan.timeline_path
+        return self.carry_on(start=True)
 
-    def launch_and_wait(self, world: World) -> None:
-        """Start the job and wait for its end; tell its processes to finish or abort."""
+    def carry_on(self, start: bool = False) -> list[Any]:
+        """Wait for the attempt's world (`start`: launch it first); then collect it and
+        return its members' results, in world-rank order. A `WorldChange` leaves the
+        world running, for the loop to re-form."""
+        world = self.world
+        assert world is not None
+        try:
+            self.launch_and_wait(world, start)
+        except WorldChange:
+            raise
+        except BaseException:
+            self.collect(world, self.timeline_path)
+            raise
+        self.collect(world, self.timeline_path)
+        return [_load_result(r, b) for r, b in world.state.results()]
+
+    def launch_and_wait(self, world: World, start: bool) -> None:
+        """Start the job (if `start`) and wait for its end; tell its processes to finish
+        or abort."""
         opts, report, state = self.options, self.report, world.state
         try:
-            world.launch.start()
+            if start:
+                world.launch.start()
             world.launch.wait(
                 start_deadline=world.started + opts.start_timeout,
                 deadline=world.started + opts.timeout if opts.timeout else None,
@@ -204,6 +244,8 @@ class Attempt:
             )
             state.stop("finish", "done")
             report.outcome = "succeeded"
+        except WorldChange:
+            raise  # not an end: the world runs on
         except BaseException as exc:
             report.outcome = _outcome(exc)
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")

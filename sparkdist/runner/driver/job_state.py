@@ -4,7 +4,8 @@ Shared by the driver service's event loop and the launch's threads under one loc
 `JobState` holds one part per concern, as plain records (`records.py`): what the job is
 (`job`), each rank's record (`rank_records`), the Spark tasks (`tasks`), the processes
 started and the launcher's end (`processes`), the open channels (`peers`), an elastic
-job's growth (`growth`) and the rendezvous store (`rendezvous`); plus how ends become
+job's growth (`growth`), an in-process elastic world's membership (`membership`,
+`membership.py`) and the rendezvous store (`rendezvous`); plus how ends become
 failures and which failure explains the job (`losses` and `failures`, `failures.py`),
 where rank output is printed (`console`), and the job's checkpoint store
 (`checkpoints`, `sparkdist/checkpoint/store.py`), which outlives the attempt.
@@ -21,6 +22,7 @@ from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.protocol import messages
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker, Losses
+from sparkdist.runner.driver.membership import Membership
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.records import (
     Growth,
@@ -63,10 +65,11 @@ class JobState:
         self.processes = Processes(cond)
         self.growth = Growth(cond)
         self.peers = Peers(cond)
-        self.failures = FailureTracker(
-            cond, self.rank_records, self.tasks, self.processes, self.growth, self.succeeded
-        )
-        self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures)
+        self.membership = Membership(cond, self.rank_records, job.in_process_min_np)
+        self.failures = FailureTracker(cond, self.rank_records, self.tasks, self.processes,
+                                       self.growth, self.membership, self.succeeded)  # fmt: skip
+        self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures,
+                             self.membership)  # fmt: skip
 
     def connected(self, kind: str, number: int, channel: Link) -> str | None:
         """A task or supervisor connected; returns why the job is stopping, if it is
@@ -87,6 +90,7 @@ class JobState:
         if how == "abort":
             self.failures.stop(reason)
             self.rendezvous.close()
+        self.membership.close(f"the job is stopping: {reason}")
         order = messages.Abort(reason) if how == "abort" else messages.Finish(reason)
         send(self.peers.select(lambda kind, _: kind == "task" or how == "abort"), order)
 
@@ -112,19 +116,38 @@ class JobState:
         """After rank `rank` stored checkpoint `step`: "grow" when the job should stop
         there to grow (rank 0 then ends; later losses are no failures), else None."""
         with self.cond:
+            if self.membership.in_process():
+                return None  # an in-process world grows as it runs, not by a relaunch
             answer = self.growth.answer_checkpoint(rank, step)
             if answer == "grow":
                 self.failures.stop("growing")
         return answer
 
     def succeeded(self) -> bool:
-        """Every rank ended well (or was a worker the job could lose), the results the
-        job waits for arrived (a server sends none), and mpirun, if any, exited with 0."""
-        needed = self.ranks if self.job.all_results else [0]
-        needed = [r for r in needed if not self.job.server_rank(r)]
+        """Every rank ended well (or was a worker the job could lose, or a rank an
+        in-process world went on without), the results the job waits for arrived (from
+        the last generation's members; a server sends none), and mpirun, if any, exited
+        with 0. Newcomers not yet in any generation need not have ended."""
         with self.cond:
-            ended = self.rank_records.succeeded(needed, tolerated=self.losses.workers_lost)
+            members = self.membership.generation.members
+            needed = members if self.job.all_results else members[:1]
+            needed = [r for r in needed if not self.job.server_rank(r)]
+            tolerated = self.losses.workers_lost | self.membership.left.keys()
+            ended = self.rank_records.succeeded(needed, tolerated, self.membership.joining)
             return ended and self.processes.launcher_exit_code in (None, 0)
+
+    def results(self) -> list[tuple[int, bytes | None]]:
+        """Each member's result, in world-rank order of the last generation (every rank
+        in order, unless an in-process world changed), with its launch rank."""
+        with self.cond:
+            members = self.membership.generation.members
+            return [(r, self.ranks[r].result) for r in members]
+
+    def add_ranks(self, ranks: list[int], reason: str) -> None:
+        """An in-process world seated newcomers that run `ranks` (fresh launch ranks)."""
+        with self.cond:
+            self.rank_records.add(ranks)
+            self.membership.seat(ranks, reason)
 
     def _chief_done(self) -> bool:
         """A parameter-server job's chief returned: its servers are to stop."""

@@ -45,7 +45,7 @@ class RunnerOptions:
         default="auto",
         metadata=_flag(
             "mpi: mpirun in the stage; direct: each task starts its ranks; "
-            "auto (default): mpi when mpirun is installed",
+            "auto (default): mpi when mpirun is installed (direct for an elastic job)",
             choices=LAUNCHERS,
         ),
     )
@@ -211,10 +211,12 @@ class RunnerOptions:
         return self.np < 0
 
     def resolved_launcher(self) -> str:
-        """ "mpi" or "direct": "auto" is mpi when mpirun is installed."""
+        """ "mpi" or "direct": "auto" is mpi when mpirun is installed, except for an
+        elastic job, whose world re-forms in process only under the direct launcher
+        (mpirun ends every rank when one of its daemons is lost)."""
         if self.launcher != "auto":
             return self.launcher
-        return "mpi" if mpirun_available() else "direct"
+        return "mpi" if mpirun_available() and not self.elastic else "direct"
 
 
 def _check_np(np: int) -> None:

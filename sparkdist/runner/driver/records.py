@@ -42,6 +42,9 @@ class JobSpec:
     """A parameter-server job's roles: its server ranks stop when the chief is done."""
     rank0_env: messages.SecretEnv = field(default_factory=messages.SecretEnv, repr=False)
     """Credentials only rank 0 gets (with its `Welcome`, over the encrypted channel)."""
+    in_process_min_np: int | None = None
+    """An elastic job under the direct launcher: the fewest ranks its world may re-form
+    with in process (`membership.py`); None: a loss relaunches the job."""
 
     def server_rank(self, rank: int) -> bool:
         """A parameter-server job's worker or ps: a TensorFlow server that never returns."""
@@ -78,6 +81,9 @@ class RankRecords:
     def __init__(self, num_ranks: int, cond: threading.Condition, console: Console, log_mode: str):
         self.cond = cond
         self.by_rank = {r: RankState(r) for r in range(num_ranks)}
+        self.initial = num_ranks
+        """The ranks the attempt started with (0..initial-1); an in-process elastic
+        world's newcomers come after them (`add`)."""
         self.frameworks: list[str] = []
         """The frameworks rank 0's function used (its `Result` says which)."""
         self._console = console
@@ -124,20 +130,29 @@ class RankRecords:
                 state.tail.extend(line for line in tail if line not in state.tail)
             self.cond.notify_all()
 
+    def add(self, ranks: Iterable[int]) -> None:
+        """Records for the newcomers an in-process elastic world seated."""
+        with self.cond:
+            for rank in ranks:
+                self.by_rank[rank] = RankState(rank)
+
     def all_started(self) -> bool:
-        return all(s.started for s in self.by_rank.values())
+        """Whether the attempt's first ranks started (newcomers have no start deadline:
+        the world runs on without one that never starts)."""
+        return not self.not_started()
 
     def not_started(self) -> list[int]:
-        return [r for r, s in self.by_rank.items() if not s.started]
+        return [r for r in range(self.initial) if not self.by_rank[r].started]
 
     def running(self) -> list[int]:
         return [r for r, s in self.by_rank.items() if not s.exited]
 
-    def succeeded(self, needed: Iterable[int], tolerated: set[int]) -> bool:
-        """Every rank exited with 0 (or its loss was `tolerated`) and the `needed` ranks
-        sent their results."""
+    def succeeded(self, needed: Iterable[int], tolerated: set[int], unsettled: set[int]) -> bool:
+        """Every rank exited with 0 (or its loss was `tolerated`; `unsettled` ranks need
+        not have ended) and the `needed` ranks sent their results."""
         return all(
-            s.exited and (s.exit_code == 0 or r in tolerated) for r, s in self.by_rank.items()
+            (s.exited and (s.exit_code == 0 or r in tolerated)) or r in unsettled
+            for r, s in self.by_rank.items()
         ) and all(self.by_rank[r].has_result for r in needed)
 
     def tails(self, ranks: list[int]) -> str:
@@ -292,7 +307,8 @@ def send(channels: Iterable[Link], order: NamedTuple) -> None:
 class Growth:
     """An elastic job's growth: when more slots stay free (`launch/elastic.py` decides),
     rank 0 is asked to stop at its next checkpoint, so that the job relaunches larger
-    and resumes from there (`failures.WorldResize` ends the attempt)."""
+    and resumes from there (`failures.WorldResize` ends the attempt); an in-process
+    world takes the request instead and grows as it runs (`failures.WorldChange`)."""
 
     def __init__(self, cond: threading.Condition):
         self.cond = cond
@@ -305,6 +321,13 @@ class Growth:
         """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger."""
         with self.cond:
             self.reason = reason
+
+    def take(self) -> str:
+        """The request, taken by an in-process world, which grows without a relaunch
+        (`membership.py`); a later request may follow."""
+        with self.cond:
+            reason, self.reason = self.reason, None
+            return reason or ""
 
     def answer_checkpoint(self, rank: int, step: int) -> str | None:
         """After rank `rank` stored checkpoint `step`: "grow" when the job should stop

@@ -14,7 +14,8 @@ Three kinds of peers connect, each saying first who it is:
   status;
 * a rank itself (`RankHello`): fetches the payload, publishes and reads rendezvous
   values, sends back its result or its traceback, `log_to_driver` messages and
-  `sparkdist.report` metrics.
+  `sparkdist.report` metrics, and asks for an in-process elastic world's next
+  generation (`ElasticWorld`, answered by the job's `membership`).
 
 A task's supervisors and ranks come through the task's relay (`runner/task/relay.py`):
 each is a stream of the task's one channel (`Relayed` frames, ended by `RelayClosed`),
@@ -23,8 +24,9 @@ The payload goes once per relay: its next ranks get an empty one, which it fills
 Ranks the driver starts itself (`np < 0`) connect directly.
 
 Each peer is a handler of its messages, one at a time (`received`), on the loop: a
-rendezvous read waits for its key on a loop timer, not a thread, and checkpoint
-requests, which may write to storage, run on the server's small pool of threads.
+rendezvous read waits for its key, and an elastic rank for its next world, on a loop
+timer, not a thread, and checkpoint requests, which may write to storage, run on the
+server's small pool of threads.
 
 A message this server does not expect gets a `Rejected` reply saying why, so that no
 peer waits for an answer that never comes.
@@ -112,9 +114,11 @@ class DriverService:
         if relay is not None:
             relay.payload_sent = True
         self.payload_bytes_sent += len(payload)
+        # An in-process elastic world's rank 0 may change: every rank sends its result.
+        send_result = spec.all_results or rank == 0 or spec.in_process_min_np is not None
         return messages.Welcome(
             payload,
-            spec.all_results or rank == 0,
+            send_result,
             spec.job_id,
             spec.rank0_env if rank == 0 else messages.SecretEnv(),
         )
@@ -345,6 +349,8 @@ class _RankPeer(_Peer):
             self.service.offload(answer, self._reply)
         elif isinstance(request, messages.KvGet):
             self._when_put(request.key, request.timeout_s)
+        elif isinstance(request, messages.ElasticWorld):
+            self._when_formed(request)
         else:
             self._reply(self._answer(request))
         return False
@@ -371,6 +377,32 @@ class _RankPeer(_Peer):
 
         timer = self.service.later(max(0.0, timeout_s), answer, False, None)
         self.state.rendezvous.when_put(key, functools.partial(self.service.on_loop, answer))
+
+    def _when_formed(self, request: messages.ElasticWorld) -> None:
+        """Answer an in-process elastic rank's request for a newer world generation at
+        once if there is one, else once it forms (or `Missing` after `timeout_s`)."""
+        if request.rank != self.rank:
+            self._reply(messages.Failed(f"rank {self.rank} asked as rank {request.rank}"))
+            return
+        membership, missing = self.state.membership, messages.Missing(f"generation>{request.after}")
+        if request.timeout_s <= 0:
+            self._reply(membership.ask(self.rank, request.after, None) or missing)
+            return
+        answered = False
+
+        def answer(reply: tuple) -> None:  # on the loop
+            nonlocal answered
+            if not answered:
+                answered = True
+                timer.cancel()
+                self._reply(reply)
+
+        timer = self.service.later(request.timeout_s, answer, missing)
+        now = membership.ask(
+            self.rank, request.after, functools.partial(self.service.on_loop, answer)
+        )
+        if now is not None:
+            answer(now)
 
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank

@@ -14,6 +14,8 @@ did, the same way for every kind. The kinds (`job.choose_kind` picks one per job
 
 As in torch.distributed.elastic, a failure and a membership change are both a relaunch
 of the loop: a failure is counted by the `failures.RelaunchBudget`, a resize is not.
+An in-process elastic world (`sparkdist.elastic.run` under the direct launcher) changes
+without a relaunch: the loop asks the kind to re-form it (`change_in_process`).
 The job's one checkpoint store travels in every `AttemptPlan` to the attempt's state,
 whose service hands it the ranks' checkpoint messages.
 """
@@ -33,7 +35,7 @@ from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec
 from sparkdist.protocol.payload import driver_pythonpath
 from sparkdist.runner.driver.console import Console
-from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget
+from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
@@ -84,12 +86,14 @@ class AttemptPlan:
     rank_logs: RunLogs = field(default_factory=RunLogs)
     """Where the run's per-rank files go: a directory per attempt (`rank_logs.py`)."""
 
-    def new_state(self, num_ranks: int) -> JobState:
-        """The state of this attempt's world of `num_ranks` ranks."""
+    def new_state(self, num_ranks: int, in_process_min_np: int | None = None) -> JobState:
+        """The state of this attempt's world of `num_ranks` ranks (an in-process elastic
+        world's: re-formed in process down to `in_process_min_np` ranks)."""
         opts = self.options
         job = JobSpec(
             self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
             opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
+            in_process_min_np=in_process_min_np,
         )  # fmt: skip
         console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
         return JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
@@ -146,6 +150,10 @@ class LaunchKind(Protocol):
         """Note that attempt `job_id` failed and is launched again, resuming from
         `resume_point` (the checkpoint store's); return the `why` of the next attempt."""
 
+    def change_in_process(self, world: World, change: WorldChange) -> None:
+        """Re-form `world` in process as the loop decided: go on without its lost
+        members, or seat the tasks standing by (`change.grow`)."""
+
 
 class FixedSizeKind:
     """What the fixed-size kinds (driver-local, barrier, relayed) share: a world of `np`
@@ -153,6 +161,9 @@ class FixedSizeKind:
 
     def __init__(self, options: RunnerOptions):
         self.options = options
+
+    def change_in_process(self, world: World, change: WorldChange) -> None:
+        raise AssertionError(f"a fixed-size world does not change in process: {change}")
 
     def relaunching(
         self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str

@@ -12,6 +12,12 @@ checkpoint. A failure outside the training code (a lost executor, a killed rank)
 relaunches it at once with the ranks the remaining slots hold; `max_failures` counts
 those relaunches (no limit when it is not given: min_np and start_timeout bound them),
 never growth. Every change is one line in the driver's log.
+
+In process (every rank in `sparkdist.elastic.run`, the direct launcher; an elastic job
+whose launcher is "auto" gets "direct"): a lost rank is dropped from the running world
+(`membership.py`; counted by `max_failures` like a relaunch), and the tasks standing by
+are seated into the running attempt as new tasks with fresh launch ranks
+(`change_in_process`); the survivors keep their processes either way.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget
+from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, World
 from sparkdist.runner.driver.launch.barrier import wait_local_gone
@@ -60,6 +66,8 @@ class GangKind:
         self.place = place
         self.world = 0
         """The size of the last world formed (0 before the first)."""
+        self.state: JobState | None = None
+        """The last world's state."""
 
     def form(self, plan: AttemptPlan, why: str) -> World:
         opts = self.options
@@ -81,18 +89,43 @@ class GangKind:
             gang.close()
             tasks.stop()
             raise
-        previous, self.world = self.world, len(chosen) * per_task
+        previous, self.world = self._size(), len(chosen) * per_task
         logger.warning("sparkdist elastic job: world %s -> %d ranks: %s",
                        previous or "0", self.world, why)  # fmt: skip
-        state = plan.new_state(self.world)
+        in_process = min_np if plan.launcher == "direct" else None
+        state = self.state = plan.new_state(self.world, in_process_min_np=in_process)
         tasks.state = state
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
         gang.seat(chosen, self.world, driver)
-        watcher = _GrowWatcher(gang, state, self.world, max_np, per_task)
-        logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s",
-                    plan.job_id, self.world, min_np, max_np, plan.launcher)  # fmt: skip
-        return World(state, service, _SeatedWorld(tasks, gang, state, watcher), started)
+        watcher = _GrowWatcher(gang, state, max_np, per_task)
+        auto = " (auto: direct for an elastic job)" if opts.launcher == "auto" else ""
+        logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s%s",
+                    plan.job_id, self.world, min_np, max_np, plan.launcher, auto)  # fmt: skip
+        seated = _SeatedWorld(tasks, gang, state, watcher, driver, len(chosen))
+        return World(state, service, seated, started)
+
+    def _size(self) -> int:
+        """The size of the last world (its last generation's, if it changed in process)."""
+        if self.state is None:
+            return self.world
+        return len(self.state.membership.generation.members)
+
+    def change_in_process(self, world: World, change: WorldChange) -> None:
+        """Shrink: the next generation, of the survivors (its log line is the
+        membership's). Grow: seat the tasks standing by into the running attempt; the
+        generation that includes them forms once each of their ranks entered."""
+        state = world.state
+        if not change.grow:
+            state.membership.shrink()
+            return
+        seated = world.launch
+        assert isinstance(seated, _SeatedWorld)
+        room = (self.options.size_range[1] - state.membership.size()) // self.options.ranks_per_task
+        newcomers = seated.seat_more(room, change.reason)
+        if newcomers:
+            logger.info("sparkdist elastic job: seated ranks %s into the running world: %s",
+                        newcomers, change.reason)  # fmt: skip
 
     def relaunching(
         self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str
@@ -147,34 +180,36 @@ class _TaskJob:
 
 
 class _GrowWatcher:
-    """Asks the world to grow once tasks have stood by for GROW_SETTLE_S."""
+    """Asks the world to grow once tasks have stood by for GROW_SETTLE_S (again after
+    each grow in process, while there is room up to max_np)."""
 
-    def __init__(self, gang: Gang, state: JobState, world: int, max_np: int, per_task: int):
+    def __init__(self, gang: Gang, state: JobState, max_np: int, per_task: int):
         self.gang, self.state = gang, state
-        self.room = max_np - world
-        """Ranks the world may still grow by."""
         self.max_np, self.per_task = max_np, per_task
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
 
     def start(self) -> None:
-        if self.room > 0:
+        if self.state.membership.size() < self.max_np:
             self._thread.start()
 
     def _run(self) -> None:
-        since = None
+        growth, since = self.state.growth, None
         while not self._stop.wait(0.5):
-            extra = min(self.gang.standing_by() * self.per_task, self.room)
-            if extra <= 0:
+            if growth.resizing is not None:
+                return  # rank 0 stops at its checkpoint: the job relaunches larger
+            room = self.max_np - self.state.membership.size()
+            extra = min(self.gang.standing_by() * self.per_task, room)
+            if extra <= 0 or growth.reason is not None:  # nothing to grow into, or asked
                 since = None
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= GROW_SETTLE_S:
-                self.state.growth.request(
+                growth.request(
                     f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s "
                     f"(max_np={self.max_np})"
                 )
-                return
+                since = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -184,8 +219,26 @@ class _SeatedWorld:
     """A `launch.Launch` for a seated world: its tasks already run; stopping it lets them
     end, releases the tasks standing by, and cancels the ones Spark has not started."""
 
-    def __init__(self, tasks: _TaskJob, gang: Gang, state: JobState, watcher: _GrowWatcher):
+    def __init__(self, tasks: _TaskJob, gang: Gang, state: JobState, watcher: _GrowWatcher,
+                 driver: str, num_tasks: int):  # fmt: skip
         self.tasks, self.gang, self.state, self.watcher = tasks, gang, state, watcher
+        self.driver = driver
+        self.num_tasks = num_tasks
+        """Tasks seated so far: the next one seated gets this index."""
+
+    def seat_more(self, most: int, reason: str) -> list[int]:
+        """Seat up to `most` tasks standing by as the next tasks of the running world;
+        return the launch ranks they run (each task's, after every rank used before)."""
+        per_task = self.state.job.ranks_per_task
+        ranks: list[int] = []
+
+        def records(indexes: list[int]) -> None:  # before the tasks hear of their seats
+            ranks.extend(i * per_task + r for i in indexes for r in range(per_task))
+            self.state.add_ranks(ranks, reason)
+
+        seated = self.gang.seat_standing(most, self.num_tasks, per_task, self.driver, records)
+        self.num_tasks += seated
+        return ranks
 
     def start(self) -> None:
         self.watcher.start()

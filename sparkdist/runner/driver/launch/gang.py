@@ -7,7 +7,8 @@ that Spark runs checks in here and waits. The gang seats the first ones (at leas
 `min`; as many as arrive until none has for `settle_s`; at most `max`) and keeps later
 ones standing by: they hold slots the job can grow into, and the tasks Spark has not
 started yet are what makes dynamic allocation ask for executors. When the attempt ends,
-every task still waiting is released and ends, freeing its slot.
+every task still waiting is released and ends, freeing its slot. An in-process elastic
+world seats them into the running attempt instead (`seat_standing`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkdist import progress
@@ -124,10 +126,30 @@ class Gang:
         """Seat `chosen` as tasks 0..n-1 of the world, whose service is `driver`."""
         with self._cond:
             for index, arrival in enumerate(chosen):
-                self._waiting.remove(arrival)
-                seat = messages.GangSeat(index, len(chosen), num_ranks, driver)
-                arrival.decision = messages.encode(seat)
-                arrival.decided.set()
+                self._seat(arrival, messages.GangSeat(index, len(chosen), num_ranks, driver))
+
+    def seat_standing(
+        self, most: int, first: int, per_task: int, driver: str, before: Callable[[list[int]], None]
+    ) -> int:
+        """Seat up to `most` of the tasks standing by into the running world, as tasks
+        `first`, `first + 1`...; `before(their indexes)` runs before they hear of it.
+        Returns how many were seated."""
+        with self._cond:
+            chosen = self._waiting[: max(0, most)]
+            if not chosen:
+                return 0
+            indexes = list(range(first, first + len(chosen)))
+            before(indexes)
+            num_tasks = first + len(chosen)
+            for index, arrival in zip(indexes, chosen, strict=True):
+                self._seat(arrival, messages.GangSeat(index, num_tasks, num_tasks * per_task,
+                                                      driver))  # fmt: skip
+            return len(chosen)
+
+    def _seat(self, arrival: _Arrival, seat: messages.GangSeat) -> None:
+        self._waiting.remove(arrival)
+        arrival.decision = messages.encode(seat)
+        arrival.decided.set()
 
     def standing_by(self) -> int:
         """How many tasks wait with a free slot for the job to grow into."""

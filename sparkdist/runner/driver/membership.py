@@ -1,0 +1,218 @@
+"""An in-process elastic world's membership (`sparkdist.elastic.run`, issue 40): which
+launch ranks form the current generation of the world, which entered elastic code, which
+left, and the ranks waiting for a newer generation (`messages.ElasticWorld`).
+
+Generation 0 is the world the attempt formed: every launch rank, in order. A rank's
+first `ElasticWorld(after=-1)` says it runs in-process elastic code ("entered"). Only
+when every live member has entered, and the job allows it (an elastic job under the
+direct launcher: `min_np` is set), is a lost rank a *pending loss* here instead of a
+failure of the job; the driver's loop of attempts (`job.py`) then decides: re-form in
+process (`shrink`) or relaunch as for any failure (`refuse`). A grow seats newcomers
+(`seat`); the generation that includes them forms once every newcomer has entered.
+
+Members are ordered: survivors keep their relative order, newcomers follow by launch
+rank, so world rank 0 is a survivor whenever one exists (it broadcasts the state).
+A rank that is no longer a member is answered with the newest generation, ends, and is
+a tolerated leave (`left`).
+
+Waiters are answered by callbacks, outside the lock (the service runs them on its loop,
+as it does the rendezvous store's), with `Ok(generation)` or `Failed(why)` once the job
+stops. Everything else runs under the job's lock (`JobState.cond`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sparkdist.protocol import messages
+from sparkdist.runner.driver.records import RankRecords
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One formed world: its number, its members (launch ranks in world-rank order), why."""
+
+    number: int
+    members: tuple[int, ...]
+    reason: str
+
+    def to_wire(self) -> dict:
+        """The `Ok` value of an `ElasticWorld` answer."""
+        return {"generation": self.number, "members": list(self.members), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A member lost while the world was in process, not yet decided on."""
+
+    rank: int
+    reason: str
+    outside_user_code: bool
+
+
+Reply = Callable[[tuple], None]
+"""How a waiting `ElasticWorld` is answered: `Ok(generation)` or `Failed(why)`."""
+
+
+class Membership:
+    """The membership of one attempt's in-process elastic world (see the module)."""
+
+    def __init__(self, cond: threading.Condition, ranks: RankRecords, min_np: int | None) -> None:
+        self.cond = cond
+        self._ranks = ranks
+        self.min_np = min_np
+        """The fewest members a re-formed world may have; None: never re-formed in
+        process (a fixed-size job, or the mpi launcher, whose mpirun ends every rank)."""
+        self.generation = Generation(0, tuple(ranks.by_rank), "start")
+        self.entered: set[int] = set()
+        """Launch ranks that asked for a world (they run in-process elastic code)."""
+        self.left: dict[int, str] = {}
+        """Launch ranks the world went on without (lost, or no longer members): why."""
+        self.pending: dict[int, Loss] = {}
+        """Members lost in process, for the driver's loop to decide on."""
+        self.joining: set[int] = set()
+        """Newcomers seated by a grow, not yet in a generation."""
+        self._grow_reason = ""
+        self._waiting: list[tuple[int, int, Reply]] = []
+        self._closed: str | None = None
+
+    # --- the ranks' requests -------------------------------------------------------------
+
+    def ask(self, rank: int, after: int, reply: Reply | None) -> tuple | None:
+        """Rank `rank` asks for a generation newer than `after`: the answer if there is
+        one now (or the job is stopping); else None, and `reply` (if given: the rank
+        waits) is called once there is."""
+        with self.cond:
+            if after < 0:
+                self.entered.add(rank)
+            grown = bool(self.joining) and self.joining <= self.entered
+        if grown:
+            self._form_grown()
+        with self.cond:
+            answer = self._answer(rank, after)
+            if answer is None and reply is not None:
+                self._waiting.append((rank, after, reply))
+        return answer
+
+    def _answer(self, rank: int, after: int) -> tuple | None:
+        if self._closed is not None:
+            return messages.Failed(self._closed)
+        if self.generation.number > after and rank not in self.joining:
+            return messages.Ok(self.generation.to_wire())
+        return None
+
+    # --- what the losses and the loop of attempts ask and decide ------------------------
+
+    def in_process(self, lost: Iterable[int] = ()) -> bool:
+        """Whether the world re-forms in process: the job allows it, and every member
+        still alive (besides `lost`) has entered in-process elastic code."""
+        with self.cond:
+            if self.min_np is None:
+                return False
+            gone = set(lost) | self.pending.keys()
+            alive = [r for r in self.generation.members
+                     if r not in gone and not self._ranks.by_rank[r].exited]  # fmt: skip
+            return all(r in self.entered for r in alive)
+
+    def lose(self, rank: int, reason: str, outside_user_code: bool) -> bool:
+        """Rank `rank` was lost (killed, its supervisor or task gone). True when that is
+        no failure of the job: it had left already, or the world is in process and the
+        loss now waits for the loop's decision (`pending`)."""
+        with self.cond:
+            if rank in self.left or rank in self.pending:
+                return True
+            if rank in self.joining:  # a newcomer lost before it was in any world
+                self.joining.discard(rank)
+                self.left[rank] = reason
+                return True
+            if not self.in_process(lost=[rank]):
+                return False
+            self.pending[rank] = Loss(rank, reason, outside_user_code)
+            self.cond.notify_all()
+            return True
+
+    def survivors(self) -> list[int]:
+        return [r for r in self.generation.members if r not in self.pending]
+
+    def can_shrink(self) -> bool:
+        """Whether the members left after the pending losses are enough (min_np)."""
+        return self.min_np is not None and len(self.survivors()) >= self.min_np
+
+    def shrink(self) -> tuple[int, int, str]:
+        """Form the next generation from the survivors of the pending losses (they
+        become tolerated leaves); returns (size before, size after, why)."""
+        with self.cond:
+            losses = list(self.pending.values())
+            self.pending.clear()
+            for loss in losses:
+                self.left[loss.rank] = loss.reason
+            before = len(self.generation.members)
+            reason = "; ".join(loss.reason for loss in losses)
+            members = [r for r in self.generation.members if r not in self.left]
+        self._form(members, reason)
+        return before, len(members), reason
+
+    def refuse(self) -> list[Loss]:
+        """The loop will not re-form in process: the pending losses are failures after
+        all, and the world is not re-formed in process any more."""
+        with self.cond:
+            losses = list(self.pending.values())
+            self.pending.clear()
+            self.min_np = None
+            return losses
+
+    def seat(self, newcomers: list[int], reason: str) -> None:
+        """A grow seated tasks that run `newcomers` (fresh launch ranks): the next
+        generation includes them once every one has entered."""
+        with self.cond:
+            self.joining.update(newcomers)
+            self._grow_reason = reason
+
+    def size(self) -> int:
+        """Members and newcomers: the world's size once they are in."""
+        with self.cond:
+            return len(self.generation.members) + len(self.joining)
+
+    def close(self, reason: str) -> None:
+        """The job stops: every waiting rank is answered `Failed`."""
+        with self.cond:
+            self._closed = reason
+            waiting, self._waiting = self._waiting, []
+        for _, _, reply in waiting:
+            reply(messages.Failed(reason))
+
+    # --- forming a generation --------------------------------------------------------------
+
+    def _form_grown(self) -> None:
+        with self.cond:
+            if not self.joining or not self.joining <= self.entered:
+                return  # formed by another rank's request already
+            newcomers = sorted(self.joining)
+            self.joining.clear()
+            members = [*self.generation.members, *newcomers]
+            reason = f"{self._grow_reason}: ranks {newcomers} joined"
+        self._form(members, reason)
+
+    def _form(self, members: list[int], reason: str) -> None:
+        """Make `members` the next generation and answer every rank waiting for it."""
+        with self.cond:
+            before = len(self.generation.members)
+            self.generation = Generation(self.generation.number + 1, tuple(members), reason)
+            ready, still = [], []
+            for rank, after, reply in self._waiting:
+                answer = self._answer(rank, after)
+                if answer is None:
+                    still.append((rank, after, reply))
+                else:
+                    ready.append((reply, answer))
+            self._waiting = still
+            self.cond.notify_all()
+        logger.warning("sparkdist elastic job: world %d -> %d ranks in process: %s",
+                       before, len(members), reason)  # fmt: skip
+        for reply, answer in ready:
+            reply(answer)

@@ -1,0 +1,161 @@
+"""In-process elastic worlds, the driver's side (issue 40), on real Spark (local-cluster,
+two one-core executors, the session's): ranks that speak the protocol themselves
+(`messages.ElasticWorld` over their driver channel, as `sparkdist.elastic.run` does) in
+a minimal loop: enter, write a marker of each generation they are in (with their pid),
+poll for a newer one, return once the test says stop.
+
+* a rank killed by the test: the survivors keep their processes, the next generation
+  has them (world rank 0 a survivor), the job's result is its members[0]'s, and nothing
+  is relaunched;
+* a task standing by (a slot another Spark job held, then freed): seated into the
+  running attempt with fresh launch ranks, the next generation includes them;
+* a loss before every rank entered: relaunched as ever.
+
+Two ranks per task (`ranks_per_task=2`) give a world of four ranks on the two slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+from test_elastic import SlotHolder, still_alive, wait_for
+
+import sparkdist
+
+
+def elastic_loop(out: str) -> dict | None:
+    """A rank's minimal in-process loop: each generation it is in goes to a marker
+    file; not a member any more, it leaves (returns None); else it returns its last
+    world once `out/stop` exists."""
+    import time
+
+    from sparkdist.protocol import messages
+    from sparkdist.protocol.driver_channel import driver_client
+
+    client, rank, pid = driver_client(), int(os.environ["RANK"]), os.getpid()
+    Path(out, f"pid-{rank}").write_text(str(pid))
+    reply = client.request(messages.ElasticWorld(rank, -1, 60.0))
+    assert isinstance(reply, messages.Ok), reply
+    world, deadline = reply.value, time.monotonic() + 240
+    while True:
+        marker = {**world, "pid": pid}
+        Path(out, f"gen{world['generation']}-rank{rank}.json").write_text(json.dumps(marker))
+        if rank not in world["members"]:
+            return None
+        while not Path(out, "stop").exists():
+            reply = client.request(messages.ElasticWorld(rank, world["generation"], 0))
+            if isinstance(reply, messages.Ok):
+                world = reply.value
+                break
+            assert time.monotonic() < deadline, "the test never said stop"
+            time.sleep(0.05)
+        else:
+            return {**world, "rank": rank, "pid": pid}
+
+
+def markers(out: Path, generation: int) -> dict[int, dict]:
+    """The markers of `generation`, by launch rank."""
+    found = {}
+    for path in out.glob(f"gen{generation}-rank*.json"):
+        found[int(path.stem.split("rank")[1])] = json.loads(path.read_text())
+    return found
+
+
+def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
+    out = tmp_path
+
+    def kill_rank_0_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        os.kill(int((out / "pid-0").read_text()), signal.SIGKILL)
+        wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
+        (out / "stop").touch()
+
+    killer = threading.Thread(target=kill_rank_0_then_stop, daemon=True)
+    killer.start()
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
+    with caplog.at_level("WARNING", logger="sparkdist.runner.driver"):
+        result = runner.run(elastic_loop, out=str(out))
+    killer.join(timeout=5)
+
+    before, after = markers(out, 0), markers(out, 1)
+    assert before[0]["members"] == [0, 1, 2, 3]
+    assert sorted(after) == [1, 2, 3]
+    for rank, marker in after.items():
+        assert marker["members"] == [1, 2, 3]  # survivors in order: world rank 0 is rank 1
+        assert marker["pid"] == before[rank]["pid"]  # the same process as before
+    assert "SIGKILL" in after[1]["reason"] and "rank 0" in after[1]["reason"]
+    # The job's result is world rank 0's of the last generation: launch rank 1's.
+    assert result == {**after[1], "rank": 1}
+    job = runner.last_job
+    assert job.launcher == "direct"  # auto is direct for an elastic job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and "SIGKILL" in job.reformed[0]
+    changes = [r.getMessage() for r in caplog.records if "in process" in r.getMessage()]
+    assert len(changes) == 1 and "world 4 -> 3 ranks in process: rank 0" in changes[0]
+    assert still_alive(runner) == []
+
+
+def test_task_standing_by_joins_the_running_world(sc, tmp_path):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    holder = SlotHolder(sc, tmp_path, slots=1)
+
+    def free_slot_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 2, "generation 0 entered")
+        holder.release()
+        wait_for(lambda: len(markers(out, 1)) == 4, "generation 1 seen by every rank", 180)
+        (out / "stop").touch()
+
+    freer = threading.Thread(target=free_slot_then_stop, daemon=True)
+    freer.start()
+    runner = sparkdist.HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2)
+    result = runner.run(elastic_loop, out=str(out))
+    freer.join(timeout=5)
+
+    before, after = markers(out, 0), markers(out, 1)
+    assert sorted(before) == [0, 1] and before[0]["members"] == [0, 1]
+    assert sorted(after) == [0, 1, 2, 3]
+    assert all(m["members"] == [0, 1, 2, 3] for m in after.values())
+    assert [after[r]["pid"] for r in (0, 1)] == [before[r]["pid"] for r in (0, 1)]
+    assert "ranks [2, 3] joined" in after[0]["reason"]
+    assert result == {**after[0], "rank": 0}
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and job.reformed[0].startswith("grew: 2 more rank slot(s)")
+    assert still_alive(runner) == []
+
+
+def half_entered(out: str) -> str:
+    """In the first attempt rank 0 enters in-process elastic code and rank 1 is killed
+    without having entered; the relaunched attempt just returns."""
+    import time
+
+    from sparkdist import checkpoint
+    from sparkdist.protocol import messages
+    from sparkdist.protocol.driver_channel import driver_client
+
+    rank = int(os.environ["RANK"])
+    if checkpoint.attempt() > 0:
+        return f"attempt {checkpoint.attempt()}"
+    if rank == 0:
+        client = driver_client()
+        assert isinstance(client.request(messages.ElasticWorld(0, -1, 60.0)), messages.Ok)
+        Path(out, "entered").touch()
+        while True:  # until the job aborts this attempt
+            client.request(messages.ElasticWorld(0, 0, 5.0))
+    while not Path(out, "entered").exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_loss_before_every_rank_entered_relaunches(sc, tmp_path):
+    runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2)
+    assert runner.run(half_entered, out=str(tmp_path)) == "attempt 1"
+    job = runner.last_job
+    assert job.attempts == 2 and job.reformed == []
+    assert len(job.failures) == 1 and "SIGKILL" in job.failures[0]
+    assert still_alive(runner) == []
