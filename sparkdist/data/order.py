@@ -234,6 +234,24 @@ class Position:
         each = slice_rows(total(self.remaining), self.world, self.drop_last)
         return -(-each // self.batch_size)
 
+    def batches_in_epochs(self, epochs: int) -> int:
+        """Batches each rank gets in ``epochs`` epochs from here (the first: what is left)."""
+        position = self.copy()
+        position.settle()
+        count = 0
+        for _ in range(epochs):
+            count += position.batches_in_epoch()
+            position.next_epoch()
+        return count
+
+    def for_world(self, rank: int, world: int) -> Position:
+        """This position, read by rank ``rank`` of ``world``: what the old world read stays
+        read (the batches handed out are folded in first), the rest is split anew."""
+        position = self.copy()
+        position.settle()
+        position.rank, position.world = rank, world
+        return position
+
     def next_epoch(self) -> None:
         self.epoch += 1
         self.remaining = [(0, self.num_rows)] if self.num_rows else []

@@ -6,7 +6,8 @@ resizes. `ShardReader` plans the slice window by window (consecutive row groups 
 order) and counts what it hands out; decoding a window into numpy chunks of about 8 MiB is
 `sparkdist.data.decode`, cutting them into batches and the thread that reads
 ``prefetch`` chunks ahead `sparkdist.data.batches`; ``workers_count`` windows can be
-read at once. What a rank is asked for travels as one `ReadOptions`.
+read at once; which rank of how many reads, and how that follows a change of the world,
+`sparkdist.data.rank_place`. What a rank is asked for travels as one `ReadOptions`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,61 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.data import order
+from sparkdist.data import order, rank_place
 from sparkdist.data.batches import EPOCH_END, mark_pads, prefetched, rebatch
 from sparkdist.data.decode import Chunk, Scratch, WindowDecoder
 from sparkdist.data.files import ColumnInfo, Layout
 from sparkdist.data.transform import TransformSpec
 
-logger = logging.getLogger(__name__)
-
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
-
-# Where a rank's place in the world is found: torchrun's and the runner's names first, then
-# those petastorm checks (Horovod's, Open MPI's, MPICH's).
-RANK_VARIABLES = (
-    ("RANK", "WORLD_SIZE"),
-    ("HOROVOD_RANK", "HOROVOD_SIZE"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ("PMI_RANK", "PMI_SIZE"),
-)
-
-
-def rank_from_env() -> tuple[int, int, str] | None:
-    """(rank, world size, the variable read) of this process, when its environment says."""
-    for rank_name, size_name in RANK_VARIABLES:
-        rank, size = os.environ.get(rank_name), os.environ.get(size_name)
-        if rank is not None and size is not None:
-            return int(rank), int(size), rank_name
-    return None
-
-
-def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, int]:
-    """(cur_shard, shard_count), by default this rank's (`rank_from_env`), else all the data.
-
-    A shard given that is not the environment's rank is read as asked, with a warning (as
-    petastorm warns): each rank usually reads its own.
-    """
-    found = rank_from_env()
-    if cur_shard is None and shard_count is None:
-        cur_shard, shard_count = found[:2] if found else (0, 1)
-    elif found and (cur_shard, shard_count) != found[:2]:
-        logger.warning(
-            "sparkdist.data: reading cur_shard=%s, shard_count=%s as asked, but %s says this "
-            "is rank %d of %d: give no shard (or cur_shard=rank, shard_count=world size) for "
-            "each rank to read its own",
-            cur_shard,
-            shard_count,
-            found[2],
-            found[0],
-            found[1],
-        )
-    if cur_shard is None or shard_count is None:
-        raise ValueError("give both cur_shard and shard_count, or neither")
-    if shard_count < 1 or not 0 <= cur_shard < shard_count:
-        raise ValueError(f"need 0 <= cur_shard < shard_count, got {cur_shard} of {shard_count}")
-    return cur_shard, shard_count
 
 
 @dataclass(frozen=True)
@@ -112,7 +64,7 @@ class ReadOptions:
     pad_column: str | None = None
 
     def __post_init__(self) -> None:
-        shard = default_shard(self.cur_shard, self.shard_count)
+        shard = rank_place.default_shard(self.cur_shard, self.shard_count)
         object.__setattr__(self, "cur_shard", shard[0])
         object.__setattr__(self, "shard_count", shard[1])
         object.__setattr__(self, "transform_spec", TransformSpec.of(self.transform_spec))
@@ -200,23 +152,23 @@ class ShardReader:
         elif fields:
             options = dataclasses.replace(options, **fields)
         self.options, self.layout = options, layout
-        self.cur_shard, self.shard_count = options.cur_shard, options.shard_count
         self.batch_size, self.num_epochs = options.batch_size, options.num_epochs
         self.columns, self.output_columns = _columns(layout, options)
         self.batch_columns = self.output_columns + _pad_column(self.output_columns, options)
         self.position = order.Position(
             layout.num_rows,
             seed=0 if options.seed is None else int(options.seed),
-            rank=self.cur_shard,
-            world=self.shard_count,
+            rank=options.cur_shard,
+            world=options.shard_count,
             batch_size=self.batch_size,
             drop_last=options.drop_last,
         )
         if self.num_epochs is None and self.position.batches_in_epoch() == 0:
             raise ValueError(
-                f"rank {self.cur_shard} of {self.shard_count} has no rows (the data has "
+                f"rank {options.cur_shard} of {options.shard_count} has no rows (the data has "
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
+        self._world = rank_place.WorldFollower(options.cur_shard, options.shard_count)
         self._closed = threading.Event()
         self._scratch = Scratch()
         self._started: order.Position | None = None  # where the current iteration began
@@ -235,13 +187,7 @@ class ShardReader:
         """Batches one iteration yields from ``start`` (default: the current position)."""
         if self.num_epochs is None:
             raise TypeError("num_epochs=None repeats forever: the loader has no length")
-        position = (start or self.position).copy()
-        position.settle()
-        count = 0
-        for _ in range(self.num_epochs):
-            count += position.batches_in_epoch()
-            position.next_epoch()
-        return count
+        return (start or self.position).batches_in_epochs(self.num_epochs)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -280,6 +226,23 @@ class ShardReader:
         """Continue from ``state`` (from `state_dict`, any world size) at the next iteration."""
         self.position.load_state_dict(state)
         self._started = self._taken = None
+
+    def on_world_change(self, rank: int, world_size: int) -> None:
+        """Read as rank ``rank`` of ``world_size`` from the next iteration on (a world that
+        changes in process, `sparkdist.elastic.run`), before or after `load_state_dict` of
+        the last commit. The position stays as `state_dict` reports it (`Position.for_world`);
+        an iteration in progress ends: it planned the old world's slice."""
+        rank, world_size = rank_place.check_place(rank, world_size)
+        self._world.end_iterations()
+        self.position = (self._taken or self.position).for_world(rank, world_size)
+        self._started = self._taken = None
+
+    def begin(self) -> None:
+        """Before an iteration: follow the environment's place, fold in the batches handed out."""
+        moved = self._world.moved(self.position.rank, self.position.world)
+        if moved:
+            self.on_world_change(*moved)
+        self.position.settle()
 
     def close(self) -> None:
         """Stop every iteration in progress (their background threads end)."""
@@ -371,7 +334,7 @@ class ShardReader:
     def count(self, batches: Iterator[Chunk]) -> Iterator[Chunk]:
         """Pass the iteration's batches on, moving the position one batch at a time."""
         self._started = self.position.copy()
-        return self._counted(batches, self.position)
+        return self._world.track(self._counted(batches, self.position))
 
     def _counted(self, batches: Iterator[Any], position: order.Position) -> Iterator[Any]:
         epochs = 0
@@ -395,7 +358,7 @@ class ShardReader:
             yield batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        self.position.settle()
+        self.begin()
         for batch in self.count(self.batches()):
             if self._closed.is_set():
                 return
@@ -409,8 +372,8 @@ class ShardReader:
         so no row is skipped. It counts on its own; `state_dict(steps=n)` counts from its
         start, and a later iteration supersedes it.
         """
+        self.begin()
         start = self.position.copy()
-        start.settle()
         taken = start.copy()
         self._started, self._taken = start, taken
         for batch in self._counted(self.batches(start=start), taken):
@@ -470,6 +433,7 @@ class ReaderPosition:
         return self.reader.rows_in_shard
 
     def __len__(self) -> int:
+        self.reader.begin()
         return self.reader.batches_per_iteration()
 
     def state_dict(self, steps: int | None = None) -> dict:
@@ -482,6 +446,14 @@ class ReaderPosition:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a `state_dict` (saved by a world of any size) on the next ``iter``."""
         self.reader.load_state_dict(state)
+
+    def on_world_change(self, rank: int, world_size: int) -> None:
+        """Read as rank ``rank`` of ``world_size`` from the next ``iter`` (in-process elastic).
+
+        What the world has read stays; the rest of the epoch is split over the new world.
+        A loader whose place came from env RANK / WORLD_SIZE also follows them by itself.
+        """
+        self.reader.on_world_change(rank, world_size)
 
 
 class ReaderContext:

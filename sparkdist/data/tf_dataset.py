@@ -72,4 +72,5 @@ def make_dataset(reader: ShardReader, prefetch: int | None) -> Any:
     dataset.steps_per_epoch = reader.batches_per_epoch()
     dataset.state_dict = reader.state_dict
     dataset.load_state_dict = reader.load_state_dict
+    dataset.on_world_change = reader.on_world_change
     return dataset

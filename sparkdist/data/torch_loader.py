@@ -119,5 +119,5 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         self.reader = reader
 
     def __iter__(self) -> Iterator[Any]:
-        self.reader.position.settle()
+        self.reader.begin()  # before DataLoader's workers take their copy of the reader
         return self.reader.count(super().__iter__())
