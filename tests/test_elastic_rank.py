@@ -233,3 +233,108 @@ def test_a_collective_is_unblocked_when_a_peer_dies_or_hangs(how):
             assert took >= TIMEOUT_S * 0.9  # gloo waited its timeout, no less
     finally:
         ranks.close()
+
+
+# --- end to end: a real elastic job on Spark (local-cluster), DDP through elastic.run -----
+
+
+def ddp_main(out: str, steps_after: int) -> dict:
+    """DDP through `elastic.run`: generation 0 steps until the test kills a rank; the world
+    that follows takes `steps_after` steps more. Each rank logs its entries and commits."""
+    import json
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    launch, pid = int(os.environ["RANK"]), os.getpid()
+    model, optimizer = _model(seed=launch)
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0, stop_at=None)
+    log = Path(out, f"log-{launch}.jsonl")
+
+    def write(**event) -> None:
+        with log.open("a") as file:
+            event.update(generation=state.generation, pid=pid, time=time.time())
+            file.write(json.dumps(event) + "\n")
+
+    def on_reset() -> None:  # after a re-form, before the sync: world rank 0's value wins
+        state.stop_at = state.step + steps_after
+
+    state.register_reset_callbacks([on_reset])
+
+    @elastic.run
+    def train(state):
+        write(event="enter", step=state.step, rank=state.rank, size=state.world_size)
+        ddp = torch.nn.parallel.DistributedDataParallel(state.model)
+        while state.stop_at is None or state.step < state.stop_at:
+            _step(ddp, state.optimizer, seed=1000 * state.step + state.rank)
+            state.step += 1
+            state.commit()
+            write(event="commit", step=state.step)
+            if state.stop_at is None:
+                assert state.step < 3000, "no rank was killed"
+                time.sleep(0.05)  # generation 0 steps until the test kills a rank
+        mine = _flat(state)
+        gathered = [torch.zeros_like(mine) for _ in range(state.world_size)]
+        dist.all_gather(gathered, mine)
+        equal = all(torch.equal(g, mine) for g in gathered)
+        return {"launch": launch, "pid": pid, "generation": state.generation,
+                "step": state.step, "equal": equal}  # fmt: skip
+
+    return train(state)
+
+
+def _events(out, launch: int) -> list[dict]:
+    import json
+
+    path = out / f"log-{launch}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
+    """4 ranks (2 per task on the two executors), min_np=2: launch rank 0 (world rank 0,
+    whose state everyone synced from) is killed mid-training; ranks 1-3 go on in their
+    processes as world 0-2, from launch rank 1's last commit, at most one step redone,
+    with equal parameters, and the job's result is launch rank 1's."""
+    from test_elastic import still_alive, wait_for
+
+    from sparkdist import HorovodRunner
+
+    def commits(launch: int) -> list[int]:
+        return [e["step"] for e in _events(tmp_path, launch) if e["event"] == "commit"]
+
+    def kill_rank_0() -> None:
+        wait_for(lambda: all(len(commits(r)) >= 3 for r in range(4)), "3 steps on every rank")
+        os.kill(next(e["pid"] for e in _events(tmp_path, 0)), signal.SIGKILL)
+        killed_at.append(time.time())
+
+    import threading
+
+    killed_at: list[float] = []
+    killer = threading.Thread(target=kill_rank_0, daemon=True)
+    killer.start()
+    runner = HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2, launcher="direct")
+    result = runner.run(ddp_main, out=str(tmp_path), steps_after=5)
+    killer.join(timeout=5)
+
+    entries = {r: [e for e in _events(tmp_path, r) if e["event"] == "enter"] for r in range(4)}
+    assert [e["generation"] for e in entries[0]] == [0]
+    last_before = max(e["step"] for r in range(4) for e in _events(tmp_path, r)
+                      if e["event"] == "commit" and e["generation"] == 0)  # fmt: skip
+    for launch in (1, 2, 3):
+        first, again = entries[launch]
+        assert (first["generation"], again["generation"]) == (0, 1)
+        assert again["pid"] == first["pid"]  # the same process
+        assert (again["rank"], again["size"]) == (launch - 1, 3)
+        assert last_before - again["step"] <= 1  # at most one step redone
+    assert result["launch"] == 1 and result["generation"] == 1 and result["equal"]
+    assert result["step"] == entries[1][1]["step"] + 5
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
+    assert still_alive(runner) == []
+    resumed = min(e["time"] for e in _events(tmp_path, 1)
+                  if e["generation"] == 1 and e["event"] == "commit")  # fmt: skip
+    print(f"in process: {resumed - killed_at[0]:.2f} s from the kill to world 1's first commit")

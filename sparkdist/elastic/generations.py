@@ -43,9 +43,6 @@ class Generation:
     number: int
     members: tuple[int, ...]
     reason: str = ""
-    driver_knows: bool = True
-    """False when the driver does not answer `ElasticWorld` (it knows no in-process elastic):
-    the world is the launch world and never changes in process."""
 
     @classmethod
     def from_reply(cls, value: dict) -> Generation:
@@ -63,9 +60,8 @@ class Generation:
 class Generations:
     """The driver's answers about generations, for one rank (its launch rank)."""
 
-    def __init__(self, client: DriverClient, launch_rank: int, launch_world_size: int):
+    def __init__(self, client: DriverClient, launch_rank: int):
         self.client, self.launch_rank = client, launch_rank
-        self._launch_world = Generation(0, tuple(range(launch_world_size)), "launch", False)
 
     def first(self, timeout_s: float) -> Generation:
         """The generation to join (it includes this rank, unless it was left out)."""
@@ -79,7 +75,7 @@ class Generations:
         """The newest generation after `after`, waiting up to `timeout_s` for one; None if
         none formed. Raises `WorldEnded` when the job stops."""
         found = self._ask(after, timeout_s)
-        while found is not None and found.driver_knows:  # a later one may be formed already
+        while found is not None:  # a later one may be formed already
             later = self._ask(found.number, 0.0)
             if later is None:
                 break
@@ -107,10 +103,6 @@ class Generations:
             return None
         if isinstance(reply, messages.Failed):
             raise WorldEnded(f"the job is stopping: {reply.error}")
-        if reply.value is None:  # a driver without in-process elastic answers a plain Ok
-            if after < 0:
-                return self._launch_world
-            raise WorldEnded("the driver re-forms no world in process")
         return Generation.from_reply(reply.value)
 
 
@@ -129,8 +121,7 @@ class Watcher:
         )
 
     def start(self) -> Watcher:
-        if self._current.driver_knows:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self) -> None:

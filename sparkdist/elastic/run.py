@@ -10,8 +10,10 @@ again, in the same process. Horovod's `hvd.elastic.run`, on torch.distributed.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,22 +26,22 @@ from sparkdist.protocol import driver_channel
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_launch: tuple[int, int] | None = None  # (RANK, WORLD_SIZE) when this process first entered
+_launch_rank: int | None = None  # RANK when this process first entered `run`
 _group: torch_group.TorchGroup | None = None  # the group the last run left formed
 
 
-def launch_place() -> tuple[int, int]:
-    """This process's launch rank and its launch world's size, read once: `run` rewrites
-    `RANK` and `WORLD_SIZE` for each world."""
-    global _launch
-    if _launch is None:
+def launch_rank() -> int:
+    """This process's launch rank (its `RANK` at start), read once: `run` rewrites `RANK`
+    for each world."""
+    global _launch_rank
+    if _launch_rank is None:
         if os.environ.get(job_environment.LAUNCHER) == "mpi":
             logger.warning(
                 "elastic.run: the mpi launcher ends every rank when one is lost; "
                 'survivors keep their processes only with launcher="direct"'
             )
-        _launch = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-    return _launch
+        _launch_rank = int(os.environ["RANK"])
+    return _launch_rank
 
 
 def run(func: Callable[..., T]) -> Callable[..., T | None]:
@@ -59,7 +61,7 @@ def run(func: Callable[..., T]) -> Callable[..., T | None]:
         if client is None:
             raise RuntimeError("elastic.run runs in a sparkdist rank: start the function "
                                "with HorovodRunner(...).run")  # fmt: skip
-        return _Loop(state, Generations(client, *launch_place())).run(func, args, kwargs)
+        return _Loop(state, Generations(client, launch_rank())).run(func, args, kwargs)
 
     return wrapper
 
@@ -92,6 +94,7 @@ class _Loop:
                     raise
                 logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
                                generation.number, type(exc).__name__, exc)  # fmt: skip
+                traceback.clear_frames(exc.__traceback__)  # the old world's DDP and tensors go
                 self.state.restore()
                 failure = exc
             generation = self._next(generation, failure)
@@ -118,6 +121,7 @@ class _Loop:
         state._group, state._watcher, self._watcher = group, watcher, watcher
         try:
             if reformed:
+                gc.collect()  # an old DDP wrapper's hooks would run on the new world's grads
                 state.on_reset()
             state.sync()
             state.announce_world()

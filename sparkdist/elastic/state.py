@@ -61,7 +61,7 @@ class State:
     def check_world(self) -> None:
         """Raise `WorldChanged` if the driver formed a newer world. Every rank decides as
         world rank 0 saw it (one small broadcast), so all stop at the same commit."""
-        if self._group is None or not self._group.generation.driver_knows:
+        if self._group is None:
             return
         import torch
         import torch.distributed as dist
