@@ -338,3 +338,47 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
     resumed = min(e["time"] for e in _events(tmp_path, 1)
                   if e["generation"] == 1 and e["event"] == "commit")  # fmt: skip
     print(f"in process: {resumed - killed_at[0]:.2f} s from the kill to world 1's first commit")
+
+
+def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sc, tmp_path):
+    """2 ranks on one task while another Spark job holds the second slot; once it frees
+    the slot, the driver seats 2 more ranks and forms world 1 with them. The running ranks
+    see it at a commit (`WorldChanged`: no step redone), keep their processes, and the
+    newcomers start from their state (synced by broadcast, not from storage)."""
+    import threading
+
+    from test_elastic import SlotHolder, still_alive, wait_for
+
+    from sparkdist import HorovodRunner
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    holder = SlotHolder(sc, tmp_path, slots=1)
+
+    def free_the_slot() -> None:
+        wait_for(lambda: all(len(_events(out, r)) >= 4 for r in range(2)), "3 steps")
+        holder.release()
+
+    freer = threading.Thread(target=free_the_slot, daemon=True)
+    freer.start()
+    runner = HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2, launcher="direct")
+    result = runner.run(ddp_main, out=str(out), steps_after=5)
+    freer.join(timeout=5)
+
+    entries = {r: [e for e in _events(out, r) if e["event"] == "enter"] for r in range(4)}
+    last_before = max(e["step"] for r in range(2) for e in _events(out, r)
+                      if e["event"] == "commit" and e["generation"] == 0)  # fmt: skip
+    for launch in (0, 1):
+        first, again = entries[launch]
+        assert (first["generation"], again["generation"]) == (0, 1)
+        assert again["pid"] == first["pid"] and (again["rank"], again["size"]) == (launch, 4)
+    for launch in (2, 3):
+        (joined,) = entries[launch]
+        assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
+    assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
+    assert result["launch"] == 0 and result["generation"] == 1 and result["equal"]
+    assert result["step"] == last_before + 5
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
+    assert job.reformed[0].startswith("grew")
+    assert still_alive(runner) == []
