@@ -219,6 +219,8 @@ class HorovodBackend:
             plan = host_alloc_plan(hosts)
             after_import("horovod", lambda _module: start_rendezvous_server(sock, plan))
         addr, port, hosts = rendezvous.get("horovod/rendezvous")
+        if ctx.rank >= len(hosts):
+            return  # a newcomer to an in-process elastic world: Horovod's world is the first
         slot = host_alloc_plan(hosts)[ctx.rank]
         try:
             iface = interface_of(ctx.host)[0]

@@ -103,6 +103,8 @@ class LauncherOutput(NamedTuple):
 class LauncherExit(NamedTuple):
     name: str
     exit_code: int
+    rank: int = -1
+    """The rank whose supervisor this launcher was (direct launcher); -1 for mpirun."""
 
 
 @register("agent_place")

@@ -186,9 +186,16 @@ class Losses:
             outside_user_code=True,
         )
 
-    def launcher_exited(self, name: str, exit_code: int) -> None:
-        """mpirun (or a direct launcher's supervisor process) ended."""
+    def launcher_exited(self, name: str, exit_code: int, rank: int = -1) -> None:
+        """mpirun (or a direct launcher's supervisor process of `rank`) ended. A
+        supervisor whose rank's end was reported (or that an in-process world went on
+        without) adds nothing: that end is the failure, or none."""
         self._processes.launcher_exited(name, exit_code)
+        if rank >= 0:
+            with self._ranks.cond:
+                state = self._ranks.by_rank.get(rank)
+                if self._membership.gone(rank) or (state is not None and state.exited):
+                    return
         if exit_code != 0:
             self._failures.notice(None, f"{name} exited with code {exit_code}")
 

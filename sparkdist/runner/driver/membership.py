@@ -110,13 +110,13 @@ class Membership:
 
     def in_process(self, lost: Iterable[int] = ()) -> bool:
         """Whether the world re-forms in process: the job allows it, and every member
-        still alive (besides `lost`) has entered in-process elastic code."""
+        alive until now (the `lost` ones too) has entered in-process elastic code."""
         with self.cond:
             if self.min_np is None:
                 return False
-            gone = set(lost) | self.pending.keys()
-            alive = [r for r in self.generation.members
-                     if r not in gone and not self._ranks.by_rank[r].exited]  # fmt: skip
+            lost = set(lost)
+            alive = [r for r in self.generation.members if r not in self.pending and
+                     (r in lost or not self._ranks.by_rank[r].exited)]  # fmt: skip
             return all(r in self.entered for r in alive)
 
     def lose(self, rank: int, reason: str, outside_user_code: bool) -> bool:
@@ -135,6 +135,11 @@ class Membership:
             self.pending[rank] = Loss(rank, reason, outside_user_code)
             self.cond.notify_all()
             return True
+
+    def gone(self, rank: int) -> bool:
+        """Whether the world went (or is to go) on without `rank`."""
+        with self.cond:
+            return rank in self.left or rank in self.pending
 
     def survivors(self) -> list[int]:
         return [r for r in self.generation.members if r not in self.pending]

@@ -288,8 +288,8 @@ class _TaskPeer(_StreamPeer):
                 self.state.agent_placed(self.number, report)
             case messages.LauncherOutput(lines):
                 self.state.processes.launcher_output(lines)
-            case messages.LauncherExit(name, code):
-                self.state.losses.launcher_exited(name, code)
+            case messages.LauncherExit(name, code, rank):
+                self.state.losses.launcher_exited(name, code, rank)
             case messages.TaskDone():
                 self.state.tasks.finished(self.number)
                 return True

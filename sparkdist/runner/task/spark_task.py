@@ -90,6 +90,8 @@ class TaskRun:
         self._news = threading.Event()
         """Set when every task's agent place arrived (task 0, mpi), or on the stop order."""
         self._children: list[subprocess.Popen] = []
+        self._supervised: dict[str, int] = {}
+        """The rank of each supervisor this task started, by its launcher name."""
         self.channel = wire.connect(split_address(spec.job.driver), spec.job.secret)
         self._send(messages.TaskHello(index, host, os.getpid()))
         # What this task starts reaches the driver through the task's relay.
@@ -144,7 +146,7 @@ class TaskRun:
         self._send(messages.LauncherOutput(lines))
 
     def launcher_exited(self, name: str, exit_code: int) -> None:
-        self._send(messages.LauncherExit(name, exit_code))
+        self._send(messages.LauncherExit(name, exit_code, self._supervised.get(name, -1)))
 
     def _start(self, argv: list[str], env: dict[str, str], name: str, role: str) -> None:
         self._children.append(start_launcher(argv, env, name, role, self.host, self))
@@ -166,7 +168,9 @@ class TaskRun:
                 place = DirectRank(rank, self.spec.num_ranks, local_rank, per_task)
                 env = direct_rank_env(self.env, place)
                 argv = supervisor_argv(sys.executable)
-                self._start(argv, env, f"rank {rank}'s supervisor", "supervisor")
+                name = f"rank {rank}'s supervisor"
+                self._supervised[name] = rank
+                self._start(argv, env, name, "supervisor")
         self._stopped.wait()
 
     def _start_mpirun(self, places: list[messages.AgentPlace]) -> None:
