@@ -272,8 +272,8 @@ def ddp_main(out: str, steps_after: int) -> dict:
         while state.stop_at is None or state.step < state.stop_at:
             _step(ddp, state.optimizer, seed=1000 * state.step + state.rank)
             state.step += 1
-            state.commit()
-            write(event="commit", step=state.step)
+            write(event="stepped", step=state.step)
+            state.commit()  # in world 0's last step, raises WorldChanged (grow) or fails (loss)
             if state.stop_at is None:
                 assert state.step < 3000, "no rank was killed"
                 time.sleep(0.05)  # generation 0 steps until the test kills a rank
@@ -304,7 +304,7 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
     from sparkdist import HorovodRunner
 
     def commits(launch: int) -> list[int]:
-        return [e["step"] for e in _events(tmp_path, launch) if e["event"] == "commit"]
+        return [e["step"] for e in _events(tmp_path, launch) if e["event"] == "stepped"]
 
     def kill_rank_0() -> None:
         wait_for(lambda: all(len(commits(r)) >= 3 for r in range(4)), "3 steps on every rank")
@@ -323,7 +323,7 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
     entries = {r: [e for e in _events(tmp_path, r) if e["event"] == "enter"] for r in range(4)}
     assert [e["generation"] for e in entries[0]] == [0]
     last_before = max(e["step"] for r in range(4) for e in _events(tmp_path, r)
-                      if e["event"] == "commit" and e["generation"] == 0)  # fmt: skip
+                      if e["event"] == "stepped" and e["generation"] == 0)  # fmt: skip
     for launch in (1, 2, 3):
         first, again = entries[launch]
         assert (first["generation"], again["generation"]) == (0, 1)
@@ -336,8 +336,8 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert still_alive(runner) == []
     resumed = min(e["time"] for e in _events(tmp_path, 1)
-                  if e["generation"] == 1 and e["event"] == "commit")  # fmt: skip
-    print(f"in process: {resumed - killed_at[0]:.2f} s from the kill to world 1's first commit")
+                  if e["generation"] == 1 and e["event"] == "stepped")  # fmt: skip
+    print(f"in process: {resumed - killed_at[0]:.2f} s from the kill to world 1's first step")
 
 
 def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sc, tmp_path):
@@ -367,7 +367,7 @@ def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sc
 
     entries = {r: [e for e in _events(out, r) if e["event"] == "enter"] for r in range(4)}
     last_before = max(e["step"] for r in range(2) for e in _events(out, r)
-                      if e["event"] == "commit" and e["generation"] == 0)  # fmt: skip
+                      if e["event"] == "stepped" and e["generation"] == 0)  # fmt: skip
     for launch in (0, 1):
         first, again = entries[launch]
         assert (first["generation"], again["generation"]) == (0, 1)
