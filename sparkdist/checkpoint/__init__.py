@@ -53,7 +53,7 @@ from sparkdist import job_environment
 from sparkdist.checkpoint import driver_path
 from sparkdist.checkpoint import sharded as shards
 from sparkdist.checkpoint.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
-from sparkdist.checkpoint.driver_record import Resize, Resume, client
+from sparkdist.checkpoint.driver_record import Resize, Resume, checkpoint_due, client, rank
 from sparkdist.protocol import messages
 
 __all__ = [
@@ -70,8 +70,21 @@ __all__ = [
 ]
 
 
-def save(state: Any, step: int, *, sharded: bool | None = None, async_save: bool = False) -> bool:
+def save(
+    state: Any,
+    step: int,
+    *,
+    sharded: bool | None = None,
+    async_save: bool = False,
+    every: int | None = None,
+) -> bool:
     """Save `state` as the checkpoint of `step` (e.g. epochs done).
+
+    `every=N`: call it on every step; it saves when `step` is a multiple of N, and at
+    once when the job is about to stop at its next checkpoint: an elastic job that grows,
+    or leaves an executor Spark is decommissioning (a spot instance taken back). Its
+    other steps return False without saving (a quick question to the driver at most
+    every `DUE_POLL_S`).
 
     `sharded=None` picks the path from the state: a distributed state (FSDP2/DTensor or
     ShardedTensor values) is written sharded by every rank; anything else goes to the
@@ -86,6 +99,8 @@ def save(state: Any, step: int, *, sharded: bool | None = None, async_save: bool
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0 (e.g. the epochs done), got {step!r}")
     use_shards = shards.is_distributed(state) if sharded is None else sharded
+    if every is not None and not _due(step, every, use_shards):
+        return False
     if use_shards:
         return shards.save(state, step, async_save=async_save)
     if async_save:
@@ -95,6 +110,18 @@ def save(state: Any, step: int, *, sharded: bool | None = None, async_save: bool
         )
     shards.wait()
     return driver_path.save(state, step)
+
+
+def _due(step: int, every: int, use_shards: bool) -> bool:
+    """Whether `save(..., every=every)` saves at `step`: on its multiples, or when the
+    driver asks for a checkpoint now (rank 0 asks; a sharded save is collective, so
+    every rank then follows rank 0's answer)."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an int >= 1 (save every N steps), got {every!r}")
+    if step % every == 0:
+        return True
+    asked = rank() == 0 and checkpoint_due()
+    return shards.agree(asked) if use_shards else asked
 
 
 def wait() -> None:

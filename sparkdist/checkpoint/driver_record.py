@@ -5,6 +5,7 @@ that stops rank 0 when an elastic job grows."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, NamedTuple
 
 from sparkdist.protocol import driver_channel, messages
@@ -45,9 +46,27 @@ def commit(step: int, location: str, kind: str) -> str | None:
     return reply.value
 
 
+DUE_POLL_S = 0.2
+"""How often `save(..., every=N)` asks the driver, at most, whether to save now."""
+_due_asked_at = float("-inf")
+
+
+def checkpoint_due() -> bool:
+    """Whether the driver wants a checkpoint now (the job stops at its next one: to grow,
+    or to leave an executor being decommissioned); asked at most every DUE_POLL_S."""
+    global _due_asked_at
+    now = time.monotonic()
+    if now - _due_asked_at < DUE_POLL_S:
+        return False
+    _due_asked_at = now
+    reply = client().request(messages.CheckpointDue())
+    return isinstance(reply, messages.Ok) and bool(reply.value)
+
+
 class Resize(BaseException):
-    """Raised by rank 0's `save` in an elastic job that is about to grow: the checkpoint
-    is stored, the rank stops here, and the job relaunches with more ranks from it. A
+    """Raised by rank 0's `save` in an elastic job that is about to grow (or to leave an
+    executor being decommissioned): the checkpoint is stored, the rank stops here, and
+    the job relaunches with more (or fewer) ranks from it. A
     BaseException (as SystemExit), so that `except Exception` in training code lets it
     through."""
 

@@ -114,6 +114,21 @@ def wait() -> None:
         raise Resize(pending.step)
 
 
+def agree(mine: bool) -> bool:
+    """Every rank takes rank 0's `mine` (one small broadcast, when a process group is
+    formed): a sharded save is collective, so all save at the same step or none does."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
+    device = torch.device("cuda", torch.cuda.current_device()) if (
+        dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def _group():
     """A gloo group of its own for async saves (created once, on every rank together)."""
     global _async_group

@@ -43,10 +43,14 @@ class Generation:
     number: int
     members: tuple[int, ...]
     reason: str = ""
+    planned: bool = False
+    """The ranks it leaves out leave at their next commit (a decommission notice): they
+    are alive, and the current world's collectives are not to be aborted."""
 
     @classmethod
     def from_reply(cls, value: dict) -> Generation:
-        return cls(int(value["generation"]), tuple(value["members"]), str(value.get("reason", "")))
+        return cls(int(value["generation"]), tuple(value["members"]),
+                   str(value.get("reason", "")), bool(value.get("planned", False)))  # fmt: skip
 
     def world_rank(self, launch_rank: int) -> int | None:
         """This launch rank's rank in the world, or None if it is not a member."""

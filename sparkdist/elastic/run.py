@@ -113,7 +113,7 @@ class _Loop:
         )
 
         def on_newer(newer: Generation) -> None:  # in the watcher's thread
-            if set(generation.members) - set(newer.members):
+            if set(generation.members) - set(newer.members) and not newer.planned:
                 group.abort()  # a lost member blocks NCCL collectives forever
 
         watcher = Watcher(self.generations, generation, on_newer).start()

@@ -70,6 +70,9 @@ class TaskHello(NamedTuple):
     index: int
     host: str
     pid: int
+    spark_task_id: int = -1
+    """Spark's task attempt id (-1: unknown): how the driver finds the task's executor,
+    to learn when it is decommissioned (`sparkdist/spark/decommission.py`)."""
 
 
 @register("supervisor")
@@ -240,6 +243,12 @@ class CheckpointSteps(NamedTuple):
     """The committed steps, oldest first."""
 
 
+@register("checkpoint_due")
+class CheckpointDue(NamedTuple):
+    """Does the job want a checkpoint now, between `save(..., every=N)`'s steps (an
+    elastic job about to grow, or to leave an executor being decommissioned)? Ok(bool)."""
+
+
 @register("checkpoint_place")
 class CheckpointPlace(NamedTuple):
     """Where this job's ranks write the shards of `step` (answered with a path or URL)."""
@@ -310,6 +319,9 @@ class GangCheckIn(NamedTuple):
     partition: int
     host: str
     pid: int
+    spark_task_id: int = -1
+    """Spark's task attempt id (-1: unknown): a task on an executor being decommissioned
+    is not seated."""
 
 
 @register("gang_seat")
@@ -384,7 +396,7 @@ TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDo
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
                  CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit, Report, ElasticWorld)  # fmt: skip
+                 CheckpointCommit, CheckpointDue, Report, ElasticWorld)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)

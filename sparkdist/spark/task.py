@@ -32,6 +32,15 @@ def partition_id() -> int:
     return -1 if context is None else context.partitionId()
 
 
+def task_attempt_id() -> int:
+    """Spark's id of this task attempt (unique in the application; the driver maps it to
+    the task's executor); -1 outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return -1 if context is None else int(context.taskAttemptId())
+
+
 def task_cpus() -> int:
     """The CPUs Spark gave this task (`spark.task.cpus`); 1 outside a task."""
     from pyspark import TaskContext

@@ -276,10 +276,12 @@ def elastic_main(
     step_s: float = 0.4,
     max_steps: int = 400,
     train=None,
+    every: int = 1,
 ) -> dict[str, Any]:
-    """DDP regression for an elastic job: one batch a step, a checkpoint after every step
-    (rank 0 appends (step, world size, attempt) to `progress_dir/steps.jsonl` after each
-    save the driver stored), resuming from the newest checkpoint at any world size.
+    """DDP regression for an elastic job: one batch a step, a checkpoint every `every`
+    steps (`checkpoint.save(..., every=...)`: also at once when the job stops there;
+    rank 0 appends (step, world size, attempt, saved) to `progress_dir/steps.jsonl` after
+    each step's save call), resuming from the newest checkpoint at any world size.
     With `train` (the converter of a DataFrame of ids), the batches come from its torch
     loader, whose position is in the checkpoint; a step's line then also holds the
     loader's epoch and the ids the whole world read in it.
@@ -351,12 +353,12 @@ def elastic_main(
             state["loader"] = loader.state_dict()
         record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time(), **read}
         try:
-            saved = checkpoint.save(state, step)
+            saved = checkpoint.save(state, step, every=every)
         except checkpoint.Resize:
-            _append_line(steps_file, record)  # stored: the larger world resumes after it
+            _append_line(steps_file, {**record, "saved": True})  # the next world resumes after it
             raise
-        if saved:
-            _append_line(steps_file, record)
+        if rank == 0:
+            _append_line(steps_file, {**record, "saved": saved})
         time.sleep(step_s)
     cleanup.close()
     with torch.no_grad():

@@ -45,6 +45,8 @@ HOST_RESOURCE = "sparkdisthost"
 """A custom Spark resource each worker has one of: an application whose executors ask
 for one (`HOST_RESOURCE_CONF`) gets at most one executor on each host, also after a
 host was lost (the master cannot stack a replacement on a survivor)."""
+DECOMMISSION_CONF = {"spark.decommission.enabled": "true"}
+"""An application that takes decommission notices (the workers do: `_worker_properties`)."""
 HOST_RESOURCE_CONF = {
     f"spark.executor.resource.{HOST_RESOURCE}.amount": "1",
     f"spark.task.resource.{HOST_RESOURCE}.amount": "1",
@@ -251,6 +253,9 @@ class NetnsCluster:
         props.write_text(
             f"spark.worker.resource.{HOST_RESOURCE}.amount 1\n"
             f"spark.worker.resource.{HOST_RESOURCE}.discoveryScript {script}\n"
+            # SIGPWR decommissions the worker (`decommission_worker`), as a cloud's notice
+            # does; applications take it with DECOMMISSION_CONF.
+            "spark.decommission.enabled true\n"
         )
         return props
 
@@ -364,6 +369,16 @@ class NetnsCluster:
             raise RuntimeError(f"processes of host {i} survived SIGKILL: {alive}")
         self._wait_master_sees(i, False, timeout_s)
         return [p.pid for p in procs]
+
+    def decommission_worker(self, i: int) -> float:
+        """Give host i's worker Spark's decommission signal (SIGPWR), as a cloud's notice
+        that the host is taken back does; returns when (time.time()). Its executors'
+        running tasks go on until the host is lost (`stop_worker`)."""
+        if not self.alive(f"worker-{i}"):
+            raise RuntimeError(f"host {i}'s worker is not running")
+        at = time.time()
+        self.worker_process(i).send_signal(signal.SIGPWR)
+        return at
 
     def start_worker(self, i: int, timeout_s: float = 120.0) -> None:
         """Start a worker on host i again (after `stop_worker`) and wait until the

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from netns_cluster import HOST_RESOURCE_CONF
+from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
 from test_cluster import records, wait_all_gone, wait_no_job_processes
 
@@ -56,7 +56,7 @@ def host_driver(cluster, driver):
     after a host is lost: so an elastic job's ranks land on different hosts and a lost
     host's slot stays lost until a worker returns there. (It asks for the main driver
     first, so that the main application's executors are placed before this one's.)"""
-    with submit_conf(HOST_RESOURCE_CONF):
+    with submit_conf({**HOST_RESOURCE_CONF, **DECOMMISSION_CONF}):  # takes notices too
         remote = RemoteDriver(cluster, "elastic", cores=3)
     try:
         wait_executors(remote, 3)
@@ -294,3 +294,148 @@ def test_dynamic_allocation_elastic_runs_fixed_size_refused(cluster, dynamic_dri
     assert "dynamic allocation" in fixed["error"] and "min_np" in fixed["error"]
     assert "BarrierJobRunWithDynamicAllocation" not in fixed["error"]
     assert wait_no_job_processes(cluster, 30) == []
+
+
+# --- decommission notices (issue 41): a host is given Spark's decommission signal, and
+# --- killed NOTICE_S later, as a cloud takes back a spot instance ----------------------
+
+NOTICE_S = 15.0
+
+
+def log_since(remote: RemoteDriver, offset: int) -> str:
+    """What the remote driver logged after `offset` (its log file's size before)."""
+    with open(remote.log_path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+def notice_then_kill(cluster, remote: RemoteDriver, host: int, before_kill) -> tuple[float, float]:
+    """SIGPWR host `host`'s worker, call `before_kill()` (it waits for what the job must
+    do first), then SIGKILL the host NOTICE_S after the notice. Returns (notice, kill)."""
+    notice = cluster.decommission_worker(host)
+    before_kill(notice + NOTICE_S)
+    time.sleep(max(0.0, notice + NOTICE_S - time.time()))
+    killed = time.time()
+    cluster.stop_worker(host)
+    return notice, killed
+
+
+def restore_host(cluster, driver, host: int | None) -> None:
+    if host is not None and not cluster.alive(f"worker-{host}"):
+        cluster.start_worker(host)
+
+
+def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
+    cluster, driver, host_driver, tmp_path
+):
+    """A DDP job that saves every 10 steps (`save(..., every=10)`): at the notice rank 0
+    saves the step it is at, the world is relaunched at once without the leaving host, and
+    is at 2 ranks before the host is killed. No step is redone, each loader row is read
+    once an epoch, and the notice counts against no max_failures (0 here)."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    offset = host_driver.log_path.stat().st_size
+    job = host_driver.submit(
+        "run_job",
+        main="elastic_main",
+        np=3,
+        runner={**RUNNER, "min_np": 2, "max_np": 3, "max_failures": 0},
+        kwargs={
+            "progress_dir": str(progress),
+            "min_steps": 1,
+            "stop_file": str(stop_file),
+            "every": 10,
+        },  # fmt: skip
+        id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, attempt=0)
+        hosts = rank_hosts(progress, 0)
+        lost = host_index(cluster, hosts[2])
+        smaller: dict = {}
+
+        def world_of_two(deadline: float) -> None:
+            smaller.update(wait_step(progress, job, world_size=2, timeout_s=deadline - time.time()))
+
+        notice, killed = notice_then_kill(cluster, host_driver, lost, world_of_two)
+        wait_step(progress, job, step=smaller["step"] + 3, world_size=2)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        restore_host(cluster, driver, lost)
+
+    assert result["ok"], result.get("error")
+    steps = read_steps(progress)
+    numbers = [row["step"] for row in steps]
+    assert numbers == list(range(1, len(steps) + 1)), numbers  # nothing redone
+    left = [row for row in steps if row["attempt"] == 0][-1]
+    assert left["saved"] and left["at"] > notice, left  # saved at the notice
+    assert smaller["at"] < killed, (smaller["at"] - notice, killed - notice)
+    check_each_epoch_read_once(steps)
+    assert result["attempts"] == 2, result["failures"]
+    (why,) = result["failures"]
+    address = cluster.address(lost)
+    assert why.startswith("left: executor ") and address in why, why
+    assert why.endswith(f"resuming from step {left['step']}"), why
+    lines = [line for line in log_since(host_driver, offset).splitlines() if address in line and
+             "being decommissioned" in line and "world 3 -> 2 ranks" in line]  # fmt: skip
+    assert len(lines) == 1 and f"step {left['step']}" in lines[0], lines
+    print(
+        f"relaunch path, notice: world of 2 stepping {smaller['at'] - notice:.1f} s after "
+        f"the notice, {killed - smaller['at']:.1f} s before the kill; 0 steps redone"
+    )
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
+    wait_executors(host_driver, 3)
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
+def test_notice_for_a_fixed_size_job_is_logged_then_the_loss_as_ever(
+    cluster, driver, host_driver, tmp_path
+):
+    """A fixed-size job cannot leave a host: the driver logs at the notice that the job
+    will fail there, why, and what would not (min_np/max_np); the host's loss then
+    relaunches it from its checkpoint as it always did."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    offset = host_driver.log_path.stat().st_size
+    job = host_driver.submit(
+        "run_job",
+        main="elastic_main",
+        np=2,
+        runner={**RUNNER, "max_failures": 1},
+        kwargs={"progress_dir": str(progress), "min_steps": 1, "stop_file": str(stop_file)},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=2, attempt=0)
+        lost = host_index(cluster, rank_hosts(progress, 0)[1])
+        address = cluster.address(lost)
+
+        def logged(deadline: float) -> None:
+            while address not in log_since(host_driver, offset):
+                assert time.time() < deadline, "no notice line before the kill"
+                time.sleep(0.2)
+
+        notice_then_kill(cluster, host_driver, lost, logged)
+        wait_step(progress, job, world_size=2, attempt=1)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        restore_host(cluster, driver, lost)
+
+    assert result["ok"], result.get("error")
+    assert result["attempts"] == 2 and address in result["failures"][0], result["failures"]
+    log = log_since(host_driver, offset)
+    (line,) = [x for x in log.splitlines() if "being decommissioned" in x]
+    assert address in line and "fixed-size job (np=2) fails" in line and "min_np" in line, line
+    assert log.index(line) < log.index("relaunching it"), log[-2000:]
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
+    wait_executors(host_driver, 3)
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]

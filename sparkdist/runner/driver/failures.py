@@ -60,17 +60,23 @@ MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably st
 
 class WorldResize(Exception):
     """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
-    can relaunch with more ranks (`runner/driver/launch/elastic.py`)."""
+    can relaunch with more ranks (`runner/driver/launch/elastic.py`), or without an
+    executor being decommissioned (`left`, `notices.py`)."""
+
+    def __init__(self, reason: str, left: bool = False):
+        super().__init__(reason)
+        self.left = left
 
 
 class WorldChange(Exception):
     """Not a failure: an in-process elastic world (`membership.py`) lost members
-    (`grow=False`) or has tasks standing by to grow into (`grow=True`). Its ranks run
-    on; the driver's loop of attempts (`job.py`) decides what becomes of it."""
+    (`grow=False`), has tasks standing by to grow into (`grow=True`), or members leave an
+    executor being decommissioned (`leave=True`, `notices.py`). Its ranks run on; the
+    driver's loop of attempts (`job.py`) decides what becomes of it."""
 
-    def __init__(self, reason: str, grow: bool):
+    def __init__(self, reason: str, grow: bool, leave: bool = False):
         super().__init__(reason)
-        self.reason, self.grow = reason, grow
+        self.reason, self.grow, self.leave = reason, grow, leave
 
 
 @dataclass
@@ -334,9 +340,11 @@ class FailureTracker:
         with self._cond:
             while True:
                 if self._growth.resizing is not None and ranks.by_rank[0].exited:
-                    raise WorldResize(self._growth.resizing)
+                    raise WorldResize(self._growth.resizing, left=self._growth.leave)
                 if self._ready():
                     raise self._error()
+                if membership.leaving:
+                    raise WorldChange("; ".join(membership.leaving.values()), False, leave=True)
                 if membership.pending:
                     reason = "; ".join(loss.reason for loss in membership.pending.values())
                     raise WorldChange(reason, grow=False)

@@ -151,9 +151,9 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
             running = True
             world = attempt.world
             assert world is not None
-            if change.grow:
+            if change.grow or change.leave:  # not a fault: not counted
                 kind.change_in_process(world, change)
-                report.reformed.append(f"grew: {change.reason}")
+                report.reformed.append(f"{'grew' if change.grow else 'left'}: {change.reason}")
             elif world.state.membership.can_shrink() and budget.reform():
                 kind.change_in_process(world, change)
                 report.reformed.append(change.reason)
@@ -161,7 +161,7 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
                 world.state.losses.refused(world.state.membership.refuse())
         except WorldResize as exc:
             running = False
-            report.failures.append(f"grew: {exc}")
+            report.failures.append(f"{'left' if exc.left else 'grew'}: {exc}")
             why = f"{exc}"
         except BaseException as exc:
             running = False

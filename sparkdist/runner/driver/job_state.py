@@ -123,6 +123,13 @@ class JobState:
                 self.failures.stop("growing")
         return answer
 
+    def checkpoint_due(self) -> bool:
+        """Whether rank 0's `save(..., every=N)` should save at this step: the job stops
+        at its next checkpoint (to grow, or to leave a decommissioned executor)."""
+        with self.cond:
+            pending = self.growth.reason is not None and self.growth.resizing is None
+            return pending and not self.membership.in_process()
+
     def succeeded(self) -> bool:
         """Every rank ended well (or was a worker the job could lose, or a rank an
         in-process world went on without), the results the job waits for arrived (from

@@ -40,10 +40,14 @@ class Generation:
     number: int
     members: tuple[int, ...]
     reason: str
+    planned: bool = False
+    """Formed for members that leave at their next commit (a decommission notice): the
+    ones left out are alive, and nobody's collective is to be aborted."""
 
     def to_wire(self) -> dict:
         """The `Ok` value of an `ElasticWorld` answer."""
-        return {"generation": self.number, "members": list(self.members), "reason": self.reason}
+        found = {"generation": self.number, "members": list(self.members), "reason": self.reason}
+        return {**found, "planned": True} if self.planned else found
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class Membership:
         """Members lost in process, for the driver's loop to decide on."""
         self.joining: set[int] = set()
         """Newcomers seated by a grow, not yet in a generation."""
+        self.leaving: dict[int, str] = {}
+        """Members to leave at their next commit (a decommission notice): why; for the
+        driver's loop to form the generation without them (`let_leave`)."""
         self._grow_reason = ""
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
@@ -162,6 +169,35 @@ class Membership:
         self._form(members, reason)
         return before, len(members), reason
 
+    def depart(self, ranks: list[int], reason: str) -> bool:
+        """Members `ranks` are to leave (their executor is being decommissioned): False
+        when the world cannot go on in process without them (too few, or not every
+        member runs in-process elastic code)."""
+        with self.cond:
+            if not self.in_process():
+                return False
+            going = set(ranks) | self.leaving.keys()
+            members = self.generation.members
+            if self.min_np is None or len([r for r in members if r not in going]) < self.min_np:
+                return False
+            self.leaving.update((r, reason) for r in ranks if r in members)
+            self.cond.notify_all()
+            return True
+
+    def let_leave(self) -> tuple[int, int, str]:
+        """Form the next generation without the leaving members (they become tolerated
+        leaves, and end at their next commit); returns (size before, size after, why)."""
+        with self.cond:
+            leaving, self.leaving = self.leaving, {}
+            self.left.update(leaving)
+            for rank in leaving:  # lost before it could leave: it has left all the same
+                self.pending.pop(rank, None)
+            before = len(self.generation.members)
+            members = [r for r in self.generation.members if r not in self.left]
+            reason = "; ".join(sorted(set(leaving.values())))
+        self._form(members, reason, planned=True)
+        return before, len(members), reason
+
     def refuse(self) -> list[Loss]:
         """The loop will not re-form in process: the pending losses are failures after
         all, and the world is not re-formed in process any more."""
@@ -203,11 +239,12 @@ class Membership:
             reason = f"{self._grow_reason}: ranks {newcomers} joined"
         self._form(members, reason)
 
-    def _form(self, members: list[int], reason: str) -> None:
+    def _form(self, members: list[int], reason: str, planned: bool = False) -> None:
         """Make `members` the next generation and answer every rank waiting for it."""
         with self.cond:
             before = len(self.generation.members)
-            self.generation = Generation(self.generation.number + 1, tuple(members), reason)
+            self.generation = Generation(self.generation.number + 1, tuple(members), reason,
+                                         planned)  # fmt: skip
             ready, still = [], []
             for rank, after, reply in self._waiting:
                 answer = self._answer(rank, after)

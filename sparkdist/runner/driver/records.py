@@ -180,6 +180,14 @@ class SparkTasks:
         self.lost: dict[int, str] = {}
         """Tasks whose agent connection broke before they finished, with why."""
         self.places: dict[int, messages.AgentPlace] = {}
+        self.spark_ids: dict[int, int] = {}
+        """Each task's Spark task attempt id, where it said (its executor's notices)."""
+
+    def identified(self, index: int, spark_task_id: int) -> None:
+        """Task `index` is Spark's task attempt `spark_task_id` (-1: it did not say)."""
+        if spark_task_id >= 0:
+            with self.cond:
+                self.spark_ids[index] = spark_task_id
 
     def connected(self, index: int) -> None:
         with self.cond:
@@ -316,17 +324,21 @@ class Growth:
         """Why the world should grow, once it should."""
         self.resizing: str | None = None
         """Rank 0 was told to stop after its checkpoint, so the job can grow: why."""
+        self.leave = False
+        """The request is to leave an executor being decommissioned (`notices.py`)."""
 
-    def request(self, reason: str) -> None:
-        """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger."""
+    def request(self, reason: str, leave: bool = False) -> None:
+        """Ask rank 0 to stop at its next checkpoint, so the job relaunches larger (or,
+        `leave`, without an executor being decommissioned: that request wins)."""
         with self.cond:
-            self.reason = reason
+            if leave or not self.leave:
+                self.reason, self.leave = reason, leave
 
     def take(self) -> str:
         """The request, taken by an in-process world, which grows without a relaunch
         (`membership.py`); a later request may follow."""
         with self.cond:
-            reason, self.reason = self.reason, None
+            reason, self.reason, self.leave = self.reason, None, False
             return reason or ""
 
     def answer_checkpoint(self, rank: int, step: int) -> str | None:

@@ -97,6 +97,7 @@ class DriverService:
             return None
         if isinstance(hello, messages.TaskHello):
             peer: _Peer = _TaskPeer(self.state, link, hello.index, hello.host)
+            self.state.tasks.identified(hello.index, hello.spark_task_id)
             peer.streams = _TaskStreams(self, link)  # its relay's local peers
         elif isinstance(hello, messages.SupervisorHello):
             peer = _SupervisorPeer(self.state, link, hello.rank, hello.host)
@@ -420,6 +421,8 @@ class _RankPeer(_Peer):
                 state.losses.rank_error(rank, traceback, reason)
             case messages.Report(step, metrics):
                 return self._report(step, metrics)
+            case messages.CheckpointDue():
+                return messages.Ok(state.checkpoint_due())
         return messages.Ok()
 
     @property

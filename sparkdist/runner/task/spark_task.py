@@ -53,7 +53,7 @@ from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.runner.task.relay import HostRelay
 from sparkdist.runner.task.rsh_relay import LaunchRelay
 from sparkdist.spark.gpus import gpu_addresses
-from sparkdist.spark.task import barrier_context, task_context
+from sparkdist.spark.task import barrier_context, task_attempt_id, task_context
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class TaskRun:
         self._supervised: dict[str, int] = {}
         """The rank of each supervisor this task started, by its launcher name."""
         self.channel = wire.connect(split_address(spec.job.driver), spec.job.secret)
-        self._send(messages.TaskHello(index, host, os.getpid()))
+        self._send(messages.TaskHello(index, host, os.getpid(), task_attempt_id()))
         # What this task starts reaches the driver through the task's relay.
         self.relay = HostRelay(spec.job.secret, self._send)
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
@@ -258,7 +258,7 @@ def run_gang_task(spec: LaunchSpec, gang: str, partition: int) -> bytes:
             if spec.network_interface
             else channel.sock.getsockname()[0]
         )
-        check_in = messages.GangCheckIn(partition, host, os.getpid())
+        check_in = messages.GangCheckIn(partition, host, os.getpid(), task_attempt_id())
         reply = messages.decode(channel.request(messages.encode(check_in)), messages.GANG_ORDERS)
         if not isinstance(reply, messages.GangSeat):
             return b""

@@ -13,6 +13,7 @@ import threading
 from sparkdist.network import is_local_address, join_address
 from sparkdist.protocol.launch import LaunchSpec
 from sparkdist.protocol.processes import ProcessRecord, wait_gone
+from sparkdist.runner.driver import notices
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.options import RunnerOptions
@@ -45,6 +46,7 @@ class BarrierKind(FixedSizeKind):
                     plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
         stage = BarrierStage(self.cluster, spec, state, plan.description(spec.num_ranks,
                                                                          "barrier"))  # fmt: skip
+        stage.notices = notices.watch(self.cluster, state, notices.fixed_size(opts.num_ranks))
         return World(state, service, stage)
 
 
@@ -60,6 +62,7 @@ class BarrierStage:
         self.group = job_tag(spec.job.job_id)
         self.error: BaseException | None = None
         self.outputs: list[bytes] | None = None
+        self.notices: notices.NoticeWatcher | None = None
         self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)
 
     def _run(self) -> None:
@@ -83,6 +86,8 @@ class BarrierStage:
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         """Let the tasks end; cancel the job group if they do not end in time."""
+        if self.notices is not None:
+            self.notices.stop()
         # A task whose executor was lost will never say it is done: do not wait for it.
         expected = self.state.tasks.live_count()
         if (

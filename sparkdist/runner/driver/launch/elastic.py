@@ -30,6 +30,7 @@ import time
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
 from sparkdist.protocol.processes import ProcessRecord
+from sparkdist.runner.driver import notices
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, World
@@ -39,6 +40,7 @@ from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, job_tag, spark_error_summary
+from sparkdist.spark.decommission import for_session, setup_warning
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +70,17 @@ class GangKind:
         """The size of the last world formed (0 before the first)."""
         self.state: JobState | None = None
         """The last world's state."""
+        self.decommissions = for_session(cluster)
+        warning = setup_warning(cluster, elastic=True)
+        if warning:
+            logger.warning("sparkdist elastic job: %s", warning)
 
     def form(self, plan: AttemptPlan, why: str) -> World:
         opts = self.options
         per_task = opts.ranks_per_task
         min_np, max_np = opts.size_range
-        gang = Gang(plan.secret, self.place.bind, self.place.advertise)
+        leaving = self.decommissions.is_leaving if self.decommissions else None
+        gang = Gang(plan.secret, self.place.bind, self.place.advertise, leaving)
         # Every task gets the same spec; its seat gives it its index, the world's size and
         # the service's address.
         template = plan.spec(max_np, "")
@@ -99,6 +106,7 @@ class GangKind:
         driver = join_address(*service.address)
         gang.seat(chosen, self.world, driver)
         watcher = _GrowWatcher(gang, state, max_np, per_task)
+        watcher.notices = notices.watch(self.cluster, state, notices.elastic(state))
         auto = " (auto: direct for an elastic job)" if opts.launcher == "auto" else ""
         logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s%s",
                     plan.job_id, self.world, min_np, max_np, plan.launcher, auto)  # fmt: skip
@@ -116,6 +124,9 @@ class GangKind:
         membership's). Grow: seat the tasks standing by into the running attempt; the
         generation that includes them forms once each of their ranks entered."""
         state = world.state
+        if change.leave:
+            state.membership.let_leave()
+            return
         if not change.grow:
             state.membership.shrink()
             return
@@ -188,6 +199,8 @@ class _GrowWatcher:
         self.max_np, self.per_task = max_np, per_task
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
+        self.notices: notices.NoticeWatcher | None = None
+        """The attempt's decommission notices (stopped with it)."""
 
     def start(self) -> None:
         if self.state.membership.size() < self.max_np:
@@ -213,6 +226,8 @@ class _GrowWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.notices is not None:
+            self.notices.stop()
 
 
 class _SeatedWorld:

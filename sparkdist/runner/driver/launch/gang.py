@@ -43,7 +43,12 @@ class _Arrival:
 class Gang:
     """One attempt's check-ins, served on their own authenticated port."""
 
-    def __init__(self, secret: wire.JobSecret, bind: str, advertise: str):
+    def __init__(self, secret: wire.JobSecret, bind: str, advertise: str,
+                 leaving: Callable[[int], bool] | None = None):  # fmt: skip
+        self._leaving = leaving
+        """Whether a Spark task attempt runs on an executor being decommissioned: such a
+        task is released, never seated (Spark starts no new task there, but one may have
+        checked in before the notice)."""
         self._cond = threading.Condition()
         self._waiting: list[_Arrival] = []
         self._closed = False
@@ -114,6 +119,8 @@ class Gang:
                 if quiet >= START_SETTLE_S:
                     break
                 self._cond.wait(START_SETTLE_S - quiet)
+            if self._release_leaving() and len(self._waiting) < low:
+                return self.form(low, high, deadline - time.monotonic(), min_np, max_np)
             return list(self._waiting[:high])
 
     def fail(self, reason: str) -> None:
@@ -135,6 +142,7 @@ class Gang:
         `first`, `first + 1`...; `before(their indexes)` runs before they hear of it.
         Returns how many were seated."""
         with self._cond:
+            self._release_leaving()
             chosen = self._waiting[: max(0, most)]
             if not chosen:
                 return 0
@@ -146,6 +154,21 @@ class Gang:
                                                       driver))  # fmt: skip
             return len(chosen)
 
+    def _release_leaving(self) -> int:
+        """Release the waiting tasks whose executor is being decommissioned; how many."""
+        if self._leaving is None:
+            return 0
+        going = [a for a in self._waiting if self._leaving(a.check_in.spark_task_id)]
+        for arrival in going:
+            self._waiting.remove(arrival)
+            arrival.decision = messages.encode(
+                messages.GangRelease("its executor is being decommissioned")
+            )
+            arrival.decided.set()
+        if going:
+            logger.info("released %d task(s) on executors being decommissioned", len(going))
+        return len(going)
+
     def _seat(self, arrival: _Arrival, seat: messages.GangSeat) -> None:
         self._waiting.remove(arrival)
         arrival.decision = messages.encode(seat)
@@ -154,6 +177,7 @@ class Gang:
     def standing_by(self) -> int:
         """How many tasks wait with a free slot for the job to grow into."""
         with self._cond:
+            self._release_leaving()
             return len(self._waiting)
 
     def close(self) -> None:

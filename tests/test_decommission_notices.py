@@ -1,0 +1,89 @@
+"""What the driver does with a decommission notice (issue 41), on its real service and
+job state, without Spark (the notices themselves, from a real standalone cluster's
+decommissioned worker, are tested in tests/cluster/test_elastic_cluster.py):
+
+* relaunch path: rank 0's `checkpoint.save(..., every=N)` saves at once when a notice is
+  pending, and ends the attempt as a resize that says it left (not a failure);
+* in process: the leaving members go at their next commit, the next generation is formed
+  without them (planned: no collective aborted), and their end is no failure.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from test_driver_service import _rank
+
+from sparkdist import checkpoint
+from sparkdist.checkpoint import driver_record
+from sparkdist.checkpoint.store import CheckpointStore
+from sparkdist.protocol import driver_channel, messages, wire
+from sparkdist.runner.driver.failures import WorldChange, WorldResize
+from sparkdist.runner.driver.job_state import JobState
+from sparkdist.runner.driver.records import JobSpec
+from sparkdist.runner.driver.service import DriverService
+
+NOTICE = "executor 2 on host 10.0.0.12 is being decommissioned (ranks [2])"
+
+
+def wait(state: JobState) -> None:
+    state.failures.wait(None, time.monotonic() + 30, launcher_expected=False)
+
+
+def test_relaunch_path_saves_at_the_notice_and_resizes_without_a_failure(tmp_path, monkeypatch):
+    store = CheckpointStore(tmp_path / "checkpoints")
+    state = JobState(JobSpec("job", 3, b"payload", False, "none"), checkpoints=store)
+    secret = wire.new_secret()
+    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setattr(driver_channel, "_client", _rank(service, secret, 0))
+    try:
+        assert checkpoint.save({"w": 1}, 10, every=10)  # a multiple: saved
+        monkeypatch.setattr(driver_record, "_due_asked_at", float("-inf"))
+        assert not checkpoint.save({"w": 2}, 11, every=10)  # nothing pending: skipped
+        state.growth.request("2 more slots stayed free")
+        state.growth.request(NOTICE, leave=True)  # the notice wins over a grow
+        monkeypatch.setattr(driver_record, "_due_asked_at", float("-inf"))
+        with pytest.raises(checkpoint.Resize):  # saved at once, then rank 0 stops
+            checkpoint.save({"w": 3}, 12, every=10)
+        assert store.steps() == [10, 12]
+        with pytest.raises(ValueError, match="every must be an int >= 1"):
+            checkpoint.save({"w": 4}, 13, every=0)
+    finally:
+        service.close()
+        store.close()
+    state.losses.rank_exited(0, 0, [])
+    state.losses.task_lost(2, "10.0.0.12")  # the attempt being stopped: expected
+    with pytest.raises(WorldResize, match="resuming from step 12") as resized:
+        wait(state)
+    assert resized.value.left and NOTICE in str(resized.value)
+
+
+def test_in_process_members_leave_at_their_next_commit_without_a_failure():
+    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=2))
+    membership = state.membership
+    for rank in range(3):
+        state.rank_records.started(rank, f"10.0.0.{10 + rank}")
+        assert membership.ask(rank, -1, None) is not None  # every rank entered
+    assert not membership.depart([1, 2], NOTICE)  # one rank left is fewer than min_np=2
+    assert membership.depart([2], NOTICE)
+    with pytest.raises(WorldChange) as change:
+        wait(state)
+    assert change.value.leave and not change.value.grow and NOTICE in change.value.reason
+    assert membership.let_leave() == (3, 2, NOTICE)  # as the loop of attempts does
+    answer = membership.ask(0, 0, None)
+    assert answer == messages.Ok(
+        {"generation": 1, "members": [0, 1], "reason": NOTICE, "planned": True}
+    )
+    # The leaving rank ends cleanly; its host then dies: neither is a failure.
+    state.losses.rank_exited(2, 0, [])
+    state.losses.task_lost(2, "10.0.0.12")
+    state.losses.rank_exited(2, -signal.SIGKILL, [])
+    for rank in (0, 1):
+        state.rank_result(rank, b"result", [])
+        state.losses.rank_exited(rank, 0, [])
+    wait(state)  # succeeded
+    assert state.results() == [(0, b"result"), (1, b"result")]
