@@ -187,8 +187,8 @@ class _GrowWatcher:
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
 
     def start(self) -> None:
-        if self.state.membership.size() < self.max_np:
-            self._thread.start()
+        # Also at max_np: an in-process world that loses a rank has room again later.
+        self._thread.start()
 
     def _run(self) -> None:
         growth, since = self.state.growth, None
