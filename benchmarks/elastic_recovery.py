@@ -170,8 +170,11 @@ def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=No
     progress = progress_kind(directory)
     stop_file = directory / "stop"
     job = submit(str(directory), str(stop_file))
+    # A world of 3 that took KILL_AFTER_STEP steps (a job may start with fewer, and grow).
     steps = wait_for(
-        lambda: [s for s in progress.steps() if s["step"] >= KILL_AFTER_STEP],
+        lambda: [
+            s for s in progress.steps() if s["step"] >= KILL_AFTER_STEP and s["world_size"] == 3
+        ],
         job,
         "the first steps",
         timeout_s=600,
@@ -195,8 +198,10 @@ def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=No
         timer.start()
 
     def next_step():
-        later = [s for s in progress.steps() if progress.world(s) != old_world]
-        return later[0] if later and later[0]["at"] > killed_at else None
+        later = [
+            s for s in progress.steps() if s["at"] > killed_at and progress.world(s) != old_world
+        ]
+        return later[0] if later else None
 
     try:
         step = wait_for(next_step, job, "a step after the loss", timeout_s=400)

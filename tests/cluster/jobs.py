@@ -590,6 +590,11 @@ def in_process_elastic_main(
 
     if elastic_timeout_s is not None:
         os.environ["SPARKDIST_ELASTIC_TIMEOUT_S"] = str(elastic_timeout_s)
+    # The elastic package's own account (worlds formed, broken, left) in the rank's log.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logging.getLogger("sparkdist.elastic").addHandler(handler)
+    logging.getLogger("sparkdist.elastic").setLevel(logging.DEBUG)
     launch, pid = int(os.environ["RANK"]), os.getpid()
     events = os.path.join(progress_dir, f"events-{launch}.jsonl")
     steps_file = os.path.join(progress_dir, "steps.jsonl")
