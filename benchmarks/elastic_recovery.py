@@ -59,11 +59,11 @@ KILL_AFTER_STEP = 12
 SAVE_EVERY = 10
 RUNNER = {"start_timeout": 180, "timeout": 900}
 ELASTIC = {**RUNNER, "min_np": 2, "max_np": 3}
-MEMORY_COPIES = {"in process": 6, "relaunch": 4}
-"""Copies of a rank's model state held at the peak: in process the parameters, the
-commit, and during a sync the broadcast buffer, its unpacked copy and the new commit
-(plus slack); by relaunch the parameters, the serialised checkpoint and the copy resumed
-from it. The driver keeps the checkpoint once more."""
+MEMORY_COPIES = {"in process": 4, "relaunch": 4}
+"""Copies of a rank's model state held at the peak: in process the parameters, the commit
+and the next commit while it is taken (plus slack; a loss sends no tensors); by relaunch
+the parameters, the serialised checkpoint and the copy resumed from it. The driver keeps
+the checkpoint once more."""
 
 
 def parse_size(text: str) -> int:

@@ -382,6 +382,11 @@ def test_in_process_survivors_keep_their_processes_as_a_host_is_lost_and_returns
     assert len(entry_step[1]) == len(entry_step[2]) == 1, entry_step  # one state for all
     assert 0 <= max(steps_of(events, 0)) - entry_step[1].pop() <= 1  # at most one redone
     assert max(steps_of(events, 1)) == entry_step[2].pop()  # a grow, at a commit: none
+    # After the loss the survivors held the same commit: no state was sent (no rank loaded
+    # a synced one). The newcomer had none: the grow's sync sent it to every rank but 0.
+    synced = Counter(e["generation"] for evs in events.values() for e in evs
+                     if e["event"] == "synced")  # fmt: skip
+    assert (synced[1], synced[2]) == (0, 2), synced
 
     steps = read_steps(progress)
     assert [row["step"] for row in steps] == list(range(1, len(steps) + 1))  # each kept once
