@@ -280,6 +280,12 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["10M", "100M", "500M"])
+    parser.add_argument(
+        "--relaunch-sizes",
+        nargs="+",
+        default=None,
+        help="sizes of the relaunch rows (default: --sizes)",
+    )
     parser.add_argument("--replacement-s", type=float, default=30.0)
     parser.add_argument(
         "--only",
@@ -340,7 +346,10 @@ def main() -> None:
             for kind, label in (("in-process", "in process"), ("relaunch", "relaunch")):
                 if kind not in kinds:
                     continue
-                for size in args.sizes:
+                sizes = args.sizes
+                if kind == "relaunch" and args.relaunch_sizes:
+                    sizes = args.relaunch_sizes
+                for size in sizes:
                     parameters = parse_size(size)
                     row = {"case": f"sparkdist {label} (`min_np=2, max_np=3`)", "size": size}
                     if kind == "in-process":
