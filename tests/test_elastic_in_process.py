@@ -9,7 +9,9 @@ poll for a newer one, return once the test says stop.
   is relaunched;
 * a task standing by (a slot another Spark job held, then freed): seated into the
   running attempt with fresh launch ranks, the next generation includes them;
-* a loss before every rank entered: relaunched as ever.
+* a loss before every rank entered, or below min_np: relaunched as ever;
+* max_failures counts a loss re-formed in process: the next one fails the job;
+* the protocol itself on a real `DriverService` (no Spark).
 
 Two ranks per task (`ranks_per_task=2`) give a world of four ranks on the two slots.
 """
@@ -23,9 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from test_elastic import SlotHolder, still_alive, wait_for
 
 import sparkdist
+from sparkdist.errors import RankFailedError
 from sparkdist.runner.driver.failures import FAILURE_SETTLE_S
 
 
@@ -37,13 +41,13 @@ def elastic_loop(out: str) -> dict | None:
     from sparkdist.protocol.driver_channel import driver_client
 
     client, rank, pid = driver_client(), int(os.environ["RANK"]), os.getpid()
-    Path(out, f"pid-{rank}").write_text(str(pid))
+    write_whole(Path(out, f"pid-{rank}"), str(pid))
     reply = client.request(messages.ElasticWorld(rank, -1, 60.0))
     assert isinstance(reply, messages.Ok), reply
     world, deadline = reply.value, time.monotonic() + 240
     while True:
         marker = {**world, "pid": pid}
-        Path(out, f"gen{world['generation']}-rank{rank}.json").write_text(json.dumps(marker))
+        write_whole(Path(out, f"gen{world['generation']}-rank{rank}.json"), json.dumps(marker))
         if rank not in world["members"]:
             return None
         while not Path(out, "stop").exists():
@@ -55,6 +59,13 @@ def elastic_loop(out: str) -> dict | None:
             time.sleep(0.05)
         else:
             return {**world, "rank": rank, "pid": pid}
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` at `path` so that a reader never sees it half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def markers(out: Path, generation: int) -> dict[int, dict]:
@@ -132,33 +143,69 @@ def test_task_standing_by_joins_the_running_world(sc, tmp_path):
     assert still_alive(runner) == []
 
 
-def half_entered(out: str) -> str:
-    """In the first attempt rank 0 enters in-process elastic code and rank 1 is killed
-    without having entered; the relaunched attempt just returns."""
+def killed_in_first_attempt(out: str, rank1_enters: bool) -> str:
+    """In the first attempt rank 0 enters in-process elastic code and rank 1 (having
+    entered too, if `rank1_enters`) is killed; the relaunched attempt just returns."""
     from sparkdist import checkpoint
     from sparkdist.protocol import messages
     from sparkdist.protocol.driver_channel import driver_client
 
-    rank = int(os.environ["RANK"])
+    rank, client = int(os.environ["RANK"]), driver_client()
     if checkpoint.attempt() > 0:
         return f"attempt {checkpoint.attempt()}"
+    if rank == 0 or rank1_enters:
+        assert isinstance(client.request(messages.ElasticWorld(rank, -1, 60.0)), messages.Ok)
+        Path(out, f"entered-{rank}").touch()
     if rank == 0:
-        client = driver_client()
-        assert isinstance(client.request(messages.ElasticWorld(0, -1, 60.0)), messages.Ok)
-        Path(out, "entered").touch()
         while True:  # until the job aborts this attempt
             client.request(messages.ElasticWorld(0, 0, 5.0))
-    while not Path(out, "entered").exists():
+    while not Path(out, "entered-0").exists():
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_loss_before_every_rank_entered_relaunches(sc, tmp_path):
-    runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2)
-    assert runner.run(half_entered, out=str(tmp_path)) == "attempt 1"
+@pytest.mark.parametrize(
+    ("min_np", "rank1_enters"),
+    [(1, False), (2, True)],
+    ids=["before-every-rank-entered", "below-min-np"],
+)
+def test_loss_that_cannot_re_form_in_process_relaunches(sc, tmp_path, min_np, rank1_enters):
+    """A rank lost before every rank entered elastic code, or one that would leave fewer
+    than min_np: the job relaunches as it always did."""
+    runner = sparkdist.HorovodRunner(np=2, min_np=min_np, max_np=2)
+    result = runner.run(killed_in_first_attempt, out=str(tmp_path), rank1_enters=rank1_enters)
+    assert result == "attempt 1"
     job = runner.last_job
     assert job.attempts == 2 and job.reformed == []
     assert len(job.failures) == 1 and "SIGKILL" in job.failures[0]
+    assert still_alive(runner) == []
+
+
+def test_in_process_losses_count_against_max_failures(sc, tmp_path):
+    """max_failures=1: the first loss re-forms the world in process and spends it; the
+    second fails the job (no relaunch left either)."""
+    out = tmp_path
+
+    def kill(rank: int) -> None:
+        os.kill(int((out / f"pid-{rank}").read_text()), signal.SIGKILL)
+
+    def kill_twice() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        kill(3)
+        wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
+        kill(2)
+
+    killer = threading.Thread(target=kill_twice, daemon=True)
+    killer.start()
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2,
+                                     max_failures=1)  # fmt: skip
+    with pytest.raises(RankFailedError) as err:
+        runner.run(elastic_loop, out=str(out))
+    killer.join(timeout=5)
+    assert err.value.rank == 2 and err.value.exit_code == -signal.SIGKILL
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and "rank 3" in job.reformed[0]
     assert still_alive(runner) == []
 
 

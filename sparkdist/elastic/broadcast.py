@@ -11,6 +11,8 @@ collectives, not one per parameter.
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,46 +26,59 @@ class _TensorSlot:
     offset: int
 
 
+def _map_leaves(tree: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`tree` with `leaf(value)` in place of each value that is not a dict, list or tuple."""
+    if isinstance(tree, dict):
+        return type(tree)((key, _map_leaves(value, leaf)) for key, value in tree.items())
+    if type(tree) in (list, tuple):
+        return type(tree)(_map_leaves(value, leaf) for value in tree)
+    return leaf(tree)
+
+
 def snapshot(tree: Any) -> Any:
     """A deep copy of `tree`; tensors cloned to CPU memory (`detach().to("cpu", copy=True)`)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return type(tree)((key, snapshot(value)) for key, value in tree.items())
-    if isinstance(tree, (list, tuple)) and type(tree) in (list, tuple):
-        return type(tree)(snapshot(value) for value in tree)
-    return copy.deepcopy(tree)
+    def copied(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            raise TypeError(
+                "elastic.TorchState holds whole tensors, not shards (DTensor: FSDP2, tensor "
+                "parallel): a sharded state resumes by relaunch from "
+                "checkpoint.save(..., sharded=True)"
+            )
+        if isinstance(value, torch.Tensor):
+            return value.detach().to("cpu", copy=True)
+        return copy.deepcopy(value)
+
+    return _map_leaves(tree, copied)
 
 
 def _split(tree: Any, buffers: dict) -> Any:
     """`tree` with each tensor replaced by its slot; the tensors appended to `buffers[dtype]`."""
     import torch
 
-    if isinstance(tree, torch.Tensor):
-        parts = buffers.setdefault(tree.dtype, [])
+    def slot(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        parts = buffers.setdefault(value.dtype, [])
         offset = sum(part.numel() for part in parts)
-        parts.append(tree.detach().reshape(-1))
-        return _TensorSlot(tree.dtype, tuple(tree.shape), offset)
-    if isinstance(tree, dict):
-        return type(tree)((key, _split(value, buffers)) for key, value in tree.items())
-    if isinstance(tree, (list, tuple)) and type(tree) in (list, tuple):
-        return type(tree)(_split(value, buffers) for value in tree)
-    return tree
+        parts.append(value.detach().reshape(-1))
+        return _TensorSlot(value.dtype, tuple(value.shape), offset)
+
+    return _map_leaves(tree, slot)
 
 
 def _join(tree: Any, flat: dict) -> Any:
-    if isinstance(tree, _TensorSlot):
-        count = 1
-        for size in tree.shape:
-            count *= size
-        return flat[tree.dtype][tree.offset : tree.offset + count].reshape(tree.shape).clone()
-    if isinstance(tree, dict):
-        return type(tree)((key, _join(value, flat)) for key, value in tree.items())
-    if isinstance(tree, (list, tuple)) and type(tree) in (list, tuple):
-        return type(tree)(_join(value, flat) for value in tree)
-    return tree
+    """`tree` with each slot replaced by its tensor, taken from `flat[dtype]`."""
+
+    def tensor(value: Any) -> Any:
+        if not isinstance(value, _TensorSlot):
+            return value
+        count = math.prod(value.shape)
+        return flat[value.dtype][value.offset : value.offset + count].reshape(value.shape).clone()
+
+    return _map_leaves(tree, tensor)
 
 
 def broadcast_object(value: Any, rank: int) -> Any:

@@ -94,9 +94,12 @@ class _Loop:
                     raise
                 logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
                                generation.number, type(exc).__name__, exc)  # fmt: skip
-                traceback.clear_frames(exc.__traceback__)  # the old world's DDP and tensors go
+                traceback.clear_frames(exc.__traceback__)  # let the old world's DDP go
                 self.state.restore()
                 failure = exc
+            # Free the old world's process group now (DDP holds it): its sockets close, so a
+            # peer still waiting in one of its collectives fails at once instead of timing out.
+            gc.collect()
             generation = self._next(generation, failure)
             reformed = True
         logger.info("elastic: rank %d is not in world %d (%s): leaving",
@@ -121,7 +124,6 @@ class _Loop:
         state._group, state._watcher, self._watcher = group, watcher, watcher
         try:
             if reformed:
-                gc.collect()  # an old DDP wrapper's hooks would run on the new world's grads
                 state.on_reset()
             state.sync()
             state.announce_world()

@@ -28,6 +28,9 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
         self._group = None  # the world's TorchGroup, while `elastic.run` is inside it
         self._watcher = None
+        self._lineage: tuple[int, int] | None = None
+        """(the world this state was last synced in, commits since): ranks with equal
+        lineages took the same steps from the same state, so they hold the same commit."""
 
     @property
     def rank(self) -> int:
@@ -56,7 +59,18 @@ class State:
         """Keep the state in memory (what `restore()` returns to), then raise `WorldChanged`
         if the driver formed a newer world. Call it once per step, on every rank."""
         self.save()
+        if self._lineage is not None:
+            self._lineage = (self._lineage[0], self._lineage[1] + 1)
         self.check_world()
+
+    def same_commit_everywhere(self) -> bool:
+        """Does every rank of the world hold the same commit (the same lineage)? Then a sync
+        need not send the tensors: a world that lost a rank broadcasts no model."""
+        import torch.distributed as dist
+
+        lineages: list = [None] * self.world_size
+        dist.all_gather_object(lineages, self._lineage)
+        return lineages[0] is not None and all(other == lineages[0] for other in lineages)
 
     def check_world(self) -> None:
         """Raise `WorldChanged` if the driver formed a newer world. Every rank decides as
@@ -162,22 +176,36 @@ class TorchState(ObjectState):
         self._saved_stateful = stateful
 
     def restore(self) -> None:
+        import torch
+
         for name, saved in self._saved.items():
-            if name in self._saved_stateful:  # a fresh copy: loading may alias its tensors
-                getattr(self, name).load_state_dict(broadcast.snapshot(saved))
-            else:
+            value = getattr(self, name)
+            if name not in self._saved_stateful:
                 setattr(self, name, copy.deepcopy(saved))
+            elif isinstance(value, torch.nn.Module):  # copies into its own tensors
+                value.load_state_dict(saved)
+            else:  # a fresh copy: an optimizer's load_state_dict may alias its tensors
+                value.load_state_dict(broadcast.snapshot(saved))
 
     def sync(self) -> None:
+        """World rank 0's state on every rank. Ranks that all hold the same commit (after a
+        loss, or at a grow without newcomers) send only the plain values; their tensors
+        stay, and so does the commit: recovery costs no copy of the model."""
+        held = self._group is not None and self.same_commit_everywhere()
         if self._group is not None:
-            stateful = self._stateful()
+            stateful = [] if held else self._stateful()
             for name in stateful:
                 value = getattr(self, name)
                 tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
                                                 self.rank, self._group.device)  # fmt: skip
                 if self.rank != 0:
                     value.load_state_dict(tree)
-            plain = {name: getattr(self, name) for name in self._names if name not in stateful}
+            every = self._stateful()
+            plain = {name: getattr(self, name) for name in self._names if name not in every}
             for name, value in broadcast.broadcast_object(plain, self.rank).items():
                 setattr(self, name, value)
-        self.save()
+        if held:  # the tensors are the commit's already
+            self._saved.update((name, copy.deepcopy(getattr(self, name))) for name in plain)
+        else:
+            self.save()
+        self._lineage = (self.generation, 0)

@@ -3,8 +3,9 @@
 World rank 0 of generation g starts a fresh `TCPStore` on its task's host (port 0: the
 system picks one) and publishes "host:port" through the driver's KV store under
 `sparkdist-elastic/<g>/store`; the others read it and meet there. Every step has a timeout
-(`SPARKDIST_ELASTIC_TIMEOUT_S`, default 30 s): the group's forming and every collective
-(gloo and NCCL both honour `init_process_group(timeout=...)`).
+(`SPARKDIST_ELASTIC_TIMEOUT_S`, default 30 s): every collective (gloo and NCCL both honour
+`init_process_group(timeout=...)`), and twice that for the members of a new world to meet
+(one may still be waiting in the old world's collective).
 
 What unblocks a rank whose peer is lost:
 * gloo: a peer's death closes its sockets, and the survivors' pending collective fails at
@@ -31,6 +32,9 @@ from sparkdist.protocol.driver_channel import DriverClient
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+JOIN_FACTOR = 2
+"""Members of a new world wait this many timeouts for each other: one may still be in the
+old world's collective for up to a timeout before it notices the change."""
 TRANSPORT_ERRORS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe",
                     "timed out", "process group", "communicator", "socket")  # fmt: skip
 """Words of a RuntimeError that a collective raised because its group broke."""
@@ -126,8 +130,9 @@ class TorchGroup:
 def form(
     generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
 ) -> TorchGroup:
-    """Form `generation`'s default process group, within `limit_s` seconds per step; sets
-    `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` for code that reads them."""
+    """Form `generation`'s default process group; sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR`
+    and `MASTER_PORT` for code that reads them. Members wait `JOIN_FACTOR * limit_s` for
+    each other, then collectives time out after `limit_s`."""
     import torch.distributed as dist
 
     rank = generation.world_rank(launch_rank)
@@ -136,27 +141,25 @@ def form(
             f"launch rank {launch_rank} is not a member of generation {generation.number}"
         )
     backend, size = backend_for_rank(), generation.size
-    timeout = datetime.timedelta(seconds=limit_s)
-    store, server = None, None
-    key = store_key(generation.number)
+    join = datetime.timedelta(seconds=JOIN_FACTOR * limit_s)
+    server = None
     if rank == 0:
         host = os.environ.get(job_environment.TASK_HOST) or os.environ.get(
             "MASTER_ADDR", "127.0.0.1"
         )
-        server = dist.TCPStore(
-            host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout
-        )
-        address = f"{host}:{server.port}"
-        client.put(key, address)
+        server = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=join)
+        port = str(server.port)
+        client.put(store_key(generation.number), f"{host}:{port}")
         store = server
     else:
-        address = client.get(key, limit_s)
-    host, port = address.rsplit(":", 1)
-    if store is None:
-        store = dist.TCPStore(host, int(port), size, is_master=False, timeout=timeout)
+        host, port = client.get(store_key(generation.number), join.total_seconds()).rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), size, is_master=False, timeout=join)
+    store.set(f"joined/{rank}", "1")  # a member still leaving the old world may come late
+    store.wait([f"joined/{r}" for r in range(size)], join)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=host, MASTER_PORT=port)
-    if backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # errors raise, no abort()
+    if backend == "nccl":  # abort the communicator on an error, keep the process (not 3)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    timeout = datetime.timedelta(seconds=limit_s)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     logger.info(
         "elastic: generation %d formed: rank %d of %d (%s)", generation.number, rank, size, backend

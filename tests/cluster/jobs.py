@@ -52,6 +52,7 @@ def run_job(
         out["attempts"] = job.attempts
         out["failures"] = job.failures
         out["wall_time_s"] = job.wall_time_s
+        out["reformed"] = job.reformed
     return out
 
 
@@ -276,12 +277,16 @@ def elastic_main(
     step_s: float = 0.4,
     max_steps: int = 400,
     train=None,
-    every: int = 1,
+    parameters: int = 0,
+    save_every: int = 1,
 ) -> dict[str, Any]:
-    """DDP regression for an elastic job: one batch a step, a checkpoint every `every`
-    steps (`checkpoint.save(..., every=...)`: also at once when the job stops there;
-    rank 0 appends (step, world size, attempt, saved) to `progress_dir/steps.jsonl` after
-    each step's save call), resuming from the newest checkpoint at any world size.
+    """DDP regression for an elastic job: one batch a step, a checkpoint every
+    `save_every` steps (`checkpoint.save(..., every=save_every)`, which also saves at
+    once when the job stops at its next checkpoint: a grow, a decommission notice); rank 0
+    appends (step, world size, attempt, saved) to `progress_dir/steps.jsonl` after every
+    step (a step redone after a relaunch has two lines), resuming from the newest
+    checkpoint at any world size. `parameters`: as in `in_process_elastic_main`, a frozen
+    parameter of that many values in the model.
     With `train` (the converter of a DataFrame of ids), the batches come from its torch
     loader, whose position is in the checkpoint; a step's line then also holds the
     loader's epoch and the ids the whole world read in it.
@@ -301,7 +306,11 @@ def elastic_main(
     torch.manual_seed(0)
     x = torch.randn(240, 8)
     y = x @ torch.arange(1.0, 9.0) + 0.5
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    linear = torch.nn.Linear(8, 1)
+    if parameters:
+        bulk = torch.nn.Parameter(torch.zeros(parameters), requires_grad=False)
+        linear.register_parameter("bulk", bulk)
+    model = torch.nn.parallel.DistributedDataParallel(linear)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     step = 0
     found = checkpoint.resume()
@@ -353,7 +362,7 @@ def elastic_main(
             state["loader"] = loader.state_dict()
         record = {"step": step, "world_size": size, "attempt": attempt, "at": time.time(), **read}
         try:
-            saved = checkpoint.save(state, step, every=every)
+            saved = checkpoint.save(state, step, every=save_every)
         except checkpoint.Resize:
             _append_line(steps_file, {**record, "saved": True})  # the next world resumes after it
             raise
@@ -534,3 +543,220 @@ def rpc_parameter_server_main(epochs: int = 10) -> dict[str, Any]:
     from rpc_parameter_server import train
 
     return {**train(epochs=epochs), "host": os.environ.get("SPARKDIST_TASK_HOST")}
+
+
+def in_process_elastic_main(
+    progress_dir: str,
+    stop_file: str,
+    min_steps: int = 1,
+    step_s: float = 0.3,
+    max_steps: int = 2000,
+    train=None,
+    parameters: int = 0,
+    elastic_timeout_s: float | None = None,
+    init_sync: bool = True,
+) -> dict[str, Any] | None:
+    """DDP regression through `sparkdist.elastic.run` (issue 40): the survivors of a lost
+    host keep their processes and go on from the last in-memory commit; newcomers get the
+    state by broadcast. One step a commit.
+
+    * Every rank appends its events to `progress_dir/events-<launch rank>.jsonl`: `enter`
+      (each (re)entry of the training function: pid, generation, world rank and size, the
+      step it starts from, whether the parameters are identical on every rank), `stepped`
+      (each step, just before its commit) and `restored` (the state went back to the last
+      commit: a broken collective was unblocked).
+    * World rank 0 appends each step to `progress_dir/steps.jsonl` (step, world size,
+      generation, time; with `train` also the loader's epoch and the ids the world read).
+    * `train`: a converter of a DataFrame of ids; the batches come from its torch loader,
+      kept in the elastic state (its position is committed, restored and synced).
+    * `parameters`: a frozen parameter of that many float32 values, the bulk of a large
+      model's state (committed, restored and synced as the trained ones; not trained, so
+      that a step stays short).
+    * `elastic_timeout_s`: SPARKDIST_ELASTIC_TIMEOUT_S for this rank.
+    * `init_sync=False`: DDP does not broadcast the parameters again when it is wrapped
+      (`elastic.run` has just synced them).
+    Stops after `min_steps` once `stop_file` exists, or at `max_steps`; a rank that is no
+    longer a member returns None."""
+    from contextlib import ExitStack
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    if elastic_timeout_s is not None:
+        os.environ["SPARKDIST_ELASTIC_TIMEOUT_S"] = str(elastic_timeout_s)
+    # The elastic package's own account (worlds formed, broken, left) in the rank's log.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logging.getLogger("sparkdist.elastic").addHandler(handler)
+    logging.getLogger("sparkdist.elastic").setLevel(logging.DEBUG)
+    launch, pid = int(os.environ["RANK"]), os.getpid()
+    events = os.path.join(progress_dir, f"events-{launch}.jsonl")
+    steps_file = os.path.join(progress_dir, "steps.jsonl")
+    torch.manual_seed(launch)  # different on every rank: the sync makes them equal
+    x = torch.randn(240, 8, generator=torch.Generator().manual_seed(0))
+    y = x @ torch.arange(1.0, 9.0) + 0.5
+    model = torch.nn.Linear(8, 1)
+    if parameters:
+        bulk = torch.nn.Parameter(torch.full((parameters,), float(launch)), requires_grad=False)
+        model.register_parameter("bulk", bulk)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    cleanup = ExitStack()
+    carried: dict[str, Any] = {}
+    if train is not None:
+        carried["loader"] = cleanup.enter_context(
+            train.make_torch_dataloader(batch_size=16, num_epochs=None, shuffle=True, seed=1)
+        )
+
+    class RestoreProbe:
+        """Logs when `restore()` brings the state back after a broken collective (its
+        load_state_dict runs then, with the broken group ended; at a sync, on ranks other
+        than world rank 0, it runs inside the new group and logs `synced`)."""
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, _state: dict) -> None:
+            log(event="synced" if dist.is_initialized() else "restored")
+
+    state = elastic.TorchState(
+        model=model, optimizer=optimizer, step=0, probe=RestoreProbe(), **carried
+    )
+
+    def log(**event) -> None:
+        _append_line(events, {**event, "launch": launch, "pid": pid, "at": time.time(),
+                              "generation": state.generation})  # fmt: skip
+
+    def identical() -> bool:
+        """Are the parameters the same on every rank of the world?"""
+        flat = [p.detach().reshape(-1) for p in state.model.parameters()]
+        mine = torch.cat([part for p in flat for part in (p[:4096], p[-4096:])])
+        everyone = [torch.zeros_like(mine) for _ in range(state.world_size)]
+        dist.all_gather(everyone, mine)
+        return all(torch.equal(other, mine) for other in everyone)
+
+    @elastic.run
+    def loop(state) -> dict[str, Any]:
+        rank, size = state.rank, state.world_size
+        log(event="enter", step=state.step, rank=rank, size=size, equal=identical(),
+            host=os.environ["SPARKDIST_TASK_HOST"])  # fmt: skip
+        ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=init_sync)
+        loader = state.loader if train is not None else None
+        batches = iter(loader) if loader is not None else None
+        stop = torch.zeros(1)
+        while True:
+            if rank == 0:  # world rank 0 decides, every rank stops at the same step
+                done = state.step >= max_steps or (
+                    state.step >= min_steps and os.path.exists(stop_file)
+                )
+                stop[0] = float(done)
+            dist.broadcast(stop, 0)
+            if stop.item():
+                break
+            read: dict[str, Any] = {}
+            if batches is not None:
+                read["epoch"] = loader.epoch
+                ids = next(batches)["id"]
+                xb, yb = x[ids % len(x)], y[ids % len(x)]
+                everyone = [torch.zeros_like(ids) for _ in range(size)]
+                dist.all_gather(everyone, ids)
+                read["ids"] = torch.cat(everyone).tolist()
+            else:
+                start = ((state.step * size + rank) * 16) % (len(x) - 16)
+                xb, yb = x[start : start + 16], y[start : start + 16]
+            state.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(xb).squeeze(1), yb)
+            loss.backward()
+            state.optimizer.step()
+            state.step += 1
+            if rank == 0:
+                _append_line(steps_file, {"step": state.step, "world_size": size,
+                                          "generation": state.generation, "at": time.time(),
+                                          **read})  # fmt: skip
+            log(event="stepped", step=state.step)
+            state.commit()
+            time.sleep(step_s)
+        with torch.no_grad():
+            final = float(torch.nn.functional.mse_loss(state.model(x).squeeze(1), y))
+        return {"launch": launch, "pid": pid, "rank": rank, "size": size,
+                "generation": state.generation, "step": state.step, "loss": final,
+                "equal": identical(), "host": os.environ["SPARKDIST_TASK_HOST"]}  # fmt: skip
+
+    try:
+        return loop(state)
+    finally:
+        cleanup.close()
+
+
+def run_horovod_elastic(
+    spark, progress_dir: str, steps: int, step_s: float = 0.4, num_proc: int = 3
+) -> dict[str, Any]:
+    """Horovod's own Spark integration of elastic mode (`horovod.spark.run_elastic`, Gloo)
+    on `elastic_main`'s kind of loop with `hvd.elastic.run` and a commit every step; rank 0
+    appends (step, world size) to `progress_dir/steps.jsonl`, every rank logs each entry
+    of its training function (pid, rank, size) to `progress_dir/events-<pid>.jsonl`.
+    Reports success or the failure."""
+    import horovod.spark
+
+    def train(progress_dir: str, steps: int, step_s: float) -> int:
+        import json
+        import os
+        import time
+
+        import horovod.torch as hvd
+        import torch
+
+        def append(path: str, row: dict) -> None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(fd, (json.dumps(row) + "\n").encode())
+            os.close(fd)
+
+        hvd.init()
+        torch.manual_seed(0)
+        x = torch.randn(240, 8)
+        y = x @ torch.arange(1.0, 9.0) + 0.5
+        model = torch.nn.Linear(8, 1)
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+            named_parameters=model.named_parameters(),
+        )
+        state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+        events = os.path.join(progress_dir, f"events-{os.getpid()}.jsonl")
+
+        @hvd.elastic.run
+        def loop(state) -> int:
+            rank, size = hvd.rank(), hvd.size()
+            append(events, {"event": "enter", "pid": os.getpid(), "rank": rank, "size": size,
+                            "step": state.step, "at": time.time()})  # fmt: skip
+            while state.step < steps:
+                start = ((state.step * size + rank) * 16) % (len(x) - 16)
+                optimizer.zero_grad()
+                out = model(x[start : start + 16]).squeeze(1)
+                torch.nn.functional.mse_loss(out, y[start : start + 16]).backward()
+                optimizer.step()
+                state.step += 1
+                if rank == 0:
+                    append(os.path.join(progress_dir, "steps.jsonl"),
+                           {"step": state.step, "world_size": size, "at": time.time()})  # fmt: skip
+                append(events, {"event": "stepped", "pid": os.getpid(), "step": state.step,
+                                "at": time.time()})  # fmt: skip
+                state.commit()
+                time.sleep(step_s)
+            return size
+
+        return loop(state)
+
+    out: dict[str, Any] = {"ok": False}
+    try:
+        values = horovod.spark.run_elastic(
+            train, args=(progress_dir, steps, step_s), num_proc=num_proc, min_num_proc=2,
+            max_num_proc=num_proc, start_timeout=120, elastic_timeout=120, verbose=1,
+        )  # fmt: skip
+        out["value"] = values
+        out["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        out["failed_at"] = time.time()
+        out["error_type"] = type(exc).__name__
+        out["error"] = str(exc)
+    return out

@@ -296,6 +296,174 @@ def test_dynamic_allocation_elastic_runs_fixed_size_refused(cluster, dynamic_dri
     assert wait_no_job_processes(cluster, 30) == []
 
 
+# --- in process (issue 40): every rank in `sparkdist.elastic.run`, the direct launcher ----
+
+IN_PROCESS = {**RUNNER, "min_np": 2, "max_np": 3}  # launcher auto: direct for elastic jobs
+
+
+def read_events(progress: Path) -> dict[int, list[dict]]:
+    """launch rank -> its events (`jobs.in_process_elastic_main`), in order."""
+    found = {}
+    for path in progress.glob("events-*.jsonl"):
+        lines = path.read_text().splitlines()
+        found[int(path.stem.split("-")[1])] = [json.loads(x) for x in lines if x.strip()]
+    return found
+
+
+def entries(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["event"] == "enter"]
+
+
+def steps_of(events: dict[int, list[dict]], generation: int) -> list[int]:
+    """The steps any rank took (logged before their commit) in `generation`."""
+    return [e["step"] for evs in events.values() for e in evs
+            if e["event"] == "stepped" and e["generation"] == generation]  # fmt: skip
+
+
+def test_in_process_survivors_keep_their_processes_as_a_host_is_lost_and_returns(
+    cluster, driver, host_driver, tmp_path
+):
+    """DDP through `elastic.run`, the loader of a DataFrame in the elastic state: a host
+    (not world rank 0's) is lost; the two survivors go on in their processes from the
+    last commit (at most one step redone), as a world of 2; the host's worker returns and
+    a newcomer joins at a commit (no step redone), getting the state by broadcast. After
+    each change the parameters are identical on every rank, and every row of an epoch is
+    read once across the changes. One attempt throughout, no relaunch."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    job = host_driver.submit(
+        "run_job",
+        main="in_process_elastic_main",
+        np=3,
+        runner=IN_PROCESS,
+        kwargs={"progress_dir": str(progress), "stop_file": str(stop_file), "step_s": 0.3},
+        id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, generation=0)
+        first = {launch: entries(evs)[0] for launch, evs in read_events(progress).items()}
+        assert sorted(e["host"] for e in first.values()) == [cluster.address(i) for i in range(3)]
+        gone = next(launch for launch, e in first.items() if e["rank"] == 2)
+        lost = host_index(cluster, first[gone]["host"])
+        cluster.stop_worker(lost)
+        shrunk = wait_step(progress, job, world_size=2, generation=1)
+        wait_step(progress, job, step=shrunk["step"] + 3, world_size=2)
+        cluster.start_worker(lost)
+        grown = wait_step(progress, job, world_size=3, generation=2)
+        wait_step(progress, job, step=grown["step"] + 3, world_size=3)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        if lost is not None and not cluster.alive(f"worker-{lost}"):
+            cluster.start_worker(lost)
+
+    assert result["ok"], result.get("error")
+    assert (result["attempts"], result["failures"]) == (1, []), result["failures"]
+    assert len(result["reformed"]) == 2 and result["reformed"][1].startswith("grew"), result
+    events = read_events(progress)
+    survivors = sorted(launch for launch in first if launch != gone)
+    newcomers = sorted(set(events) - set(first))
+    assert len(newcomers) == 1 and newcomers[0] > 2, sorted(events)
+    for launch in survivors:  # the same process in every world, in world-rank order
+        entered = entries(events[launch])
+        assert [e["generation"] for e in entered] == [0, 1, 2], entered
+        assert {e["pid"] for e in entered} == {first[launch]["pid"]}
+        assert [e["size"] for e in entered] == [3, 2, 3]
+        assert [e["rank"] for e in entered[1:]] == [survivors.index(launch)] * 2
+    (joined,) = entries(events[newcomers[0]])
+    assert (joined["generation"], joined["rank"], joined["size"]) == (2, 2, 3)
+    assert joined["host"] == cluster.address(lost) and joined["pid"] != first[gone]["pid"]
+    every_entry = [e for evs in events.values() for e in entries(evs)]
+    assert all(e["equal"] for e in every_entry), every_entry  # identical after each change
+    entry_step = {g: {e["step"] for e in every_entry if e["generation"] == g} for g in (1, 2)}
+    assert len(entry_step[1]) == len(entry_step[2]) == 1, entry_step  # one state for all
+    assert 0 <= max(steps_of(events, 0)) - entry_step[1].pop() <= 1  # at most one redone
+    assert max(steps_of(events, 1)) == entry_step[2].pop()  # a grow, at a commit: none
+    # After the loss the survivors held the same commit: no state was sent (no rank loaded
+    # a synced one). The newcomer had none: the grow's sync sent it to every rank but 0.
+    synced = Counter(e["generation"] for evs in events.values() for e in evs
+                     if e["event"] == "synced")  # fmt: skip
+    assert (synced[1], synced[2]) == (0, 2), synced
+
+    steps = read_steps(progress)
+    assert [row["step"] for row in steps] == list(range(1, len(steps) + 1))  # each kept once
+    sizes = [row["world_size"] for row in steps]
+    assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [3, 2, 3], sizes
+    check_each_epoch_read_once(steps)
+    values = [v for v in result["values"] if v is not None]
+    assert [v["launch"] for v in values] == [*survivors, *newcomers]
+    assert all(v["equal"] and v["size"] == 3 and v["step"] == len(steps) for v in values)
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
+    assert cluster.alive_worker_hosts() == [cluster.address(i) for i in range(3)]
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
+def test_in_process_ranks_hung_on_a_cut_host_are_unblocked_within_the_timeout(
+    cluster, driver, host_driver, tmp_path
+):
+    """A host's network is cut: no RST reaches anyone, and the survivors hang in their
+    next collective with its rank until the elastic timeout (SPARKDIST_ELASTIC_TIMEOUT_S)
+    fails it, not longer. Then they restore the last commit and, once the driver has lost
+    contact with the host too, go on as a world of 2 in their processes."""
+    timeout_s, step_s = 8.0, 0.3  # sparkdist's dead-peer detection takes 15 s: gloo is first
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    job = host_driver.submit(
+        "run_job",
+        main="in_process_elastic_main",
+        np=3,
+        runner=IN_PROCESS,
+        kwargs={
+            "progress_dir": str(progress),
+            "stop_file": str(stop_file),
+            "step_s": step_s,
+            "elastic_timeout_s": timeout_s,
+        },  # fmt: skip
+    )
+    cut = None
+    try:
+        wait_step(progress, job, step=3, world_size=3, generation=0)
+        first = {launch: entries(evs)[0] for launch, evs in read_events(progress).items()}
+        gone = next(launch for launch, e in first.items() if e["rank"] == 2)
+        cut = host_index(cluster, first[gone]["host"])
+        cluster.set_link(cut, up=False)
+        cut_at = time.time()
+        shrunk = wait_step(progress, job, world_size=2, generation=1)
+        wait_step(progress, job, step=shrunk["step"] + 3, world_size=2)
+    finally:
+        stop_file.touch()
+        if cut is not None:
+            cluster.set_link(cut, up=True)
+    result = job.result(timeout=240)
+
+    assert result["ok"], result.get("error")
+    assert result["attempts"] == 1 and result["reformed"], result
+    events = read_events(progress)
+    survivors = sorted(launch for launch in first if launch != gone)
+    for launch in survivors:
+        restored = [e for e in events[launch] if e["event"] == "restored" and e["at"] > cut_at]
+        assert restored, f"launch rank {launch} never went back to its commit"
+        took = restored[0]["at"] - cut_at
+        # Hung from its next collective (at most a step's pause after the cut) until the
+        # timeout: not before it, not much after.
+        assert timeout_s * 0.9 <= took <= timeout_s + step_s + 3.0, took
+        again = entries(events[launch])[1]
+        assert (again["generation"], again["size"], again["pid"]) == (1, 2, first[launch]["pid"])
+        assert again["equal"]
+    print(f"in process, network cut: survivors unblocked {took:.1f} s after the cut "
+          f"(timeout {timeout_s:.0f} s), world of 2 stepping "
+          f"{shrunk['at'] - cut_at:.1f} s after it")  # fmt: skip
+    assert wait_all_gone(records(result), 60) == []
+    assert wait_no_job_processes(cluster, 60) == []
+    wait_executors(host_driver, 3)
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
 # --- decommission notices (issue 41): a host is given Spark's decommission signal, and
 # --- killed NOTICE_S later, as a cloud takes back a spot instance ----------------------
 
@@ -346,7 +514,7 @@ def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
             "progress_dir": str(progress),
             "min_steps": 1,
             "stop_file": str(stop_file),
-            "every": 10,
+            "save_every": 10,
         },  # fmt: skip
         id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
     )

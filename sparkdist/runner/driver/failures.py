@@ -5,13 +5,17 @@ the job, and whether that failure is one to relaunch after.
    its supervisor fails the job, and so do a lost task and a launcher that exited
    non-zero. A parameter-server worker that ends without an error of its own is a loss
    the job survives while another worker is left (its coordinator reschedules the
-   worker's steps).
+   worker's steps). A rank lost without an error of its own from an in-process elastic
+   world whose every rank entered elastic code is no failure yet: `membership.py` keeps
+   it for the loop of attempts, which re-forms the world without it, or `refused` it
+   (then it fails the job as ever).
 2. **Which failure explains the job** (`FailureTracker`). Failures arrive from every side
    at about the same time: a rank's traceback, its supervisor's exit status, a lost
    Spark task, mpirun's exit. The first one is kept, except that a rank's own failure
    noticed within `FAILURE_SETTLE_S` replaces a failure outside any rank (it explains a
    lost task or mpirun's exit better). The tracker also owns the driver's wait for the
-   job: success, the first failure, a resize (`WorldResize`), or a time limit; and it
+   job: success, the first failure, a resize (`WorldResize`), an in-process world's
+   change (`WorldChange`), or a time limit; and it
    builds the error the job raises (its classes and their text are in
    `sparkdist/errors.py`, shared by every layer).
 3. **Which failed jobs are relaunched** (`RelaunchBudget`, `HorovodRunner(max_failures=k)`).

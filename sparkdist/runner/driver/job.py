@@ -12,8 +12,9 @@ not. An in-process elastic world's change (`failures.WorldChange`: members lost,
 tasks to grow into) is the loop's third kind of step: the attempt runs on, its world
 re-formed in process (a lost member counted by the budget like a relaunch, a grow not),
 or, when that cannot be (too few left, budget spent), its losses fail the attempt as
-any loss does. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened once, before
-the first attempt, and handed to every attempt, so a relaunch resumes from it.
+any loss does. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened
+once, before the first attempt, and handed to every attempt, so a relaunch resumes
+from it.
 """
 
 from __future__ import annotations
@@ -152,8 +153,8 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
             world = attempt.world
             assert world is not None
             if change.grow or change.leave:  # not a fault: not counted
-                kind.change_in_process(world, change)
-                report.reformed.append(f"{'grew' if change.grow else 'left'}: {change.reason}")
+                if kind.change_in_process(world, change):
+                    report.reformed.append(f"{'grew' if change.grow else 'left'}: {change.reason}")
             elif world.state.membership.can_shrink() and budget.reform():
                 kind.change_in_process(world, change)
                 report.reformed.append(change.reason)

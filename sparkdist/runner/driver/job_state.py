@@ -140,7 +140,10 @@ class JobState:
             needed = members if self.job.all_results else members[:1]
             needed = [r for r in needed if not self.job.server_rank(r)]
             tolerated = self.losses.workers_lost | self.membership.left.keys()
-            ended = self.rank_records.succeeded(needed, tolerated, self.membership.joining)
+            # A rank the world went on without need not have ended: a lost host's never
+            # reports an exit.
+            unsettled = self.membership.joining | self.membership.left.keys()
+            ended = self.rank_records.succeeded(needed, tolerated, unsettled)
             return ended and self.processes.launcher_exit_code in (None, 0)
 
     def results(self) -> list[tuple[int, bytes | None]]:

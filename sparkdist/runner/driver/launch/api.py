@@ -150,9 +150,10 @@ class LaunchKind(Protocol):
         """Note that attempt `job_id` failed and is launched again, resuming from
         `resume_point` (the checkpoint store's); return the `why` of the next attempt."""
 
-    def change_in_process(self, world: World, change: WorldChange) -> None:
+    def change_in_process(self, world: World, change: WorldChange) -> bool:
         """Re-form `world` in process as the loop decided: go on without its lost
-        members, or seat the tasks standing by (`change.grow`)."""
+        members, or seat the tasks standing by (`change.grow`). False if nothing changed
+        (no task stood by any more)."""
 
 
 class FixedSizeKind:
@@ -162,7 +163,7 @@ class FixedSizeKind:
     def __init__(self, options: RunnerOptions):
         self.options = options
 
-    def change_in_process(self, world: World, change: WorldChange) -> None:
+    def change_in_process(self, world: World, change: WorldChange) -> bool:
         raise AssertionError(f"a fixed-size world does not change in process: {change}")
 
     def relaunching(

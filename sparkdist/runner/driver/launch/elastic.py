@@ -66,10 +66,8 @@ class GangKind:
         self.options = options
         self.cluster = cluster
         self.place = place
-        self.world = 0
-        """The size of the last world formed (0 before the first)."""
         self.state: JobState | None = None
-        """The last world's state."""
+        """The last world's state (None before the first)."""
         self.decommissions = for_session(cluster)
         warning = setup_warning(cluster, elastic=True)
         if warning:
@@ -96,40 +94,38 @@ class GangKind:
             gang.close()
             tasks.stop()
             raise
-        previous, self.world = self._size(), len(chosen) * per_task
-        logger.warning("sparkdist elastic job: world %s -> %d ranks: %s",
-                       previous or "0", self.world, why)  # fmt: skip
+        size = len(chosen) * per_task
+        logger.warning("sparkdist elastic job: world %d -> %d ranks: %s",
+                       self._size(), size, why)  # fmt: skip
         in_process = min_np if plan.launcher == "direct" else None
-        state = self.state = plan.new_state(self.world, in_process_min_np=in_process)
+        state = self.state = plan.new_state(size, in_process_min_np=in_process)
         tasks.state = state
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
-        gang.seat(chosen, self.world, driver)
+        gang.seat(chosen, size, driver)
         watcher = _GrowWatcher(gang, state, max_np, per_task)
         watcher.notices = notices.watch(self.cluster, state, notices.elastic(state))
         auto = " (auto: direct for an elastic job)" if opts.launcher == "auto" else ""
         logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s%s",
-                    plan.job_id, self.world, min_np, max_np, plan.launcher, auto)  # fmt: skip
+                    plan.job_id, size, min_np, max_np, plan.launcher, auto)  # fmt: skip
         seated = _SeatedWorld(tasks, gang, state, watcher, driver, len(chosen))
         return World(state, service, seated, started)
 
     def _size(self) -> int:
-        """The size of the last world (its last generation's, if it changed in process)."""
-        if self.state is None:
-            return self.world
-        return len(self.state.membership.generation.members)
+        """The size of the last world (its last generation's): 0 before the first."""
+        return 0 if self.state is None else len(self.state.membership.generation.members)
 
-    def change_in_process(self, world: World, change: WorldChange) -> None:
+    def change_in_process(self, world: World, change: WorldChange) -> bool:
         """Shrink: the next generation, of the survivors (its log line is the
         membership's). Grow: seat the tasks standing by into the running attempt; the
         generation that includes them forms once each of their ranks entered."""
         state = world.state
         if change.leave:
             state.membership.let_leave()
-            return
+            return True
         if not change.grow:
             state.membership.shrink()
-            return
+            return True
         seated = world.launch
         assert isinstance(seated, _SeatedWorld)
         room = (self.options.size_range[1] - state.membership.size()) // self.options.ranks_per_task
@@ -137,6 +133,7 @@ class GangKind:
         if newcomers:
             logger.info("sparkdist elastic job: seated ranks %s into the running world: %s",
                         newcomers, change.reason)  # fmt: skip
+        return bool(newcomers)
 
     def relaunching(
         self, job_id: str, relaunch: Relaunch, budget: RelaunchBudget, resume_point: str
@@ -203,8 +200,8 @@ class _GrowWatcher:
         """The attempt's decommission notices (stopped with it)."""
 
     def start(self) -> None:
-        if self.state.membership.size() < self.max_np:
-            self._thread.start()
+        # Also at max_np: an in-process world that loses a rank has room again later.
+        self._thread.start()
 
     def _run(self) -> None:
         growth, since = self.state.growth, None
