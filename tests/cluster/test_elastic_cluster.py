@@ -607,3 +607,75 @@ def test_notice_for_a_fixed_size_job_is_logged_then_the_loss_as_ever(
     assert wait_no_job_processes(cluster, 30) == []
     wait_executors(host_driver, 3)
     assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
+
+
+def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
+    cluster, driver, host_driver, tmp_path
+):
+    """DDP through `elastic.run`: at the notice the driver forms a world without the
+    leaving rank; every rank stops at its next commit (nothing rolled back), the survivors
+    go on in their processes as a world of 2 before the host is killed, the leaving rank
+    returns None, and the job never fails, relaunches or counts the notice."""
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    lost = None
+    offset = host_driver.log_path.stat().st_size
+    job = host_driver.submit(
+        "run_job",
+        main="in_process_elastic_main",
+        np=3,
+        runner={**IN_PROCESS, "max_failures": 0},
+        kwargs={"progress_dir": str(progress), "stop_file": str(stop_file), "step_s": 0.3},
+        id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, generation=0)
+        first = {launch: entries(evs)[0] for launch, evs in read_events(progress).items()}
+        gone = next(launch for launch, e in first.items() if e["rank"] == 2)
+        lost = host_index(cluster, first[gone]["host"])
+        smaller: dict = {}
+
+        def world_of_two(deadline: float) -> None:
+            smaller.update(wait_step(progress, job, world_size=2, generation=1,
+                                     timeout_s=deadline - time.time()))  # fmt: skip
+
+        notice, killed = notice_then_kill(cluster, host_driver, lost, world_of_two)
+        wait_step(progress, job, step=smaller["step"] + 3, world_size=2)
+        stop_file.touch()
+        result = job.result(timeout=240)
+    finally:
+        stop_file.touch()
+        restore_host(cluster, driver, lost)
+
+    assert result["ok"], result.get("error")
+    assert (result["attempts"], result["failures"]) == (1, []), result["failures"]
+    (left,) = result["reformed"]
+    address = cluster.address(lost)
+    assert left.startswith("left: executor ") and address in left, left
+    assert smaller["at"] < killed, (smaller["at"] - notice, killed - notice)
+    events = read_events(progress)
+    survivors = sorted(launch for launch in first if launch != gone)
+    for launch in survivors:  # the same process, no rollback: on from the step it left
+        entered = entries(events[launch])
+        assert [(e["generation"], e["size"], e["pid"]) for e in entered] == [
+            (0, 3, first[launch]["pid"]), (1, 2, first[launch]["pid"])]  # fmt: skip
+        assert not [e for e in events[launch] if e["event"] == "restored"]
+    assert {e["step"] for s in survivors for e in entries(events[s])[1:]} == {
+        max(steps_of(events, 0))
+    }
+    steps = read_steps(progress)
+    assert [row["step"] for row in steps] == list(range(1, len(steps) + 1))  # none redone
+    check_each_epoch_read_once(steps)
+    assert [v["launch"] for v in result["values"]] == survivors  # the leaving one: None
+    lines = [line for line in log_since(host_driver, offset).splitlines()
+             if "being decommissioned" in line and "world 3 -> 2 ranks" in line]  # fmt: skip
+    assert len(lines) == 1 and address in lines[0], lines
+    print(
+        f"in process, notice: world of 2 stepping {smaller['at'] - notice:.1f} s after the "
+        f"notice, {killed - smaller['at']:.1f} s before the kill; 0 steps redone"
+    )
+    assert wait_all_gone(records(result), 30) == []
+    assert wait_no_job_processes(cluster, 30) == []
+    wait_executors(host_driver, 3)
+    assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]

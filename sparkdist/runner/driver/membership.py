@@ -195,7 +195,7 @@ class Membership:
             before = len(self.generation.members)
             members = [r for r in self.generation.members if r not in self.left]
             reason = "; ".join(sorted(set(leaving.values())))
-        self._form(members, reason, planned=True)
+        self._form(members, f"{reason}: leaving at their next commit", planned=True)
         return before, len(members), reason
 
     def refuse(self) -> list[Loss]:
