@@ -25,6 +25,11 @@ Rows, each a fresh job (`min_np=2, max_np=3`, the launcher `auto`: direct):
 * pyspark's TorchDistributor (np=3): the barrier stage fails; the time is to the error;
 * `horovod.spark.run_elastic` (Gloo, `hvd.elastic.run`, a commit every step).
 
+`--notice` runs other rows instead (issue 41): relaunch and in process, the host lost
+with no notice and after a 15 s decommission notice (SIGPWR to its Spark worker, then
+SIGKILL): the longest time without a training step around the loss, and the steps redone
+(`notice_rows`).
+
 A size whose ranks would not fit in the memory the machine has free is left out and
 named in the output. After each case the worker is started again.
 
@@ -49,11 +54,16 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "cluster"))
 
-from netns_cluster import HOST_RESOURCE_CONF, NetnsCluster, can_build  # noqa: E402
+from netns_cluster import (  # noqa: E402
+    DECOMMISSION_CONF,
+    HOST_RESOURCE_CONF,
+    NetnsCluster,
+    can_build,
+)
 from remote_driver import RemoteDriver  # noqa: E402
 
-PREFIX = "sdb"
-SUBNET = "10.213.27"
+PREFIX = os.environ.get("SPARKDIST_NETNS_PREFIX", "sdb")
+SUBNET = os.environ.get("SPARKDIST_NETNS_SUBNET", "10.213.27")
 STEP_S = 0.4
 KILL_AFTER_STEP = 12
 SAVE_EVERY = 10
@@ -288,6 +298,11 @@ def main() -> None:
     )
     parser.add_argument("--replacement-s", type=float, default=30.0)
     parser.add_argument(
+        "--notice",
+        action="store_true",
+        help="run the decommission-notice rows instead (no notice vs a NOTICE_S notice)",
+    )
+    parser.add_argument(
         "--only",
         nargs="*",
         default=None,
@@ -304,17 +319,20 @@ def main() -> None:
     # resolve to loopback here; sparkdist's ranks pick the interface themselves).
     conf = {
         **HOST_RESOURCE_CONF,
+        **DECOMMISSION_CONF,
         "spark.executorEnv.GLOO_SOCKET_IFNAME": "tn0",
         "spark.executorEnv.HOROVOD_GLOO_IFACE": "tn0",
     }
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
     )
-    rows = []
+    rows, notices = [], []
     try:
         remote = RemoteDriver(cluster, "bench", cores=3)
         try:
             wait_executors(remote, 3)
+            if args.notice:
+                notices, kinds = notice_rows(cluster, remote), set()
 
             def sparkdist_job(main, runner, **extra):
                 def submit(progress_dir, stop_file):
@@ -407,6 +425,9 @@ def main() -> None:
     finally:
         cluster.down()
 
+    if args.notice:
+        print(notice_table(notices))
+        return
     print()
     print(
         f"Loss of one of 3 hosts (Spark worker and its executors SIGKILLed) during a 3-rank "
@@ -418,6 +439,97 @@ def main() -> None:
         if row.get("error"):
             print(f"  {row['case']}: {row['error']}")
     Path("/tmp/elastic_recovery.json").write_text(json.dumps(rows, indent=1))
+
+
+# --- decommission notices (issue 41): the same host lost with and without a notice -------
+
+NOTICE_S = 15.0
+"""The notice a host gets before it is lost (SIGPWR to its worker, then SIGKILL)."""
+
+
+def notice_rows(cluster: NetnsCluster, remote: RemoteDriver) -> list[dict]:
+    """For relaunch and in process: the host lost with no notice, and after a NOTICE_S
+    notice. Each row: the longest time without a training step around the loss (from a
+    few seconds before the notice, or the kill, until the smaller world has stepped a
+    while), and the steps redone (step numbers recorded twice)."""
+    jobs = {
+        "relaunch": ("elastic_main", {"save_every": SAVE_EVERY}),
+        "in process": ("in_process_elastic_main", {}),
+    }
+    rows = []
+    for label, (main, extra) in jobs.items():
+        for notice_s in (None, NOTICE_S):
+            row = {"job": f"sparkdist {label}", "notice": "none" if notice_s is None else
+                   f"{notice_s:.0f} s"}  # fmt: skip
+            kwargs = {"min_steps": KILL_AFTER_STEP + 3, "step_s": STEP_S, **extra}
+            try:
+                rows.append(notice_case(cluster, remote, row, main, kwargs, notice_s))
+            except (RuntimeError, TimeoutError) as exc:
+                row["outcome"] = f"benchmark could not measure it: {exc}"[:300]
+                rows.append(row)
+            for i in range(cluster.state.hosts):
+                if not cluster.alive(f"worker-{i}"):
+                    cluster.start_worker(i)
+            wait_executors(remote, cluster.state.hosts)
+            print(f"  {row}", flush=True)
+    return rows
+
+
+def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -> dict:
+    directory = Path(tempfile.mkdtemp(prefix="elastic-notice-"))
+    progress = Progress(directory)
+    stop_file = directory / "stop"
+    job = remote.submit(
+        "run_job", main=main, np=3, runner=ELASTIC,
+        kwargs={"progress_dir": str(directory), "stop_file": str(stop_file), **kwargs},
+    )  # fmt: skip
+    steps = wait_for(
+        lambda: [s for s in progress.steps() if s["step"] >= KILL_AFTER_STEP and
+                 s["world_size"] == 3],
+        job, "the first steps", timeout_s=600,
+    )  # fmt: skip
+    old_world = progress.world(steps[-1])
+    wait_for(lambda: len(progress.pids(old_world)) == 3, job, "every rank's pid")
+    lost = victim(cluster, progress, old_world)
+    start = time.time()
+    if notice_s is not None:
+        cluster.decommission_worker(lost)
+        time.sleep(notice_s)
+    killed = time.time()
+    cluster.stop_worker(lost)
+    wait_for(lambda: len([s for s in progress.steps() if s["at"] > killed and
+                          s["world_size"] == 2]) >= 10, job, "10 steps after the loss",
+             timeout_s=400)  # fmt: skip
+    stop_file.touch()
+    result = job.result(timeout=600)
+    rows = progress.steps()
+    times = sorted(s["at"] for s in rows if start - 5 <= s["at"])
+    row["gap_s"] = max(b - a for a, b in zip(times, times[1:], strict=False))
+    row["redone"] = len(rows) - len({s["step"] for s in rows})
+    first_small = min(s["at"] for s in rows if s["world_size"] == 2)
+    row["smaller_world_s"] = first_small - killed  # < 0: stepping before the kill
+    row["outcome"] = (f"succeeded, {result.get('attempts', 1)} attempt(s)" if result["ok"]
+                      else f"failed: {result.get('error_type')}")  # fmt: skip
+    return row
+
+
+def notice_table(rows: list[dict]) -> str:
+    lines = [
+        f"Loss of one of 3 hosts during a 3-rank DDP job (a step every {STEP_S} s; relaunch: a "
+        f"checkpoint every {SAVE_EVERY} steps), with no notice and with a {NOTICE_S:.0f} s "
+        "decommission notice (SIGPWR to the host's Spark worker, then SIGKILL)",
+        "",
+        "| job | notice | longest time without a step | steps redone "
+        "| smaller world's first step, from the kill | outcome |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        cells = [row["job"], row["notice"]]
+        cells += [f"{row['gap_s']:.1f} s" if "gap_s" in row else "-", row.get("redone", "-")]
+        cells += [f"{row['smaller_world_s']:+.1f} s" if "smaller_world_s" in row else "-"]
+        cells += [row.get("outcome", "")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
