@@ -59,6 +59,10 @@ class ClassicDecommissions:
         """Whether this application takes decommission notices (`spark.decommission.enabled`)."""
         return self._sc.getConf().get(ENABLED, "false").strip().lower() == "true"
 
+    def local(self) -> bool:
+        """Whether the executors run on this machine (`local`, `local-cluster`)."""
+        return str(self._sc.master).startswith("local")
+
     def leaving(self, task_ids: Iterable[int]) -> dict[int, Notice]:
         """The tasks (by Spark task attempt id) whose executor is being decommissioned,
         with its notice. A task Spark no longer runs, or a failed call, is left out
@@ -124,6 +128,8 @@ def setup_warning(cluster: Any, elastic: bool) -> str | None:
                 "it from a classic session to leave it at the notice, with nothing lost)"
             )
         return None
+    if source.local():
+        return None  # no host of a local master is ever taken back
     if elastic and not source.enabled():
         return (
             f"{ENABLED} is not set on this application: when a host is taken back (spot "

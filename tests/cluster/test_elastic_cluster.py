@@ -277,6 +277,7 @@ def test_fsdp_sharded_checkpoints_reshard_as_the_world_shrinks_and_grows(
 
 def test_dynamic_allocation_elastic_runs_fixed_size_refused(cluster, dynamic_driver):
     assert dynamic_driver.call("executor_count") == 0
+    offset = dynamic_driver.log_path.stat().st_size
     elastic = dynamic_driver.call(
         "run_job", main="network_main", np=3, runner={**RUNNER, "min_np": 1, "max_np": 3}
     )
@@ -287,6 +288,8 @@ def test_dynamic_allocation_elastic_runs_fixed_size_refused(cluster, dynamic_dri
     values = elastic["values"]
     assert {v["host"] for v in values} <= set(hosts)
     assert [v["sum"] for v in values] == [float(sum(range(1, len(values) + 1)))] * len(values)
+    # This application takes no decommission notices: the elastic job said so at its start.
+    assert "spark.decommission.enabled is not set" in log_since(dynamic_driver, offset)
 
     fixed = dynamic_driver.call("run_job", main="network_main", np=3, runner=RUNNER)
     assert not fixed["ok"]

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 GROW_SETTLE_S = 5.0
 """How long tasks must stand by with free slots before the job grows into them."""
+_WARNED: set[str] = set()
+"""The set-up warnings given already (`decommission.setup_warning`)."""
 CANCEL_GRACE_S = 10.0
 JOIN_TIMEOUT_S = 60.0
 
@@ -70,7 +72,8 @@ class GangKind:
         """The last world's state (None before the first)."""
         self.decommissions = for_session(cluster)
         warning = setup_warning(cluster, elastic=True)
-        if warning:
+        if warning and warning not in _WARNED:  # once per session, not every job
+            _WARNED.add(warning)
             logger.warning("sparkdist elastic job: %s", warning)
 
     def form(self, plan: AttemptPlan, why: str) -> World:
