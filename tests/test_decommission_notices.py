@@ -5,7 +5,9 @@ decommissioned worker, are tested in tests/cluster/test_elastic_cluster.py):
 * relaunch path: rank 0's `checkpoint.save(..., every=N)` saves at once when a notice is
   pending, and ends the attempt as a resize that says it left (not a failure);
 * in process: the leaving members go at their next commit, the next generation is formed
-  without them (planned: no collective aborted), and their end is no failure.
+  without them (planned: no collective aborted), and their end is no failure;
+* a notice during a sharded save: that save completes (or the next one is taken at once),
+  and the checkpoint resumed is always a whole one.
 """
 
 from __future__ import annotations
@@ -87,3 +89,47 @@ def test_in_process_members_leave_at_their_next_commit_without_a_failure():
         state.losses.rank_exited(rank, 0, [])
     wait(state)  # succeeded
     assert state.results() == [(0, b"result"), (1, b"result")]
+
+
+def test_a_notice_during_a_sharded_save_stops_at_a_whole_checkpoint(tmp_path, monkeypatch):
+    """A notice that arrives while a sharded (async) save is being written: that save
+    completes and the rank stops there, or, if it was committed before the notice, the
+    next `save(..., every=N)` saves at once; either way the newest commit is whole and
+    loads, and a half-written step is never the one resumed (one rank, real DCP shards)."""
+    import torch
+    import torch.distributed as dist
+
+    store = CheckpointStore(tmp_path / "checkpoints")
+    state = JobState(JobSpec("job", 1, b"payload", False, "none"), checkpoints=store)
+    secret = wire.new_secret()
+    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(driver_channel, "_client", _rank(service, secret, 0))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    weights = {"w": torch.arange(4096.0)}
+    try:
+        assert checkpoint.save(weights, 10, sharded=True, every=10)  # committed: step 10
+        weights["w"] += 1
+        checkpoint.save(weights, 11, sharded=True, async_save=True)  # being written
+        state.growth.request(NOTICE, leave=True)  # the notice arrives meanwhile
+        stopped_at = None
+        try:
+            checkpoint.wait()  # written and committed; "grow" if the notice came first
+        except checkpoint.Resize as stop:
+            stopped_at = stop.step
+        if stopped_at is None:  # committed before the notice: the next step saves at once
+            weights["w"] += 1
+            monkeypatch.setattr(driver_record, "_due_asked_at", float("-inf"))
+            with pytest.raises(checkpoint.Resize) as stop:
+                checkpoint.save(weights, 12, sharded=True, every=10)
+            stopped_at = stop.value.step
+        assert store.steps()[-1] == stopped_at in (11, 12)
+        into = {"w": torch.zeros(4096)}
+        found = checkpoint.resume(into=into)
+        assert found.step == stopped_at
+        assert torch.equal(into["w"], torch.arange(4096.0) + (stopped_at - 10))
+    finally:
+        dist.destroy_process_group()
+        service.close()
+        store.close()
