@@ -352,7 +352,11 @@ class FailureTracker:
                 if membership.pending:
                     reason = "; ".join(loss.reason for loss in membership.pending.values())
                     raise WorldChange(reason, grow=False)
-                if self._growth.reason is not None and membership.in_process():
+                if (
+                    self._growth.reason is not None
+                    and not self._growth.leave
+                    and (membership.in_process())
+                ):  # a leave is never taken as a grow
                     raise WorldChange(self._growth.take(), grow=True)
                 launcher_done = not launcher_expected or self._processes.launcher_exit_code == 0
                 if self._succeeded() and launcher_done:

@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.5
 """How often the watcher asks Spark: a notice is acted on within about a second."""
 
-Act = Callable[[Notice, list[int]], None]
-"""What the job's kind does with a notice for the executor of these launch ranks."""
+Act = Callable[[Notice, list[int]], bool]
+"""What the job's kind does with a notice for the executor of these launch ranks; False:
+not yet (asked again at the next poll)."""
 
 
 class NoticeWatcher:
@@ -69,10 +70,11 @@ class NoticeWatcher:
             ranks.extend(r for r in range(index * per_task, (index + 1) * per_task)
                          if r in self.state.ranks)  # fmt: skip
         for executor, (notice, ranks) in fresh.items():
-            self.seen.add(executor)
             try:
-                self.act(notice, ranks)
+                if self.act(notice, ranks):
+                    self.seen.add(executor)
             except Exception:  # noqa: BLE001 - a notice must never break the job
+                self.seen.add(executor)
                 logger.exception("acting on the decommission notice of %s", notice.describe())
 
     def stop(self) -> None:
@@ -89,7 +91,7 @@ def watch(cluster: Cluster, state: JobState, act: Act) -> NoticeWatcher | None:
 def fixed_size(np: int) -> Act:
     """A fixed-size job: say that the notice will end it, why, and what would not."""
 
-    def act(notice: Notice, ranks: list[int]) -> None:
+    def act(notice: Notice, ranks: list[int]) -> bool:
         logger.warning(
             "sparkdist job: %s is being decommissioned (spot capacity taken back, a node "
             "drained): ranks %s run there, and this fixed-size job (np=%d) fails when the "
@@ -99,6 +101,7 @@ def fixed_size(np: int) -> Act:
             "checkpoint.save(state, step, every=N), or sparkdist.elastic.run",
             notice.describe(), ranks, np, np,
         )  # fmt: skip
+        return True
 
     return act
 
@@ -107,7 +110,7 @@ def elastic(state: JobState) -> Act:
     """An elastic job: the leaving ranks go at the next commit (in process), or the
     world is relaunched without them from rank 0's next checkpoint."""
 
-    def act(notice: Notice, ranks: list[int]) -> None:
+    def act(notice: Notice, ranks: list[int]) -> bool:
         reason = f"{notice.describe()} is being decommissioned (ranks {ranks})"
         membership = state.membership
         if membership.in_process():
@@ -117,9 +120,15 @@ def elastic(state: JobState) -> Act:
                     "than min_np=%s, so it stays until the host goes (then a loss as any)",
                     reason, membership.min_np,
                 )  # fmt: skip
-            return
+            return True
+        entering = membership.min_np is not None and (
+            membership.entered or not state.rank_records.all_started()
+        )
+        if entering:  # ranks may still enter elastic.run: in process once all have
+            return False
         state.growth.request(reason, leave=True)
         logger.info("sparkdist elastic job: %s: rank 0's next checkpoint.save stores its "
                     "step, and the job relaunches without it", reason)  # fmt: skip
+        return True
 
     return act
