@@ -531,7 +531,8 @@ def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
             smaller.update(wait_step(progress, job, world_size=2, timeout_s=deadline - time.time()))
 
         notice, killed = notice_then_kill(cluster, host_driver, lost, world_of_two)
-        wait_step(progress, job, step=smaller["step"] + 3, world_size=2)
+        # Three epochs at least (5 steps each at 3 ranks, 7.5 at 2), one across the change.
+        wait_step(progress, job, step=max(smaller["step"] + 3, 22), world_size=2)
         stop_file.touch()
         result = job.result(timeout=240)
     finally:
@@ -644,7 +645,8 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
                                      timeout_s=deadline - time.time()))  # fmt: skip
 
         notice, killed = notice_then_kill(cluster, host_driver, lost, world_of_two)
-        wait_step(progress, job, step=smaller["step"] + 3, world_size=2)
+        # Three epochs at least (5 steps each at 3 ranks, 7.5 at 2), one across the change.
+        wait_step(progress, job, step=max(smaller["step"] + 3, 22), world_size=2)
         stop_file.touch()
         result = job.result(timeout=240)
     finally:
