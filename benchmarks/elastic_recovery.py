@@ -506,7 +506,8 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
     times = sorted(s["at"] for s in rows if start - 5 <= s["at"])
     row["gap_s"] = max(b - a for a, b in zip(times, times[1:], strict=False))
     row["redone"] = len(rows) - len({s["step"] for s in rows})
-    first_small = min(s["at"] for s in rows if s["world_size"] == 2)
+    # The job may start with 2 ranks and grow: the smaller world is the one after `start`.
+    first_small = min(s["at"] for s in rows if s["world_size"] == 2 and s["at"] >= start)
     row["smaller_world_s"] = first_small - killed  # < 0: stepping before the kill
     row["outcome"] = (f"succeeded, {result.get('attempts', 1)} attempt(s)" if result["ok"]
                       else f"failed: {result.get('error_type')}")  # fmt: skip
