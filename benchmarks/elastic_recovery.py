@@ -100,11 +100,13 @@ def host_of_pid(cluster: NetnsCluster, pid: int) -> int:
 
 
 def wait_executors(remote: RemoteDriver, count: int, timeout_s: float = 120) -> None:
+    """Wait until `remote` has `count` executors, each with its Python worker started."""
     deadline = time.monotonic() + timeout_s
     while len(remote.call("executor_hosts")) < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{remote.name} did not get {count} executors back")
         time.sleep(0.5)
+    remote.call("warm_up", tasks=count)
 
 
 # --- what each kind of job leaves in its progress directory ---------------------------

@@ -764,3 +764,10 @@ def run_horovod_elastic(
         out["error_type"] = type(exc).__name__
         out["error"] = str(exc)
     return out
+
+
+def warm_up(spark, tasks: int = 3) -> int:
+    """A small Spark job of `tasks` tasks, so that every executor has its Python worker
+    running before a job's tasks arrive (a gang seats the tasks that arrive together)."""
+    sc = spark.sparkContext
+    return len(set(sc.parallelize(range(tasks), tasks).map(lambda _: os.getpid()).collect()))
