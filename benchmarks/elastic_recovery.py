@@ -52,8 +52,9 @@ sys.path.insert(0, str(HERE.parent / "tests" / "cluster"))
 from netns_cluster import HOST_RESOURCE_CONF, NetnsCluster, can_build  # noqa: E402
 from remote_driver import RemoteDriver  # noqa: E402
 
-PREFIX = "sdb"
-SUBNET = "10.213.27"
+PREFIX = os.environ.get("SPARKDIST_NETNS_PREFIX", "sdb")
+SUBNET = os.environ.get("SPARKDIST_NETNS_SUBNET", "10.213.27")
+"""The cluster's names and addresses (as in the tests: two runs at once need their own)."""
 STEP_S = 0.4
 KILL_AFTER_STEP = 12
 SAVE_EVERY = 10
