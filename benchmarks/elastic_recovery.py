@@ -64,6 +64,7 @@ from remote_driver import RemoteDriver  # noqa: E402
 
 PREFIX = os.environ.get("SPARKDIST_NETNS_PREFIX", "sdb")
 SUBNET = os.environ.get("SPARKDIST_NETNS_SUBNET", "10.213.27")
+"""The cluster's names and addresses (as in the tests: two runs at once need their own)."""
 STEP_S = 0.4
 KILL_AFTER_STEP = 12
 SAVE_EVERY = 10
@@ -110,11 +111,13 @@ def host_of_pid(cluster: NetnsCluster, pid: int) -> int:
 
 
 def wait_executors(remote: RemoteDriver, count: int, timeout_s: float = 120) -> None:
+    """Wait until `remote` has `count` executors, each with its Python worker started."""
     deadline = time.monotonic() + timeout_s
     while len(remote.call("executor_hosts")) < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{remote.name} did not get {count} executors back")
         time.sleep(0.5)
+    remote.call("warm_up", tasks=count)
 
 
 # --- what each kind of job leaves in its progress directory ---------------------------

@@ -270,6 +270,32 @@ def _append_line(path: str, record: dict) -> None:
         os.close(fd)
 
 
+def _stop_agreed(rank: int, step: int, min_steps: int, max_steps: int, stop_file: str) -> bool:
+    """Stop after `min_steps` once `stop_file` exists, or at `max_steps`: world rank 0
+    decides, so every rank stops at the same step (one broadcast)."""
+    import torch
+    import torch.distributed as dist
+
+    stop = torch.zeros(1)
+    if rank == 0:
+        stop[0] = float(step >= max_steps or (step >= min_steps and os.path.exists(stop_file)))
+    dist.broadcast(stop, 0)
+    return bool(stop.item())
+
+
+def _world_batch(batches, loader, size: int):
+    """This rank's next batch of ids, and what the whole world read in this step (the
+    loader's epoch and every rank's ids)."""
+    import torch
+    import torch.distributed as dist
+
+    epoch = loader.epoch
+    ids = next(batches)["id"]
+    everyone = [torch.zeros_like(ids) for _ in range(size)]
+    dist.all_gather(everyone, ids)
+    return ids, {"epoch": epoch, "ids": torch.cat(everyone).tolist()}
+
+
 def elastic_main(
     progress_dir: str,
     min_steps: int,
@@ -323,7 +349,6 @@ def elastic_main(
     with open(os.path.join(progress_dir, f"rank-{rank}.json"), "w") as f:
         json.dump({**where, "host": os.environ["SPARKDIST_TASK_HOST"]}, f)
     steps_file = os.path.join(progress_dir, "steps.jsonl")
-    stop = torch.zeros(1)
     cleanup = ExitStack()
     loader = batches = None
     if train is not None:
@@ -333,21 +358,11 @@ def elastic_main(
         if found:
             loader.load_state_dict(found.state["loader"])
         batches = iter(loader)
-    while True:
-        if rank == 0:  # rank 0 decides, every rank stops at the same step
-            done = step >= max_steps or (step >= min_steps and os.path.exists(stop_file))
-            stop[0] = float(done)
-        dist.broadcast(stop, 0)
-        if stop.item():
-            break
+    while not _stop_agreed(rank, step, min_steps, max_steps, stop_file):
         read: dict[str, Any] = {}
         if batches is not None:
-            read["epoch"] = loader.epoch
-            ids = next(batches)["id"]
+            ids, read = _world_batch(batches, loader, size)
             xb, yb = x[ids % len(x)], y[ids % len(x)]
-            everyone = [torch.zeros_like(ids) for _ in range(size)]
-            dist.all_gather(everyone, ids)
-            read["ids"] = torch.cat(everyone).tolist()
         else:
             xs, ys = x[rank::size], y[rank::size]
             start = (step * 16) % max(len(xs) - 16, 1)
@@ -644,24 +659,11 @@ def in_process_elastic_main(
         ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=init_sync)
         loader = state.loader if train is not None else None
         batches = iter(loader) if loader is not None else None
-        stop = torch.zeros(1)
-        while True:
-            if rank == 0:  # world rank 0 decides, every rank stops at the same step
-                done = state.step >= max_steps or (
-                    state.step >= min_steps and os.path.exists(stop_file)
-                )
-                stop[0] = float(done)
-            dist.broadcast(stop, 0)
-            if stop.item():
-                break
+        while not _stop_agreed(rank, state.step, min_steps, max_steps, stop_file):
             read: dict[str, Any] = {}
             if batches is not None:
-                read["epoch"] = loader.epoch
-                ids = next(batches)["id"]
+                ids, read = _world_batch(batches, loader, size)
                 xb, yb = x[ids % len(x)], y[ids % len(x)]
-                everyone = [torch.zeros_like(ids) for _ in range(size)]
-                dist.all_gather(everyone, ids)
-                read["ids"] = torch.cat(everyone).tolist()
             else:
                 start = ((state.step * size + rank) * 16) % (len(x) - 16)
                 xb, yb = x[start : start + 16], y[start : start + 16]
@@ -760,3 +762,10 @@ def run_horovod_elastic(
         out["error_type"] = type(exc).__name__
         out["error"] = str(exc)
     return out
+
+
+def warm_up(spark, tasks: int = 3) -> int:
+    """A small Spark job of `tasks` tasks, so that every executor has its Python worker
+    running before a job's tasks arrive (a gang seats the tasks that arrive together)."""
+    sc = spark.sparkContext
+    return len(set(sc.parallelize(range(tasks), tasks).map(lambda _: os.getpid()).collect()))
