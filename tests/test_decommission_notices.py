@@ -133,3 +133,48 @@ def test_a_notice_during_a_sharded_save_stops_at_a_whole_checkpoint(tmp_path, mo
         dist.destroy_process_group()
         service.close()
         store.close()
+
+
+def test_the_gang_never_seats_a_task_on_a_leaving_executor():
+    """Tasks that checked in before their executor's notice (Spark starts none there
+    after it) are released, never seated: neither when a world forms nor at a grow."""
+    import threading
+
+    from sparkdist.network import split_address
+    from sparkdist.runner.driver.launch.gang import Gang
+
+    leaving = {7, 9}  # Spark task attempt ids whose executor is being decommissioned
+    secret = wire.new_secret()
+    gang = Gang(secret, "127.0.0.1", "127.0.0.1", leaving=lambda task_id: task_id in leaving)
+    answers: dict[int, tuple] = {}
+
+    def check_in(task_id: int) -> None:
+        channel = wire.connect(split_address(gang.address), secret)
+        check = messages.GangCheckIn(task_id, "127.0.0.1", 1000 + task_id, task_id)
+        answers[task_id] = messages.decode(channel.request(messages.encode(check)),
+                                           messages.GANG_ORDERS)  # fmt: skip
+
+    threads = [threading.Thread(target=check_in, args=(t,), daemon=True) for t in (5, 7)]
+    for thread in threads:
+        thread.start()
+    try:
+        chosen = gang.form(1, 2, 30.0, 1, 2)
+        assert [a.check_in.spark_task_id for a in chosen] == [5]
+        gang.seat(chosen, 1, "127.0.0.1:1")
+        late = [threading.Thread(target=check_in, args=(t,), daemon=True) for t in (8, 9)]
+        for thread in late:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while gang.standing_by() < 1 or 9 not in answers:  # 9 is released as it waits
+            assert time.monotonic() < deadline, answers
+            time.sleep(0.05)
+        assert gang.seat_standing(2, 1, 1, "127.0.0.1:1", lambda indexes: None) == 1
+        for thread in threads + late:
+            thread.join(10)
+    finally:
+        gang.close()
+    assert isinstance(answers[5], messages.GangSeat) and isinstance(answers[8], messages.GangSeat)
+    assert isinstance(answers[7], messages.GangRelease) and isinstance(
+        answers[9], messages.GangRelease
+    )
+    assert "decommissioned" in answers[7].reason
