@@ -40,8 +40,10 @@ Two paths, one API:
 In an elastic job (`min_np`/`max_np`) the world may change between launches:
 `resume()` also says how many ranks saved the checkpoint, so code can rescale its
 learning rate and data shards, and rank 0's `save` ends the rank (`Resize`) when the job
-is about to grow, right after the checkpoint is committed (after an async save: at the
-next `save` or `wait`).
+is about to grow (or to leave an executor Spark is decommissioning), right after the
+checkpoint is committed (after an async save: at the next `save` or `wait`). Called on
+every step as `save(state, step, every=N)`, it saves every N steps and at once when the
+job is about to stop there.
 """
 
 from __future__ import annotations
