@@ -52,7 +52,7 @@ def elastic_loop(out: str) -> dict | None:
     assert isinstance(reply, messages.Ok), reply
     world, deadline = reply.value, time.monotonic() + 240
     while True:
-        marker = {**world, "pid": pid}
+        marker = {**world, "pid": pid, "time": time.time()}
         write_whole(Path(out, f"gen{world['generation']}-rank{rank}.json"), json.dumps(marker))
         if rank not in world["members"]:
             return None
@@ -64,7 +64,7 @@ def elastic_loop(out: str) -> dict | None:
             assert time.monotonic() < deadline, "the test never said stop"
             time.sleep(0.05)
         else:
-            return {**world, "rank": rank, "pid": pid}
+            return {**marker, "rank": rank}
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -87,6 +87,7 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
 
     def kill_rank_0_then_stop() -> None:
         wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        killed_at.append(time.time())
         os.kill(int((out / "pid-0").read_text()), signal.SIGKILL)
         wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
         # The lost rank's late reports (its supervisor's exit) must not fail the job,
@@ -94,6 +95,7 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
         time.sleep(FAILURE_SETTLE_S + 1)
         (out / "stop").touch()
 
+    killed_at: list[float] = []
     killer = threading.Thread(target=kill_rank_0_then_stop, daemon=True)
     killer.start()
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
@@ -110,6 +112,8 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
     assert "SIGKILL" in after[1]["reason"] and "rank 0" in after[1]["reason"]
     # The job's result is world rank 0's of the last generation: launch rank 1's.
     assert result == {**after[1], "rank": 1}
+    seen = max(m["time"] for m in after.values()) - killed_at[0]
+    print(f"in process: {seen:.2f} s from the kill to generation 1 on every survivor")
     job = runner.last_job
     assert job.launcher == "direct"  # auto is direct for an elastic job
     assert job.attempts == 1 and job.failures == []
