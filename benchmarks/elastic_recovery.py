@@ -19,7 +19,7 @@ Rows, each a fresh job (`min_np=2, max_np=3`, the launcher `auto`: direct):
   `--sizes` parameters (float32; a frozen parameter of that size beside the trained ones,
   so a step stays short: committed, restored and synced like any other);
 * sparkdist relaunch (no `elastic.run`: a checkpoint every SAVE_EVERY steps through the
-  driver, the world relaunched from it), the same sizes;
+  driver, the world relaunched from it), the same sizes (or `--relaunch-sizes`);
 * sparkdist fixed size (`np=3, max_failures=1`): relaunched once a replacement worker
   arrives `--replacement-s` after the loss;
 * pyspark's TorchDistributor (np=3): the barrier stage fails; the time is to the error;
@@ -34,8 +34,11 @@ A size whose ranks would not fit in the memory the machine has free is left out 
 named in the output. After each case the worker is started again.
 
     sudo .venv/bin/python benchmarks/elastic_recovery.py [--sizes 10M 100M 500M]
+        [--only in-process relaunch fixed distributor horovod]
 
-Prints one table (markdown). Takes 15-20 minutes; not part of `make test`.
+SPARKDIST_NETNS_PREFIX / SPARKDIST_NETNS_SUBNET name the cluster (two runs at once need
+their own). Prints one table (markdown; the rows also in /tmp/elastic_recovery.json).
+Takes 15-20 minutes; not part of `make test`.
 """
 
 from __future__ import annotations
