@@ -74,6 +74,17 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
+def run_beside(action, runner, out: Path):
+    """Run `elastic_loop` with `runner` while `action()` (what the test does to the
+    world: kill, free a slot, say stop) runs in a thread beside it."""
+    beside = threading.Thread(target=action, daemon=True)
+    beside.start()
+    try:
+        return runner.run(elastic_loop, out=str(out))
+    finally:
+        beside.join(timeout=5)
+
+
 def markers(out: Path, generation: int) -> dict[int, dict]:
     """The markers of `generation`, by launch rank."""
     found = {}
@@ -96,12 +107,9 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
         (out / "stop").touch()
 
     killed_at: list[float] = []
-    killer = threading.Thread(target=kill_rank_0_then_stop, daemon=True)
-    killer.start()
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
     with caplog.at_level("WARNING", logger="sparkdist.runner.driver"):
-        result = runner.run(elastic_loop, out=str(out))
-    killer.join(timeout=5)
+        result = run_beside(kill_rank_0_then_stop, runner, out)
 
     before, after = markers(out, 0), markers(out, 1)
     assert before[0]["members"] == [0, 1, 2, 3]
@@ -135,11 +143,8 @@ def test_lost_task_leaves_its_ranks_behind_and_its_retry_joins_back(sc, tmp_path
         wait_for(lambda: len(markers(out, 2)) == 4, "generation 2 seen by every rank", 180)
         (out / "stop").touch()
 
-    killer = threading.Thread(target=kill_task_then_stop, daemon=True)
-    killer.start()
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
-    result = runner.run(elastic_loop, out=str(out))
-    killer.join(timeout=5)
+    result = run_beside(kill_task_then_stop, runner, out)
 
     first, shrunk, grown = markers(out, 0), markers(out, 1), markers(out, 2)
     assert sorted(shrunk) == [0, 1] and shrunk[0]["members"] == [0, 1]
@@ -165,11 +170,8 @@ def test_task_standing_by_joins_the_running_world(sc, tmp_path):
         wait_for(lambda: len(markers(out, 1)) == 4, "generation 1 seen by every rank", 180)
         (out / "stop").touch()
 
-    freer = threading.Thread(target=free_slot_then_stop, daemon=True)
-    freer.start()
     runner = sparkdist.HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2)
-    result = runner.run(elastic_loop, out=str(out))
-    freer.join(timeout=5)
+    result = run_beside(free_slot_then_stop, runner, out)
 
     before, after = markers(out, 0), markers(out, 1)
     assert sorted(before) == [0, 1] and before[0]["members"] == [0, 1]
@@ -236,13 +238,10 @@ def test_in_process_losses_count_against_max_failures(sc, tmp_path):
         wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
         kill(2)
 
-    killer = threading.Thread(target=kill_twice, daemon=True)
-    killer.start()
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2,
                                      max_failures=1)  # fmt: skip
     with pytest.raises(RankFailedError) as err:
-        runner.run(elastic_loop, out=str(out))
-    killer.join(timeout=5)
+        run_beside(kill_twice, runner, out)
     assert err.value.rank == 2 and err.value.exit_code == -signal.SIGKILL
     job = runner.last_job
     assert job.attempts == 1 and job.failures == []
