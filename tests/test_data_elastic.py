@@ -171,6 +171,13 @@ def test_a_change_leaves_the_position_and_splits_the_rest(converter):
             batches.on_world_change(2, 2)
 
 
+def test_persistent_dataloader_workers_are_refused(converter):
+    """Persistent workers keep the reader of the first iteration: no new position reaches them."""
+    with pytest.raises(ValueError, match="persistent_workers=True: DataLoader's workers would"):
+        with converter.make_torch_dataloader(**LOADER, num_workers=1, persistent_workers=True):
+            pass
+
+
 def elastic_ranks(train, store: str) -> list[tuple[int, int, int, bool]]:
     """A rank of a 3 -> 2 -> 3 world in real processes, with gloo between its members.
 
