@@ -125,5 +125,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         self.reader = reader
 
     def __iter__(self) -> Iterator[Any]:
-        self.reader.begin()  # before DataLoader's workers take their copy of the reader
+        # Before DataLoader's workers take their copy of the reader.
+        self.reader.follow_world()
+        self.reader.position.settle()
         return self.reader.count(super().__iter__())
