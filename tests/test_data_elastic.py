@@ -171,6 +171,71 @@ def test_a_change_leaves_the_position_and_splits_the_rest(converter):
             batches.on_world_change(2, 2)
 
 
+def test_persistent_dataloader_workers_are_refused(converter):
+    """Persistent workers keep the reader of the first iteration: no new position reaches them."""
+    with pytest.raises(ValueError, match="persistent_workers=True: DataLoader's workers would"):
+        with converter.make_torch_dataloader(**LOADER, num_workers=1, persistent_workers=True):
+            pass
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_any_sequence_of_worlds_reads_each_row_once(tmp_path, drop_last):
+    """Random worlds of 1-5 ranks, each for a random number of steps, then the epoch's end:
+    each row once (pads marked); with ``drop_last``, at most once, and only the tail of
+    each split goes unread (fewer than its world's size). Files written with pyarrow."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparkdist.data import files
+    from sparkdist.data.reader import ShardReader
+
+    rows = 0
+    for index, groups in enumerate([[70, 30], [100], [25, 5, 45]]):
+        table = pa.table({"id": np.arange(rows, rows + sum(groups))})
+        with pq.ParquetWriter(tmp_path / f"part-{index}.parquet", table.schema) as writer:
+            start = 0
+            for size in groups:
+                writer.write_table(table.slice(start, size), row_group_size=size)
+                start += size
+        rows += sum(groups)
+    layout = files.describe(tmp_path.as_uri())
+    options = {"batch_size": 7, "num_epochs": 1, "shuffle": True, "shuffle_buffer_rows": 60,
+               "pad_column": "is_pad", "drop_last": drop_last, "prefetch": 0}  # fmt: skip
+    rng = np.random.default_rng(11)
+    for _ in range(25):
+        worlds = [int(w) for w in rng.integers(1, 6, size=int(rng.integers(2, 5)))]
+        readers, commit, read, unread_at_most = [], None, [], 0
+        for number, world in enumerate(worlds):
+            for rank, shard in enumerate(readers[:world]):  # the survivors follow
+                shard.on_world_change(rank, world)
+            readers = readers[:world] + [
+                ShardReader(layout, cur_shard=rank, shard_count=world, **options)
+                for rank in range(len(readers), world)  # newcomers
+            ]
+            for shard in readers:
+                if commit is not None:
+                    shard.load_state_dict(commit)
+            left = rows - (commit["rows_consumed"] if commit else 0)
+            unread_at_most += left % world if drop_last else 0
+            iterators = [iter(shard) for shard in readers]
+            last = number == len(worlds) - 1
+            for _ in range(10_000 if last else int(rng.integers(0, 6))):
+                got = [next(iterator, None) for iterator in iterators]
+                if got[0] is None:
+                    assert all(batch is None for batch in got)  # equal steps
+                    break
+                read += [i for batch in got for i in batch["id"][~batch["is_pad"]].tolist()]
+                commit = readers[0].state_dict()
+                assert all(shard.state_dict() == commit for shard in readers)
+        counts = Counter(int(i) for i in read)
+        assert set(counts.values()) <= {1}, worlds
+        if drop_last:
+            assert rows - unread_at_most <= len(counts) <= rows, worlds
+        else:
+            assert sorted(counts) == list(range(rows)), worlds
+
+
 def elastic_ranks(train, store: str) -> list[tuple[int, int, int, bool]]:
     """A rank of a 3 -> 2 -> 3 world in real processes, with gloo between its members.
 

@@ -228,21 +228,19 @@ class ShardReader:
         self._started = self._taken = None
 
     def on_world_change(self, rank: int, world_size: int) -> None:
-        """Read as rank ``rank`` of ``world_size`` from the next iteration on (a world that
-        changes in process, `sparkdist.elastic.run`), before or after `load_state_dict` of
-        the last commit. The position stays as `state_dict` reports it (`Position.for_world`);
-        an iteration in progress ends: it planned the old world's slice."""
+        """Read as rank ``rank`` of ``world_size`` from the next iteration on (an in-process
+        change of the world), before or after `load_state_dict`: the position stays as
+        `state_dict` reports it (`Position.for_world`); an iteration in progress ends."""
         rank, world_size = rank_place.check_place(rank, world_size)
         self._world.end_iterations()
         self.position = (self._taken or self.position).for_world(rank, world_size)
         self._started = self._taken = None
 
-    def begin(self) -> None:
-        """Before an iteration: follow the environment's place, fold in the batches handed out."""
+    def follow_world(self) -> None:
+        """Take the environment's new place, if the loader follows it (`rank_place`)."""
         moved = self._world.moved(self.position.rank, self.position.world)
         if moved:
             self.on_world_change(*moved)
-        self.position.settle()
 
     def close(self) -> None:
         """Stop every iteration in progress (their background threads end)."""
@@ -358,7 +356,8 @@ class ShardReader:
             yield batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        self.begin()
+        self.follow_world()
+        self.position.settle()
         for batch in self.count(self.batches()):
             if self._closed.is_set():
                 return
@@ -372,8 +371,9 @@ class ShardReader:
         so no row is skipped. It counts on its own; `state_dict(steps=n)` counts from its
         start, and a later iteration supersedes it.
         """
-        self.begin()
+        self.follow_world()
         start = self.position.copy()
+        start.settle()
         taken = start.copy()
         self._started, self._taken = start, taken
         for batch in self._counted(self.batches(start=start), taken):
@@ -433,7 +433,7 @@ class ReaderPosition:
         return self.reader.rows_in_shard
 
     def __len__(self) -> int:
-        self.reader.begin()
+        self.reader.follow_world()
         return self.reader.batches_per_iteration()
 
     def state_dict(self, steps: int | None = None) -> dict:

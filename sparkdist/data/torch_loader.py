@@ -103,6 +103,12 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         pin_memory: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
+        if dataloader_kwargs.get("persistent_workers"):
+            raise ValueError(
+                "persistent_workers=True: DataLoader's workers would keep the reader's position "
+                "of the first iteration, so the next epoch, a load_state_dict or a change of the "
+                "world would not reach them (rows read twice or never); leave it False"
+            )
         if batch_size is not None and batch_size != reader.batch_size:
             raise ValueError(
                 f"batch_size={batch_size}, but the reader cuts batches of {reader.batch_size}: "
@@ -119,5 +125,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         self.reader = reader
 
     def __iter__(self) -> Iterator[Any]:
-        self.reader.begin()  # before DataLoader's workers take their copy of the reader
+        # Before DataLoader's workers take their copy of the reader.
+        self.reader.follow_world()
+        self.reader.position.settle()
         return self.reader.count(super().__iter__())
