@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -239,9 +240,14 @@ def test_a_collective_is_unblocked_when_a_peer_dies_or_hangs(how):
 # --- end to end: a real elastic job on Spark (local-cluster), DDP through elastic.run -----
 
 
-def ddp_main(out: str, steps_after: int) -> dict:
-    """DDP through `elastic.run`: generation 0 steps until the test kills a rank; the world
-    that follows takes `steps_after` steps more. Each rank logs its entries and commits."""
+LOADER = {"batch_size": 10, "num_epochs": 1, "shuffle": True, "seed": 3, "pad_column": "is_pad"}
+LR = 0.01
+
+
+def ddp_main(out: str, data) -> dict:
+    """DDP through `elastic.run` over one epoch of `data` (a converter), its loader in the
+    state: world 0 steps slowly, until the test changes the world. Each rank logs its
+    entries into `train` and, at each step, the rows it read."""
     import json
     import time
     from pathlib import Path
@@ -252,40 +258,46 @@ def ddp_main(out: str, steps_after: int) -> dict:
     from sparkdist import elastic
 
     launch, pid = int(os.environ["RANK"]), os.getpid()
-    model, optimizer = _model(seed=launch)
-    state = elastic.TorchState(model=model, optimizer=optimizer, step=0, stop_at=None)
     log = Path(out, f"log-{launch}.jsonl")
+    model, optimizer = _model(seed=launch)
+    with data.make_torch_dataloader(**LOADER) as loader:
+        state = elastic.TorchState(model=model, optimizer=optimizer, step=0, loader=loader)
 
-    def write(**event) -> None:
-        with log.open("a") as file:
-            event.update(generation=state.generation, pid=pid, time=time.time())
-            file.write(json.dumps(event) + "\n")
+        def write(**event) -> None:
+            with log.open("a") as file:
+                event.update(generation=state.generation, pid=pid, time=time.time())
+                file.write(json.dumps(event) + "\n")
 
-    def on_reset() -> None:  # after a re-form, before the sync: world rank 0's value wins
-        state.stop_at = state.step + steps_after
+        def rescale() -> None:  # after a change, before the sync
+            for group in state.optimizer.param_groups:
+                group["lr"] = LR * state.world_size
 
-    state.register_reset_callbacks([on_reset])
+        state.register_reset_callbacks([rescale])
 
-    @elastic.run
-    def train(state):
-        write(event="enter", step=state.step, rank=state.rank, size=state.world_size)
-        ddp = torch.nn.parallel.DistributedDataParallel(state.model)
-        while state.stop_at is None or state.step < state.stop_at:
-            _step(ddp, state.optimizer, seed=1000 * state.step + state.rank)
-            state.step += 1
-            write(event="stepped", step=state.step)
-            state.commit()  # in world 0's last step, raises WorldChanged (grow) or fails (loss)
-            if state.stop_at is None:
-                assert state.step < 3000, "no rank was killed"
-                time.sleep(0.05)  # generation 0 steps until the test kills a rank
-        mine = _flat(state)
-        gathered = [torch.zeros_like(mine) for _ in range(state.world_size)]
-        dist.all_gather(gathered, mine)
-        equal = all(torch.equal(g, mine) for g in gathered)
-        return {"launch": launch, "pid": pid, "generation": state.generation,
-                "step": state.step, "equal": equal}  # fmt: skip
+        @elastic.run
+        def train(state):
+            write(event="enter", step=state.step, rank=state.rank, size=state.world_size)
+            ddp = torch.nn.parallel.DistributedDataParallel(state.model)
+            for batch in state.loader:
+                x = batch["x"].float().reshape(-1, 1).repeat(1, 4) / 1000
+                state.optimizer.zero_grad()
+                ddp(x).pow(2).mean().backward()
+                state.optimizer.step()
+                state.step += 1
+                ids, pads = batch["id"].tolist(), batch["is_pad"].tolist()
+                rows = [i for i, pad in zip(ids, pads, strict=True) if not pad]
+                write(event="stepped", step=state.step, rows=rows)
+                state.commit()  # world 0's last step: raises WorldChanged (grow) or fails (loss)
+                if state.generation == 0:
+                    time.sleep(0.05)  # until the test changes the world
+            mine = _flat(state)
+            gathered = [torch.zeros_like(mine) for _ in range(state.world_size)]
+            dist.all_gather(gathered, mine)
+            equal = all(torch.equal(g, mine) for g in gathered)
+            return {"launch": launch, "pid": pid, "generation": state.generation,
+                    "lr": state.optimizer.param_groups[0]["lr"], "equal": equal}  # fmt: skip
 
-    return train(state)
+        return train(state)
 
 
 def _events(out, launch: int) -> list[dict]:
@@ -306,24 +318,39 @@ def _world_change(out, launches) -> tuple[dict[int, list[dict]], int]:
     return entries, max(steps)
 
 
-def _ddp_job(out, beside, **options):
-    """`ddp_main` as an elastic job (2 ranks per task, direct) while `beside()` runs in a
-    thread: the runner and the job's result."""
+def _rows_read_once(out, launches, rows: int, restored: int) -> None:
+    """Every row of the epoch was read once in the steps that count: world 0's up to the
+    commit world 1 restored, and world 1's."""
+    kept = Counter()
+    for launch in launches:
+        for event in _events(out, launch):
+            if event["event"] == "stepped" and (
+                event["generation"] > 0 or event["step"] <= restored
+            ):
+                kept.update(event["rows"])
+    assert sorted(kept) == list(range(rows)) and set(kept.values()) == {1}
+
+
+def _ddp_job(spark, out, rows: int, beside, **options):
+    """`ddp_main` over a DataFrame of `rows` rows, as an elastic job (2 ranks per task,
+    direct) while `beside()` runs in a thread: the runner and the job's result."""
     from sparkdist import HorovodRunner
 
+    df = spark.range(rows).selectExpr("id", "cast(id as double) as x").repartition(4)
     thread = threading.Thread(target=beside, daemon=True)
     thread.start()
     runner = HorovodRunner(ranks_per_task=2, launcher="direct", **options)
-    result = runner.run(ddp_main, out=str(out), steps_after=5)
+    result = runner.run(ddp_main, out=str(out), data=df)
     thread.join(timeout=5)
     return runner, result
 
 
-def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
+def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(spark, tmp_path):
     """4 ranks (2 per task on the two executors), min_np=2: launch rank 0 (world rank 0,
-    whose state everyone synced from) is killed mid-training; ranks 1-3 go on in their
+    whose state everyone synced from) is killed mid-epoch; ranks 1-3 go on in their
     processes as world 0-2, from launch rank 1's last commit, at most one step redone,
-    with equal parameters, and the job's result is launch rank 1's."""
+    with equal parameters, each row of the epoch read once, and the job's result is
+    launch rank 1's."""
     from test_elastic import still_alive, wait_for
 
     def commits(launch: int) -> list[int]:
@@ -335,7 +362,7 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
         killed_at.append(time.time())
 
     killed_at: list[float] = []
-    runner, result = _ddp_job(tmp_path, kill_rank_0, np=4, min_np=2, max_np=4)
+    runner, result = _ddp_job(spark, tmp_path, 2000, kill_rank_0, np=4, min_np=2, max_np=4)
 
     entries, last_before = _world_change(tmp_path, launches=range(4))
     assert [e["generation"] for e in entries[0]] == [0]
@@ -346,7 +373,8 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
         assert (again["rank"], again["size"]) == (launch - 1, 3)
         assert last_before - again["step"] <= 1  # at most one step redone
     assert result["launch"] == 1 and result["generation"] == 1 and result["equal"]
-    assert result["step"] == entries[1][1]["step"] + 5
+    assert result["lr"] == LR * 3  # the reset callback ran, in the world of 3
+    _rows_read_once(tmp_path, range(4), rows=2000, restored=entries[1][1]["step"])
     job = runner.last_job
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert still_alive(runner) == []
@@ -357,22 +385,23 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
     assert recovery < 15.0  # no rank waited out a collective's timeout (30 s)
 
 
-def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sc, tmp_path):
+def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(spark, tmp_path):
     """2 ranks on one task while another Spark job holds the second slot; once it frees
     the slot, the driver seats 2 more ranks and forms world 1 with them. The running ranks
     see it at a commit (`WorldChanged`: no step redone), keep their processes, and the
-    newcomers start from their state (synced by broadcast, not from storage)."""
+    newcomers start from their state (synced by broadcast, not from storage), their loaders
+    too: each row of the epoch is read once."""
     from test_elastic import SlotHolder, still_alive, wait_for
 
     out = tmp_path / "ranks"
     out.mkdir()
-    holder = SlotHolder(sc, tmp_path, slots=1)
+    holder = SlotHolder(spark.sparkContext, tmp_path, slots=1)
 
     def free_the_slot() -> None:
         wait_for(lambda: all(len(_events(out, r)) >= 4 for r in range(2)), "3 steps")
         holder.release()
 
-    runner, result = _ddp_job(out, free_the_slot, np=2, min_np=2, max_np=4)
+    runner, result = _ddp_job(spark, out, 16000, free_the_slot, np=2, min_np=2, max_np=4)
 
     entries, last_before = _world_change(out, launches=range(4))
     for launch in (0, 1):
@@ -384,7 +413,8 @@ def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sc
         assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
     assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
     assert result["launch"] == 0 and result["generation"] == 1 and result["equal"]
-    assert result["step"] == last_before + 5
+    assert result["lr"] == LR * 4
+    _rows_read_once(out, range(4), rows=16000, restored=last_before)
     job = runner.last_job
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert job.reformed[0].startswith("grew")
