@@ -28,9 +28,12 @@ import torch
 from test_checkpoint_sharded import fsdp_model as build  # an MLP sharded over the world
 from test_checkpoint_sharded import train_step
 
-from sparkdist import elastic
+from sparkdist import elastic, job_environment
 
 START_S = 120
+TIMEOUT_S = 10
+"""The elastic timeout of the Spark jobs: a survivor whose partner in a collective is alive
+but has left the world waits that long (FSDP2 keeps the old process group alive)."""
 
 
 def full_state(state) -> dict:
@@ -229,7 +232,8 @@ def test_fsdp_survivors_rebuild_the_sharded_state_when_a_rank_is_killed(
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
     runner = HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2, launcher="direct",
-                           checkpoint_dir=str(tmp_path / "checkpoints"))  # fmt: skip
+                           checkpoint_dir=str(tmp_path / "checkpoints"),
+                           env={job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S)})  # fmt: skip
     result = runner.run(fsdp_main, out=str(tmp_path), steps_after=3,
                         neighbour_copy=neighbour_copy, save_every=save_every)  # fmt: skip
     killer.join(timeout=5)
@@ -257,5 +261,47 @@ def test_fsdp_survivors_rebuild_the_sharded_state_when_a_rank_is_killed(
     assert still_alive(runner) == []
     resumed = min(e["time"] for e in _events(tmp_path, 0)
                   if e["generation"] == 1 and e["event"] == "stepped")  # fmt: skip
+    assert resumed - killed_at[0] < 3 * TIMEOUT_S  # a survivor waits one timeout at most
     print(f"FSDP2 from {source}: {resumed - killed_at[0]:.2f} s from the kill to world 1's "
           f"first step; a commit takes {result['commit_s'] * 1000:.1f} ms (median)")  # fmt: skip
+
+
+def test_fsdp_world_grows_and_newcomers_get_their_shards_from_memory(sc, tmp_path):
+    """2 ranks on one task while another Spark job holds the second slot; once it frees it,
+    2 more ranks join. The running ranks stop at a commit (nothing redone) and keep their
+    processes; every rank of the 4-rank world gets its new shards from the 2 ranks' memory,
+    equal to the commit's, with no storage read."""
+    from test_elastic import SlotHolder, still_alive, wait_for
+
+    from sparkdist import HorovodRunner
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    holder = SlotHolder(sc, tmp_path, slots=1)
+
+    def free_the_slot() -> None:
+        wait_for(lambda: all(len(_events(out, r)) >= 4 for r in range(2)), "3 steps")
+        holder.release()
+
+    freer = threading.Thread(target=free_the_slot, daemon=True)
+    freer.start()
+    runner = HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2, launcher="direct",
+                           checkpoint_dir=str(tmp_path / "checkpoints"))  # fmt: skip
+    result = runner.run(fsdp_main, out=str(out), steps_after=3, neighbour_copy=True,
+                        save_every=1000)  # fmt: skip
+    freer.join(timeout=5)
+
+    entries = {r: [e for e in _events(out, r) if e["event"] == "enter"] for r in range(4)}
+    last_before = max(e["step"] for r in range(2) for e in _events(out, r)
+                      if e["event"] == "stepped" and e["generation"] == 0)  # fmt: skip
+    for launch in range(4):
+        again = entries[launch][-1]
+        assert (again["generation"], again["rank"], again["size"]) == (1, launch, 4)
+        assert again["restored_from"] == "memory" and again["same"]
+        assert again["step"] == last_before  # none redone
+    for launch in (0, 1):
+        assert entries[launch][0]["pid"] == entries[launch][1]["pid"]
+    assert result["launch"] == 0 and result["step"] == last_before + 3
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [] and job.reformed[0].startswith("grew")
+    assert still_alive(runner) == []

@@ -167,7 +167,7 @@ class ShardedTorchState(State):
         broken world, go now: their process group's sockets close with them, which ends
         the peers' pending sends at once instead of at their timeout. `sync` rebuilds
         them for the next world."""
-        self.model = self.optimizer = None
+        self.model = self.optimizer = self._cpu_group = None
         gc.collect()
         rests = self._held.rests
         if rests:
