@@ -54,6 +54,24 @@ def same(a: dict, b: dict) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_plan_takes_the_newest_commit_the_new_world_holds_whole():
+    """Old world of 3 (generation 0). Old rank 1 is lost during commit 5's exchange: its
+    neighbour (old rank 2) holds its piece of commit 4 only, so the survivors go back to 4;
+    without that copy there is no whole commit; a newcomer holds nothing."""
+    from sparkdist.elastic.shard_copies import Mark, plan
+
+    c4, c5 = Mark(0, 3, 4), Mark(0, 3, 5)
+    survivor_0 = [(c4, 0, True), (c5, 0, True), (c4, 2, False), (c5, 2, False)]
+    survivor_2 = [(c4, 2, True), (c5, 2, True), (c4, 1, False)]
+    chosen = plan([survivor_0, survivor_2, []])
+    assert (chosen.mark, chosen.holders, chosen.source) == (c4, (0, 1, 0), 0)
+    assert plan([survivor_0, [(c4, 2, True), (c5, 2, True)], []]) is None
+    assert plan([[], []]) is None
+    # A grow at commit 5: every old rank's own piece is there.
+    grown = plan([[(c5, 0, True)], [(c5, 1, True)], [(c5, 2, True)], []])
+    assert (grown.mark, grown.holders) == (c5, (0, 1, 2))
+
+
 # --- worlds formed by spawned processes themselves -----------------------------------
 
 
