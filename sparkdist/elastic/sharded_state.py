@@ -164,9 +164,8 @@ class ShardedTorchState(State):
 
     def restore(self) -> None:
         """Back to the last commit's values. The model and optimizer, sharded over the
-        broken world, go now: their process group's sockets close with them, which ends
-        the peers' pending sends at once instead of at their timeout. `sync` rebuilds
-        them for the next world."""
+        broken world, are dropped now (with the last references this state holds to its
+        process group); `sync` builds them again for the next world."""
         self.model = self.optimizer = self._cpu_group = None
         gc.collect()
         rests = self._held.rests
