@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from sparkdist.elastic.generations import WorldChanged
 from sparkdist.elastic.run import run
+from sparkdist.elastic.sharded_state import ShardedTorchState
 from sparkdist.elastic.state import ObjectState, State, TorchState
 
-__all__ = ["ObjectState", "State", "TorchState", "WorldChanged", "run"]
+__all__ = ["ObjectState", "ShardedTorchState", "State", "TorchState", "WorldChanged", "run"]
