@@ -30,6 +30,11 @@ _KEEP_IMPORTANT = 3
 """HWLOC_TYPE_FILTER_KEEP_IMPORTANT: the I/O objects Open MPI asks hwloc to keep."""
 _EXPORT_V1 = 1
 """HWLOC_TOPOLOGY_EXPORT_XML_FLAG_V1: a file that hwloc 1.11 reads as well as 2.x."""
+_BLACKLIST = 1
+"""HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST (hwloc 2.1+)."""
+_GPU_COMPONENTS = (b"cuda", b"nvml", b"rsmi", b"levelzero", b"opencl", b"gl")
+"""hwloc's GPU plugins, left out: the executor process lives on, and they would start
+GPU runtimes in it (Open MPI's TCP transport does not use GPU objects)."""
 
 
 @functools.cache
@@ -61,6 +66,9 @@ def _export(hwloc: ctypes.CDLL) -> bytes | None:
         return None
     try:
         hwloc.hwloc_topology_set_io_types_filter(topology, _KEEP_IMPORTANT)
+        set_components = getattr(hwloc, "hwloc_topology_set_components", None)
+        for name in _GPU_COMPONENTS if set_components is not None else ():
+            set_components(topology, ctypes.c_ulong(_BLACKLIST), name)
         if hwloc.hwloc_topology_load(topology) != 0:
             return None
         buffer, size = ctypes.c_void_p(), ctypes.c_int()
