@@ -1,7 +1,8 @@
 """The host's hardware topology, read once per executor process and handed to orted as a file.
 
 Every orted reads the machine's topology with hwloc when it starts, twice (Open MPI's
-own read and its PMIx server's), and on a virtual machine that is most of its cost:
+own read, which `hwloc_base_topo_file` replaces, and a second one that only
+`HWLOC_XMLFILE` reaches), and on a virtual machine that is most of its cost:
 reading each PCI device's configuration space traps to the hypervisor. At np=32 on one
 2-core VM a third of all of orted's CPU went there (perf). hwloc loads a topology from
 an XML file instead when `HWLOC_XMLFILE` names one (`HWLOC_THISSYSTEM=1`: it is this
