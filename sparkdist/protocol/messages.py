@@ -265,19 +265,6 @@ class Report(NamedTuple):
     metrics: dict
 
 
-@register("elastic_world")
-class ElasticWorld(NamedTuple):
-    """An in-process elastic rank (`sparkdist.elastic.run`) asks for the first world
-    generation newer than `after` (-1: the one to join). Answered with `Ok` holding
-    `{"generation": int, "members": [launch ranks, in world-rank order], "reason": str}`
-    once it forms, `Missing` when `timeout_s` passes first, `Failed` when the job stops.
-    `rank` is the rank's launch rank (its `RANK` at start), which never changes."""
-
-    rank: int
-    after: int
-    timeout_s: float
-
-
 # --- a task's relay (`runner/task/relay.py`) and the driver, over the task's channel --
 
 
@@ -382,7 +369,7 @@ TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDo
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
                  CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit, Report, ElasticWorld)  # fmt: skip
+                 CheckpointCommit, Report)  # fmt: skip
 ORDERS = (Finish, Abort, Bye, Rejected)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
