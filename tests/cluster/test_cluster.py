@@ -53,10 +53,13 @@ def job_processes(cluster) -> list[psutil.Process]:
     for i in range(cluster.state.hosts):
         for proc in cluster.descendants(i):
             try:
-                cmd = " ".join(proc.cmdline())
+                argv = proc.cmdline()
             except psutil.Error:
                 continue
-            if "sparkdist.runner" in cmd or "orted" in cmd or "mpirun" in cmd:
+            # By module and program name, not by substring: a checkout path holding
+            # "orted" would otherwise count the cluster's own JVMs.
+            programs = {arg.rsplit("/", 1)[-1] for arg in argv}
+            if "sparkdist.runner" in " ".join(argv) or programs & {"orted", "mpirun"}:
                 found.append(proc)
     return found
 
