@@ -9,6 +9,8 @@ poll for a newer one, return once the test says stop.
   is relaunched;
 * a task standing by (a slot another Spark job held, then freed): seated into the
   running attempt with fresh launch ranks, the next generation includes them;
+* a task lost (its Python worker killed): its ranks are left behind, and Spark's retry of
+  the task is seated back;
 * a loss before every rank entered, or below min_np: relaunched as ever;
 * max_failures counts a loss re-formed in process: the next one fails the job;
 * the protocol itself on a real `DriverService` (no Spark).
@@ -37,16 +39,20 @@ def elastic_loop(out: str) -> dict | None:
     """A rank's minimal in-process loop: each generation it is in goes to a marker
     file; not a member any more, it leaves (returns None); else it returns its last
     world once `out/stop` exists."""
+    import psutil
+
     from sparkdist.protocol import messages
     from sparkdist.protocol.driver_channel import driver_client
 
     client, rank, pid = driver_client(), int(os.environ["RANK"]), os.getpid()
     write_whole(Path(out, f"pid-{rank}"), str(pid))
+    # The Spark task's Python worker: the parent of this rank's supervisor.
+    write_whole(Path(out, f"task-pid-{rank}"), str(psutil.Process(os.getppid()).ppid()))
     reply = client.request(messages.ElasticWorld(rank, -1, 60.0))
     assert isinstance(reply, messages.Ok), reply
     world, deadline = reply.value, time.monotonic() + 240
     while True:
-        marker = {**world, "pid": pid}
+        marker = {**world, "pid": pid, "time": time.time()}
         write_whole(Path(out, f"gen{world['generation']}-rank{rank}.json"), json.dumps(marker))
         if rank not in world["members"]:
             return None
@@ -58,7 +64,7 @@ def elastic_loop(out: str) -> dict | None:
             assert time.monotonic() < deadline, "the test never said stop"
             time.sleep(0.05)
         else:
-            return {**world, "rank": rank, "pid": pid}
+            return {**marker, "rank": rank}
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -66,6 +72,17 @@ def write_whole(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def run_beside(action, runner, out: Path):
+    """Run `elastic_loop` with `runner` while `action()` (what the test does to the
+    world: kill, free a slot, say stop) runs in a thread beside it."""
+    beside = threading.Thread(target=action, daemon=True)
+    beside.start()
+    try:
+        return runner.run(elastic_loop, out=str(out))
+    finally:
+        beside.join(timeout=5)
 
 
 def markers(out: Path, generation: int) -> dict[int, dict]:
@@ -81,6 +98,7 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
 
     def kill_rank_0_then_stop() -> None:
         wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        killed_at.append(time.time())
         os.kill(int((out / "pid-0").read_text()), signal.SIGKILL)
         wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
         # The lost rank's late reports (its supervisor's exit) must not fail the job,
@@ -88,12 +106,10 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
         time.sleep(FAILURE_SETTLE_S + 1)
         (out / "stop").touch()
 
-    killer = threading.Thread(target=kill_rank_0_then_stop, daemon=True)
-    killer.start()
+    killed_at: list[float] = []
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
     with caplog.at_level("WARNING", logger="sparkdist.runner.driver"):
-        result = runner.run(elastic_loop, out=str(out))
-    killer.join(timeout=5)
+        result = run_beside(kill_rank_0_then_stop, runner, out)
 
     before, after = markers(out, 0), markers(out, 1)
     assert before[0]["members"] == [0, 1, 2, 3]
@@ -104,12 +120,42 @@ def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
     assert "SIGKILL" in after[1]["reason"] and "rank 0" in after[1]["reason"]
     # The job's result is world rank 0's of the last generation: launch rank 1's.
     assert result == {**after[1], "rank": 1}
+    seen = max(m["time"] for m in after.values()) - killed_at[0]
+    print(f"in process: {seen:.2f} s from the kill to generation 1 on every survivor")
     job = runner.last_job
     assert job.launcher == "direct"  # auto is direct for an elastic job
     assert job.attempts == 1 and job.failures == []
     assert len(job.reformed) == 1 and "SIGKILL" in job.reformed[0]
     changes = [r.getMessage() for r in caplog.records if "in process" in r.getMessage()]
     assert len(changes) == 1 and "world 4 -> 3 ranks in process: rank 0" in changes[0]
+    assert still_alive(runner) == []
+
+
+def test_lost_task_leaves_its_ranks_behind_and_its_retry_joins_back(sc, tmp_path):
+    """The Python worker of the task that holds ranks 2 and 3 is killed (a lost executor,
+    in miniature): the world goes on with ranks 0 and 1 in their processes; Spark runs
+    the task again, it checks in, and is seated back with fresh launch ranks 4 and 5."""
+    out = tmp_path
+
+    def kill_task_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        os.kill(int((out / "task-pid-2").read_text()), signal.SIGKILL)
+        wait_for(lambda: len(markers(out, 2)) == 4, "generation 2 seen by every rank", 180)
+        (out / "stop").touch()
+
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
+    result = run_beside(kill_task_then_stop, runner, out)
+
+    first, shrunk, grown = markers(out, 0), markers(out, 1), markers(out, 2)
+    assert sorted(shrunk) == [0, 1] and shrunk[0]["members"] == [0, 1]
+    assert "lost contact with rank 2" in shrunk[0]["reason"]
+    assert sorted(grown) == [0, 1, 4, 5] and grown[0]["members"] == [0, 1, 4, 5]
+    for rank in (0, 1):
+        assert first[rank]["pid"] == shrunk[rank]["pid"] == grown[rank]["pid"]
+    assert result == {**grown[0], "rank": 0}
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 2 and job.reformed[1].startswith("grew: 2 more rank slot(s)")
     assert still_alive(runner) == []
 
 
@@ -124,11 +170,8 @@ def test_task_standing_by_joins_the_running_world(sc, tmp_path):
         wait_for(lambda: len(markers(out, 1)) == 4, "generation 1 seen by every rank", 180)
         (out / "stop").touch()
 
-    freer = threading.Thread(target=free_slot_then_stop, daemon=True)
-    freer.start()
     runner = sparkdist.HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2)
-    result = runner.run(elastic_loop, out=str(out))
-    freer.join(timeout=5)
+    result = run_beside(free_slot_then_stop, runner, out)
 
     before, after = markers(out, 0), markers(out, 1)
     assert sorted(before) == [0, 1] and before[0]["members"] == [0, 1]
@@ -195,13 +238,10 @@ def test_in_process_losses_count_against_max_failures(sc, tmp_path):
         wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
         kill(2)
 
-    killer = threading.Thread(target=kill_twice, daemon=True)
-    killer.start()
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2,
                                      max_failures=1)  # fmt: skip
     with pytest.raises(RankFailedError) as err:
-        runner.run(elastic_loop, out=str(out))
-    killer.join(timeout=5)
+        run_beside(kill_twice, runner, out)
     assert err.value.rank == 2 and err.value.exit_code == -signal.SIGKILL
     job = runner.last_job
     assert job.attempts == 1 and job.failures == []

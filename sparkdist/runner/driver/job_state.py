@@ -125,18 +125,16 @@ class JobState:
 
     def succeeded(self) -> bool:
         """Every rank ended well (or was a worker the job could lose, or a rank an
-        in-process world went on without), the results the job waits for arrived (from
-        the last generation's members; a server sends none), and mpirun, if any, exited
-        with 0. Newcomers not yet in any generation need not have ended."""
+        in-process world went on without or has not taken in yet), the results the job
+        waits for arrived (from the last generation's members; a server sends none), and
+        mpirun, if any, exited with 0."""
         with self.cond:
             members = self.membership.generation.members
             needed = members if self.job.all_results else members[:1]
             needed = [r for r in needed if not self.job.server_rank(r)]
-            tolerated = self.losses.workers_lost | self.membership.left.keys()
-            # A rank the world went on without need not have ended: a lost host's never
-            # reports an exit.
-            unsettled = self.membership.joining | self.membership.left.keys()
-            ended = self.rank_records.succeeded(needed, tolerated, unsettled)
+            membership = self.membership
+            tolerated = self.losses.workers_lost | membership.left.keys() | membership.joining
+            ended = self.rank_records.succeeded(needed, tolerated)
             return ended and self.processes.launcher_exit_code in (None, 0)
 
     def results(self) -> list[tuple[int, bytes | None]]:

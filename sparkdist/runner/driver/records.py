@@ -147,12 +147,12 @@ class RankRecords:
     def running(self) -> list[int]:
         return [r for r, s in self.by_rank.items() if not s.exited]
 
-    def succeeded(self, needed: Iterable[int], tolerated: set[int], unsettled: set[int]) -> bool:
-        """Every rank exited with 0 (or its loss was `tolerated`; `unsettled` ranks need
-        not have ended) and the `needed` ranks sent their results."""
+    def succeeded(self, needed: Iterable[int], tolerated: set[int]) -> bool:
+        """Every rank exited with 0 or is `tolerated` (the job goes on without it, ended
+        or not: a lost worker, a rank an in-process world left behind or has not taken in
+        yet), and the `needed` ranks sent their results."""
         return all(
-            (s.exited and (s.exit_code == 0 or r in tolerated)) or r in unsettled
-            for r, s in self.by_rank.items()
+            (s.exited and s.exit_code == 0) or r in tolerated for r, s in self.by_rank.items()
         ) and all(self.by_rank[r].has_result for r in needed)
 
     def tails(self, ranks: list[int]) -> str:

@@ -187,8 +187,10 @@ class _GrowWatcher:
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
 
     def start(self) -> None:
-        # Also at max_np: an in-process world that loses a rank has room again later.
-        self._thread.start()
+        """Watch while the world is below max_np, or may fall below it (in process)."""
+        low = self.state.job.in_process_min_np
+        if self.state.membership.size() < self.max_np or (low is not None and low < self.max_np):
+            self._thread.start()
 
     def _run(self) -> None:
         growth, since = self.state.growth, None
