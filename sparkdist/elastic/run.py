@@ -13,6 +13,7 @@ import functools
 import gc
 import logging
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,6 +29,22 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _launch_rank: int | None = None  # RANK when this process first entered `run`
 _group: torch_group.TorchGroup | None = None  # the group the last run left formed
+
+
+BACKEND_RELEASE_S = 0.1
+"""How long a rank lets go of the GIL before it frees the old world (see
+`_let_backend_threads_finish`)."""
+
+
+def _let_backend_threads_finish() -> None:
+    """Freeing the old world's DDP frees its gloo process group, whose destructor joins the
+    group's worker threads while this thread holds the GIL. A worker that is still releasing
+    the last collective's tensors needs the GIL for that, so the two would wait for each
+    other forever (seen on the namespaced cluster right after `WorldChanged`:
+    `~ProcessGroupGloo` in `std::thread::join`, the worker in `gil_scoped_acquire`). A worker
+    needs the GIL only for a moment after each collective, and nothing tells when it is done:
+    let go of the GIL for a short while before the old world is freed."""
+    time.sleep(BACKEND_RELEASE_S)
 
 
 def launch_rank() -> int:
@@ -87,6 +104,7 @@ class _Loop:
             try:
                 return self._enter(generation, reformed, func, args, kwargs)
             except WorldChanged:
+                _let_backend_threads_finish()
                 logger.info("elastic: world %d ends at a commit", generation.number)
                 failure = None
             except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
@@ -94,6 +112,7 @@ class _Loop:
                     raise
                 logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
                                generation.number, type(exc).__name__, exc)  # fmt: skip
+                _let_backend_threads_finish()
                 traceback.clear_frames(exc.__traceback__)  # let the old world's DDP go
                 self.state.restore()
                 failure = exc
