@@ -95,6 +95,26 @@ def test_commit_and_restore_keep_and_bring_back_the_state():
     assert isinstance(elastic.ObjectState(a=1), elastic.State)
 
 
+def test_a_commit_overwrites_the_last_commits_tensors_instead_of_allocating():
+    model, optimizer = _model(0)
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    _step(model, optimizer, 1)
+    state.commit()  # the first commit with optimizer moments: new tensors
+    weight = state._saved["model"]["0.weight"]
+    moments = state._saved["optimizer"]["state"][0]["exp_avg"]
+    buffers = weight.untyped_storage().data_ptr(), moments.untyped_storage().data_ptr()
+    _step(model, optimizer, 2)
+    state.step = 2
+    state.commit()
+    again = state._saved["model"]["0.weight"], state._saved["optimizer"]["state"][0]["exp_avg"]
+    assert tuple(t.untyped_storage().data_ptr() for t in again) == buffers
+    committed = _flat(state).clone()
+    _step(model, optimizer, 3)
+    state.restore()  # the overwritten commit is the newest one, and a restore keeps it
+    assert torch.equal(_flat(state), committed) and state.step == 2
+    assert not any(t.data_ptr() == p.data_ptr() for t in again for p in model.parameters())
+
+
 def test_run_outside_a_rank_and_bad_settings_say_so(monkeypatch):
     with pytest.raises(TypeError, match="elastic State"):
         elastic.run(lambda state: None)({"step": 0})

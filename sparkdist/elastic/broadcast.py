@@ -35,10 +35,35 @@ def _map_leaves(tree: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(tree)
 
 
-def snapshot(tree: Any) -> Any:
-    """A deep copy of `tree`; tensors cloned to CPU memory (`detach().to("cpu", copy=True)`)."""
+def _leaves(tree: Any) -> list[Any]:
+    """The values of `tree` that are not dicts, lists or tuples, in `_map_leaves`' order."""
+    found: list[Any] = []
+    _map_leaves(tree, found.append)
+    return found
+
+
+def _tensor_layout(tree: Any) -> list[tuple[Any, tuple[int, ...]]] | None:
+    """Each tensor leaf's dtype and shape, in order (None for no tree)."""
+    import torch
+
+    if tree is None:
+        return None
+    return [(v.dtype, tuple(v.shape)) for v in _leaves(tree) if isinstance(v, torch.Tensor)]
+
+
+def snapshot(tree: Any, into: Any = None) -> Any:
+    """A deep copy of `tree`; tensors cloned to CPU memory (`detach().to("cpu", copy=True)`).
+
+    `into`: an earlier snapshot. When its tensors have the same dtypes and shapes, in the
+    same order, they are overwritten instead of new ones allocated: a commit every step
+    then holds one copy of the model, not two while the next is taken, and allocates
+    nothing."""
     import torch
     from torch.distributed.tensor import DTensor
+
+    reuse = None
+    if into is not None and _tensor_layout(into) == _tensor_layout(tree):
+        reuse = iter([v for v in _leaves(into) if isinstance(v, torch.Tensor)])
 
     def copied(value: Any) -> Any:
         if isinstance(value, DTensor):
@@ -48,6 +73,8 @@ def snapshot(tree: Any) -> Any:
                 "checkpoint.save(..., sharded=True)"
             )
         if isinstance(value, torch.Tensor):
+            if reuse is not None:
+                return next(reuse).copy_(value.detach())
             return value.detach().to("cpu", copy=True)
         return copy.deepcopy(value)
 

@@ -167,8 +167,9 @@ class TorchState(ObjectState):
 
     def save(self) -> None:
         stateful = set(self._stateful())
+        last = self._saved  # its tensors are reused: see `broadcast.snapshot`
         self._saved = {
-            name: broadcast.snapshot(value.state_dict())
+            name: broadcast.snapshot(value.state_dict(), into=last.get(name))
             if name in stateful
             else copy.deepcopy(value)
             for name, value in self.values().items()
