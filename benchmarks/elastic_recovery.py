@@ -73,9 +73,10 @@ KILL_AFTER_STEP = 12
 SAVE_EVERY = 10
 RUNNER = {"start_timeout": 180, "timeout": 900}
 ELASTIC = {**RUNNER, "min_np": 2, "max_np": 3}
-MEMORY_COPIES = {"in process": 4, "relaunch": 4}
+MEMORY_COPIES = {"in process": 3, "relaunch": 4}
 """Copies of a rank's model state held at the peak: in process the parameters, the commit
-and the next commit while it is taken (plus slack; a loss sends no tensors); by relaunch
+(a commit overwrites the last one's tensors; a loss sends no tensors) and DDP's start-up
+broadcast with slack (a 500M run with room for two copies took no step in 600 s); by relaunch
 the parameters, the serialised checkpoint and the copy resumed from it. The driver keeps
 the checkpoint once more."""
 
