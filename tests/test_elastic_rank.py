@@ -7,10 +7,13 @@ real gloo groups formed by the package's own group code, and the driver's real s
   group (the store's address exchanged through the driver's KV), syncs world rank 0's
   state (parameters, optimizer, plain values) and trains DDP; a peer killed or hung in a
   collective unblocks the survivors (at once, or within the stated timeout).
+* Two spawned ranks end world after world as `elastic.run` does while gloo's worker still
+  holds a collective: no rank waits forever for the GIL, and every old group is freed.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -188,6 +191,42 @@ def _hang_rank(rank, world_size, address, secret_text, in_collective) -> None:
     os._exit(5)
 
 
+WORLDS = 5
+"""How many worlds `_end_worlds_rank` forms and ends."""
+
+
+def _gloo_workers() -> int:
+    """The gloo worker threads alive in this process (each group has its own)."""
+    tasks = os.listdir("/proc/self/task")
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop" for t in tasks)
+
+
+def _end_worlds_rank(rank, world_size, address, secret_text, results) -> None:
+    """Form a world, train a DDP step in it, end it as `elastic.run` ends one (destroy the
+    group, free the world's DDP, then `free_old_groups`); `WORLDS` times. Before each end a
+    collective is started and not waited for, with a Python object in the thread's state
+    (DDP's collectives in backward carry one: torch's copy of the contextvars): gloo's
+    worker holds it, and must take the GIL to let it go, while the group is freed. Freed
+    by the DDP's reducer with the GIL held, that waited forever at the first world."""
+    import torch.distributed as dist
+
+    _connect(rank, world_size, address, secret_text)
+    client = driver_channel.driver_client()
+    for number in range(WORLDS):
+        members = tuple(range(world_size))
+        group = torch_group.form(Generation(number, members), rank, client, TIMEOUT_S)
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        ddp(torch.randn(2, 4)).sum().backward()
+        torch._C._stash_obj_in_tls("test", object())
+        dist.all_reduce(torch.ones(4), async_op=True)
+        torch._C._remove_obj_from_tls("test")
+        group.destroy()
+        del ddp
+        gc.collect()
+        torch_group.free_old_groups()
+    results.put((rank, _gloo_workers()))
+
+
 class _Ranks:
     """A real `DriverService` and `world_size` spawned rank processes connected to it."""
 
@@ -231,6 +270,19 @@ def test_run_forms_a_gloo_group_syncs_from_rank_zero_and_trains():
         assert restored and all(same)  # back to the commit; parameters equal on every rank
         assert (owner, step, world_rank, size) == ("rank 0", 3, rank, 3)
         assert places == [(rank, 3)]  # the loader-like value heard where it is
+
+
+def test_ending_worlds_frees_their_groups_without_waiting_for_the_gil():
+    results = multiprocessing.get_context("spawn").Queue()
+    ranks = _Ranks(2, _end_worlds_rank, results)
+    try:
+        got = dict(results.get(timeout=START_S) for _ in range(2))
+        for proc in ranks.procs:
+            proc.join(START_S)
+            assert proc.exitcode == 0
+    finally:
+        ranks.close()
+    assert got == {0: 0, 1: 0}  # every world's group freed: its threads ended, sockets closed
 
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])

@@ -13,7 +13,6 @@ import functools
 import gc
 import logging
 import os
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,22 +28,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _launch_rank: int | None = None  # RANK when this process first entered `run`
 _group: torch_group.TorchGroup | None = None  # the group the last run left formed
-
-
-BACKEND_RELEASE_S = 0.1
-"""How long a rank lets go of the GIL before it frees the old world (see
-`_let_backend_threads_finish`)."""
-
-
-def _let_backend_threads_finish() -> None:
-    """Freeing the old world's DDP frees its gloo process group, whose destructor joins the
-    group's worker threads while this thread holds the GIL. A worker that is still releasing
-    the last collective's tensors needs the GIL for that, so the two would wait for each
-    other forever (seen on the namespaced cluster right after `WorldChanged`:
-    `~ProcessGroupGloo` in `std::thread::join`, the worker in `gil_scoped_acquire`). A worker
-    needs the GIL only for a moment after each collective, and nothing tells when it is done:
-    let go of the GIL for a short while before the old world is freed."""
-    time.sleep(BACKEND_RELEASE_S)
 
 
 def launch_rank() -> int:
@@ -98,13 +81,13 @@ class _Loop:
         if _group is not None:  # an earlier run's world
             _group.destroy()
             _group = None
+            torch_group.free_old_groups()
         generation = self.generations.first(self.wait_s)
         reformed = False
         while generation.world_rank(self.launch_rank) is not None:
             try:
                 return self._enter(generation, reformed, func, args, kwargs)
             except WorldChanged:
-                _let_backend_threads_finish()
                 logger.info("elastic: world %d ends at a commit", generation.number)
                 failure = None
             except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
@@ -112,13 +95,13 @@ class _Loop:
                     raise
                 logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
                                generation.number, type(exc).__name__, exc)  # fmt: skip
-                _let_backend_threads_finish()
                 traceback.clear_frames(exc.__traceback__)  # let the old world's DDP go
                 self.state.restore()
                 failure = exc
-            # Free the old world's process group now (DDP holds it): its sockets close, so a
-            # peer still waiting in one of its collectives fails at once instead of timing out.
+            # Free the old world's objects (its DDP), then its process group: in that order,
+            # or the group's destructor may wait for the GIL (see free_old_groups).
             gc.collect()
+            torch_group.free_old_groups()
             generation = self._next(generation, failure)
             reformed = True
         logger.info("elastic: rank %d is not in world %d (%s): leaving",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,9 @@ old world's collective for up to a timeout before it notices the change."""
 TRANSPORT_ERRORS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe",
                     "timed out", "process group", "communicator", "socket")  # fmt: skip
 """Words of a RuntimeError that a collective raised because its group broke."""
+_old_groups: list = []
+"""The process groups (torch's Python objects) of worlds that ended, until `free_old_groups`
+may drop them."""
 
 
 def timeout_s(env=os.environ) -> float:
@@ -120,11 +124,30 @@ class TorchGroup:
 
         self.abort()
         if dist.is_initialized():
+            _old_groups.extend(dist.distributed_c10d._world.pg_map)  # see free_old_groups
             try:
                 dist.destroy_process_group()
             except (RuntimeError, ValueError) as exc:
                 logger.debug("elastic: destroy: %s", exc)
         self._store = None
+
+
+def free_old_groups() -> None:
+    """Free the ended worlds' process groups that nothing else holds any more.
+
+    A gloo group's destructor joins its worker threads, and a worker that is still letting
+    go of its last collective needs the GIL for that (the collective keeps the Python
+    objects of the thread that started it: DDP's are started in backward). So the last
+    reference must go where the GIL is released: torch's Python object of the group
+    releases it while freeing the group, DDP's C++ reducer does not, and one freed with the
+    GIL held would wait for the worker forever. `destroy` keeps each group's Python object
+    here; the caller frees the world's objects (its DDP) first, then this drops the groups
+    that only this list still holds (their sockets close, so a peer still in one of their
+    collectives fails at once). One that something else holds (a DDP kept beyond its
+    world) stays until a later call finds it free."""
+    global _old_groups
+    # A group's references here: the list's, the loop's and getrefcount's argument.
+    _old_groups = [group for group in _old_groups if sys.getrefcount(group) > 3]
 
 
 def form(
@@ -133,8 +156,11 @@ def form(
     """Form `generation`'s default process group; sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR`
     and `MASTER_PORT` for code that reads them. Members wait `JOIN_FACTOR * limit_s` for
     each other, then collectives time out after `limit_s`."""
+    import torch._dynamo  # noqa: F401 - before any group: see below
     import torch.distributed as dist
 
+    # torch._dynamo (DDP imports it) keeps references to the default group of the moment
+    # it is first imported: imported inside a world, that world's group is never freed.
     rank = generation.world_rank(launch_rank)
     if rank is None:
         raise ValueError(
