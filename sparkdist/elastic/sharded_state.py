@@ -51,16 +51,22 @@ def _forget_old_meshes() -> None:
     and transform caches, and the sharding propagation caches (Python, and the C++ fast
     path's). Gloo has no abort that closes sockets (`shutdown`/`abort` leave them open):
     the old group's sockets close only when it is freed, and until then a survivor whose
-    partner in a pending collective has left waits out the elastic timeout."""
-    from torch.distributed.tensor import DTensor, _redistribute
-    from torch.distributed.tensor._collective_utils import MeshTopoInfo
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    partner in a pending collective has left waits out the elastic timeout. These caches
+    are torch's private ones: on a torch without them, a warning, and the timeout."""
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    _redistribute.clear_redistribute_planner_cache()
-    _redistribute._gen_transform_infos.cache_clear()
-    MeshTopoInfo.build_from_mesh.cache_clear()
-    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
-    _clear_sharding_prop_cache()  # this thread's: FSDP2 on CPU runs in the training thread
+        _redistribute.clear_redistribute_planner_cache()
+        _redistribute._gen_transform_infos.cache_clear()
+        MeshTopoInfo.build_from_mesh.cache_clear()
+        DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+        _clear_sharding_prop_cache()  # this thread's: FSDP2 on CPU runs in the training thread
+    except (ImportError, AttributeError) as exc:
+        logger.warning("elastic: torch's DTensor caches could not be cleared (%s): the old "
+                       "world's process group may outlive it, and a peer waiting for this "
+                       "rank may wait out the elastic timeout", exc)  # fmt: skip
 
 
 class ShardedTorchState(State):
