@@ -35,6 +35,40 @@ MEMORY, STORAGE, START = "memory", "storage", "start"
 """Where a world's state came from (`ShardedTorchState.restored_from`)."""
 
 
+def _import_before_any_world() -> None:
+    """Import `torch.distributed.nn.functional` now, before `elastic.run` forms a group.
+
+    Its functions take `group=group.WORLD` as a default argument, evaluated at import: a
+    first import inside a world (FSDP2 and DCP import it) keeps that world's process group
+    alive for good, and a gloo group's sockets close only when it is freed."""
+    import torch.distributed.nn.functional  # noqa: F401
+
+
+def _forget_old_meshes() -> None:
+    """Drop torch's DTensor caches, which keep the last world's `DeviceMesh`, and through
+    it the world's process group, alive after `destroy_process_group` (torch 2.13): the
+    redistribute planners (their keys are weak, their values are not), the mesh topology
+    and transform caches, and the sharding propagation caches (Python, and the C++ fast
+    path's). Gloo has no abort that closes sockets (`shutdown`/`abort` leave them open):
+    the old group's sockets close only when it is freed, and until then a survivor whose
+    partner in a pending collective has left waits out the elastic timeout. These caches
+    are torch's private ones: on a torch without them, a warning, and the timeout."""
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _redistribute.clear_redistribute_planner_cache()
+        _redistribute._gen_transform_infos.cache_clear()
+        MeshTopoInfo.build_from_mesh.cache_clear()
+        DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+        _clear_sharding_prop_cache()  # this thread's: FSDP2 on CPU runs in the training thread
+    except (ImportError, AttributeError) as exc:
+        logger.warning("elastic: torch's DTensor caches could not be cleared (%s): the old "
+                       "world's process group may outlive it, and a peer waiting for this "
+                       "rank may wait out the elastic timeout", exc)  # fmt: skip
+
+
 class ShardedTorchState(State):
     """A sharded model, its optimizer and any other values, for `elastic.run`.
 
@@ -77,6 +111,7 @@ class ShardedTorchState(State):
         if {"model", "optimizer"} & set(values):
             raise ValueError("ShardedTorchState: the model and optimizer come from build()")
         super().__init__()
+        _import_before_any_world()
         self._build, self.save_every, self.neighbour_copy = build, save_every, neighbour_copy
         self.model: Any = None
         self.optimizer: Any = None
@@ -164,9 +199,11 @@ class ShardedTorchState(State):
 
     def restore(self) -> None:
         """Back to the last commit's values. The model and optimizer, sharded over the
-        broken world, are dropped now (with the last references this state holds to its
-        process group); `sync` builds them again for the next world."""
+        broken world, are dropped now with torch's caches of its mesh, so that its process
+        group is freed and its sockets close: a peer still waiting in one of its collectives
+        fails at once instead of after the timeout. `sync` builds them again."""
         self.model = self.optimizer = self._cpu_group = None
+        _forget_old_meshes()
         gc.collect()
         rests = self._held.rests
         if rests:
@@ -189,7 +226,8 @@ class ShardedTorchState(State):
             raise RuntimeError("ShardedTorchState.sync runs inside elastic.run")
         began = time.perf_counter()
         self.model = self.optimizer = None
-        gc.collect()  # the last world's shards go before this world's are made
+        _forget_old_meshes()
+        gc.collect()  # the last world's shards (and group) go before this world's are made
         self._cpu_group = (
             None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         )  # the copies are in CPU memory
