@@ -221,7 +221,11 @@ class HorovodBackend:
             )
         addr, port, hosts = rendezvous.get("horovod/rendezvous")
         if ctx.rank >= len(hosts):
-            return  # a newcomer to an in-process elastic world: Horovod's world is the first
+            # A newcomer to an in-process elastic world (Horovod's world is the first one):
+            # its hvd.init() forms a world of one, on Gloo, until `elastic.run` (with an
+            # `elastic.HorovodState`) forms the world it joins.
+            env.update({"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"})
+            return
         slot = host_alloc_plan(hosts)[ctx.rank]
         try:
             iface = interface_of(ctx.host)[0]

@@ -36,7 +36,10 @@ class HorovodState(TorchState):
     def form_world(
         self, generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
     ) -> horovod_world.HorovodWorld:
-        return horovod_world.form(generation, launch_rank, client, limit_s)
+        world = horovod_world.form(generation, launch_rank, client, limit_s)
+        for value in self.values().values():
+            horovod_world.hook_gradients(value)
+        return world
 
     def is_collective_failure(self, exc: BaseException) -> bool:
         return horovod_world.is_collective_failure(exc)

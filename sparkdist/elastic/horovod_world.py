@@ -65,6 +65,18 @@ def layout(hostnames: list[str]) -> list[tuple[str, int, int]]:
     return places
 
 
+def hook_gradients(optimizer: Any) -> None:
+    """Give an `hvd.DistributedOptimizer` made in a world of one (a newcomer's first
+    `hvd.init()`) the gradient hooks Horovod gives it only in a larger world, so that it
+    averages gradients in the world just formed. (Horovod's own elastic mode registers them
+    whatever the size, through `HOROVOD_ELASTIC=1`, which would also switch Horovod's Gloo
+    controller to asking its elastic driver for every rank's place.)"""
+    register = getattr(optimizer, "_register_hooks", None)
+    if callable(register) and hasattr(optimizer, "_requires_update"):
+        if not optimizer._requires_update and optimizer.process_set.included():
+            register()
+
+
 @dataclass
 class HorovodWorld:
     """One generation's Horovod world, as this rank sees it (what `elastic.run` needs of a
