@@ -8,6 +8,10 @@ task, the direct launcher): Horovod re-formed in the ranks' own processes
   and end with equal parameters.
 * A slot freed mid-training: the world grows at a commit (nothing redone); the newcomers
   get the state by Horovod broadcasts from a survivor and average gradients with the rest.
+* Three spawned ranks against a real `DriverService` (no Spark): a world formed by
+  `horovod_world.form`; a rank later than the timeout to a collective does not fail it
+  (Horovod's background threads keep talking), a killed one fails the survivors' with an
+  error `elastic.run` recovers from, within the timeout.
 """
 
 from __future__ import annotations
@@ -17,8 +21,19 @@ import signal
 import threading
 import time
 
+import pytest
 from test_elastic import SlotHolder, still_alive, wait_for
-from test_elastic_rank import _events, _flat, _model, _step, _world_change
+from test_elastic_rank import (
+    COLLECTIVE_FAILED,
+    START_S,
+    _connect,
+    _events,
+    _flat,
+    _model,
+    _Ranks,
+    _step,
+    _world_change,
+)
 
 from sparkdist import HorovodRunner, job_environment
 
@@ -161,3 +176,61 @@ def test_horovod_world_grows_at_a_commit_and_newcomers_get_the_state(sc, tmp_pat
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert job.reformed[0].startswith("grew")
     assert still_alive(runner) == []
+
+
+# --- rank processes against a real driver service ------------------------------------
+
+
+def _late_or_killed_rank(rank, world_size, address, secret_text, extra) -> None:
+    """Form a Horovod world of `world_size`; the last rank comes late to the second
+    allreduce ("late", by twice the timeout) or waits for the test to kill it ("killed").
+    Exit code 0: the allreduce summed; 3: it failed as a broken world's does."""
+    import horovod.torch as hvd
+    import torch
+
+    from sparkdist.elastic import horovod_world
+    from sparkdist.elastic.generations import Generation
+    from sparkdist.protocol import driver_channel
+
+    how, in_collective = extra
+    _connect(rank, world_size, address, secret_text)
+    client = driver_channel.driver_client()
+    horovod_world.form(Generation(0, tuple(range(world_size))), rank, client, TIMEOUT_S)
+    assert (hvd.rank(), hvd.size()) == (rank, world_size)
+    hvd.allreduce(torch.ones(2), op=hvd.Sum, name="first")  # the world works
+    in_collective[rank].set()
+    if rank == world_size - 1:
+        time.sleep(2 * TIMEOUT_S if how == "late" else 3600)
+    try:
+        total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="second")
+    except Exception as exc:  # noqa: BLE001 - the test checks which
+        os._exit(COLLECTIVE_FAILED if horovod_world.is_collective_failure(exc) else 4)
+    os._exit(0 if total.tolist() == [world_size] * 2 else 5)
+
+
+@pytest.mark.parametrize("how", ["late", "killed"])
+def test_a_horovod_collective_waits_for_a_late_peer_and_fails_on_a_lost_one(how):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    in_collective = [context.Event() for _ in range(3)]
+    ranks = _Ranks(3, _late_or_killed_rank, (how, in_collective))
+    try:
+        for event in in_collective:
+            assert event.wait(START_S)
+        began = time.monotonic()
+        if how == "killed":
+            os.kill(ranks.procs[2].pid, signal.SIGKILL)
+        survivors = ranks.procs if how == "late" else ranks.procs[:2]
+        for proc in survivors:
+            proc.join(max(0.0, began + 2 * TIMEOUT_S + 10 - time.monotonic()))
+        codes = [proc.exitcode for proc in survivors]
+        took = time.monotonic() - began
+    finally:
+        ranks.close()
+    if how == "late":
+        assert codes == [0, 0, 0]  # the late rank failed nobody's allreduce
+        assert took >= 2 * TIMEOUT_S * 0.9
+    else:
+        assert codes == [COLLECTIVE_FAILED] * 2
+        assert took < TIMEOUT_S + 3.0  # the lost peer's sockets, or the Gloo timeout
