@@ -114,6 +114,39 @@ class HorovodWorld:
             self._server = None
 
 
+def _serve_rendezvous(generation: Generation, client: DriverClient, host: str, join_s: float):
+    """World rank 0's part: a rendezvous server for the members' layout, its address and
+    the layout published under `server_key`. Returns the server."""
+    hostnames = [client.get(host_key(generation.number, m), join_s) for m in generation.members]
+    sock = horovod_backend.listening_socket(host)
+    server = horovod_backend.start_rendezvous_server(
+        sock, horovod_backend.host_alloc_plan(layout(hostnames))
+    )
+    client.put(server_key(generation.number), [host, sock.getsockname()[1], hostnames])
+    return server
+
+
+def _place_env(slot: horovod_backend.Slot, addr: str, port: int, limit_s: float) -> dict:
+    """The variables Horovod's Gloo controller reads at `hvd.init()` (as `horovodrun --gloo`
+    sets them), with `RANK` and `WORLD_SIZE` for code that reads those."""
+    return {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(limit_s))),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(slot.size),
+    }
+
+
 def form(
     generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
 ) -> HorovodWorld:
@@ -132,32 +165,10 @@ def form(
     client.put(host_key(generation.number, launch_rank), hostname)
     server = None
     if rank == 0:
-        hostnames = [client.get(host_key(generation.number, m), join_s) for m in generation.members]
-        sock = horovod_backend.listening_socket(host)
-        server = horovod_backend.start_rendezvous_server(
-            sock, horovod_backend.host_alloc_plan(layout(hostnames))
-        )
-        client.put(server_key(generation.number), [host, sock.getsockname()[1], hostnames])
+        server = _serve_rendezvous(generation, client, host, join_s)
     addr, port, hostnames = client.get(server_key(generation.number), join_s)
     slot = horovod_backend.host_alloc_plan(layout(hostnames))[rank]
-    os.environ.update(
-        {
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(limit_s))),
-            "HOROVOD_CONTROLLER": "gloo",
-            "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_HOSTNAME": slot.hostname,
-            "HOROVOD_RANK": str(slot.rank),
-            "HOROVOD_SIZE": str(slot.size),
-            "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-            "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-            "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(generation.size),
-        }
-    )
+    os.environ.update(_place_env(slot, addr, port, limit_s))
     if "HOROVOD_GLOO_IFACE" not in os.environ:
         try:
             os.environ["HOROVOD_GLOO_IFACE"] = interface_of(host)[0]
