@@ -172,9 +172,9 @@ def listening_socket(host: str) -> socket.socket:
 
 
 def start_rendezvous_server(sock: socket.socket, plan: list[Slot]):
-    """Horovod's rendezvous HTTP server on `sock`, serving from a daemon thread for the
-    life of this process. Connections that arrived before it started are in the listen
-    backlog and are served then."""
+    """Horovod's rendezvous HTTP server on `sock`, serving from a daemon thread until its
+    `shutdown()`. Connections that arrived before it started are in the listen backlog and
+    are served then."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     class Server(RendezvousHTTPServer):
@@ -192,7 +192,6 @@ def start_rendezvous_server(sock: socket.socket, plan: list[Slot]):
     threading.Thread(
         target=server.serve_forever, name="sparkdist-horovod-rendezvous", daemon=True
     ).start()
-    _servers.append(server)
     return server
 
 
@@ -217,10 +216,16 @@ class HorovodBackend:
             # before any rank's hvd.init() can complete; jobs without Horovod never pay
             # for importing it.
             plan = host_alloc_plan(hosts)
-            after_import("horovod", lambda _module: start_rendezvous_server(sock, plan))
+            after_import(
+                "horovod", lambda _module: _servers.append(start_rendezvous_server(sock, plan))
+            )
         addr, port, hosts = rendezvous.get("horovod/rendezvous")
         if ctx.rank >= len(hosts):
-            return  # a newcomer to an in-process elastic world: Horovod's world is the first
+            # A newcomer to an in-process elastic world (Horovod's world is the first one):
+            # its hvd.init() forms a world of one, on Gloo, until `elastic.run` (with an
+            # `elastic.HorovodState`) forms the world it joins.
+            env.update({"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"})
+            return
         slot = host_alloc_plan(hosts)[ctx.rank]
         try:
             iface = interface_of(ctx.host)[0]

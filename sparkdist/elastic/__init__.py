@@ -11,15 +11,25 @@ def train(state):
 ```
 
 Horovod elastic's API (`hvd.elastic.run`, `TorchState`, `ObjectState`, `commit`,
-`restore`, `sync`, `register_reset_callbacks`) on torch.distributed, with worlds formed
-by sparkdist's driver. Importing this package imports no torch.
+`restore`, `sync`, `register_reset_callbacks`) on torch.distributed (or on Horovod, with
+`HorovodState`), with worlds formed by sparkdist's driver. Importing this package imports
+no torch.
 """
 
 from __future__ import annotations
 
 from sparkdist.elastic.generations import WorldChanged
+from sparkdist.elastic.horovod_state import HorovodState
 from sparkdist.elastic.run import run
 from sparkdist.elastic.sharded_state import ShardedTorchState
 from sparkdist.elastic.state import ObjectState, State, TorchState
 
-__all__ = ["ObjectState", "ShardedTorchState", "State", "TorchState", "WorldChanged", "run"]
+__all__ = [
+    "HorovodState",
+    "ObjectState",
+    "ShardedTorchState",
+    "State",
+    "TorchState",
+    "WorldChanged",
+    "run",
+]

@@ -91,7 +91,7 @@ class _Loop:
                 logger.info("elastic: world %d ends at a commit", generation.number)
                 failure = None
             except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
-                if not torch_group.is_collective_failure(exc) and not self._superseded():
+                if not self.state.is_collective_failure(exc) and not self._superseded():
                     raise
                 logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
                                generation.number, type(exc).__name__, exc)  # fmt: skip
@@ -113,7 +113,7 @@ class _Loop:
         stays formed after success (user code may still use it), and ends otherwise."""
         global _group
         self._watcher = None
-        group = torch_group.form(
+        group = self.state.form_world(
             generation, self.launch_rank, self.generations.client, self.limit_s
         )
 

@@ -14,8 +14,9 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sparkdist.elastic import broadcast
-from sparkdist.elastic.generations import WorldChanged
+from sparkdist.elastic import broadcast, torch_group
+from sparkdist.elastic.generations import Generation, WorldChanged
+from sparkdist.protocol.driver_channel import DriverClient
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,18 @@ class State:
     def generation(self) -> int:
         """The number of the current world (0: the one the job started with)."""
         return self._group.generation.number if self._group else 0
+
+    def form_world(
+        self, generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
+    ) -> torch_group.TorchGroup:
+        """Form `generation`'s world for `elastic.run`: a torch process group (a Horovod
+        state forms a Horovod world instead)."""
+        return torch_group.form(generation, launch_rank, client, limit_s)
+
+    def is_collective_failure(self, exc: BaseException) -> bool:
+        """Did `exc` come from a collective of a broken world (then `elastic.run` restores
+        the last commit and re-forms)?"""
+        return torch_group.is_collective_failure(exc)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions called after the world re-formed, before the state is synced (to
@@ -194,19 +207,27 @@ class TorchState(ObjectState):
         stay, and so does the commit: recovery costs no copy of the model."""
         held = self._group is not None and self.same_commit_everywhere()
         if self._group is not None:
-            stateful = [] if held else self._stateful()
-            for name in stateful:
-                value = getattr(self, name)
-                tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
-                                                self.rank, self._group.device)  # fmt: skip
-                if self.rank != 0:
-                    value.load_state_dict(tree)
+            if not held:
+                self._broadcast_stateful(self._stateful())
             every = self._stateful()
             plain = {name: getattr(self, name) for name in self._names if name not in every}
-            for name, value in broadcast.broadcast_object(plain, self.rank).items():
+            for name, value in self._broadcast_plain(plain).items():
                 setattr(self, name, value)
         if held:  # the tensors are the commit's already
             self._saved.update((name, copy.deepcopy(getattr(self, name))) for name in plain)
         else:
             self.save()
         self._lineage = (self.generation, 0)
+
+    def _broadcast_stateful(self, names: list[str]) -> None:
+        """World rank 0's state of each stateful value in `names`, loaded on every rank."""
+        for name in names:
+            value = getattr(self, name)
+            tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
+                                            self.rank, self._group.device)  # fmt: skip
+            if self.rank != 0:
+                value.load_state_dict(tree)
+
+    def _broadcast_plain(self, plain: dict[str, Any]) -> dict[str, Any]:
+        """World rank 0's plain values, on every rank."""
+        return broadcast.broadcast_object(plain, self.rank)
