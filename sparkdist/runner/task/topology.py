@@ -7,11 +7,15 @@ reading each PCI device's configuration space traps to the hypervisor. At np=32 
 2-core VM a third of all of orted's CPU went there (perf). hwloc loads a topology from
 an XML file instead when `HWLOC_XMLFILE` names one (`HWLOC_THISSYSTEM=1`: it is this
 machine's, so binding still works). A Spark Python worker is reused from job to job, so
-the export (hwloc's own, through ctypes) happens once per worker; each mpi job's task
-writes it into its own directory for its orted.
+the export happens once per worker; each mpi job's task writes it into its own directory
+for its orted.
 
-Without hwloc 2 (`libhwloc.so`), or if hwloc fails, nothing changes: orted reads the
-hardware itself, as before.
+The export (hwloc's own, through ctypes) runs in a child process (`python -m` this
+module): in a process that had loaded torch and Open MPI's libraries it once aborted the
+whole process inside `hwloc_topology_export_xmlbuffer` (two hwloc copies in one process),
+and an executor's Python worker must not die for an optimisation. Without hwloc 2
+(`libhwloc.so`), or if the child fails, crashes or hangs, nothing changes: orted reads
+the hardware itself, as before.
 """
 
 from __future__ import annotations
@@ -21,12 +25,17 @@ import ctypes.util
 import functools
 import logging
 import os
-from collections.abc import Mapping
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
 XML_FILE = "HWLOC_XMLFILE"
 THIS_SYSTEM = "HWLOC_THISSYSTEM"
+_EXPORT_COMMAND = (sys.executable, "-m", "sparkdist.runner.task.topology")
+_EXPORT_TIMEOUT = 10.0
+"""Seconds the child may take (it needs about 0.1 s; a hung one must not hold a job)."""
 _KEEP_IMPORTANT = 3
 """HWLOC_TYPE_FILTER_KEEP_IMPORTANT: the I/O objects Open MPI asks hwloc to keep."""
 _EXPORT_V1 = 1
@@ -40,17 +49,37 @@ GPU runtimes in it (Open MPI's TCP transport does not use GPU objects)."""
 
 @functools.cache
 def host_topology_xml() -> bytes | None:
-    """This machine's topology as hwloc XML, read once per process; None without hwloc 2."""
+    """This machine's topology as hwloc XML, read once per process (in a child process);
+    None without hwloc 2 or if the child fails."""
+    return exported_by_child(_EXPORT_COMMAND, _EXPORT_TIMEOUT)
+
+
+def exported_by_child(command: Sequence[str], timeout: float) -> bytes | None:
+    """The XML that `command` writes to its stdout; None (logged at debug) if it cannot
+    start, exits non-zero, is killed by a signal, takes longer than `timeout` seconds or
+    writes something else."""
     try:
-        hwloc = _load_hwloc()
-        if hwloc is None:
-            return None
-        if hwloc.hwloc_get_api_version() < 0x20000:
-            return None
-        return _export(hwloc)
-    except (OSError, AttributeError) as exc:
+        child = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
         logger.debug("no hwloc topology file for orted: %s", exc)
         return None
+    if child.returncode != 0 or not child.stdout.startswith(b"<?xml"):
+        stderr = child.stderr.decode(errors="replace").strip()[-500:]
+        logger.debug(
+            "no hwloc topology file for orted: the export exited %s: %s", child.returncode, stderr
+        )
+        return None
+    return child.stdout
+
+
+def _export_here() -> bytes | None:
+    """The export itself, in this process: only the child (`main`) calls it."""
+    hwloc = _load_hwloc()
+    if hwloc is None or hwloc.hwloc_get_api_version() < 0x20000:
+        return None
+    return _export(hwloc)
 
 
 def _load_hwloc() -> ctypes.CDLL | None:
@@ -98,3 +127,16 @@ def orted_topology_env(directory: str, env: Mapping[str, str]) -> dict[str, str]
     with open(path, "wb") as f:
         f.write(xml)
     return {XML_FILE: path, THIS_SYSTEM: "1"}
+
+
+def main() -> int:
+    """The child: the topology's XML on stdout, exit status 1 without hwloc 2."""
+    xml = _export_here()
+    if xml is None:
+        return 1
+    sys.stdout.buffer.write(xml)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
