@@ -10,12 +10,13 @@ machine's, so binding still works). A Spark Python worker is reused from job to 
 the export happens once per worker; each mpi job's task writes it into its own directory
 for its orted.
 
-The export (hwloc's own, through ctypes) runs in a child process (`python -m` this
-module): in a process that had loaded torch and Open MPI's libraries it once aborted the
-whole process inside `hwloc_topology_export_xmlbuffer` (two hwloc copies in one process),
-and an executor's Python worker must not die for an optimisation. Without hwloc 2
-(`libhwloc.so`), or if the child fails, crashes or hangs, nothing changes: orted reads
-the hardware itself, as before.
+The export (hwloc's own, through ctypes) runs in a child process, this file run as
+`python -S -I topology.py` (stdlib only, as mpirun's rsh agent: about 40 ms of CPU). In a
+process that had loaded torch and Open MPI's libraries it once aborted the whole process
+inside `hwloc_topology_export_xmlbuffer` (two hwloc copies in one process), and an
+executor's Python worker must not die for an optimisation. Without hwloc 2 (`libhwloc.so`),
+or if the child fails, crashes or hangs, nothing changes: orted reads the hardware itself,
+as before.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 XML_FILE = "HWLOC_XMLFILE"
 THIS_SYSTEM = "HWLOC_THISSYSTEM"
-_EXPORT_COMMAND = (sys.executable, "-m", "sparkdist.runner.task.topology")
+_EXPORT_COMMAND = (sys.executable, "-S", "-I", os.path.abspath(__file__))
 _EXPORT_TIMEOUT = 10.0
 """Seconds the child may take (it needs about 0.1 s; a hung one must not hold a job)."""
 _KEEP_IMPORTANT = 3
