@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -293,3 +294,40 @@ def test_spark_ui_names_a_runner_job_by_its_tags(connect_url):
     assert f"sparkdist-{result['job']}" in tags  # the tag that cancels it
     for part in ("seven", "2 ranks", "attempt 1", "barrier"):
         assert part in tags, tags
+
+
+def test_server_dies_with_a_killed_starter(tmp_path):
+    """A starter killed before `stop()` (a notebook kernel, a test process) takes its
+    Connect server with it instead of leaving a JVM under init."""
+    starter = textwrap.dedent(
+        """
+        import sys, threading
+        from sparkdist.spark.connect_server import LocalConnectServer
+        server = LocalConnectServer(master="local[1]").start()
+        print(server.proc.pid, flush=True)
+        threading.Event().wait()  # until killed
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True, env=client_env("")
+    )
+    try:
+        server_pid = int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+    # The server is this test's grandchild: once its parent is gone it is reparented, and
+    # the parent-death signal ends it. Wait for it to disappear (never by name).
+    deadline = time.monotonic() + 60
+    while _alive(server_pid):
+        assert time.monotonic() < deadline, f"the Connect server {server_pid} outlived its starter"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a running (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

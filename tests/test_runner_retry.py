@@ -218,22 +218,41 @@ def test_mpirun_that_cannot_start_is_launched_once_more_then_reported(sc):
 
 
 def daemon_session_dir() -> dict:
-    """This rank's task directory, and the orte_tmpdir_base its orted was started with."""
+    """This rank's task directory, the orte_tmpdir_base its orted was started with, the
+    one of mpirun if it runs in this rank's task, and the topology file orted read."""
     import psutil
 
-    given = None
+    given = mpirun_dir = topology = None
     for process in psutil.Process().parents():
         argv = process.cmdline()
         if argv and os.path.basename(argv[0]) == "orted":
             given = argv[argv.index("orte_tmpdir_base") + 1]
+            topology = process.environ().get("HWLOC_XMLFILE")
+            for sibling in process.parent().children():  # the task's Python worker's
+                if sibling.name() == "mpirun":
+                    mpirun_dir = sibling.environ()["OMPI_MCA_orte_tmpdir_base"]
             break
-    return {"task_dir": os.environ["OMPI_MCA_orte_tmpdir_base"], "orted_dir": given}
+    with open(topology, "rb") as f:
+        machine = b'type="Machine"' in f.read()
+    return {
+        "task_dir": os.environ["OMPI_MCA_orte_tmpdir_base"],
+        "orted_dir": given,
+        "mpirun_dir": mpirun_dir,
+        "topology_in_task_dir": os.path.dirname(topology) == given,
+        "topology_has_machine": machine,
+    }
 
 
 def test_each_task_daemon_keeps_its_session_in_its_own_task_directory(sc):
-    """mpirun tells every orted to use task 0's directory, which task 0 removes when it
-    ends; the task agent starts its orted with its own task's directory instead."""
+    """mpirun tells every orted to use its own directory, and a starting orted clears its
+    job's session tree there; the task agent starts its orted with its own task's
+    directory instead, and mpirun's is neither. Each orted reads the host's topology
+    from a file in its task's directory."""
     first, second = HorovodRunner(np=2, launcher="mpi").run_all(daemon_session_dir)
     # Every task's ranks run under an orted its agent started (mpirun runs none itself).
     assert first["orted_dir"] == first["task_dir"]
     assert second["orted_dir"] == second["task_dir"] != first["task_dir"]
+    assert first["mpirun_dir"] not in (None, first["task_dir"], second["task_dir"])
+    assert second["mpirun_dir"] is None  # task 1 runs no mpirun
+    for rank in (first, second):
+        assert rank["topology_in_task_dir"] and rank["topology_has_machine"]

@@ -3,7 +3,8 @@
 pyspark's wheel carries the server (`org.apache.spark.sql.connect.service.
 SparkConnectServer`); this starts it with `spark-submit` over an embedded
 `local-cluster` (real executor JVMs), waits until it accepts connections, and stops
-it by the process group it started:
+it by the process group it started. The server dies with the thread that started it
+(a parent-death signal), so a starter that is killed leaves no server behind:
 
     with LocalConnectServer() as server:
         spark = SparkSession.builder.remote(server.url).getOrCreate()
@@ -20,6 +21,8 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from sparkdist.protocol.processes import popen_group
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +93,9 @@ class LocalConnectServer:
         }
         env.pop("SPARK_REMOTE", None)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # A session of its own, so stop() reaches Spark's executors by the group; tied to
+        # this thread, so a starter killed before stop() takes the server with it.
+        self.proc = popen_group(argv, env, new_session=True, stdout=log, stderr=subprocess.STDOUT)
         if log is not subprocess.DEVNULL:
             log.close()
         deadline = time.monotonic() + self.start_timeout_s

@@ -65,12 +65,13 @@ def parse_orted_command(command: str) -> list[str]:
 def own_session_dir(args: list[str], tmpdir: str | None) -> list[str]:
     """`args` with `orte_tmpdir_base` set to this task's own directory.
 
-    mpirun passes every daemon its own `-mca orte_tmpdir_base` (task 0's directory, from
-    task 0's environment), so all of a job's daemons would share task 0's session tree,
-    which task 0 removes when it ends while another task's daemon may still be creating
-    its files there: "orte_session_dir failed ... ORTE was unable to reliably start".
-    Each daemon keeps its session under its own task's directory instead. A directory
-    the user chose (`mpi_args`) is left as it is: only another task's of this job
+    mpirun passes every daemon its own `-mca orte_tmpdir_base` (a directory of task 0's),
+    so all of a job's daemons would share one session tree. Each starting daemon clears
+    that tree (Open MPI removes "stale" directories of the job before making its own),
+    and task 0 removes it when it ends, while another daemon may be creating its files
+    there: "orte_session_dir failed ... ORTE was unable to reliably start". Each daemon
+    keeps its session under its own task's directory instead. A directory the user
+    chose (`mpi_args`) is left as it is: only another task's of this job
     (`sparkdist-JOB-taskN-...`, beside this task's) is replaced.
     """
     if tmpdir is None:

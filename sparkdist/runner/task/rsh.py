@@ -1,8 +1,9 @@
 """mpirun's rsh agent: `python -S -I .../rsh.py TASK-NAME COMMAND...`.
 
 mpirun calls it as it would call `ssh HOST COMMAND` to start its daemon on HOST, once
-per task, so it is kept light: run by file path with `-S -I`, it imports the standard
-library's `os`, `socket` and `sys` and nothing of sparkdist (no ssl, no protocol),
+per task, so it is kept light: run by file path with `-S -I`, it imports `os`, `sys` and
+the C half of `socket` (`_socket`: `socket.py` and its enum and selectors imports were
+half of this agent's CPU) and nothing of sparkdist (no ssl, no protocol),
 and hands the call to task 0's launch relay (`rsh_relay.LaunchRelay`, a thread of the
 Python process that started mpirun), which does the authenticated part. The relay's
 Unix socket and the job's relay token come from the environment mpirun inherited
@@ -15,8 +16,8 @@ one frame (`REQUEST`) of NUL-separated token and argv; the replies are frames of
 (why the relay refused, then exit 255).
 """
 
+import _socket
 import os
-import socket
 import sys
 
 RELAY = "SPARKDIST_RSH_RELAY"
@@ -33,7 +34,7 @@ def frame(kind: bytes, body: bytes) -> bytes:
     return kind + len(body).to_bytes(4, "big") + body
 
 
-def read_frame(sock: socket.socket) -> tuple[bytes, bytes]:
+def read_frame(sock: _socket.socket) -> tuple[bytes, bytes]:
     """The next frame's (kind, body); EOFError if the peer closed first."""
     head = _read_exact(sock, 5)
     size = int.from_bytes(head[1:], "big")
@@ -42,7 +43,7 @@ def read_frame(sock: socket.socket) -> tuple[bytes, bytes]:
     return head[:1], _read_exact(sock, size)
 
 
-def _read_exact(sock: socket.socket, size: int) -> bytes:
+def _read_exact(sock: _socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))
@@ -77,7 +78,8 @@ def main(argv: list[str]) -> int:
 
 
 def _call(path: str, token: str, argv: list[str]) -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         sock.connect(path)
         sock.sendall(frame(REQUEST, encode_request(token, argv)))
         while True:
@@ -90,6 +92,8 @@ def _call(path: str, token: str, argv: list[str]) -> int:
             else:
                 sys.stderr.write(f"sparkdist rsh: {body.decode(errors='replace')}\n")
                 return 255
+    finally:
+        sock.close()
 
 
 if __name__ == "__main__":

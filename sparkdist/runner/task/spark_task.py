@@ -52,10 +52,14 @@ from sparkdist.runner.task import rsh
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.runner.task.relay import HostRelay
 from sparkdist.runner.task.rsh_relay import LaunchRelay
+from sparkdist.runner.task.topology import orted_topology_env
 from sparkdist.spark.gpus import gpu_addresses
 from sparkdist.spark.task import barrier_context, task_attempt_id, task_context
 
 logger = logging.getLogger(__name__)
+
+SESSION_DIR_BASE = "OMPI_MCA_orte_tmpdir_base"
+"""Where Open MPI keeps a process's session tree (`orte_tmpdir_base`)."""
 
 
 class HostedService(Protocol):
@@ -104,7 +108,8 @@ class TaskRun:
         # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
         # creating its files there ("orte_session_dir failed").
         self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job.job_id}-task{index}-")
-        self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self.tmpdir)
+        self.env.setdefault(SESSION_DIR_BASE, self.tmpdir)
+        self.mpirun_tmpdir: str | None = None
         self.agent: TaskAgent | None = None
         self.launch_relay: LaunchRelay | None = None
 
@@ -154,6 +159,8 @@ class TaskRun:
     def run(self, ctx) -> None:
         self.env.update(gpus_to_env(gpu_addresses(ctx.resources())))
         if self.spec.job.launcher == "mpi":
+            # orted (and mpirun) read this host's topology from a file, not the hardware.
+            self.env.update(orted_topology_env(self.tmpdir, self.env))
             self.agent = TaskAgent(self.spec.job.secret, self.host, self.env, self.record)
             network = interface_of(self.host)[1]
             self._send(messages.AgentPlace(self.host, self.agent.port, network))
@@ -178,6 +185,14 @@ class TaskRun:
         agent (stdlib only, `-S -I`) hands each daemon start to this process's relay."""
         agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
         self.launch_relay = LaunchRelay(agents, self.spec.job.secret)
+        env = {**self.env, **self.launch_relay.env()}
+        if env[SESSION_DIR_BASE] == self.tmpdir:
+            # mpirun's session tree apart from this task's orted's: a starting orted
+            # clears its session tree "in case there are stale directories" (Open MPI's
+            # orte_session_dir_cleanup), which would wipe mpirun's live one and race
+            # its files ("orte_session_dir failed ... unable to reliably start").
+            prefix = f"sparkdist-{self.spec.job.job_id}-task{self.index}-mpirun-"
+            self.mpirun_tmpdir = env[SESSION_DIR_BASE] = tempfile.mkdtemp(prefix=prefix)
         argv = mpirun_argv(
             sys.executable,
             self.spec.num_ranks,
@@ -186,7 +201,7 @@ class TaskRun:
             self.spec.mpi_args,
             rsh_agent=f"{sys.executable} -S -I {rsh.__file__}",
         )
-        self._start(argv, {**self.env, **self.launch_relay.env()}, "mpirun", "mpirun")
+        self._start(argv, env, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
@@ -203,7 +218,9 @@ class TaskRun:
         still = wait_gone(leftovers, timeout_s=5.0)
         if self.launch_relay is not None:
             self.launch_relay.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        for tmpdir in (self.tmpdir, self.mpirun_tmpdir):
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
         self.relay.close()
         try:
             self._send(messages.TaskDone([r.pid for r in still]))
