@@ -9,6 +9,7 @@ tests see three live workers and the main driver one executor on each host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
@@ -127,18 +129,21 @@ def host_index(cluster, address: str) -> int:
 def restore_one_executor_per_host(cluster, remote: RemoteDriver) -> list[str]:
     """After a host's loss, the master gave `remote`'s application (no host resource)
     a replacement executor on a survivor. Stop that one (by pid): the master places it
-    again on the worker with the most free cores (Spark's default worker selection),
-    the returned host. Returns the application's executor hosts then."""
+    again on the worker with the most free cores (Spark's default worker selection), the
+    returned host once its worker has registered; one placed on a survivor again (the
+    worker had not registered yet) is stopped again. Returns the application's executor
+    hosts then."""
     app = remote.call("app_id")
-    for i in range(cluster.state.hosts):
-        mine = [p for p in cluster.executors(i) if app in " ".join(p.cmdline())]
-        for extra in sorted(mine, key=lambda p: p.create_time())[1:]:
-            extra.kill()
-            extra.wait(30)
     everywhere = [cluster.address(i) for i in range(cluster.state.hosts)]
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 120
     while (hosts := remote.call("executor_hosts")) != everywhere:
         assert time.monotonic() < deadline, f"{remote.name}'s executors stay on {hosts}"
+        for i in range(cluster.state.hosts):
+            mine = [p for p in cluster.executors(i) if app in " ".join(p.cmdline())]
+            for extra in sorted(mine, key=lambda p: p.create_time())[1:]:
+                with contextlib.suppress(psutil.NoSuchProcess):  # it ended by itself
+                    extra.kill()
+                    extra.wait(30)
         time.sleep(0.5)
     return hosts
 
@@ -149,20 +154,19 @@ ROWS = 240  # 5 steps an epoch with 3 ranks of batch 16: epochs end before and a
 def check_each_epoch_read_once(steps: list[dict]) -> None:
     """The ids the world read, step by step across the attempts: each finished epoch has
     every row once (plus the few pads that even out its last step), an unfinished last one
-    no row twice, and some epoch was read by worlds of different sizes."""
+    no row twice. Whether a change falls inside an epoch depends on when it came (one
+    at an epoch's end leaves every epoch to one world size); tests/test_data_elastic.py
+    changes the world inside an epoch on purpose."""
     epochs = sorted({row["epoch"] for row in steps})
     assert epochs == list(range(len(epochs))) and len(epochs) >= 3, epochs
-    sizes_in_an_epoch = []
     for epoch in epochs:
         rows = [row for row in steps if row["epoch"] == epoch]
         counts = Counter(i for row in rows for i in row["ids"])
-        sizes_in_an_epoch.append(len({row["world_size"] for row in rows}))
         if epoch == epochs[-1] and len(counts) < ROWS:  # stopped in the middle of it
             assert max(counts.values()) == 1, counts.most_common(3)
             continue
         assert sorted(counts) == list(range(ROWS)), (epoch, sorted(counts))
         assert sum(counts.values()) - ROWS < 3, (epoch, counts.most_common(3))
-    assert max(sizes_in_an_epoch) > 1, sizes_in_an_epoch
 
 
 def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver, tmp_path):
