@@ -148,6 +148,11 @@ def restore_one_executor_per_host(cluster, remote: RemoteDriver) -> list[str]:
     return hosts
 
 
+RELAUNCH = {**RUNNER, "min_np": 2, "max_np": 3, "max_failures": 2}
+"""A relaunch-path elastic job that loses a host: `min_np=2` makes the relaunch wait for
+both survivors' slots. With 1 it could start a world of one while a survivor's old task
+was still ending (seen under load: 3 -> 1 -> 2 -> 3), and then grow."""
+
 ROWS = 240  # 5 steps an epoch with 3 ranks of batch 16: epochs end before and after resizes
 
 
@@ -178,7 +183,7 @@ def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver,
         "run_job",
         main="elastic_main",
         np=3,
-        runner={**RUNNER, "min_np": 1, "max_np": 3, "max_failures": 2},
+        runner=RELAUNCH,
         kwargs={"progress_dir": str(progress), "min_steps": 1, "stop_file": str(stop_file)},
         id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
     )
@@ -237,8 +242,7 @@ def test_fsdp_sharded_checkpoints_reshard_as_the_world_shrinks_and_grows(
     progress.mkdir()
     stop_file = tmp_path / "stop"
     lost = None
-    runner = {**RUNNER, "min_np": 1, "max_np": 3, "max_failures": 2,
-              "checkpoint_dir": str(tmp_path / "checkpoints")}  # fmt: skip
+    runner = {**RELAUNCH, "checkpoint_dir": str(tmp_path / "checkpoints")}
     job = host_driver.submit(
         "run_job",
         main="fsdp_elastic_main",
