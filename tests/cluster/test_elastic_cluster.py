@@ -79,12 +79,15 @@ def dynamic_driver(cluster):
 
 
 def wait_executors(remote: RemoteDriver, count: int, timeout_s: float = 90) -> list[str]:
-    """Wait until `remote`'s application has `count` executors; return their hosts."""
+    """Wait until `remote`'s application has `count` executors, each with its Python worker
+    running (a small Spark job over all of them): a gang seats the tasks that arrive
+    together, so a job whose third task came late to a cold executor started as a world
+    of two and grew (seen under load). Returns their hosts."""
     deadline = time.monotonic() + timeout_s
     hosts: list[str] = []
     while time.monotonic() < deadline:
         hosts = remote.call("executor_hosts", timeout=30)
-        if len(hosts) >= count:
+        if len(hosts) >= count and remote.call("warm_up", tasks=count, timeout=60) == count:
             return hosts
         time.sleep(0.5)
     raise TimeoutError(f"driver {remote.name} has {hosts} as executors, not {count}")
@@ -179,6 +182,7 @@ def test_world_shrinks_on_lost_host_and_grows_back(cluster, driver, host_driver,
     progress.mkdir()
     stop_file = tmp_path / "stop"
     lost = None
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="elastic_main",
@@ -243,6 +247,7 @@ def test_fsdp_sharded_checkpoints_reshard_as_the_world_shrinks_and_grows(
     stop_file = tmp_path / "stop"
     lost = None
     runner = {**RELAUNCH, "checkpoint_dir": str(tmp_path / "checkpoints")}
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="fsdp_elastic_main",
@@ -344,6 +349,7 @@ def test_in_process_survivors_keep_their_processes_as_a_host_is_lost_and_returns
     progress.mkdir()
     stop_file = tmp_path / "stop"
     lost = None
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="in_process_elastic_main",
@@ -424,6 +430,7 @@ def test_in_process_ranks_hung_on_a_cut_host_are_unblocked_within_the_timeout(
     progress = tmp_path / "progress"
     progress.mkdir()
     stop_file = tmp_path / "stop"
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="in_process_elastic_main",
@@ -516,6 +523,7 @@ def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
     stop_file = tmp_path / "stop"
     lost = None
     offset = host_driver.log_path.stat().st_size
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="elastic_main",
@@ -584,6 +592,7 @@ def test_notice_for_a_fixed_size_job_is_logged_then_the_loss_as_ever(
     stop_file = tmp_path / "stop"
     lost = None
     offset = host_driver.log_path.stat().st_size
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="elastic_main",
@@ -633,6 +642,7 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
     stop_file = tmp_path / "stop"
     lost = None
     offset = host_driver.log_path.stat().st_size
+    wait_executors(host_driver, 3)
     job = host_driver.submit(
         "run_job",
         main="in_process_elastic_main",
