@@ -26,6 +26,7 @@ from test_elastic import SlotHolder, still_alive, wait_for
 from test_elastic_rank import (
     COLLECTIVE_FAILED,
     START_S,
+    _assert_grew_from_two_to_four,
     _connect,
     _events,
     _flat,
@@ -162,14 +163,7 @@ def test_horovod_world_grows_at_a_commit_and_newcomers_get_the_state(sc, tmp_pat
     runner, result = _horovod_job(out, free_the_slot, np=2, min_np=2, max_np=4)
 
     entries, last_before = _world_change(out, launches=range(4))
-    for launch in (0, 1):
-        first, again = entries[launch]
-        assert (first["generation"], again["generation"]) == (0, 1)
-        assert again["pid"] == first["pid"] and (again["rank"], again["size"]) == (launch, 4)
-    for launch in (2, 3):
-        (joined,) = entries[launch]
-        assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
-    assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
+    _assert_grew_from_two_to_four(entries, last_before)
     assert result["launch"] == 0 and result["generation"] == 1 and result["size"] == 4
     assert result["equal"] and result["lr"] == LR * 4
     job = runner.last_job

@@ -379,6 +379,19 @@ def _events(out, launch: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _assert_grew_from_two_to_four(entries: dict[int, list[dict]], last_before: int) -> None:
+    """Launch ranks 0 and 1 went on in their processes as ranks 0 and 1 of 4, and 2 and 3
+    joined generation 1 as ranks 2 and 3, all from the step world 0 last took."""
+    for launch in (0, 1):
+        first, again = entries[launch]
+        assert (first["generation"], again["generation"]) == (0, 1)
+        assert again["pid"] == first["pid"] and (again["rank"], again["size"]) == (launch, 4)
+    for launch in (2, 3):
+        (joined,) = entries[launch]
+        assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
+    assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
+
+
 def _world_change(out, launches) -> tuple[dict[int, list[dict]], int]:
     """Each rank's entries into `train`, and the last step world 0 took (on any rank)."""
     events = {launch: _events(out, launch) for launch in launches}
@@ -476,14 +489,7 @@ def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sp
     runner, result = _ddp_job(spark, out, 16000, free_the_slot, np=2, min_np=2, max_np=4)
 
     entries, last_before = _world_change(out, launches=range(4))
-    for launch in (0, 1):
-        first, again = entries[launch]
-        assert (first["generation"], again["generation"]) == (0, 1)
-        assert again["pid"] == first["pid"] and (again["rank"], again["size"]) == (launch, 4)
-    for launch in (2, 3):
-        (joined,) = entries[launch]
-        assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
-    assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
+    _assert_grew_from_two_to_four(entries, last_before)
     assert result["launch"] == 0 and result["generation"] == 1 and result["equal"]
     assert result["lr"] == LR * 4
     _rows_read_once(out, range(4), rows=16000, restored=last_before)

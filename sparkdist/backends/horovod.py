@@ -162,6 +162,24 @@ def host_alloc_plan(hosts: list[tuple[str, int, int]]) -> list[Slot]:
 _servers: list = []
 
 
+def gloo_env(slot: Slot, addr: str, port: int) -> dict[str, str]:
+    """The variables Horovod's Gloo controller reads at `hvd.init()` for `slot`, with its
+    rendezvous server at `addr:port` (as `horovodrun --gloo` sets them)."""
+    return {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+
+
 def listening_socket(host: str) -> socket.socket:
     """A socket listening on a free port of `host`: the rendezvous server's, taken now so
     that its address can be published before the server exists."""
@@ -231,21 +249,7 @@ class HorovodBackend:
             iface = interface_of(ctx.host)[0]
         except ValueError:
             iface = None
-        env.update(
-            {
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
-                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-                "HOROVOD_CONTROLLER": "gloo",
-                "HOROVOD_CPU_OPERATIONS": "gloo",
-                "HOROVOD_HOSTNAME": slot.hostname,
-                "HOROVOD_RANK": str(slot.rank),
-                "HOROVOD_SIZE": str(slot.size),
-                "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-                "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-                "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-                "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-            }
-        )
+        env.update(gloo_env(slot, addr, port))
         if iface:
             env.setdefault("HOROVOD_GLOO_IFACE", iface)
             env.setdefault("NCCL_SOCKET_IFNAME", iface)

@@ -127,21 +127,11 @@ def _serve_rendezvous(generation: Generation, client: DriverClient, host: str, j
 
 
 def _place_env(slot: horovod_backend.Slot, addr: str, port: int, limit_s: float) -> dict:
-    """The variables Horovod's Gloo controller reads at `hvd.init()` (as `horovodrun --gloo`
-    sets them), with `RANK` and `WORLD_SIZE` for code that reads those."""
+    """`backends.horovod.gloo_env` for `slot`, with Gloo's timeout set to the elastic one,
+    and `RANK` and `WORLD_SIZE` for code that reads those."""
     return {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        **horovod_backend.gloo_env(slot, addr, port),
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(limit_s))),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_RANK": str(slot.rank),
-        "HOROVOD_SIZE": str(slot.size),
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
         "RANK": str(slot.rank),
         "WORLD_SIZE": str(slot.size),
     }
