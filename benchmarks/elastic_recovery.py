@@ -50,7 +50,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -178,15 +182,15 @@ def victim(cluster: NetnsCluster, progress: Progress, world: int) -> int:
     return host_of_pid(cluster, pids[max(pids)])
 
 
-def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=None) -> dict:
-    """Start a job with `submit(progress_dir, stop_file)`, kill a host after a few steps,
-    bring the worker back (after `replacement_s`, or once the job stepped again), and
-    measure: loss -> next step of a later world, steps redone, survivors restarted."""
-    name = row["case"]
+def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
+    """Start the case's job, kill a host after a few steps, bring the worker back (after
+    `replacement_s`, or once the job stepped again), and fill the case's row: loss -> next
+    step of a later world, steps redone, survivors restarted, the job's outcome."""
+    row = case.row
     directory = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
-    progress = progress_kind(directory)
+    progress = case.progress_kind(directory)
     stop_file = directory / "stop"
-    job = submit(str(directory), str(stop_file))
+    job = case.submit(str(directory), str(stop_file))
     # A world of 3 that took KILL_AFTER_STEP steps (a job may start with fewer, and grow).
     steps = wait_for(
         lambda: [
@@ -202,7 +206,8 @@ def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=No
     lost = victim(cluster, progress, old_world)
     killed_at = time.time()  # stop_worker SIGKILLs first, then waits for the master
     cluster.stop_worker(lost)
-    print(f"  {name}: killed host {lost}'s worker after step {len(progress.steps())}", flush=True)
+    print(f"  {row['case']}: killed host {lost}'s worker after step {len(progress.steps())}",
+          flush=True)  # fmt: skip
     returned = threading.Event()
 
     def bring_back() -> None:
@@ -210,8 +215,8 @@ def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=No
         returned.set()
 
     timer = None
-    if replacement_s is not None:
-        timer = threading.Timer(replacement_s, bring_back)
+    if case.replacement_s is not None:
+        timer = threading.Timer(case.replacement_s, bring_back)
         timer.start()
 
     def next_step():
@@ -245,16 +250,21 @@ def run_case(cluster, remote, row: dict, submit, progress_kind, replacement_s=No
         timer.join()
         returned.wait(180)
     wait_executors(remote, cluster.state.hosts)
+    record_outcome(row, result, killed_at)
+    print(f"  {row['case']}: {row}", flush=True)
+
+
+def record_outcome(row: dict, result: dict, killed_at: float) -> None:
+    """The job's end in `row`; for a failed job without a later step, the time from the
+    loss to its error and the error's first telling line."""
     if result["ok"]:
         row["outcome"] = f"succeeded, {result.get('attempts', 1)} attempt(s)"
-    else:
-        row["outcome"] = f"failed: {result.get('error_type')}"
-        if row.get("next_step_s") is None and result.get("failed_at"):
-            row["error_s"] = result["failed_at"] - killed_at
-        lines = (result.get("error") or "").strip().splitlines() or [""]
-        row["error"] = next((x for x in lines if "Exception:" in x), lines[0]).strip()[:300]
-    print(f"  {name}: {row}", flush=True)
-    return row
+        return
+    row["outcome"] = f"failed: {result.get('error_type')}"
+    if row.get("next_step_s") is None and result.get("failed_at"):
+        row["error_s"] = result["failed_at"] - killed_at
+    lines = (result.get("error") or "").strip().splitlines() or [""]
+    row["error"] = next((x for x in lines if "Exception:" in x), lines[0]).strip()[:300]
 
 
 def fits(kind: str, parameters: int) -> str | None:
@@ -294,36 +304,47 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+@dataclass
+class Case:
+    """One row of the loss table: how to start its job, and what to wait for."""
+
+    row: dict
+    submit: Callable[[str, str], Any]
+    """`submit(progress_dir, stop_file)` starts the job; returns its remote handle."""
+    progress_kind: type[Progress] = Progress
+    replacement_s: float | None = None
+    """When the lost worker comes back (None: once the job stepped again)."""
+    sized: tuple[str, int] | None = None
+    """(kind, parameters), for `fits`; None for the tiny peers' models."""
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["10M", "100M", "500M"])
-    parser.add_argument(
-        "--relaunch-sizes",
-        nargs="+",
-        default=None,
-        help="sizes of the relaunch rows (default: --sizes)",
-    )
+    parser.add_argument("--relaunch-sizes", nargs="+", default=None,
+                        help="sizes of the relaunch rows (default: --sizes)")  # fmt: skip
     parser.add_argument("--replacement-s", type=float, default=30.0)
     parser.add_argument(
         "--notice",
         action="store_true",
         help="run the decommission-notice rows instead (no notice vs a NOTICE_S notice)",
     )
-    parser.add_argument(
-        "--only",
-        nargs="*",
-        default=None,
-        help="run only these kinds: in-process relaunch fixed distributor horovod",
-    )
-    args = parser.parse_args()
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only these kinds: in-process relaunch fixed distributor "
+                        "horovod")  # fmt: skip
+    return parser.parse_args()
+
+
+@contextmanager
+def bench_cluster() -> Iterator[tuple[NetnsCluster, RemoteDriver]]:
+    """The namespaced 3-host cluster and one driver application with an executor per host
+    (a host's loss takes its slot away until a worker returns); Gloo on the hosts' network
+    interface for the peers' processes (their host names resolve to loopback here;
+    sparkdist's ranks pick the interface themselves). Both go at the end."""
     reason = can_build()
     if reason:
         raise SystemExit(f"cannot build the namespaced cluster: {reason}")
-    kinds = set(args.only or ["in-process", "relaunch", "fixed", "distributor", "horovod"])
     cluster = NetnsCluster(hosts=3, prefix=PREFIX, subnet=SUBNET, worker_cores=3).up()
-    # One executor per host (a host's loss takes its slot away until a worker returns);
-    # Gloo on the hosts' network interface for the peers' processes (their host names
-    # resolve to loopback here; sparkdist's ranks pick the interface themselves).
     conf = {
         **HOST_RESOURCE_CONF,
         **DECOMMISSION_CONF,
@@ -333,108 +354,105 @@ def main() -> None:
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
     )
-    rows, notices = [], []
     try:
         remote = RemoteDriver(cluster, "bench", cores=3)
         try:
             wait_executors(remote, 3)
-            if args.notice:
-                notices, kinds = notice_rows(cluster, remote), set()
-
-            def sparkdist_job(main, runner, **extra):
-                def submit(progress_dir, stop_file):
-                    kwargs = {
-                        "progress_dir": progress_dir,
-                        "stop_file": stop_file,
-                        "min_steps": KILL_AFTER_STEP + 3,
-                        "step_s": STEP_S,
-                        **extra,
-                    }
-                    return remote.submit("run_job", main=main, np=3, runner=runner, kwargs=kwargs)
-
-                return submit
-
-            def distributor(progress_dir, stop_file):
-                return remote.submit(
-                    "run_torch_distributor", progress_dir=progress_dir, steps=150, step_s=STEP_S
-                )
-
-            def horovod(progress_dir, stop_file):
-                return remote.submit(
-                    "run_horovod_elastic",
-                    progress_dir=progress_dir,
-                    steps=KILL_AFTER_STEP + 25,
-                    step_s=STEP_S,
-                )
-
-            cases = []
-            for kind, label in (("in-process", "in process"), ("relaunch", "relaunch")):
-                if kind not in kinds:
-                    continue
-                sizes = args.sizes
-                if kind == "relaunch" and args.relaunch_sizes:
-                    sizes = args.relaunch_sizes
-                for size in sizes:
-                    parameters = parse_size(size)
-                    row = {"case": f"sparkdist {label} (`min_np=2, max_np=3`)", "size": size}
-                    if kind == "in-process":
-                        submit = sparkdist_job(
-                            "in_process_elastic_main",
-                            ELASTIC,
-                            parameters=parameters,
-                            init_sync=False,
-                        )
-                    else:
-                        row["case"] += f", a checkpoint every {SAVE_EVERY} steps"
-                        submit = sparkdist_job(
-                            "elastic_main", ELASTIC, parameters=parameters, save_every=SAVE_EVERY
-                        )
-                    cases.append((row, submit, Progress, None, (label, parameters)))
-            if "fixed" in kinds:
-                row = {
-                    "case": f"sparkdist fixed `np=3, max_failures=1`, replacement worker "
-                    f"after {args.replacement_s:.0f} s",
-                    "size": "9 (tiny)",
-                }
-                submit = sparkdist_job("elastic_main", {**RUNNER, "max_failures": 1})
-                cases.append((row, submit, Progress, args.replacement_s, None))
-            if "distributor" in kinds:
-                row = {"case": "pyspark `TorchDistributor(num_processes=3)`", "size": "9 (tiny)"}
-                cases.append((row, distributor, Progress, None, None))
-            if "horovod" in kinds:
-                row = {
-                    "case": "`horovod.spark.run_elastic` (Gloo, min 2, max 3)",
-                    "size": "9 (tiny)",
-                }
-                cases.append((row, horovod, HorovodProgress, None, None))
-            for row, submit, progress_kind, replacement_s, sized in cases:
-                why_not = fits(*sized) if sized else None
-                if why_not:
-                    row["skipped"] = why_not
-                    print(f"  {row['case']} {row['size']}: not run: {why_not}", flush=True)
-                    rows.append(row)
-                    continue
-                try:
-                    rows.append(
-                        run_case(cluster, remote, row, submit, progress_kind, replacement_s)
-                    )
-                except (RuntimeError, TimeoutError) as exc:
-                    row["outcome"] = f"benchmark could not measure it: {exc}"[:400]
-                    print(f"  {row['case']}: {row['outcome']}", flush=True)
-                    rows.append(row)
-                    if not all(cluster.alive(f"worker-{i}") for i in range(3)):
-                        for i in range(3):
-                            if not cluster.alive(f"worker-{i}"):
-                                cluster.start_worker(i)
-                        wait_executors(remote, 3)
+            yield cluster, remote
         finally:
             remote.close()
     finally:
         cluster.down()
 
-    if args.notice:
-        print(notice_table(notices))
-        return
+
+def restore_workers(cluster: NetnsCluster, remote: RemoteDriver) -> None:
+    """Start every stopped worker again and wait for its executor."""
+    for i in range(cluster.state.hosts):
+        if not cluster.alive(f"worker-{i}"):
+            cluster.start_worker(i)
+    wait_executors(remote, cluster.state.hosts)
+
+
+def loss_cases(args: argparse.Namespace, remote: RemoteDriver) -> list[Case]:
+    """The loss table's rows that `--only` keeps, in order."""
+    kinds = set(args.only or ["in-process", "relaunch", "fixed", "distributor", "horovod"])
+
+    def sparkdist_job(main: str, runner: dict, **extra):
+        def submit(progress_dir, stop_file):
+            kwargs = {"progress_dir": progress_dir, "stop_file": stop_file,
+                      "min_steps": KILL_AFTER_STEP + 3, "step_s": STEP_S, **extra}  # fmt: skip
+            return remote.submit("run_job", main=main, np=3, runner=runner, kwargs=kwargs)
+
+        return submit
+
+    def distributor(progress_dir, stop_file):
+        return remote.submit(
+            "run_torch_distributor", progress_dir=progress_dir, steps=150, step_s=STEP_S
+        )
+
+    def horovod(progress_dir, stop_file):
+        return remote.submit("run_horovod_elastic", progress_dir=progress_dir,
+                             steps=KILL_AFTER_STEP + 25, step_s=STEP_S)  # fmt: skip
+
+    cases = []
+    elastic_case = "sparkdist {} (`min_np=2, max_np=3`)"
+    if "in-process" in kinds:
+        for size in args.sizes:
+            parameters = parse_size(size)
+            submit = sparkdist_job("in_process_elastic_main", ELASTIC, parameters=parameters,
+                                   init_sync=False)  # fmt: skip
+            row = {"case": elastic_case.format("in process"), "size": size}
+            cases.append(Case(row, submit, sized=("in process", parameters)))
+    if "relaunch" in kinds:
+        for size in args.relaunch_sizes or args.sizes:
+            parameters = parse_size(size)
+            submit = sparkdist_job("elastic_main", ELASTIC, parameters=parameters,
+                                   save_every=SAVE_EVERY)  # fmt: skip
+            case = elastic_case.format("relaunch") + f", a checkpoint every {SAVE_EVERY} steps"
+            cases.append(Case({"case": case, "size": size}, submit, sized=("relaunch", parameters)))
+    if "fixed" in kinds:
+        case = (f"sparkdist fixed `np=3, max_failures=1`, replacement worker after "
+                f"{args.replacement_s:.0f} s")  # fmt: skip
+        submit = sparkdist_job("elastic_main", {**RUNNER, "max_failures": 1})
+        cases.append(Case({"case": case, "size": "9 (tiny)"}, submit,
+                          replacement_s=args.replacement_s))  # fmt: skip
+    if "distributor" in kinds:
+        row = {"case": "pyspark `TorchDistributor(num_processes=3)`", "size": "9 (tiny)"}
+        cases.append(Case(row, distributor))
+    if "horovod" in kinds:
+        row = {"case": "`horovod.spark.run_elastic` (Gloo, min 2, max 3)", "size": "9 (tiny)"}
+        cases.append(Case(row, horovod, progress_kind=HorovodProgress))
+    return cases
+
+
+def run_cases(cluster: NetnsCluster, remote: RemoteDriver, cases: list[Case]) -> list[dict]:
+    """Each case's row: measured, or why it was not (too large for the memory free, or
+    the benchmark could not measure it; the cluster is whole again after it)."""
+    rows = []
+    for case in cases:
+        row = case.row
+        why_not = fits(*case.sized) if case.sized else None
+        if why_not:
+            row["skipped"] = why_not
+            print(f"  {row['case']} {row['size']}: not run: {why_not}", flush=True)
+        else:
+            try:
+                run_case(cluster, remote, case)
+            except (RuntimeError, TimeoutError) as exc:
+                row["outcome"] = f"benchmark could not measure it: {exc}"[:400]
+                print(f"  {row['case']}: {row['outcome']}", flush=True)
+                restore_workers(cluster, remote)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    with bench_cluster() as (cluster, remote):
+        if args.notice:
+            print(notice_table(notice_rows(cluster, remote)))
+            return
+        rows = run_cases(cluster, remote, loss_cases(args, remote))
     print()
     print(
         f"Loss of one of 3 hosts (Spark worker and its executors SIGKILLed) during a 3-rank "
@@ -474,10 +492,7 @@ def notice_rows(cluster: NetnsCluster, remote: RemoteDriver) -> list[dict]:
             except (RuntimeError, TimeoutError) as exc:
                 row["outcome"] = f"benchmark could not measure it: {exc}"[:300]
                 rows.append(row)
-            for i in range(cluster.state.hosts):
-                if not cluster.alive(f"worker-{i}"):
-                    cluster.start_worker(i)
-            wait_executors(remote, cluster.state.hosts)
+            restore_workers(cluster, remote)
             print(f"  {row}", flush=True)
     return rows
 
