@@ -182,16 +182,9 @@ def victim(cluster: NetnsCluster, progress: Progress, world: int) -> int:
     return host_of_pid(cluster, pids[max(pids)])
 
 
-def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
-    """Start the case's job, kill a host after a few steps, bring the worker back (after
-    `replacement_s`, or once the job stepped again), and fill the case's row: loss -> next
-    step of a later world, steps redone, survivors restarted, the job's outcome."""
-    row = case.row
-    directory = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
-    progress = case.progress_kind(directory)
-    stop_file = directory / "stop"
-    job = case.submit(str(directory), str(stop_file))
-    # A world of 3 that took KILL_AFTER_STEP steps (a job may start with fewer, and grow).
+def wait_full_world(progress: Progress, job) -> int:
+    """The world of 3 that took KILL_AFTER_STEP steps (a job may start with fewer, and
+    grow), once every rank's pid is recorded."""
     steps = wait_for(
         lambda: [
             s for s in progress.steps() if s["step"] >= KILL_AFTER_STEP and s["world_size"] == 3
@@ -200,24 +193,15 @@ def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
         "the first steps",
         timeout_s=600,
     )
-    old_world = progress.world(steps[-1])
-    wait_for(lambda: len(progress.pids(old_world)) == 3, job, "every rank's pid")
-    old_pids = set(progress.pids(old_world).values())
-    lost = victim(cluster, progress, old_world)
-    killed_at = time.time()  # stop_worker SIGKILLs first, then waits for the master
-    cluster.stop_worker(lost)
-    print(f"  {row['case']}: killed host {lost}'s worker after step {len(progress.steps())}",
-          flush=True)  # fmt: skip
-    returned = threading.Event()
+    world = progress.world(steps[-1])
+    wait_for(lambda: len(progress.pids(world)) == 3, job, "every rank's pid")
+    return world
 
-    def bring_back() -> None:
-        cluster.start_worker(lost)
-        returned.set()
 
-    timer = None
-    if case.replacement_s is not None:
-        timer = threading.Timer(case.replacement_s, bring_back)
-        timer.start()
+def measure_after_loss(row: dict, progress: Progress, job, killed_at: float, old_world: int,
+                       old_pids: set[int]) -> None:  # fmt: skip
+    """Into `row`: loss -> next step of a later world, the world's size then, steps
+    redone, survivors restarted; as much of it as there is if the job ended first."""
 
     def next_step():
         later = [
@@ -241,14 +225,36 @@ def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
         )
         row["restarts"] = sum(pid not in old_pids for pid in survivors.values())
     except RuntimeError:
-        pass  # the job ended (failed) without another step
+        pass  # the job ended (failed) without another step, or before its pids
+
+
+def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
+    """Start the case's job, kill a host after a few steps, bring the worker back (after
+    `replacement_s`, or once the job stepped again), and fill the case's row: loss -> next
+    step of a later world, steps redone, survivors restarted, the job's outcome."""
+    row = case.row
+    directory = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
+    progress = case.progress_kind(directory)
+    stop_file = directory / "stop"
+    job = case.submit(str(directory), str(stop_file))
+    old_world = wait_full_world(progress, job)
+    old_pids = set(progress.pids(old_world).values())
+    lost = victim(cluster, progress, old_world)
+    killed_at = time.time()  # stop_worker SIGKILLs first, then waits for the master
+    cluster.stop_worker(lost)
+    print(f"  {row['case']}: killed host {lost}'s worker after step {len(progress.steps())}",
+          flush=True)  # fmt: skip
+    timer = None
+    if case.replacement_s is not None:
+        timer = threading.Timer(case.replacement_s, cluster.start_worker, args=(lost,))
+        timer.start()
+    measure_after_loss(row, progress, job, killed_at, old_world, old_pids)
     stop_file.touch()
     result = job.result(timeout=900)
     if timer is None:
-        bring_back()
+        cluster.start_worker(lost)
     else:
-        timer.join()
-        returned.wait(180)
+        timer.join()  # returns once start_worker has
     wait_executors(remote, cluster.state.hosts)
     record_outcome(row, result, killed_at)
     print(f"  {row['case']}: {row}", flush=True)
@@ -505,14 +511,7 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
         "run_job", main=main, np=3, runner=ELASTIC,
         kwargs={"progress_dir": str(directory), "stop_file": str(stop_file), **kwargs},
     )  # fmt: skip
-    steps = wait_for(
-        lambda: [s for s in progress.steps() if s["step"] >= KILL_AFTER_STEP and
-                 s["world_size"] == 3],
-        job, "the first steps", timeout_s=600,
-    )  # fmt: skip
-    old_world = progress.world(steps[-1])
-    wait_for(lambda: len(progress.pids(old_world)) == 3, job, "every rank's pid")
-    lost = victim(cluster, progress, old_world)
+    lost = victim(cluster, progress, wait_full_world(progress, job))
     start = time.time()
     if notice_s is not None:
         cluster.decommission_worker(lost)
