@@ -103,6 +103,7 @@ class SparkDatasetConverter:
         collate_fn: Callable[[dict], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
+        device: Any = None,
         **dataloader_kwargs: Any,
     ) -> ReaderContext | Any:
         """Context manager giving a ``torch.utils.data.DataLoader`` of this rank's batches.
@@ -123,13 +124,27 @@ class SparkDatasetConverter:
         keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
         petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
         shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default).
+        ``device="cuda"``: batches handed out on the GPU, pinned and copied a batch ahead
+        on a side stream (default None: CPU batches).
         """
         options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
+        if device is not None and data_loader_fn is not None:
+            raise ValueError(
+                "device= is for sparkdist's own loader: wrap a data_loader_fn's "
+                "loader in sparkdist.data.device_prefetch.DevicePrefetcher"
+            )
         if self._use_petastorm(options):
+            if device is not None:
+                raise ValueError("device= is not available with petastorm's loader")
             return petastorm_backend.loader("torch", self.cache_dir_url, self.layout, options)
         from sparkdist.data.torch_loader import BatchedDataLoader
 
-        given = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory}
+        given = {
+            "collate_fn": collate_fn,
+            "num_workers": num_workers,
+            "pin_memory": pin_memory,
+            "device": device,
+        }
         extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
         if data_loader_fn is None:
             data_loader_fn = functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
