@@ -147,13 +147,13 @@ def measure(params: int, device: str, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if any)")
-    parser.add_argument("--params", default="100M", help="parameters (100M, 10M, ...)")
+    parser.add_argument("--params", default=None, help="parameters (default 100M; CPU 10M)")
     parser.add_argument("--steps", type=int, default=None, help="steps timed (10 GPU, 3 CPU)")
     args = parser.parse_args()
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    params = parse_count(args.params)
+    params = parse_count(args.params or ("100M" if device == "cuda" else "10M"))
     steps = args.steps or (10 if device == "cuda" else 3)
     found = measure(params, device, steps)
     gb = found["gb"]

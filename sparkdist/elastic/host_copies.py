@@ -195,8 +195,10 @@ class DeviceCommits:
             self._staging = [s for s in self._staging if s.device != sources[0].device]
             kept = []
             if not side.can_stage(sum(s.numel() * s.element_size() for s in sources)):
-                logger.info("elastic: no device memory to stage the commit: it is copied "
-                            "to the host synchronously")  # fmt: skip
+                logger.info(
+                    "elastic: no device memory to stage the commit: it is copied "
+                    "to the host synchronously"
+                )
                 return None
             kept = [s.new_empty(s.shape) for s in sources]
             self._staging.extend(kept)

@@ -62,8 +62,16 @@ def rank_main(launch: int, address: str, secret_text: str, device: str, out: str
 
     @elastic.run
     def train(state):
-        _note(out_dir, launch, event="enter", generation=state.generation, step=state.step,
-              rank=state.rank, size=state.world_size)  # fmt: skip
+        _note(
+            out_dir,
+            launch,
+            event="enter",
+            generation=state.generation,
+            step=state.step,
+            rank=state.rank,
+            size=state.world_size,
+            time=time.time(),
+        )
         ddp = torch.nn.parallel.DistributedDataParallel(state.model)
         while True:
             stop = torch.tensor([int((out_dir / "stop").exists())])
@@ -76,15 +84,26 @@ def rank_main(launch: int, address: str, secret_text: str, device: str, out: str
             state.optimizer.step()
             state.step += 1
             state.commit()
-            _note(out_dir, launch, event="step", generation=state.generation, step=state.step)
+            _note(
+                out_dir,
+                launch,
+                event="step",
+                generation=state.generation,
+                step=state.step,
+                time=time.time(),
+            )
         flat = torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
         moments = [t for s in state.optimizer.state.values() for t in s.values()]
         gathered = [torch.zeros_like(flat.cpu()) for _ in range(state.world_size)]
         dist.all_gather(gathered, flat.cpu())
-        return {"equal": all(torch.equal(g, gathered[0]) for g in gathered),
-                "params": sorted({p.device.type for p in state.model.parameters()}),
-                "moments": sorted({t.device.type for t in moments if t.dim() > 0}),
-                "rank": state.rank, "size": state.world_size, "step": state.step}  # fmt: skip
+        return {
+            "equal": all(torch.equal(g, gathered[0]) for g in gathered),
+            "params": sorted({p.device.type for p in state.model.parameters()}),
+            "moments": sorted({t.device.type for t in moments if t.dim() > 0}),
+            "rank": state.rank,
+            "size": state.world_size,
+            "step": state.step,
+        }
 
     result = train(state)
     (out_dir / f"result-{launch}.json").write_text(json.dumps(result))
