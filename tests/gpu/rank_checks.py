@@ -21,10 +21,10 @@ def ddp_main(device: str, backend: str, steps: int = 3) -> list[float]:
     import torch
     import torch.distributed as dist
 
+    if device == "cuda":
+        torch.cuda.set_device(0)  # one GPU: every rank on it, set before the group forms
     dist.init_process_group(backend)
     rank = dist.get_rank()
-    if device == "cuda":
-        torch.cuda.set_device(0)  # one GPU: every rank on it
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     model = model.double().to(device)
@@ -201,9 +201,9 @@ def dcp_main(device: str, backend: str, dim: int, save_step: int | None) -> dict
 
     from sparkdist import checkpoint
 
-    dist.init_process_group(backend)
     if device == "cuda":
         torch.cuda.set_device(0)
+    dist.init_process_group(backend)
     size, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh(device, (size,))
     local = _full().to(device).chunk(size, dim=dim)[rank].contiguous()
@@ -319,6 +319,7 @@ def nccl_main() -> dict:
     aborted = time.monotonic() - began
     try:
         work.wait()
+        torch.cuda.synchronize()
         outcome = "wait returned"
     except Exception as exc:  # noqa: BLE001 - what the wait does after an abort is the figure
         outcome = f"wait raised {type(exc).__name__}"
