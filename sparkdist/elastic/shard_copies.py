@@ -296,7 +296,8 @@ def _broadcast_from(value: Any, src: int, group: Any) -> Any:
 
 def _copy_overlap(dst, dst_offset, src, src_offset) -> None:
     """Copy the part of `src` (a box at `src_offset` of the full tensor) that overlaps `dst`
-    (a box at `dst_offset`) into `dst`."""
+    (a box at `dst_offset`) into `dst`; to a GPU without waiting (`non_blocking`): a kept
+    host buffer is overwritten only by a later commit, whose copies wait for this one."""
     into, out = [], []
     for d0, dn, s0, sn in zip(dst_offset, dst.shape, src_offset, src.shape, strict=True):
         low, high = max(d0, s0), min(d0 + dn, s0 + sn)
@@ -304,4 +305,4 @@ def _copy_overlap(dst, dst_offset, src, src_offset) -> None:
             return
         into.append(slice(low - d0, high - d0))
         out.append(slice(low - s0, high - s0))
-    dst[tuple(into)].copy_(src[tuple(out)])
+    dst[tuple(into)].copy_(src[tuple(out)], non_blocking=True)
