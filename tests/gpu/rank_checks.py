@@ -226,8 +226,8 @@ def dcp_main(device: str, backend: str, dim: int, save_step: int | None) -> dict
 
 
 def check_dcp(np: int, device: str, backend: str, store: Path) -> str:
-    """`np` ranks save rows-sharded; one rank loads it whole; `np` ranks load it sharded by
-    columns (resharded both ways)."""
+    """`np` ranks save rows-sharded; one rank loads it whole; on CUDA `np` ranks also load
+    it sharded by columns (resharded both ways)."""
 
     def job(ranks: int, dim: int, save_step: int | None) -> list[dict]:
         runner = sparkdist.HorovodRunner(np=-ranks, launcher="direct", checkpoint_dir=str(store))
@@ -236,13 +236,15 @@ def check_dcp(np: int, device: str, backend: str, store: Path) -> str:
         )
 
     job(np, 0, 1)
-    for ranks, dim in ((1, 0), (np, 1)):
+    loads = ((1, 0), (np, 1)) if device == "cuda" else ((1, 0),)  # CPU: the plumbing, quick
+    for ranks, dim in loads:
         for result in job(ranks, dim, None):
             resumed = result["resumed"]
             expected = {"step": 1, "from": np, "device": device, "same": True}
             if resumed != expected:
                 raise AssertionError(f"{ranks} rank(s), dim {dim}: {resumed}")
-    return f"saved by {np}, loaded by 1 and by {np} (resharded)"
+    loaded = " and ".join(f"{ranks} rank(s) on dim {dim}" for ranks, dim in loads)
+    return f"saved by {np} ranks on dim 0, loaded by {loaded}"
 
 
 # --- 6. CUDA_VISIBLE_DEVICES and local-rank pinning: two ranks on a one-GPU driver ---------
