@@ -14,8 +14,8 @@ small step (a matmul and a sum), the device synchronised at the end:
 * sparkdist, device prefetch: `make_torch_dataloader(device=...)`: batches handed out on
   the device, copied a batch ahead on a side stream.
 
-Each row is the best of `--rounds`. The last line is JSON (`{"figure": ...}`) for
-`make gpu-check`.
+Each row is the best of `--rounds`, the loaders taking turns in each round. The last line
+is JSON (`{"figure": ...}`) for `make gpu-check`.
 """
 
 from __future__ import annotations
@@ -100,13 +100,18 @@ def sparkdist_loop(handle, batch_size: int, step: Step, how: str) -> int:
     return batches
 
 
-def measure(run, rounds: int) -> tuple[float, int]:
-    best, count = float("inf"), 0
+def measure(cases: dict, device: str, features: int, rounds: int) -> dict[str, float]:
+    """Each case's best batches/s over `rounds` rounds, the cases taking turns in each
+    round (a shared machine's load then weighs on all of them alike)."""
+    best: dict[str, float] = {}
     for _ in range(rounds):
-        began = time.perf_counter()
-        count = run()
-        best = min(best, time.perf_counter() - began)
-    return best, count
+        for name, case in cases.items():
+            step = Step(device, features)
+            began = time.perf_counter()
+            count = case(step)
+            step.finish()
+            best[name] = max(best.get(name, 0.0), count / (time.perf_counter() - began))
+    return best
 
 
 def main() -> None:
@@ -115,7 +120,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     import torch
 
@@ -124,7 +129,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sparkdist-gpu-feed-") as tmp:
         url = write_data(Path(tmp), args.rows, args.features)
         handle = converter(url)
-        row_mb = args.features * 4 / 1e6
         cases = {
             "plain loop (pyarrow to tensor, .to)": lambda s: plain_loop(
                 Path(tmp, "part-00000.parquet"), args.batch_size, s
@@ -139,21 +143,13 @@ def main() -> None:
                 handle, args.batch_size, s, "prefetch"
             ),
         }
-        rates = {}
         shape = f"{args.rows} rows x {args.features} float32, batches of {args.batch_size}"
-        print(f"{shape}, into {device} (torch {torch.__version__})")
-        print(f"{'loader':<40} {'batches/s':>10} {'MB/s':>8}")
-        for name, case in cases.items():
-
-            def run(case=case) -> int:
-                step = Step(device, args.features)
-                count = case(step)
-                step.finish()
-                return count
-
-            took, count = measure(run, args.rounds)
-            rates[name] = count / took
-            print(f"{name:<40} {rates[name]:>10.1f} {args.rows * row_mb / took:>8.0f}")
+        print(f"{shape}, into {device} (torch {torch.__version__}), best of {args.rounds}")
+        rates = measure(cases, device, args.features, args.rounds)
+    batch_mb = args.batch_size * args.features * 4 / 1e6
+    print(f"{'loader':<40} {'batches/s':>10} {'MB/s':>8}")
+    for name, rate in rates.items():
+        print(f"{name:<40} {rate:>10.1f} {rate * batch_mb:>8.0f}")
     short = ["plain loop", "CPU batches", "pin_memory", "prefetch"]
     figure = f"{device} batches/s: " + ", ".join(
         f"{label} {rate:.0f}" for label, rate in zip(short, rates.values(), strict=True)
