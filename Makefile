@@ -36,7 +36,13 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # mkdocs-material's banner about its successor, printed on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps test demo docs lint format bench clean
+# The GPU check (tests/gpu/gpu_check.py): on a machine with torch (and a GPU), no Java, no
+# pyspark, no venv of ours: the interpreter on PATH unless this checkout's .venv exists.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_TABLE ?= gpu-check.txt
+GPU_WHEELS := .gpu-wheels
+
+.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps test demo docs lint format bench clean gpu-check gpu-wheels
 
 bootstrap: system venv horovod
 
@@ -152,6 +158,18 @@ bench: bootstrap petastorm-side bench-deps
 	status=0; for script in benchmarks/*.py; do \
 		echo "== $$script"; $(PY) $$script || status=1; \
 	done; exit $$status
+
+# Runs as it is on a GPU machine: builds nothing (see docs/gpu.md).
+gpu-check:
+	$(GPU_PYTHON) tests/gpu/gpu_check.py --table $(GPU_CHECK_TABLE)
+
+# The wheels gpu-check installs when the GPU image lacks them (Python 3.12, x86_64 Linux),
+# into $(GPU_WHEELS)/ (gitignored), to carry with the working tree.
+gpu-wheels:
+	$(GPU_PYTHON) -m pip download --only-binary=:all: --no-deps --dest $(GPU_WHEELS) \
+		--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+		-r requirements/gpu-check.txt
 
 clean:
 	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(addprefix .venv-,$(RUNTIMES)) $(BENCH_DIR) build *.egg-info .pytest_cache

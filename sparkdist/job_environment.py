@@ -68,6 +68,9 @@ LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
 ELASTIC_TIMEOUT_S = "SPARKDIST_ELASTIC_TIMEOUT_S"
 """`sparkdist.elastic.run`: seconds a process group may take to form and a collective to
 finish before a rank gives up on its world (default 30)."""
+ELASTIC_BACKEND = "SPARKDIST_ELASTIC_BACKEND"
+"""`sparkdist.elastic.run`'s process group backend: "nccl" or "gloo" (default: NCCL when
+the rank has a GPU, else gloo; gloo lets several ranks share one GPU)."""
 
 DEFAULT_LAUNCHER = "direct"
 DEFAULT_LOG_MODE = "all"

@@ -469,6 +469,21 @@ def test_torch_loader_is_a_dataloader_with_workers_collate_and_pin_memory(ids_co
         assert sum(loader) == sum(alone[:335])
 
 
+def test_device_batches_are_the_cpu_batches_and_counted_when_handed_out(ids_converter):
+    """device="cpu" runs the device prefetch (a batch copied ahead of use): the same
+    batches; the position counts the batches handed out, not the one copied ahead."""
+    shard = {"cur_shard": 0, "shard_count": 2, "shuffle": True, "seed": 5, "batch_size": 100}
+    alone = read_ids(ids_converter, **shard)
+    with ids_converter.make_torch_dataloader(num_epochs=1, device="cpu", **shard) as loader:
+        batches = iter(loader)
+        first = [int(i) for _ in range(2) for i in next(batches)["id"]]
+        assert loader.state_dict()["rows_consumed"] == 2 * 100 * 2  # 2 batches, 2 ranks
+        rest = [int(i) for batch in batches for i in batch["id"]]
+    assert first + rest == alone
+    with pytest.raises(ValueError, match="DevicePrefetcher"):
+        ids_converter.make_torch_dataloader(device="cpu", data_loader_fn=lambda **kw: None)
+
+
 def test_resume_in_a_smaller_world_reads_the_rest_of_the_epoch(ids_converter):
     """3 ranks read 2 batches each; 2 ranks, from rank 0's state, read the rest."""
     kw = {"batch_size": 50, "num_epochs": 1, "shuffle": True, "seed": 9}

@@ -126,6 +126,10 @@ def test_run_outside_a_rank_and_bad_settings_say_so(monkeypatch):
     monkeypatch.setenv(job_environment.ELASTIC_TIMEOUT_S, "soon")
     with pytest.raises(ValueError, match="positive number of seconds"):
         torch_group.timeout_s()
+    assert torch_group.backend_for_rank({}) == "gloo"  # no GPU here
+    assert torch_group.backend_for_rank({job_environment.ELASTIC_BACKEND: "nccl"}) == "nccl"
+    with pytest.raises(ValueError, match='"nccl" or "gloo"'):
+        torch_group.backend_for_rank({job_environment.ELASTIC_BACKEND: "mpi"})
 
 
 # --- rank processes against a real driver service ------------------------------------

@@ -103,6 +103,7 @@ class SparkDatasetConverter:
         collate_fn: Callable[[dict], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
+        device: Any = None,
         **dataloader_kwargs: Any,
     ) -> ReaderContext | Any:
         """Context manager giving a ``torch.utils.data.DataLoader`` of this rank's batches.
@@ -122,24 +123,20 @@ class SparkDatasetConverter:
         ``reader_pool_type="dummy"`` is neither); ``num_workers`` / ``pin_memory`` / other
         keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
         petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
-        shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default).
+        shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default). ``device``:
+        batches handed out on it, copied a batch ahead (`DevicePrefetcher`; None: CPU).
         """
         options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
+        _check_device(device, data_loader_fn, self._use_petastorm(options))
         if self._use_petastorm(options):
             return petastorm_backend.loader("torch", self.cache_dir_url, self.layout, options)
         from sparkdist.data.torch_loader import BatchedDataLoader
 
         given = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory}
-        extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
-        if data_loader_fn is None:
-            data_loader_fn = functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
-        make = functools.partial(
-            _call_with_reader,
-            data_loader_fn,
-            batch_size=batch_size,
-            shuffling_queue_capacity=shuffling_queue_capacity,
-            **extra,
-        )
+        extra = {n: v for n, v in {**given, "device": device}.items() if v} | dataloader_kwargs
+        fn = data_loader_fn or functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
+        sizes = {"batch_size": batch_size, "shuffling_queue_capacity": shuffling_queue_capacity}
+        make = functools.partial(_call_with_reader, fn, **sizes, **extra)
         return ReaderContext(ShardReader(self.layout, options), make)
 
     def make_tf_dataset(
@@ -238,6 +235,15 @@ def _pool(reader_pool_type: str) -> dict[str, Any]:
             f"reader_pool_type must be one of {READER_POOL_TYPES}, not {reader_pool_type!r}"
         )
     return {"prefetch": 0, "workers_count": 1} if reader_pool_type == "dummy" else {}
+
+
+def _check_device(device: Any, data_loader_fn: Any, petastorm: bool) -> None:
+    """``device=`` needs sparkdist's own loader."""
+    if device is not None and (data_loader_fn is not None or petastorm):
+        raise ValueError(
+            "device= is for sparkdist's own loader, not petastorm's or a data_loader_fn's: "
+            "wrap that loader in sparkdist.data.device_prefetch.DevicePrefetcher"
+        )
 
 
 def _call_with_reader(make: Callable[..., Any], reader: ShardReader, **kwargs: Any) -> Any:

@@ -7,7 +7,9 @@ it. With ``num_workers=k`` each worker process reads and decodes every k-th batc
 rank, which is the order in which DataLoader takes them back: the rank still gets its
 batches in order, each row once. ``pin_memory`` and the other DataLoader options pass
 through. The loader counts the batches it hands out, so ``state_dict()`` is the world's
-position (see `sparkdist.data.order`).
+position (see `sparkdist.data.order`). With ``device="cuda"`` its batches come already on
+the GPU, pinned and copied a batch ahead on a side stream (`sparkdist.data.device_prefetch`);
+they are counted when handed out, not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
 unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkdist.data.device_prefetch import DevicePrefetcher
 from sparkdist.data.reader import ReaderPosition, ShardReader
 
 # petastorm's promotions (petastorm.pytorch._sanitize_pytorch_types), for its API.
@@ -89,6 +92,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
     batch_size=..., shuffling_queue_capacity=...)``, where ``reader`` already shuffles and
     cuts batches of ``batch_size`` (so ``shuffling_queue_capacity`` adds nothing here).
     ``collate_fn`` gets each batch as ``{column: numpy array}`` (default: tensors).
+    ``device``: hand out batches on that device (see `DevicePrefetcher`); None: on the CPU.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
+        device: Any = None,
         **dataloader_kwargs: Any,
     ) -> None:
         if dataloader_kwargs.get("persistent_workers"):
@@ -119,13 +124,21 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
             batch_size=None,
             collate_fn=collate_fn or to_tensors,
             num_workers=num_workers,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory or _is_cuda(device),  # pinned in DataLoader's thread
             **dataloader_kwargs,
         )
         self.reader = reader
+        self.device = device
 
     def __iter__(self) -> Iterator[Any]:
         # Before DataLoader's workers take their copy of the reader.
         self.reader.follow_world()
         self.reader.position.settle()
-        return self.reader.count(super().__iter__())
+        batches = super().__iter__()
+        if self.device is not None:
+            batches = iter(DevicePrefetcher(batches, self.device))
+        return self.reader.count(batches)
+
+
+def _is_cuda(device: Any) -> bool:
+    return device is not None and torch.device(device).type == "cuda"

@@ -26,19 +26,19 @@ class _TensorSlot:
     offset: int
 
 
-def _map_leaves(tree: Any, leaf: Callable[[Any], Any]) -> Any:
+def map_leaves(tree: Any, leaf: Callable[[Any], Any]) -> Any:
     """`tree` with `leaf(value)` in place of each value that is not a dict, list or tuple."""
     if isinstance(tree, dict):
-        return type(tree)((key, _map_leaves(value, leaf)) for key, value in tree.items())
+        return type(tree)((key, map_leaves(value, leaf)) for key, value in tree.items())
     if type(tree) in (list, tuple):
-        return type(tree)(_map_leaves(value, leaf) for value in tree)
+        return type(tree)(map_leaves(value, leaf) for value in tree)
     return leaf(tree)
 
 
 def _leaves(tree: Any) -> list[Any]:
-    """The values of `tree` that are not dicts, lists or tuples, in `_map_leaves`' order."""
+    """The values of `tree` that are not dicts, lists or tuples, in `map_leaves`' order."""
     found: list[Any] = []
-    _map_leaves(tree, found.append)
+    map_leaves(tree, found.append)
     return found
 
 
@@ -51,19 +51,23 @@ def _tensor_layout(tree: Any) -> list[tuple[Any, tuple[int, ...]]] | None:
     return [(v.dtype, tuple(v.shape)) for v in _leaves(tree) if isinstance(v, torch.Tensor)]
 
 
-def snapshot(tree: Any, into: Any = None) -> Any:
+def snapshot(tree: Any, into: Any = None, copies: Any = None) -> Any:
     """A deep copy of `tree`; tensors cloned to CPU memory (`detach().to("cpu", copy=True)`).
 
     `into`: an earlier snapshot. When its tensors have the same dtypes and shapes, in the
     same order, they are overwritten instead of new ones allocated: a commit every step
     then holds one copy of the model, not two while the next is taken, and allocates
-    nothing."""
+    nothing. `copies`: a `host_copies.DeviceCommits`; the device (CUDA) tensors it takes
+    are copied by it, into pinned buffers on a side stream: wait on it before reading
+    them."""
     import torch
     from torch.distributed.tensor import DTensor
 
     reuse = None
     if into is not None and _tensor_layout(into) == _tensor_layout(tree):
         reuse = iter([v for v in _leaves(into) if isinstance(v, torch.Tensor)])
+    if copies is not None:
+        copies.begin()
 
     def copied(value: Any) -> Any:
         if isinstance(value, DTensor):
@@ -73,12 +77,20 @@ def snapshot(tree: Any, into: Any = None) -> Any:
                 "checkpoint.save(..., sharded=True)"
             )
         if isinstance(value, torch.Tensor):
-            if reuse is not None:
-                return next(reuse).copy_(value.detach())
+            host = next(reuse) if reuse is not None else None
+            if copies is not None and copies.takes(value):
+                return copies.add(value, host)
+            if copies is not None:
+                copies.skip()
+            if host is not None:
+                return host.copy_(value.detach())
             return value.detach().to("cpu", copy=True)
         return copy.deepcopy(value)
 
-    return _map_leaves(tree, copied)
+    copied_tree = map_leaves(tree, copied)
+    if copies is not None:
+        copies.launch()
+    return copied_tree
 
 
 def _split(tree: Any, buffers: dict) -> Any:
@@ -93,7 +105,7 @@ def _split(tree: Any, buffers: dict) -> Any:
         parts.append(value.detach().reshape(-1))
         return _TensorSlot(value.dtype, tuple(value.shape), offset)
 
-    return _map_leaves(tree, slot)
+    return map_leaves(tree, slot)
 
 
 def _join(tree: Any, flat: dict) -> Any:
@@ -105,7 +117,7 @@ def _join(tree: Any, flat: dict) -> Any:
         count = math.prod(value.shape)
         return flat[value.dtype][value.offset : value.offset + count].reshape(value.shape).clone()
 
-    return _map_leaves(tree, tensor)
+    return map_leaves(tree, tensor)
 
 
 def broadcast_object(value: Any, rank: int) -> Any:
@@ -131,8 +143,9 @@ def broadcast_tree(tree: Any, rank: int, device) -> Any:
     for dtype in sorted(sizes, key=str):  # the same order on every rank
         if rank == 0:
             buffer = torch.cat([part.to(device) for part in buffers[dtype]])
-        else:
-            buffer = torch.empty(sizes[dtype], dtype=dtype, device=device)
+        else:  # pinned when received in host memory for a GPU: copied on without a stall
+            pin = torch.device(device).type == "cpu" and torch.cuda.is_available()
+            buffer = torch.empty(sizes[dtype], dtype=dtype, device=device, pin_memory=pin)
         if sizes[dtype]:
             dist.broadcast(buffer.view(torch.uint8), src=0)  # as bytes: any dtype, any backend
         flat[dtype] = buffer.cpu()

@@ -57,10 +57,17 @@ class Piece:
     rank: int
     entries: list[Entry]
     buffers: dict  # dtype -> flat CPU tensor
+    copies: Any = None
+    """The `host_copies.DeviceCommits` still filling `buffers` from the device, if any."""
 
     @property
     def sizes(self) -> dict:
         return {dtype: buffer.numel() for dtype, buffer in self.buffers.items()}
+
+    def wait(self) -> None:
+        """Block until `buffers` hold the commit (its device copies are complete)."""
+        if self.copies is not None:
+            self.copies.wait()
 
 
 @dataclass
@@ -98,6 +105,15 @@ class Held:
     def rest(self, mark: Mark) -> Rest | None:
         return next((r for r in self.rests if r.mark == mark), None)
 
+    def recyclable(self, rank: int) -> dict | None:
+        """The buffers of world rank `rank`'s own piece that keeping a newer commit will
+        drop (the oldest of `KEEP`), for the next commit to overwrite; None if none."""
+        marks = sorted({p.mark for p in self.pieces}, key=_order)
+        if len(marks) < KEEP:
+            return None
+        oldest = self.piece(marks[0], rank)
+        return oldest.buffers if oldest is not None else None
+
 
 def _order(mark: Mark) -> tuple[int, int]:
     return (mark.generation, mark.commit)
@@ -132,9 +148,13 @@ def local_box(tensor: Any) -> tuple[tuple[int, ...], Any]:
     return tuple(offset), tensor.to_local()
 
 
-def take(tree: Any, mark: Mark, rank: int, values: Any) -> tuple[Piece, Rest]:
+def take(
+    tree: Any, mark: Mark, rank: int, values: Any, copies: Any = None, into: dict | None = None
+) -> tuple[Piece, Rest]:
     """This rank's piece and rest of `tree` (a state dict of DTensors and replicated
-    leaves), copied to CPU memory."""
+    leaves), copied to CPU memory. `copies` (a `host_copies.DeviceCommits`) copies the
+    local shards it takes (CUDA ones) into pinned buffers on a side stream, reusing
+    `into` (an old piece's buffers) when sizes match: `Piece.wait()` before reading."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -151,8 +171,30 @@ def take(tree: Any, mark: Mark, rank: int, values: Any) -> tuple[Piece, Rest]:
             replicated[path] = leaf.detach().to("cpu", copy=True)
         else:
             replicated[path] = copy.deepcopy(leaf)
+    flat = [part for dtype_parts in parts.values() for part in dtype_parts]
+    if copies is not None and flat and all(copies.takes(part) for part in flat):
+        buffers = _copy_on_side(parts, copies, into)
+        return Piece(mark, rank, entries, buffers, copies), Rest(mark, replicated, values)
     buffers = {dtype: torch.cat(p).to("cpu") for dtype, p in parts.items()}  # cat copies
     return Piece(mark, rank, entries, buffers), Rest(mark, replicated, values)
+
+
+def _copy_on_side(parts: dict, copies: Any, into: dict | None) -> dict:
+    """One host buffer per dtype (`into`'s when its sizes match), filled from the local
+    shards `parts` by `copies`, on its side stream."""
+    sizes = {dtype: sum(p.numel() for p in dtype_parts) for dtype, dtype_parts in parts.items()}
+    reuse = into is not None and {d: b.numel() for d, b in into.items()} == sizes
+    copies.begin()
+    buffers = {}
+    for dtype, dtype_parts in parts.items():
+        buffer = into[dtype] if reuse else copies.host_buffer(dtype_parts[0], sizes[dtype])
+        start = 0
+        for part in dtype_parts:
+            copies.add(part, buffer[start : start + part.numel()])
+            start += part.numel()
+        buffers[dtype] = buffer
+    copies.launch()
+    return buffers
 
 
 def exchange(piece: Piece, previous: tuple[list[Entry], dict], group: Any) -> Piece:
@@ -161,6 +203,7 @@ def exchange(piece: Piece, previous: tuple[list[Entry], dict], group: Any) -> Pi
     import torch
     import torch.distributed as dist
 
+    piece.wait()
     size, rank = piece.mark.world_size, piece.rank
     entries, sizes = previous
     received = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
@@ -213,6 +256,8 @@ def rebuild(template: Any, chosen: Plan, held: Held, rank: int, group: Any) -> A
     }
     for old_rank, holder in enumerate(chosen.holders):
         mine = held.piece(chosen.mark, old_rank) if rank == holder else None
+        if mine is not None:
+            mine.wait()
         layout = (mine.entries, mine.sizes) if mine is not None else None
         entries, sizes = _broadcast_from(layout, holder, group)
         buffers = {}
@@ -251,7 +296,8 @@ def _broadcast_from(value: Any, src: int, group: Any) -> Any:
 
 def _copy_overlap(dst, dst_offset, src, src_offset) -> None:
     """Copy the part of `src` (a box at `src_offset` of the full tensor) that overlaps `dst`
-    (a box at `dst_offset`) into `dst`."""
+    (a box at `dst_offset`) into `dst`; to a GPU without waiting (`non_blocking`): a kept
+    host buffer is overwritten only by a later commit, whose copies wait for this one."""
     into, out = [], []
     for d0, dn, s0, sn in zip(dst_offset, dst.shape, src_offset, src.shape, strict=True):
         low, high = max(d0, s0), min(d0 + dn, s0 + sn)
@@ -259,4 +305,4 @@ def _copy_overlap(dst, dst_offset, src, src_offset) -> None:
             return
         into.append(slice(low - d0, high - d0))
         out.append(slice(low - s0, high - s0))
-    dst[tuple(into)].copy_(src[tuple(out)])
+    dst[tuple(into)].copy_(src[tuple(out)], non_blocking=True)

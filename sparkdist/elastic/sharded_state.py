@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkdist.elastic import shard_copies
+from sparkdist.elastic import host_copies, shard_copies
 from sparkdist.elastic.broadcast import broadcast_object
 from sparkdist.elastic.state import State, is_stateful
 
@@ -126,6 +126,7 @@ class ShardedTorchState(State):
         self._held = shard_copies.Held()
         self._layouts: dict = {}  # generation -> every rank's piece layout
         self._cpu_group: Any = None
+        self._copies = host_copies.DeviceCommits()  # CUDA shards: pinned, on a side stream
 
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._names}
@@ -159,7 +160,8 @@ class ShardedTorchState(State):
             return
         mark = shard_copies.Mark(self.generation, self.world_size, self.commits)
         values = {"values": self._values_state(), "commits": self.commits}
-        piece, rest = shard_copies.take(self._tree(), mark, self.rank, values)
+        into = self._held.recyclable(self.rank)
+        piece, rest = shard_copies.take(self._tree(), mark, self.rank, values, self._copies, into)
         self._held.keep(piece)
         self._held.keep(rest)
         if self.neighbour_copy and self.world_size > 1:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sparkdist.elastic import broadcast, torch_group
+from sparkdist.elastic import broadcast, host_copies, torch_group
 from sparkdist.elastic.generations import Generation, WorldChanged
 from sparkdist.protocol.driver_channel import DriverClient
 
@@ -167,7 +167,11 @@ class TorchState(ObjectState):
     """A model, its optimizer and any other values: `TorchState(model=m, optimizer=opt,
     step=0)`. A value with `state_dict`/`load_state_dict` is committed as a copy of its
     state_dict (tensors cloned to CPU) and synced tensor by tensor; the others as in
-    `ObjectState`."""
+    `ObjectState`.
+
+    CUDA tensors are committed into pinned host buffers on a side stream, overlapped with
+    the next step (`host_copies`); a restore, a sync or the next commit waits for it, and
+    a restore copies them back with `non_blocking`."""
 
     def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
         given = {
@@ -181,21 +185,35 @@ class TorchState(ObjectState):
     def save(self) -> None:
         stateful = set(self._stateful())
         last = self._saved  # its tensors are reused: see `broadcast.snapshot`
+        copies = self.__dict__.setdefault("_copies", {})
         self._saved = {
-            name: broadcast.snapshot(value.state_dict(), into=last.get(name))
+            name: broadcast.snapshot(
+                value.state_dict(),
+                into=last.get(name),
+                copies=copies.setdefault(name, host_copies.DeviceCommits()),
+            )
             if name in stateful
             else copy.deepcopy(value)
             for name, value in self.values().items()
         }
         self._saved_stateful = stateful
 
+    def wait_commit(self) -> None:
+        """Wait until the last commit's copies of CUDA tensors are in host memory."""
+        for copies in self.__dict__.get("_copies", {}).values():
+            copies.wait()
+
     def restore(self) -> None:
         import torch
 
+        self.wait_commit()
         for name, saved in self._saved.items():
             value = getattr(self, name)
+            devices = self._copies[name].devices if name in self._saved_stateful else []
             if name not in self._saved_stateful:
                 setattr(self, name, copy.deepcopy(saved))
+            elif any(device is not None for device in devices):  # back where it came from
+                value.load_state_dict(host_copies.to_devices(saved, devices))
             elif isinstance(value, torch.nn.Module):  # copies into its own tensors
                 value.load_state_dict(saved)
             else:  # a fresh copy: an optimizer's load_state_dict may alias its tensors
@@ -205,6 +223,7 @@ class TorchState(ObjectState):
         """World rank 0's state on every rank. Ranks that all hold the same commit (after a
         loss, or at a grow without newcomers) send only the plain values; their tensors
         stay, and so does the commit: recovery costs no copy of the model."""
+        self.wait_commit()
         held = self._group is not None and self.same_commit_everywhere()
         if self._group is not None:
             if not held:
@@ -226,7 +245,7 @@ class TorchState(ObjectState):
             tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
                                             self.rank, self._group.device)  # fmt: skip
             if self.rank != 0:
-                value.load_state_dict(tree)
+                value.load_state_dict(host_copies.to_live_devices(tree, value.state_dict()))
 
     def _broadcast_plain(self, plain: dict[str, Any]) -> dict[str, Any]:
         """World rank 0's plain values, on every rank."""

@@ -63,10 +63,17 @@ def store_key(generation: int) -> str:
     return f"sparkdist-elastic/{generation}/store"
 
 
-def backend_for_rank() -> str:
-    """NCCL when this rank has a GPU, else gloo."""
+def backend_for_rank(env=os.environ) -> str:
+    """`SPARKDIST_ELASTIC_BACKEND` if set (checked early), else NCCL when this rank has a
+    GPU, else gloo."""
     import torch
 
+    chosen = env.get(job_environment.ELASTIC_BACKEND, "")
+    if chosen:
+        if chosen not in ("nccl", "gloo"):
+            name = job_environment.ELASTIC_BACKEND
+            raise ValueError(f'{name} must be "nccl" or "gloo", not {chosen!r}')
+        return chosen
     return "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
 
 
