@@ -7,8 +7,10 @@ tests/test_stalls_cluster.py; Spark Connect's relay mode in tests/test_connect.p
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+import stall_jobs
 
+from sparkdist import HorovodRunner
 from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
 from sparkdist.protocol import stack_dumps
 from sparkdist.runner.driver import stacks
@@ -255,3 +259,118 @@ def test_stall_options_are_checked_and_off_turns_them_off():
         ["run", "--np", "2", "--stall-warning", "off", "--stall-timeout", "20", "x.py"]
     )
     assert args.stall_warning is None and args.stall_timeout == 20.0
+
+
+# --- jobs on the driver (np < 0): the same service, supervisors and ranks, no Spark -------
+
+
+def _assert_gone(runner) -> None:
+    deadline = time.monotonic() + 15
+    alive = [p for p in runner.last_job.processes if p.alive()]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if p.alive()]
+    assert alive == []
+
+
+def test_a_time_limit_says_where_each_rank_was(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    runner = HorovodRunner(np=-3, launcher="direct", timeout=25)
+    with pytest.raises(JobTimeoutError) as failed:
+        runner.run(stall_jobs.lock_job, lock_file=str(lock))
+    where = failed.value.stacks
+    assert "ranks 0,2 (host " in where and "): all_reduce <- lock_job (stall_jobs.py:" in where
+    assert "rank 1 (host " in where and "): stuck (stall_jobs.py:" in where
+    assert where in str(failed.value)
+    log = (Path(runner.last_job.rank_logs) / "rank-1.log").read_text()
+    assert "[sparkdist] stacks (the job's time limit ran out" in log and "in stuck" in log
+    _assert_gone(runner)
+
+
+def test_a_stall_warning_shows_the_stacks_and_the_job_goes_on(tmp_path, caplog):
+    lock = tmp_path / "lock"
+    lock.touch()
+    warned = threading.Event()
+
+    class Release(logging.Handler):
+        def emit(self, record):
+            if "no rank showed a sign of life" in record.getMessage():
+                warned.set()
+                lock.unlink()  # the stuck rank goes on
+
+    handler = Release()
+    logging.getLogger("sparkdist").addHandler(handler)
+    try:
+        runner = HorovodRunner(np=-2, launcher="direct", stall_warning=4)
+        result = runner.run_all(stall_jobs.lock_job, lock_file=str(lock), steps=10)
+    finally:
+        logging.getLogger("sparkdist").removeHandler(handler)
+    assert warned.is_set() and result == [0, 1]
+    warning = next(r.getMessage() for r in caplog.records if "sign of life" in r.getMessage())
+    assert "rank 0 (host " in warning and "all_reduce <- lock_job (stall_jobs.py:" in warning
+    assert "rank 1 (host " in warning and "stuck (stall_jobs.py:" in warning
+
+
+def test_a_stall_timeout_fails_the_job_with_the_stacks(tmp_path):
+    runner = HorovodRunner(np=-2, launcher="direct", stall_timeout=5, stall_warning=None)
+    started = time.monotonic()
+    with pytest.raises(JobStalledError) as failed:
+        runner.run(stall_jobs.silent_wait, ready_file=str(tmp_path / "ready"))
+    assert time.monotonic() - started < 60  # not a time limit: the stall ended it
+    assert "stalled: no rank showed a sign of life" in str(failed.value)
+    assert "ranks 0-1 (host " in failed.value.stacks
+    assert "): silent_wait (stall_jobs.py:" in failed.value.stacks
+    _assert_gone(runner)
+
+
+NOTEBOOK = textwrap.dedent(
+    """
+    import json, logging, sys, time
+    logging.basicConfig(level=logging.WARNING)
+    sys.path.insert(0, sys.argv[1])
+    import stall_jobs
+    from sparkdist import HorovodRunner
+
+    runner = HorovodRunner(np=-2, launcher="direct")
+    try:
+        runner.run(stall_jobs.silent_wait, ready_file="")
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    deadline = time.monotonic() + 15
+    while any(p.alive() for p in runner.last_job.processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p.pid for p in runner.last_job.processes if p.alive()]
+    print("RESULT " + json.dumps({"left": left}), flush=True)
+    """
+)
+
+
+def test_ctrl_c_in_a_notebook_like_script_shows_the_stacks_and_leaves_nothing(tmp_path):
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(Path(__file__).parent)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if "[ranks 0,1] waiting" in line or line.startswith("[rank 1] waiting"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(output) + rest
+    assert "Where each rank was (interrupted" in text, text
+    assert "silent_wait (stall_jobs.py:" in text and "INTERRUPTED" in text
+    assert text.index("Where each rank was") < text.index("INTERRUPTED")
+    assert '"left": []' in text

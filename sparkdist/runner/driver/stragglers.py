@@ -53,8 +53,8 @@ class Stragglers:
 
     def check(self, now: float, ranks) -> list[str]:
         """What to say now: ranks that became slow, and ranks that recovered."""
-        rates = self.rates(now)
-        if not rates:
+        rates = {r: v for r, v in self.rates(now).items() if not _ended(ranks, r)}
+        if len(rates) < 2:
             return []
         median = statistics.median(rates.values())
         said = []
@@ -80,6 +80,12 @@ class Stragglers:
                     )
         self.notes += said
         return said
+
+
+def _ended(ranks, rank: int) -> bool:
+    """A rank that ended steps no more: it is no straggler, nor part of the median."""
+    state = ranks.by_rank.get(rank)
+    return state is not None and state.exited
 
 
 def _slower(median: float, rate: float) -> str:
