@@ -47,13 +47,14 @@ class Warnings(logging.Handler):
 
     def __init__(self, lock: str):
         super().__init__()
-        self.lock, self.said = lock, []
+        self.lock_file, self.said = lock, []
 
     def emit(self, record):
         text = record.getMessage()
         self.said.append((time.time(), text))
-        if "no rank showed a sign of life" in text and os.path.exists(self.lock):
-            os.unlink(self.lock)
+        # A warning may come while the ranks import torch; the lock goes once rank 1 is stuck.
+        if "stuck (stall_jobs.py" in text and os.path.exists(self.lock_file):
+            os.unlink(self.lock_file)
 
 
 def stall_warning(lock: str) -> dict:
@@ -98,14 +99,18 @@ def main() -> None:
         conf={"spark.ui.enabled": "false"},
     )
     lock = os.path.join(sys.argv[1], "lock")
-    out = {
-        "direct": lock_timeout("direct", lock, timeout=45),
-        "mpi": lock_timeout("mpi", lock, timeout=45),
-        "stall_timeout": lock_timeout("direct", lock, stall_timeout=20),
-        "stall_warning": stall_warning(lock),
-        "straggler": stragglers(1),
-        "even": stragglers(-1),
+    scenarios = {
+        "direct": lambda: lock_timeout("direct", lock, timeout=45),
+        "mpi": lambda: lock_timeout("mpi", lock, timeout=45),
+        "stall_timeout": lambda: lock_timeout("direct", lock, stall_timeout=20),
+        "stall_warning": lambda: stall_warning(lock),
+        "straggler": lambda: stragglers(1),
+        "even": lambda: stragglers(-1),
     }
+    out = {}
+    for name, scenario in scenarios.items():
+        out[name] = scenario()
+        print(f"SCENARIO {name} " + json.dumps(out[name]), flush=True)
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
 

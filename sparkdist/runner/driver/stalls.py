@@ -62,9 +62,12 @@ class StackRequests:
                 return {}, {}
         send([links[r] for r in asked], messages.DumpStacks(request, nccl))
         deadline = time.monotonic() + wait_s * (2 if nccl else 1)
-        with self.cond:
-            while len(answers) < len(asked) and time.monotonic() < deadline:
-                self.cond.wait(max(0.0, deadline - time.monotonic()))
+        by_rank = self._ranks.by_rank
+        with self.cond:  # until each asked rank answered or ended (its answer may not come)
+            while time.monotonic() < deadline and not all(
+                r in answers or by_rank[r].exited for r in asked
+            ):
+                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             del self._answers[request]
             hosts = {r: self._ranks.by_rank[r].host for r in running}
         stacks = {r: RankStacks(hosts[r], answers.get(r, ("", b""))[0]) for r in running}
