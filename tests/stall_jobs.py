@@ -64,9 +64,12 @@ def crawl(seconds: float, slow_rank: int, extra_s: float, step_s: float = 0.1) -
 def blocked_loader(data, lock_file: str) -> int:
     """Read batches through the data loader; rank 1's transform (run by the reader's
     thread) blocks until `lock_file` is removed, so its main thread waits for a batch."""
+    import torch  # noqa: F401 - imported (seconds, in silence) before the stall is timed
+
     from sparkdist.data import TransformSpec
 
     rank = int(os.environ["RANK"])
+    print("loading", flush=True)
 
     def hang(frame):
         if rank == 1:
