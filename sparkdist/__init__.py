@@ -27,6 +27,7 @@ _EXPORTS = {
     "JobReport": "sparkdist.runner.driver.job",
     "JobFailedError": "sparkdist.errors",
     "JobTimeoutError": "sparkdist.errors",
+    "JobStalledError": "sparkdist.errors",
     "NotEnoughSlotsError": "sparkdist.errors",
     "PayloadError": "sparkdist.errors",
     "RankFailedError": "sparkdist.errors",
@@ -43,6 +44,7 @@ __all__ = [
     "HorovodRunner",
     "JobFailedError",
     "JobReport",
+    "JobStalledError",
     "JobTimeoutError",
     "NotEnoughSlotsError",
     "PayloadError",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from sparkdist.console_log import set_log_level
     from sparkdist.errors import (
         JobFailedError,
+        JobStalledError,
         JobTimeoutError,
         NotEnoughSlotsError,
         PayloadError,

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import signal
 import sys
 import types
 import typing
@@ -198,6 +199,8 @@ def _run(args: argparse.Namespace) -> int:
         runner = HorovodRunner(**_runner_options(args))
     except ValueError as exc:  # checked before any Spark starts
         return _usage_error(str(exc))
+    # SIGTERM (a scheduler, `kill`) stops the job as Ctrl-C does: stacks shown first.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]

@@ -8,6 +8,25 @@ import signal
 class SparkdistError(RuntimeError):
     """Base class of sparkdist's errors."""
 
+    stacks: str = ""
+    """Where each rank was when the job ended (a time limit, a stall, a failure while
+    other ranks ran): the grouped stacks the message ends with, or ""."""
+
+    def with_stacks(self, text: str) -> SparkdistError:
+        """Add where each rank was to the message (once); returns self."""
+        self.stacks = text
+        message = str(self.args[0]) if self.args else ""
+        if text and text not in message:
+            self.args = (f"{message}\n\n{text}", *self.args[1:])
+        return self
+
+    def __setstate__(self, state: dict) -> None:
+        # An error rebuilt from its fields (`__reduce__`) gets its stacks back.
+        stacks = state.pop("stacks", "")
+        self.__dict__.update(state)
+        if stacks:
+            self.with_stacks(stacks)
+
 
 class PayloadError(SparkdistError, TypeError):
     """The training function or its arguments cannot be sent to the ranks."""
@@ -34,11 +53,15 @@ class JobFailedError(SparkdistError):
 
     def __reduce__(self):
         # Rebuilt from its fields (a relayed job's error travels pickled to the client).
-        return type(self), (self.reason, self.output_tail)
+        return type(self), (self.reason, self.output_tail), {"stacks": self.stacks}
 
 
 class JobTimeoutError(SparkdistError, TimeoutError):
     """The job (or its start-up) did not finish within its time limit."""
+
+
+class JobStalledError(JobTimeoutError):
+    """No rank showed a sign of life for the job's `stall_timeout` seconds."""
 
 
 def describe_exit(exit_code: int | None) -> str:
@@ -76,7 +99,7 @@ class RankFailedError(JobFailedError):
 
     def __reduce__(self):
         fields = (self.rank, self.host, self.exit_code, self.traceback, self.output_tail)
-        return type(self), (*fields, self.reason)
+        return type(self), (*fields, self.reason), {"stacks": self.stacks}
 
     @property
     def signal(self) -> str | None:

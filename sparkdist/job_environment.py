@@ -51,6 +51,15 @@ HOROVOD_TIMELINE = "SPARKDIST_HOROVOD_TIMELINE"
 """The driver-side path of a Horovod timeline the job records."""
 ROLES = "SPARKDIST_ROLES"
 """A parameter-server job's roles (`sparkdist.roles.Roles`), as role:count,..."""
+STACKS = "SPARKDIST_STACKS"
+"""A rank's: the directory where its supervisor asks it for its stacks
+(`protocol/stack_dumps.py`: the faulthandler file, the NCCL trace request and dump)."""
+# torch's, set for the ranks unless the user set them.
+NCCL_TRACE_BUFFER = "TORCH_FR_BUFFER_SIZE"
+"""How many of its last collectives each rank's NCCL flight recorder keeps (torch 2.9+;
+the older name below is still read, and a user's setting of either wins)."""
+NCCL_TRACE_BUFFER_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NCCL_TRACE_BUFFER_DEFAULT = "2000"
 # Switches a user sets.
 CONNECT_RELAY = "SPARKDIST_CONNECT_RELAY"
 """On a Spark Connect client: auto (probe once per session whether executors reach this

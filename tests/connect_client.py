@@ -355,6 +355,33 @@ def scenario_relay_resume(spark):
     }
 
 
+def waits_in_silence():
+    """Says it is ready, then waits without a sign of life (a hung rank)."""
+    print("ready", flush=True)
+    while True:
+        time.sleep(1)
+
+
+def scenario_relay_stall(spark):
+    """A stall in relay mode (SPARKDIST_CONNECT_RELAY=always): the warning and the
+    error, with where each rank was, reach the client."""
+    from sparkdist import HorovodRunner
+    from sparkdist.errors import JobStalledError
+
+    runner = HorovodRunner(np=2, launcher="direct", stall_warning=4, stall_timeout=12)
+    started = time.monotonic()
+    try:
+        runner.run(waits_in_silence)
+    except JobStalledError as exc:
+        return {
+            "error": str(exc),
+            "stacks": exc.stacks,
+            "seconds": time.monotonic() - started,
+            "alive": alive(runner),
+        }
+    return {"error": None}
+
+
 def tune_objective(trial):
     """Reads shared data; reports steps for the pruner; trial 2 fails; records its task."""
     import os

@@ -331,3 +331,14 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
+    """Issue 48: the job's service runs in barrier task 0; its stall warning and the
+    stall's error, each with where the ranks were, come back to the client."""
+    result, output = run_client(connect_url, "relay_stall", SPARKDIST_CONNECT_RELAY="always")
+    assert result["error"] and result["error"].startswith("stalled: no rank showed")
+    assert "ranks 0-1 (host" in result["stacks"], result
+    assert "waits_in_silence (connect_client.py:" in result["stacks"], result
+    assert "[sparkdist] sparkdist job" in output and "stall_warning=4" in output, output[-3000:]
+    assert result["alive"] == []

@@ -28,6 +28,7 @@ from sparkdist.data.batches import EPOCH_END, mark_pads, prefetched, rebatch
 from sparkdist.data.decode import Chunk, Scratch, WindowDecoder
 from sparkdist.data.files import ColumnInfo, Layout
 from sparkdist.data.transform import TransformSpec
+from sparkdist.protocol.driver_channel import alive
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
@@ -348,8 +349,8 @@ class ShardReader:
             go_on = next_epoch()
         in_epoch = position.batches_in_epoch()
         for batch in batches:
-            # Counted when handed out, so that state_dict() in the loop body includes it.
-            position.batches += 1
+            position.batches += 1  # counted when handed out: state_dict() in the loop sees it
+            alive("batches")  # a sign of life, and the step rate stragglers are named by
             while go_on and position.batches >= in_epoch:
                 go_on = next_epoch()
                 in_epoch = position.batches_in_epoch()

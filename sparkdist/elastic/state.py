@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkdist.elastic import broadcast, host_copies, torch_group
 from sparkdist.elastic.generations import Generation, WorldChanged
-from sparkdist.protocol.driver_channel import DriverClient
+from sparkdist.protocol.driver_channel import DriverClient, alive
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class State:
         """Keep the state in memory (what `restore()` returns to), then raise `WorldChanged`
         if the driver formed a newer world. Call it once per step, on every rank."""
         self.save()
+        alive("commits")  # a sign of life for the driver's stall watch
         if self._lineage is not None:
             self._lineage = (self._lineage[0], self._lineage[1] + 1)
         self.check_world()

@@ -7,12 +7,15 @@ rank's entry point does; kept small so that user code can import it cheaply.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from sparkdist.network import split_address
 from sparkdist.protocol import messages, wire
 
 RENDEZVOUS_TIMEOUT_S = 600.0
+ALIVE_EVERY_S = 1.0
+"""A rank tells the driver its step counts (`alive`) at most this often."""
 
 
 class DriverClient:
@@ -41,6 +44,16 @@ class DriverClient:
     def send_file(self, name: str, data: bytes) -> None:
         self.request(messages.FileUpload(name, data))
 
+    def try_request(self, message: Any) -> None:
+        """Send `message` unless another thread's request holds the channel (a blocked
+        rendezvous read): a sign of life is dropped rather than waited for."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._channel.request(messages.encode(message))
+        finally:
+            self._lock.release()
+
 
 _client: DriverClient | None = None
 
@@ -55,6 +68,26 @@ def connect(address: str, secret: wire.JobSecret) -> DriverClient:
 def driver_client() -> DriverClient | None:
     """The channel to the driver inside a sparkdist rank, else None."""
     return _client
+
+
+_counts: dict[str, int] = {}
+_alive_sent = 0.0
+
+
+def alive(kind: str) -> None:
+    """One more step of `kind` ("batches": a data loader's, "commits": an elastic
+    state's): a sign of life, and the step rate the driver names stragglers by. Costs a
+    dict update; at most once a second (`ALIVE_EVERY_S`) the counts go to the driver."""
+    global _alive_sent
+    _counts[kind] = _counts.get(kind, 0) + 1
+    now = time.monotonic()
+    if _client is None or now - _alive_sent < ALIVE_EVERY_S:
+        return
+    _alive_sent = now
+    try:
+        _client.try_request(messages.Alive(dict(_counts)))
+    except (OSError, EOFError):
+        pass  # the driver is gone: the rank learns it from its own requests
 
 
 def log_to_driver(message: str) -> None:

@@ -136,6 +136,16 @@ class RankExit(NamedTuple):
     tail: list
 
 
+@register("rank_stacks")
+class RankStacks(NamedTuple):
+    """The answer to `DumpStacks`: the rank's faulthandler dump (every thread's Python
+    stack; "" when it did not answer in time) and, if asked, its NCCL trace."""
+
+    request: int
+    text: str
+    nccl: bytes = b""
+
+
 # --- the driver's orders ------------------------------------------------------------
 
 
@@ -152,6 +162,15 @@ class Abort(NamedTuple):
 @register("bye")
 class Bye(NamedTuple):
     pass
+
+
+@register("dump_stacks")
+class DumpStacks(NamedTuple):
+    """To a supervisor: send your rank's stacks (`protocol/stack_dumps.py`) as
+    `RankStacks(request, ...)`; with `nccl`, its NCCL flight recorder too."""
+
+    request: int
+    nccl: bool = False
 
 
 @register("agent_places")
@@ -276,6 +295,15 @@ class Report(NamedTuple):
     metrics: dict
 
 
+@register("alive")
+class Alive(NamedTuple):
+    """A rank's signs of life the driver cannot see in its output: how many loader
+    batches, elastic commits and checkpoint saves it made so far (`sparkdist.reporting
+    .alive`, at most once a second)."""
+
+    counts: dict
+
+
 @register("elastic_world")
 class ElasticWorld(NamedTuple):
     """An in-process elastic rank (`sparkdist.elastic.run`) asks for the first world
@@ -393,11 +421,11 @@ class Rejected(NamedTuple):
 HELLOS = (TaskHello, SupervisorHello, RankHello)
 RELAY_FRAMES = (Relayed, RelayClosed)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
-SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit)
+SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)
 RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
                  CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit, CheckpointDue, Report, ElasticWorld)  # fmt: skip
-ORDERS = (Finish, Abort, Bye, Rejected)
+                 CheckpointCommit, CheckpointDue, Report, ElasticWorld, Alive)  # fmt: skip
+ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)

@@ -204,6 +204,9 @@ class Console:
         """Write `line` to `stream` ("stdout" or "stderr"); a rank's line (`[rank N] ...`)
         goes to its file and is shown as the module's docstring says."""
         found = RANK_LINE.fullmatch(line)
+        if stream == "file" and found is not None:  # replayed: for the rank's file only
+            self.keep(int(found.group(1)), [found.group(2)])
+            return
         with self._lock:
             if found is None:
                 self._show(stream, line)
@@ -218,6 +221,21 @@ class Console:
                 self._flush(everything=True)
             elif self._timer is None:
                 self._start_timer(self._window_s)
+
+    def keep(self, rank: int, lines: list[str]) -> None:
+        """Write `lines` to rank `rank`'s file only (its full stacks: `stalls.py`)."""
+        with self._lock:
+            for line in lines:
+                self._keep(rank, line)
+
+    def save_files(self, files: dict[str, bytes]) -> Path:
+        """Write `files` beside the rank files (NCCL trace dumps); return the directory."""
+        with self._lock:
+            if not self._files.made:
+                self._files.make()
+            for name, data in files.items():
+                (self._files.directory / name).write_bytes(data)
+            return self._files.directory
 
     def flush(self) -> None:
         """Show every line held, now."""
@@ -328,11 +346,16 @@ class Console:
 
 class RecordingConsole(Console):
     """Keeps the lines, in order, instead of printing them (a relayed job's task 0
-    sends them to the client, which prints them)."""
+    sends them to the client, which prints them; lines for a rank's file only travel
+    as the stream "file")."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lines: list[tuple[str, str]] = []
+
+    def keep(self, rank: int, lines: list[str]) -> None:
+        with self._lock:
+            self.lines += [("file", f"[rank {rank}] {line}") for line in lines]
 
     def write(self, stream: str, line: str) -> None:
         with self._lock:

@@ -243,6 +243,7 @@ class FailureTracker:
         self._first: Failure | None = None
         self._noticed: list[Failure] = []
         self._stopping: str | None = None
+        self._ended: BaseException | None = None
 
     @property
     def stopping(self) -> str | None:
@@ -276,6 +277,12 @@ class FailureTracker:
                 and _explains_better(failure, first, stopping=self._stopping is not None)
             ):
                 self._first = failure
+            self._cond.notify_all()
+
+    def fail_now(self, error: BaseException) -> None:
+        """End the job's wait with `error` (a stall, `stalls.StallWatch`)."""
+        with self._cond:
+            self._ended = error
             self._cond.notify_all()
 
     def note_outside(self, reason: str) -> None:
@@ -343,6 +350,8 @@ class FailureTracker:
         ranks, membership = self.ranks, self._membership
         with self._cond:
             while True:
+                if self._ended is not None:
+                    raise self._ended
                 if self._growth.resizing is not None and ranks.by_rank[0].exited:
                     raise WorldResize(self._growth.resizing, left=self._growth.leave)
                 if self._ready():

@@ -44,7 +44,15 @@ class HorovodRunner:
             installed.
         start_timeout: seconds for the barrier stage to get its slots and every
             rank to start.
-        timeout: seconds for the whole job; None for no limit.
+        timeout: seconds for the whole job; None for no limit. When it runs out, the
+            error says where each rank was (their stacks, grouped).
+        stall_warning: seconds without a sign of life from any rank (an output line, a
+            `sparkdist.report`, a data loader batch, an elastic commit, a checkpoint)
+            before the driver logs every rank's stack, grouped, and goes on (default
+            300; None: never). Raise it for jobs of long silent steps.
+        stall_timeout: seconds without a sign of life before the job fails with every
+            rank's stack (default None: never). See "When a job hangs" in
+            docs/troubleshooting.md.
         env: extra environment variables for the ranks.
         mpi_args: extra arguments for mpirun (e.g. ["--mca", "btl_tcp_links", "2"]).
         network_interface: the interface (e.g. "eth0") the ranks and sparkdist's
@@ -97,6 +105,8 @@ class HorovodRunner:
         launcher: str = "auto",
         start_timeout: float = 600.0,
         timeout: float | None = None,
+        stall_warning: float | None = 300.0,
+        stall_timeout: float | None = None,
         env: Mapping[str, str] | None = None,
         mpi_args: Sequence[str] = (),
         network_interface: str | None = None,
@@ -117,6 +127,8 @@ class HorovodRunner:
             launcher=launcher,
             start_timeout=start_timeout,
             timeout=timeout,
+            stall_warning=stall_warning,
+            stall_timeout=stall_timeout,
             env=env or {},
             mpi_args=mpi_args,
             network_interface=network_interface,

@@ -45,6 +45,7 @@ from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_r
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.driver.stalls import StallWatch, show_where
 from sparkdist.spark import active_cluster
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class JobReport:
     rank_logs: str | None = None
     """The directory of the last attempt's `rank-N.log` files on the driver (None: no
     rank line reached the driver)."""
+    stragglers: list[str] = field(default_factory=list)
+    """What the driver said of slow ranks in the last attempt (named, then recovered),
+    in order (`stragglers.py`)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -238,17 +242,19 @@ class Attempt:
         try:
             if start:
                 world.launch.start()
-            world.launch.wait(
-                start_deadline=world.started + opts.start_timeout,
-                deadline=world.started + opts.timeout if opts.timeout else None,
-                launcher_expected=report.launcher == "mpi",
-            )
+            with StallWatch(state, opts, report.job_id, _announce):
+                world.launch.wait(
+                    start_deadline=world.started + opts.start_timeout,
+                    deadline=world.started + opts.timeout if opts.timeout else None,
+                    launcher_expected=report.launcher == "mpi",
+                )
             state.stop("finish", "done")
             report.outcome = "succeeded"
         except WorldChange:
             raise  # not an end: the world runs on
         except BaseException as exc:
             report.outcome = _outcome(exc)
+            show_where(state, exc, _announce)  # before the ranks are stopped
             state.stop("abort", f"job {report.outcome}: {type(exc).__name__}")
             raise
 
@@ -268,6 +274,7 @@ class Attempt:
         report.processes += [p for p in state.processes.started() if p not in report.processes]
         report.files = dict(state.files)
         report.frameworks = list(state.rank_records.frameworks)
+        report.stragglers = list(state.life.stragglers.notes)
         tracking.log_job(
             np=self.options.np,
             launcher=report.launcher,
@@ -284,6 +291,11 @@ class Attempt:
                            leftovers)  # fmt: skip
         logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
                     report.wall_time_s)  # fmt: skip
+
+
+def _announce(text: str) -> None:
+    """Where each rank is (a stall warning, an interrupt), or a straggler, on the driver."""
+    logger.warning("%s", text)
 
 
 def _timeline_path(option: str | None, environ: Mapping[str, str]) -> str | None:

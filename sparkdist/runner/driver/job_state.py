@@ -5,7 +5,8 @@ Shared by the driver service's event loop and the launch's threads under one loc
 (`job`), each rank's record (`rank_records`), the Spark tasks (`tasks`), the processes
 started and the launcher's end (`processes`), the open channels (`peers`), an elastic
 job's growth (`growth`), an in-process elastic world's membership (`membership`,
-`membership.py`) and the rendezvous store (`rendezvous`); plus how ends become
+`membership.py`) and the rendezvous store (`rendezvous`), the requests for the ranks'
+stacks (`stacks`) and their signs of life (`life`), `stalls.py`; plus how ends become
 failures and which failure explains the job (`losses` and `failures`, `failures.py`),
 where rank output is printed (`console`), and the job's checkpoint store
 (`checkpoints`, `sparkdist/checkpoint/store.py`), which outlives the attempt.
@@ -36,6 +37,7 @@ from sparkdist.runner.driver.records import (
     SparkTasks,
     send,
 )
+from sparkdist.runner.driver.stalls import SignsOfLife, StackRequests
 
 
 class JobState:
@@ -70,6 +72,10 @@ class JobState:
                                        self.growth, self.membership, self.succeeded)  # fmt: skip
         self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures,
                              self.membership)  # fmt: skip
+        self.stacks = StackRequests(cond, self.peers, self.rank_records)
+        """The driver's requests for its ranks' stacks (`stalls.py`)."""
+        self.life = SignsOfLife()
+        """When the ranks last showed a sign of life, and their step rates."""
 
     def connected(self, kind: str, number: int, channel: Link) -> str | None:
         """A task or supervisor connected; returns why the job is stopping, if it is

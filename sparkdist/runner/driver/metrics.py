@@ -88,6 +88,12 @@ class ReportedMetrics:
             shown = {"rank": entry.rank, **shown}
         self._bar.update(1, **shown)
 
+    def straggling(self, ranks: list[int]) -> None:
+        """Show the ranks named slow now on the progress line (none: "-")."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.update(0, stragglers=",".join(map(str, ranks)) or "-")
+
     def close(self) -> None:
         with self._lock:
             if self._bar is not None:

@@ -20,6 +20,22 @@ LAUNCHERS = ("auto", "mpi", "direct")
 REPORT_RANKS = ("rank0", "all")
 
 
+def seconds_or_off(text: str) -> float | None:
+    """A `sparkdist run` flag's seconds, or "off" (None)."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number of seconds or off, got {text}")
+    return value
+
+
+def _off_flag(help: str) -> dict[str, Any]:
+    """A field of seconds that "off" (None) turns off; a sign of life is an output line,
+    a `report()`, a loader batch, an elastic commit or a checkpoint."""
+    return _flag(help + "; off: never", metavar="S", type=seconds_or_off)
+
+
 def _flag(help: str, **keywords: Any) -> dict[str, Any]:
     """A field's metadata: the help of its `sparkdist run` flag, and `choices` (checked here
     too) or a `metavar`. The flag's name and how its text is parsed follow from the field's
@@ -59,6 +75,14 @@ class RunnerOptions:
     timeout: float | None = field(
         default=None,
         metadata=_flag("seconds for the whole job (default: no limit)", metavar="S"),
+    )
+    stall_warning: float | None = field(
+        default=300.0,
+        metadata=_off_flag("no sign of life for S seconds: log where each rank is (default 300)"),
+    )
+    stall_timeout: float | None = field(
+        default=None,
+        metadata=_off_flag("no sign of life for S seconds: fail, saying where each rank is"),
     )
     env: Mapping[str, str] = field(
         default_factory=dict,
@@ -140,7 +164,7 @@ class RunnerOptions:
             if choices is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {choices}, got {value!r}")
         _check_launcher(self.launcher)
-        for name in ("start_timeout", "timeout"):
+        for name in ("start_timeout", "timeout", "stall_warning", "stall_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

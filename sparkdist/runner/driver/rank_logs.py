@@ -81,10 +81,14 @@ class RankFiles:
         self.made = False
         """Whether the directory was made (by the first line)."""
 
-    def write(self, rank: int, text: str) -> None:
-        """Append a line to rank `rank`'s file."""
+    def make(self) -> None:
+        """Make the directory now (files other than rank lines go there too)."""
         if not self.made:
             self._make()
+
+    def write(self, rank: int, text: str) -> None:
+        """Append a line to rank `rank`'s file."""
+        self.make()
         file = self._files.get(rank)
         if file is None:
             if len(self._files) >= MAX_OPEN_FILES:

@@ -315,7 +315,10 @@ class _SupervisorPeer(_StreamPeer):
             case messages.ProcessStarted(record):
                 self.state.processes.record(record)
             case messages.RankOutput(lines):
+                self.state.life.seen(self.number)
                 self.state.rank_records.output(self.number, lines)
+            case messages.RankStacks(request, text, nccl):
+                self.state.stacks.answered(self.number, request, text, nccl)
             case messages.RankExit(code, tail):
                 self.state.losses.rank_exited(self.number, code, tail)
                 self.link.send(messages.encode(messages.Bye()))
@@ -345,6 +348,7 @@ class _RankPeer(_Peer):
             self._reply(messages.Rejected(str(exc)))
             return False
         if isinstance(request, CHECKPOINT_REQUESTS):  # the job's store answers them
+            self.state.life.seen(self.rank)
             stored = functools.partial(self.state.answer_checkpoint, self.rank)
             answer = functools.partial(self.state.checkpoints.answer, request, self._reader, stored)
             self.service.offload(answer, self._reply)
@@ -411,6 +415,7 @@ class _RankPeer(_Peer):
             case messages.KvPut(key, value):
                 state.rendezvous.put(key, value)
             case messages.Log(text):
+                state.life.seen(rank)
                 state.console.write("stdout", f"[rank {rank}] {text}")
             case messages.FileUpload(name, data):
                 with state.cond:
@@ -423,6 +428,9 @@ class _RankPeer(_Peer):
                 return self._report(step, metrics)
             case messages.CheckpointDue():
                 return messages.Ok(state.checkpoint_due())
+            case messages.Alive(counts):
+                for kind, count in counts.items():
+                    state.life.seen(rank, count, kind)
         return messages.Ok()
 
     @property
@@ -434,5 +442,6 @@ class _RankPeer(_Peer):
                isinstance(v, bool) or not isinstance(v, (int, float))]  # fmt: skip
         if bad:
             return messages.Failed(f"metrics must map names to numbers; bad: {bad}")
+        self.state.life.seen(self.rank, step + 1, "report")
         pruned = self.state.metrics.add(self.rank, step, metrics)
         return messages.Ok("prune" if pruned else None)

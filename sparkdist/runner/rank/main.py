@@ -14,7 +14,7 @@ import traceback
 from sparkdist import checkpoint, job_environment, roles, tracking
 from sparkdist.backends import RankContext, prepare_rank, tensorflow
 from sparkdist.job_environment import TaskEnvironment
-from sparkdist.protocol import driver_channel, messages, payload
+from sparkdist.protocol import driver_channel, messages, payload, stack_dumps
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
 
@@ -60,6 +60,7 @@ def main() -> None:
     secret = JobSecret.from_text(job_environment.take_secret(os.environ))
     place = TaskEnvironment.from_env(os.environ, secret, socket.gethostname())
     rank = int(os.environ["RANK"])
+    stack_dumps.listen(os.environ, rank)  # the driver may ask where this rank is
     client = driver_channel.connect(place.job.driver, secret)
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
     os.environ.update(job.env)  # rank 0's tracking credentials; nothing for the others

@@ -34,6 +34,7 @@ from sparkdist.protocol.processes import (
     signal_group,
     stop_group,
 )
+from sparkdist.protocol.stack_dumps import StackTaker
 
 BATCH_LINES = 500
 TERM_GRACE_S = 10.0
@@ -70,6 +71,8 @@ class Supervisor:
         """A server rank (parameter-server job) that the driver stopped: its chief is done."""
         self.role = roles.rank_role({**self.env, **self.layout})
         self.child = None
+        self.stacks = StackTaker()
+        """Where the rank answers the driver's requests for its stacks."""
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
     def _send(self, message) -> None:
@@ -85,6 +88,7 @@ class Supervisor:
         child_env[job_environment.SECRET] = self.secret.to_text()
         child_env[job_environment.SUPERVISOR_PID] = str(os.getpid())
         child_env["PYTHONUNBUFFERED"] = "1"
+        child_env.update(self.stacks.rank_env(child_env))
         self.child = popen_group(
             [sys.executable, "-m", "sparkdist.runner.rank.main"],
             child_env,
@@ -117,6 +121,7 @@ class Supervisor:
         self._send(messages.RankExit(exit_code, list(self.tail)))
         self.bye.wait(timeout=10)
         self.channel.close()
+        self.stacks.close()
         if self.role is not None and self.role[0] == "worker":
             # The driver decides whether the job survives a lost worker (it does while
             # another worker is left); a non-zero exit here would make mpirun end it.
@@ -171,13 +176,24 @@ class Supervisor:
                 if isinstance(order, messages.Finish) and self.child is not None:
                     self.finished.set()
                     stop_group(self.child, grace_s=TERM_GRACE_S)
+                if isinstance(order, messages.DumpStacks) and self.child is not None:
+                    threading.Thread(target=self._dump, args=(order,), daemon=True).start()
                 if isinstance(order, messages.Rejected):
                     sys.stderr.write(f"sparkdist supervisor: the driver rejected: {order}\n")
         except (EOFError, OSError, messages.MalformedMessage):
             pass
         if self.child is not None:
             stop_group(self.child, grace_s=1.0)
+        self.stacks.close()
         os._exit(1)
+
+    def _dump(self, order: messages.DumpStacks) -> None:
+        """The rank's stacks, to the driver (off the listening thread: it waits)."""
+        text, nccl = self.stacks.take(self.child.pid, order.nccl)
+        try:
+            self._send(messages.RankStacks(order.request, text, nccl))
+        except OSError:
+            pass  # the driver is gone
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
+from sparkdist.runner.driver.stalls import StallWatch, show_where
 from sparkdist.spark import Cluster, ServicePlace
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class RelayedKind(FixedSizeKind):
             job=state.job,
             start_timeout=opts.start_timeout,
             timeout=opts.timeout,
+            stall_warning=opts.stall_warning,
+            stall_timeout=opts.stall_timeout,
             launcher_expected=plan.launcher == "mpi",
             checkpoint_dir=opts.checkpoint_dir,
             checkpoint_keep=opts.checkpoint_keep,
@@ -135,6 +138,8 @@ class RelayPlan:
     launcher_expected: bool
     checkpoint_dir: str | None
     checkpoint_keep: int = 2
+    stall_warning: float | None = None
+    stall_timeout: float | None = None
 
     def host(self, secret: wire.JobSecret, host: str) -> HostedJob:
         """Start serving the job in barrier task 0 (`spark_task.ServiceHost`)."""
@@ -158,6 +163,7 @@ class RelayOutcome:
     frameworks: list[str] = field(default_factory=list)
     reported: list = field(default_factory=list)
     """The ranks' `sparkdist.report` calls (`metrics.Reported`), in arrival order."""
+    stragglers: list[str] = field(default_factory=list)
 
 
 class HostedJob:
@@ -181,15 +187,22 @@ class HostedJob:
         started = time.monotonic()
         plan = self.plan
         try:
-            self.state.failures.wait(
-                start_deadline=started + plan.start_timeout,
-                deadline=started + plan.timeout if plan.timeout else None,
-                launcher_expected=plan.launcher_expected,
-            )
+            with StallWatch(self.state, plan, plan.job.job_id, self._announce):
+                self.state.failures.wait(
+                    start_deadline=started + plan.start_timeout,
+                    deadline=started + plan.timeout if plan.timeout else None,
+                    launcher_expected=plan.launcher_expected,
+                )
             self.state.stop("finish", "done")
         except BaseException as exc:  # noqa: BLE001 - travels to the client
             self._error = exc
+            show_where(self.state, exc, self._announce)
             self.state.stop("abort", f"job failed: {type(exc).__name__}")
+
+    def _announce(self, text: str) -> None:
+        """A stall warning or a straggler: the client shows it with the job's lines."""
+        for line in text.splitlines():
+            self.console.write("stderr", f"[sparkdist] {line}")
 
     def abort(self, reason: str) -> None:
         """Task 0 itself failed: stop the job and the service (the stage fails)."""
@@ -211,6 +224,7 @@ class HostedJob:
         outcome.files = dict(state.files)
         outcome.frameworks = list(state.rank_records.frameworks)
         outcome.reported = list(state.metrics.reported)
+        outcome.stragglers = list(state.life.stragglers.notes)
         if self._error is not None:
             outcome.error = cloudpickle.dumps(self._error)
             outcome.outside_user_code = state.failures.outside_user_code()
@@ -227,6 +241,7 @@ def replay(outcome: RelayOutcome, state: JobState) -> None:
     state.rank_records.frameworks = list(outcome.frameworks)
     for entry in outcome.reported:
         state.metrics.add(entry.rank, entry.step, entry.metrics, entry.time)
+    state.life.stragglers.notes += outcome.stragglers
     for rank, result in enumerate(outcome.results):
         if result is not None:
             state.ranks[rank].result = result

@@ -1,0 +1,198 @@
+"""A rank's stacks on its supervisor's request: the contract between the two processes.
+
+The rank (`listen`) registers `faulthandler` for `STACK_SIGNAL` on a file in the
+directory its supervisor names (`SPARKDIST_STACKS`). faulthandler writes every
+thread's Python stack from a C signal handler, without the GIL, so a rank answers even
+while its main thread is blocked in a collective, a lock or I/O. The supervisor
+(`StackTaker.take`) sends the signal and reads what was appended, waiting a bounded
+time: a rank whose handler was replaced, or that is gone, gives nothing. Where py-spy
+is installed (optional) its native stacks (gloo, NCCL frames) are added.
+
+NCCL: torch's flight recorder keeps each rank's last collectives when
+`TORCH_FR_BUFFER_SIZE` is set (the supervisor sets it unless the user set it). A
+thread of the rank waits on a FIFO in the same directory; when the supervisor writes to
+it, the rank dumps its recorder there (`nccl_trace_rank_N`), which torch's `torchfrtrace`
+analyses once the driver has gathered every rank's.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import TextIO
+
+from sparkdist import job_environment
+
+STACK_SIGNAL = signal.SIGUSR2
+STACK_FILE = "stacks.txt"
+"""Made by the rank once its handler is registered: the supervisor signals only then
+(SIGUSR2's default action would end the rank)."""
+NCCL_FIFO = "nccl-request"
+NCCL_PREFIX = "nccl_trace_rank_"
+"""torch's own name for a flight recorder dump (`TORCH_FR_DUMP_TEMP_FILE`'s default)."""
+WAIT_S = 3.0
+"""How long the supervisor waits for a rank's stacks, and again for its NCCL dump."""
+QUIET_S = 0.1
+"""A dump that has not grown for this long is complete."""
+PY_SPY_TIMEOUT_S = 10.0
+
+_file: TextIO | None = None
+
+
+# --- the rank's side ------------------------------------------------------------------------
+
+
+def listen(env: Mapping[str, str], rank: int) -> None:
+    """Answer the supervisor's stack requests from now on (a no-op outside a job)."""
+    global _file
+    directory = env.get(job_environment.STACKS)
+    if not directory or _file is not None:
+        return
+    partial = os.path.join(directory, STACK_FILE + ".partial")
+    _file = open(partial, "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
+    faulthandler.register(STACK_SIGNAL, file=_file, all_threads=True, chain=False)
+    os.rename(partial, os.path.join(directory, STACK_FILE))
+    fifo = os.path.join(directory, NCCL_FIFO)
+    if os.path.exists(fifo):
+        threading.Thread(
+            target=_serve_nccl, args=(directory, rank), daemon=True, name="sparkdist-nccl-dump"
+        ).start()
+
+
+def _serve_nccl(directory: str, rank: int) -> None:
+    """Dump the NCCL flight recorder each time the supervisor asks (writes the FIFO)."""
+    while True:
+        with open(os.path.join(directory, NCCL_FIFO), "rb") as request:  # blocks, GIL free
+            request.read()
+        data = nccl_trace()  # b"" (none): the supervisor stops waiting at once
+        path = os.path.join(directory, f"{NCCL_PREFIX}{rank}")
+        with open(path + ".partial", "wb") as out:
+            out.write(data or b"")
+        os.replace(path + ".partial", path)
+
+
+def nccl_trace() -> bytes | None:
+    """This process's NCCL flight recorder, pickled as torch dumps it; None where the
+    rank has no NCCL communicator (torch not imported, no CUDA, a build without it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or "torch.distributed" not in sys.modules:
+        return None
+    try:
+        if not (torch.cuda.is_initialized() and torch.distributed.is_nccl_available()):
+            return None
+        from torch._C import _distributed_c10d as c10d
+
+        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+        return None if dump is None else dump()
+    except Exception:  # noqa: BLE001 - best effort, from a helper thread
+        return None
+
+
+# --- the supervisor's side ------------------------------------------------------------------
+
+
+class StackTaker:
+    """A supervisor's half: the directory its rank listens in, and the requests."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="sparkdist-stacks-")
+        os.mkfifo(os.path.join(self.directory, NCCL_FIFO))
+
+    def rank_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What the rank's environment gets: the directory, and the flight recorder on
+        unless the user set its size."""
+        extra = {job_environment.STACKS: self.directory}
+        names = (job_environment.NCCL_TRACE_BUFFER, job_environment.NCCL_TRACE_BUFFER_OLD)
+        if not any(name in env for name in names):
+            extra[job_environment.NCCL_TRACE_BUFFER] = job_environment.NCCL_TRACE_BUFFER_DEFAULT
+        return extra
+
+    def take(self, pid: int, nccl: bool) -> tuple[str, bytes]:
+        """Rank `pid`'s stacks (every thread's; py-spy's native ones too where it is
+        installed) and, with `nccl`, its flight recorder dump; empty when the rank does
+        not answer within `WAIT_S`."""
+        path = os.path.join(self.directory, STACK_FILE)
+        if not os.path.exists(path):
+            return "", b""  # not listening yet
+        before = os.path.getsize(path)
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            return "", b""
+        text = _appended(path, before, WAIT_S, pid)
+        native = py_spy_dump(pid)
+        if native:
+            text += f"\nnative stacks (py-spy dump --native --pid {pid}):\n{native}"
+        return text, self._nccl() if nccl else b""
+
+    def _nccl(self) -> bytes:
+        try:
+            fd = os.open(os.path.join(self.directory, NCCL_FIFO), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return b""  # no rank thread reads it
+        os.write(fd, b"1")
+        os.close(fd)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for name in os.listdir(self.directory):
+                if name.startswith(NCCL_PREFIX) and not name.endswith(".partial"):
+                    with open(os.path.join(self.directory, name), "rb") as f:
+                        data = f.read()
+                    os.unlink(os.path.join(self.directory, name))
+                    return data
+            time.sleep(0.05)
+        return b""
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _appended(path: str, before: int, wait_s: float, pid: int) -> str:
+    """What is appended to `path` after `before` bytes, once it stopped growing (or
+    process `pid` ended)."""
+    deadline = time.monotonic() + wait_s
+    size, changed = before, time.monotonic()
+    while time.monotonic() < deadline and _exists(pid):
+        now_size = os.path.getsize(path)
+        if now_size != size:
+            size, changed = now_size, time.monotonic()
+        elif size > before and time.monotonic() - changed >= QUIET_S:
+            break
+        time.sleep(0.02)
+    with open(path, "rb") as f:
+        f.seek(before)
+        return f.read(size - before).decode("utf-8", errors="replace")
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def py_spy_dump(pid: int) -> str:
+    """`py-spy dump --native` of `pid` where py-spy is installed (optional), else ""."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return ""
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=PY_SPY_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""

@@ -1,0 +1,195 @@
+"""A job that hangs or crawls says where each rank is.
+
+* `StackRequests` (a part of `JobState`): the driver asks every running rank's
+  supervisor for its rank's stacks (`DumpStacks`) and waits a bounded time for the
+  answers (`RankStacks`).
+* `SignsOfLife` (a part of `JobState`): when a rank last showed one (an output line, a
+  `report()`, and the `Alive` counts of loader batches, elastic commits and checkpoint
+  saves), and its step counts, for the straggler measure (`stragglers.py`).
+* `where`: ask, write each rank's full dump into its `rank-N.log` (and NCCL dumps beside
+  them), and return the grouped stacks (`stacks.py`).
+* `show_where`: when a job ends badly (its `timeout`, Ctrl-C, one rank failed while
+  others run) the stacks go into the error, or are shown before the ranks are stopped.
+* `StallWatch`: a thread per attempt: no sign of life for `stall_warning` seconds logs
+  the stacks and goes on, for `stall_timeout` fails the job with them
+  (`failures.FailureTracker.fail_now`); it also names stragglers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sparkdist.errors import JobFailedError, JobStalledError, JobTimeoutError, SparkdistError
+from sparkdist.protocol import messages, stack_dumps
+from sparkdist.runner.driver.records import Peers, RankRecords, send
+from sparkdist.runner.driver.stacks import RankStacks, group
+from sparkdist.runner.driver.stragglers import Stragglers
+
+logger = logging.getLogger(__name__)
+
+WAIT_S = stack_dumps.WAIT_S + 1.0
+"""How long the driver waits for every rank's stacks (the supervisor waits `WAIT_S`)."""
+TICK_S = 1.0
+NCCL_COMMAND = "torchfrtrace {directory} --prefix " + stack_dumps.NCCL_PREFIX + " -j"
+"""The one command that analyses the ranks' NCCL flight recorder dumps (torch's)."""
+
+
+class StackRequests:
+    """The driver's requests for its ranks' stacks, and their answers."""
+
+    def __init__(self, cond: threading.Condition, peers: Peers, ranks: RankRecords):
+        self.cond, self._peers, self._ranks = cond, peers, ranks
+        self._next = 0
+        self._answers: dict[int, dict[int, tuple[str, bytes]]] = {}
+
+    def ask(
+        self, wait_s: float = WAIT_S, nccl: bool = False
+    ) -> tuple[dict[int, RankStacks], dict[int, bytes]]:
+        """Every running rank's stacks (text "" for a rank that did not answer), and the
+        NCCL dumps of those that sent one."""
+        with self.cond:
+            self._next += 1
+            request = self._next
+            answers = self._answers[request] = {}
+            running = self._ranks.running()
+            links = {r: self._peers.channel("supervisor", r) for r in running}
+            asked = [r for r, link in links.items() if link is not None]
+            if not asked:  # no supervisor reachable from here (a relayed job's client)
+                del self._answers[request]
+                return {}, {}
+        send([links[r] for r in asked], messages.DumpStacks(request, nccl))
+        deadline = time.monotonic() + wait_s * (2 if nccl else 1)
+        by_rank = self._ranks.by_rank
+        with self.cond:  # until each asked rank answered or ended (its answer may not come)
+            while time.monotonic() < deadline and not all(
+                r in answers or by_rank[r].exited for r in asked
+            ):
+                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            del self._answers[request]
+            hosts = {r: self._ranks.by_rank[r].host for r in running}
+        stacks = {r: RankStacks(hosts[r], answers.get(r, ("", b""))[0]) for r in running}
+        return stacks, {r: answer[1] for r, answer in answers.items() if answer[1]}
+
+    def answered(self, rank: int, request: int, text: str, nccl: bytes) -> None:
+        """Rank `rank`'s supervisor answered `request` (late answers are dropped)."""
+        with self.cond:
+            if request in self._answers:
+                self._answers[request][rank] = (text, nccl)
+                self.cond.notify_all()
+
+
+class SignsOfLife:
+    """When the job's ranks last showed a sign of life, and each rank's step counts."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.stragglers = Stragglers()
+
+    def seen(self, rank: int, steps: int | None = None, kind: str = "") -> None:
+        """A sign of life of `rank` (with its count of `kind` steps, where it has one)."""
+        now = time.monotonic()
+        self.last = now
+        if steps is not None:
+            self.stragglers.progress(rank, kind, steps, now)
+
+
+def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> str:
+    """Ask every running rank for its stacks; each full dump goes to its rank log (NCCL
+    dumps beside them); return the grouped stacks, "" when no rank runs."""
+    started = time.monotonic()
+    answers, dumps = state.stacks.ask(nccl=nccl)
+    if only_answers:  # ranks that ended meanwhile say nothing
+        answers = {rank: answer for rank, answer in answers.items() if answer.text}
+    if not answers:
+        return ""
+    for rank, answer in answers.items():
+        if answer.text:
+            state.console.keep(rank, [f"[sparkdist] stacks ({why}):", *answer.text.splitlines()])
+    entries = group(answers, WAIT_S)
+    text = f"Where each rank was ({why}; stacks taken in {time.monotonic() - started:.1f}s):"
+    text += "".join(f"\n  {entry}" for entry in entries)
+    if dumps:
+        directory = state.console.save_files(
+            {f"{stack_dumps.NCCL_PREFIX}{r}": data for r, data in dumps.items()}
+        )
+        text += f"\nNCCL flight recorder dumps: {directory}; analyse them with:\n  "
+        text += NCCL_COMMAND.format(directory=directory)
+    text += "\nEach rank's full stacks are in its rank-N.log."
+    return text
+
+
+def show_where(state, exc: BaseException, announce: Callable[[str], None]) -> None:
+    """The job ends with `exc`: attach (a time limit, a failure with ranks still running)
+    or show (an interrupt) where each rank was, before the ranks are stopped."""
+    if isinstance(exc, JobStalledError) or not state.rank_records.running():
+        return
+    if isinstance(exc, KeyboardInterrupt):
+        why = "interrupted"
+    elif isinstance(exc, JobTimeoutError):
+        why = "the job's time limit ran out"
+    elif isinstance(exc, JobFailedError):
+        why = "when the first failure was reported"
+    else:
+        return
+    failed = isinstance(exc, JobFailedError)
+    text = where(state, why, nccl=not failed, only_answers=failed)
+    if not text:
+        return
+    if isinstance(exc, SparkdistError):
+        exc.with_stacks(text)
+    else:
+        announce(text)
+
+
+class StallWatch:
+    """An attempt's watch for stalls and stragglers (a daemon thread, `TICK_S`)."""
+
+    def __init__(self, state, options, job_id: str, announce: Callable[[str], None]):
+        self.state, self.job_id, self.announce = state, job_id, announce
+        self.warning_s, self.timeout_s = options.stall_warning, options.stall_timeout
+        self._stop = threading.Event()
+        self._warned_at: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self._tick()
+            except Exception:  # noqa: BLE001 - the watch never fails the job by itself
+                logger.exception("sparkdist job %s: the stall watch failed", self.job_id)
+
+    def _tick(self) -> None:
+        state, life = self.state, self.state.life
+        notes = life.stragglers.check(time.monotonic(), state.rank_records)
+        for note in notes:
+            self.announce(f"sparkdist job {self.job_id}: {note}")
+        if notes:
+            state.metrics.straggling(sorted(life.stragglers.slow))
+        if not state.rank_records.all_started():
+            return  # start_timeout watches the start
+        idle = time.monotonic() - life.last
+        if self.timeout_s is not None and idle >= self.timeout_s:
+            why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
+            text = where(state, why, nccl=True)
+            reason = f"stalled: no rank showed a sign of life for {idle:.0f}s; the job was stopped."
+            state.failures.fail_now(JobStalledError(reason).with_stacks(text))
+            self._stop.set()
+        elif self.warning_s is not None and idle >= self.warning_s:
+            if self._warned_at != life.last:
+                self._warned_at = life.last
+                why = f"no sign of life for {idle:.0f}s, stall_warning={self.warning_s:g}"
+                self.announce(
+                    f"sparkdist job {self.job_id}: no rank showed a sign of life for "
+                    f"{idle:.0f}s (stall_warning={self.warning_s:g}); the job goes on.\n"
+                    + where(state, why, nccl=True)
+                )

@@ -1,0 +1,84 @@
+"""The jobs of the stall tests (tests/test_stacks.py, tests/test_stalls_cluster.py,
+tests/connect_client.py): ranks that hang in the user's own code or crawl. Imported by
+reference on the ranks (the driver's import path reaches them)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def stuck(lock_file: str) -> None:
+    """Block on a lock until `lock_file` is removed (the test releases it so)."""
+    lock = threading.Lock()
+    lock.acquire()
+    while os.path.exists(lock_file):
+        lock.acquire(timeout=0.5)
+
+
+def lock_job(lock_file: str, steps: int = 1000, stuck_rank: int = 1, stuck_at: int = 5) -> int:
+    """An all_reduce per step; at step `stuck_at`, rank `stuck_rank` blocks in `stuck`,
+    so the other ranks wait in all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    value = torch.ones(1)
+    for step in range(steps):
+        if step == stuck_at and rank == stuck_rank:
+            stuck(lock_file)
+        dist.all_reduce(value)
+        print(f"step {step}", flush=True)
+        time.sleep(0.05)
+    dist.destroy_process_group()
+    return rank
+
+
+def silent_wait(ready_file: str) -> int:
+    """Print once, then wait in silence (a rank in a long silent step, or hung)."""
+    import sparkdist
+
+    print("ready", flush=True)
+    sparkdist.log_to_driver("waiting")
+    while True:
+        time.sleep(1)
+
+
+def crawl(seconds: float, slow_rank: int, extra_s: float, step_s: float = 0.1) -> int:
+    """Report a step every `step_s` seconds (rank `slow_rank`: `extra_s` more), for
+    `seconds`; no collectives, so a slow rank holds no other back."""
+    import sparkdist
+
+    rank = int(os.environ["RANK"])
+    end = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < end:
+        time.sleep(step_s + (extra_s if rank == slow_rank else 0.0))
+        sparkdist.report({"step": step}, step=step)
+        step += 1
+    return step
+
+
+def blocked_loader(data, lock_file: str) -> int:
+    """Read batches through the data loader; rank 1's transform (run by the reader's
+    thread) blocks until `lock_file` is removed, so its main thread waits for a batch."""
+    import torch  # noqa: F401 - imported (seconds, in silence) before the stall is timed
+
+    from sparkdist.data import TransformSpec
+
+    rank = int(os.environ["RANK"])
+    print("loading", flush=True)
+
+    def hang(frame):
+        if rank == 1:
+            stuck(lock_file)
+        return frame
+
+    spec = TransformSpec(hang)
+    batches = 0
+    with data.make_torch_dataloader(batch_size=4, num_epochs=1, transform_spec=spec) as loader:
+        for _ in loader:
+            batches += 1
+    return batches

@@ -1,0 +1,413 @@
+"""Where each rank is: real faulthandler dumps of real processes, grouped; the dump
+contract between a supervisor and its rank; the straggler measure; and jobs on the
+driver (np < 0, no Spark) that hang, stall or are interrupted.
+
+The cluster's cases (np=3 under both launchers, stragglers) are in
+tests/test_stalls_cluster.py; Spark Connect's relay mode in tests/test_connect.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import stall_jobs
+
+from sparkdist import HorovodRunner
+from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
+from sparkdist.protocol import stack_dumps
+from sparkdist.runner.driver import stacks
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.records import RankRecords
+from sparkdist.runner.driver.stragglers import SUSTAIN_S, WINDOW_S, Stragglers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A process like a rank: it listens for stack requests, then blocks in the user's code
+# (a lock, or a queue a reader thread never fills), with helper threads around.
+BLOCKED = textwrap.dedent(
+    """
+    import os, queue, sys, threading
+    from sparkdist.protocol import stack_dumps
+
+    def stuck(lock):
+        lock.acquire()
+
+    def consume(batches):
+        return batches.get()
+
+    def reader_never_returns(event):
+        event.wait()
+
+    def idle(event):
+        event.wait()
+
+    stack_dumps.listen(os.environ, 0)
+    how = sys.argv[1]
+    for _ in range(int(sys.argv[2])):
+        threading.Thread(target=idle, args=(threading.Event(),), daemon=True).start()
+    if how == "lock":
+        lock = threading.Lock()
+        lock.acquire()
+        print("ready", flush=True)
+        stuck(lock)
+    else:
+        threading.Thread(target=reader_never_returns, args=(threading.Event(),),
+                         daemon=True).start()
+        print("ready", flush=True)
+        consume(queue.Queue())
+    """
+)
+
+
+@pytest.fixture
+def blocked(tmp_path):
+    """Start a blocked process (`how`, with `threads` idle helper threads); yield its
+    pid and the supervisor's half; kill it afterwards."""
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    started = []
+
+    def start(how: str, threads: int = 0):
+        taker = stack_dumps.StackTaker()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **taker.rank_env(os.environ)}
+        proc = subprocess.Popen(
+            [sys.executable, str(script), how, str(threads)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append((proc, taker))
+        assert proc.stdout.readline().strip() == "ready"
+        return proc.pid, taker
+
+    yield start
+    for proc, taker in started:
+        proc.kill()
+        proc.wait()
+        taker.close()
+
+
+def blocked_in(taker: stack_dumps.StackTaker, pid: int, function: str, nccl: bool = False):
+    """The process's dump once its main thread is in `function` (it prints "ready" just
+    before it calls it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        text, dump = taker.take(pid, nccl)
+        if f" in {function}\n" in text or time.monotonic() > deadline:
+            return text, dump
+
+
+def test_a_rank_blocked_on_a_lock_gives_every_threads_stack(blocked):
+    pid, taker = blocked("lock", threads=3)
+    text, nccl = blocked_in(taker, pid, "stuck", nccl=True)
+    assert nccl == b""  # no NCCL communicator: nothing to dump, and no wait for one
+    threads = stacks.parse(text)
+    assert len(threads) == 5  # main, 3 idle helpers, the NCCL dump thread (folded)
+    lines = BLOCKED.splitlines()
+    acquire = lines.index("    lock.acquire()", lines.index("def stuck(lock):")) + 1
+    call = lines.index("    stuck(lock)") + 1
+    idle = lines.index("    event.wait()", lines.index("def idle(event):")) + 1
+    assert stacks.summary(text) == (
+        f"stuck (blocked.py:{acquire}) <- <module> (blocked.py:{call})",
+        f"3 threads: wait <- idle (blocked.py:{idle})",
+    )
+
+
+def test_a_rank_waiting_for_its_reader_names_the_reader_thread_too(blocked):
+    pid, taker = blocked("queue")
+    text, _ = blocked_in(taker, pid, "consume")
+    main, reader = stacks.summary(text)
+    assert main.startswith("wait <- consume (blocked.py:")  # queue, threading folded
+    assert reader.startswith("thread: wait <- reader_never_returns (blocked.py:")
+
+
+def test_identical_stacks_show_once_with_their_ranks_and_hosts(blocked):
+    lock_pid, taker = blocked("lock")
+    queue_pid, other = blocked("queue")
+    lock_text = blocked_in(taker, lock_pid, "stuck")[0]
+    queue_text = blocked_in(other, queue_pid, "consume")[0]
+    answers = {
+        0: stacks.RankStacks("a", queue_text),
+        1: stacks.RankStacks("b", lock_text),
+        2: stacks.RankStacks("c", queue_text),
+        3: stacks.RankStacks("d", ""),
+    }
+    lines = stacks.group(answers, wait_s=4)
+    assert lines[0].startswith("ranks 0,2 (hosts a, c): wait <- consume (blocked.py:")
+    assert lines[1] == "    " + stacks.summary(queue_text)[1]
+    assert lines[2].startswith("rank 1 (host b): stuck (blocked.py:")
+    assert lines[3].startswith("rank 3 (host d): (no stacks within 4 s")
+
+
+def test_a_rank_gone_or_not_listening_gives_nothing_at_once():
+    taker = stack_dumps.StackTaker()
+    try:
+        started = time.monotonic()
+        assert taker.take(os.getpid(), nccl=True) == ("", b"")  # never listened
+        assert time.monotonic() - started < stack_dumps.WAIT_S
+        assert taker.rank_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}) == {
+            "SPARKDIST_STACKS": taker.directory
+        }
+        assert taker.rank_env({})["TORCH_FR_BUFFER_SIZE"] == "2000"
+    finally:
+        taker.close()
+
+
+def test_library_frames_fold_and_user_frames_come_first():
+    dump = textwrap.dedent(
+        """\
+        Thread 0x00007f0000000001 (most recent call first):
+          File "/usr/lib/python3.11/threading.py", line 327 in wait
+          File "/work/job/train.py", line 30 in stuck
+
+        Current thread 0x00007f0000000002 (most recent call first):
+          File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
+          File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+          File "/work/job/train.py", line 42 in step
+          File "/opt/sparkdist/elastic/run.py", line 80 in run
+          File "/work/job/train.py", line 60 in main
+          File "/opt/sparkdist/runner/rank/main.py", line 80 in main
+          File "<frozen runpy>", line 88 in _run_code
+        """  # noqa: E501 - a dump's lines as faulthandler writes them
+    )
+    assert stacks.summary(dump) == (
+        "all_reduce <- step (train.py:42) <- main (train.py:60)",
+        "thread: wait <- stuck (train.py:30)",
+    )
+
+
+def test_errors_keep_their_stacks_through_pickling():
+    error = RankFailedError(1, "b", 1, "Traceback...\nValueError: x", ["out"], "raised")
+    error.with_stacks("Where each rank was:\n  rank 0 (host a): f (x.py:1)")
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again).count("Where each rank was") == 1 and again.stacks == error.stacks
+    stalled = pickle.loads(pickle.dumps(JobStalledError("stalled").with_stacks("here")))
+    assert str(stalled) == "stalled\n\nhere" and isinstance(stalled, JobTimeoutError)
+
+
+def _records(n: int) -> RankRecords:
+    from sparkdist.runner.driver.console import Console
+
+    ranks = RankRecords(n, threading.Condition(), Console(), "all")
+    for rank in range(n):
+        ranks.located(rank, f"host-{rank}")
+    return ranks
+
+
+def _feed(
+    stragglers: Stragglers,
+    ranks: RankRecords,
+    rates: dict[int, float],
+    seconds: int,
+    start: int = 0,
+) -> list[str]:
+    """Feed a second of steps at a time, each rank at its `rates` (counts go on from
+    where they were); what was said."""
+    said = []
+    for now in range(start + 1, start + seconds + 1):
+        for rank, rate in rates.items():
+            _counts[rank] = _counts.get(rank, 0.0) + rate
+            stragglers.progress(rank, "report", int(_counts[rank]), float(now))
+        said += stragglers.check(float(now), ranks)
+    return said
+
+
+_counts: dict[int, float] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts():
+    _counts.clear()
+
+
+def test_a_straggler_is_named_once_with_its_host_and_again_when_it_recovers():
+    ranks, stragglers = _records(3), Stragglers()
+    slow = {0: 10.0, 1: 2.0, 2: 10.0}
+    said = _feed(stragglers, ranks, slow, int(WINDOW_S + SUSTAIN_S) + 5)
+    assert said == [
+        "rank 1 (host host-1) is a straggler: 2.00 steps/s against the median 10.00 (5.0x slower)"
+    ]
+    assert list(stragglers.slow) == [1]
+    said = _feed(stragglers, ranks, {0: 10.0, 1: 10.0, 2: 10.0}, 20, start=20)
+    assert [line.split(":")[0] for line in said] == ["rank 1 (host host-1) keeps up again"]
+    assert stragglers.slow == {} and len(stragglers.notes) == 2
+
+
+def test_even_ranks_and_short_slow_spells_name_nobody():
+    ranks, stragglers = _records(3), Stragglers()
+    assert _feed(stragglers, ranks, {0: 10.0, 1: 9.0, 2: 11.0}, 30) == []
+    assert _feed(stragglers, ranks, {0: 10.0, 1: 7.5, 2: 10.0}, 30, start=30) == []  # 1.33x
+
+
+def test_stall_options_are_checked_and_off_turns_them_off():
+    assert RunnerOptions(np=2).stall_warning == 300.0
+    assert RunnerOptions(np=2, stall_warning=None).stall_warning is None
+    with pytest.raises(ValueError, match="stall_timeout must be a positive"):
+        RunnerOptions(np=2, stall_timeout=0)
+    from sparkdist.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["run", "--np", "2", "--stall-warning", "off", "--stall-timeout", "20", "x.py"]
+    )
+    assert args.stall_warning is None and args.stall_timeout == 20.0
+
+
+# --- jobs on the driver (np < 0): the same service, supervisors and ranks, no Spark -------
+
+
+def _assert_gone(runner) -> None:
+    deadline = time.monotonic() + 15
+    alive = [p for p in runner.last_job.processes if p.alive()]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if p.alive()]
+    assert alive == []
+
+
+def test_a_time_limit_says_where_each_rank_was(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    runner = HorovodRunner(np=-3, launcher="direct", timeout=25)
+    with pytest.raises(JobTimeoutError) as failed:
+        runner.run(stall_jobs.lock_job, lock_file=str(lock))
+    where = failed.value.stacks
+    assert "ranks 0,2 (host " in where and "): all_reduce <- lock_job (stall_jobs.py:" in where
+    assert "rank 1 (host " in where and "): stuck (stall_jobs.py:" in where
+    assert where in str(failed.value)
+    log = (Path(runner.last_job.rank_logs) / "rank-1.log").read_text()
+    assert "[sparkdist] stacks (the job's time limit ran out" in log and "in stuck" in log
+    _assert_gone(runner)
+
+
+def test_a_stall_warning_shows_the_stacks_and_the_job_goes_on(tmp_path, caplog):
+    lock = tmp_path / "lock"
+    lock.touch()
+    warned = threading.Event()
+
+    class Release(logging.Handler):
+        def emit(self, record):
+            # A warning may come while the ranks import torch; the lock goes once rank 1 is stuck.
+            if "stuck (stall_jobs.py" in record.getMessage():
+                warned.set()
+                lock.unlink()  # the stuck rank goes on
+
+    handler = Release()
+    logging.getLogger("sparkdist").addHandler(handler)
+    try:
+        runner = HorovodRunner(np=-2, launcher="direct", stall_warning=4)
+        result = runner.run_all(stall_jobs.lock_job, lock_file=str(lock), steps=10)
+    finally:
+        logging.getLogger("sparkdist").removeHandler(handler)
+    assert warned.is_set() and result == [0, 1]
+    warning = next(r.getMessage() for r in caplog.records if "stuck (" in r.getMessage())
+    assert "rank 0 (host " in warning and "all_reduce <- lock_job (stall_jobs.py:" in warning
+    assert "rank 1 (host " in warning and "stuck (stall_jobs.py:" in warning
+
+
+def test_a_stall_timeout_fails_the_job_with_the_stacks(tmp_path):
+    runner = HorovodRunner(np=-2, launcher="direct", stall_timeout=5, stall_warning=None)
+    started = time.monotonic()
+    with pytest.raises(JobStalledError) as failed:
+        runner.run(stall_jobs.silent_wait, ready_file=str(tmp_path / "ready"))
+    assert time.monotonic() - started < 60  # not a time limit: the stall ended it
+    assert "stalled: no rank showed a sign of life" in str(failed.value)
+    assert "ranks 0-1 (host " in failed.value.stacks
+    assert "): silent_wait (stall_jobs.py:" in failed.value.stacks
+    _assert_gone(runner)
+
+
+NOTEBOOK = textwrap.dedent(
+    """
+    import json, logging, sys, time
+    logging.basicConfig(level=logging.WARNING)
+    sys.path.insert(0, sys.argv[1])
+    import stall_jobs
+    from sparkdist import HorovodRunner
+
+    runner = HorovodRunner(np=-2, launcher="direct")
+    try:
+        runner.run(stall_jobs.silent_wait, ready_file="")
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    deadline = time.monotonic() + 15
+    while any(p.alive() for p in runner.last_job.processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p.pid for p in runner.last_job.processes if p.alive()]
+    print("RESULT " + json.dumps({"left": left}), flush=True)
+    """
+)
+
+
+def test_ctrl_c_in_a_notebook_like_script_shows_the_stacks_and_leaves_nothing(tmp_path):
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(Path(__file__).parent)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if "[ranks 0,1] waiting" in line or line.startswith("[rank 1] waiting"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(output) + rest
+    assert "Where each rank was (interrupted" in text, text
+    assert "silent_wait (stall_jobs.py:" in text and "INTERRUPTED" in text
+    assert text.index("Where each rank was") < text.index("INTERRUPTED")
+    assert '"left": []' in text
+
+
+def test_the_nccl_command_names_the_directory_and_the_dumps_prefix():
+    from sparkdist.runner.driver.stalls import NCCL_COMMAND
+
+    command = NCCL_COMMAND.format(directory="/tmp/run/attempt-1")
+    assert command == "torchfrtrace /tmp/run/attempt-1 --prefix nccl_trace_rank_ -j"
+    assert stack_dumps.nccl_trace() is None  # no CUDA here: nothing to dump
+
+
+def test_sigterm_to_sparkdist_run_shows_the_stacks_and_stops_the_job(tmp_path):
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import time\n\ndef wait_here():\n    time.sleep(600)\n\n"
+        "print('ready', flush=True)\nwait_here()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkdist", "run", "--np", "-1", "--launcher", "direct", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stdout:
+            if "[rank 0] ready" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Where each rank was (interrupted" in err, err
+    assert "rank 0 (host " in err and "wait_here (waits.py:4) <- <module> (waits.py:7)" in err
