@@ -165,6 +165,8 @@ def train_in_place(
         if len(X) != len(mine):  # a list column's piece holds every row
             X = X[mine]
         rows.add(X.reshape(-1), labels.take(pa.array(mine)))
+    del mask
+    pool.release_unused()  # the last row group's
     summary = _summary(plan, report)
     if summary is not None and rows.n_rows:
         yield _result_batch(*_fitted(plan, summary, loading, task_started), report)
