@@ -468,6 +468,40 @@ def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
     assert pq.read_metadata(urls[0][7:]).num_rows == 190
 
 
+def test_parquet_reader_with_a_mask_decodes_only_the_kept_rows(tmp_path, cancer):
+    """A shuffle read in place keeps a mask of the rows: each piece's matrix holds its
+    kept rows in order, its labels every row (the checks count them all)."""
+    from sparkdist.ensemble.fit.parquet_source import (
+        ParquetSource,
+        _row_groups,
+        _row_ranges,
+        read_split,
+    )
+
+    X, y = cancer
+    data = frame(X, y)
+    data["row"] = np.arange(len(y), dtype=float)
+    path = write_parquet_files(tmp_path / "mask", data, n_files=3, row_group_size=70)
+    urls = sorted(f"file://{path}/{name}" for name in os.listdir(path))
+    _, groups = _row_groups(
+        urls, FeatureSpec(n_features=2, feature_cols=("row", "f0")), "label", True
+    )
+    (split,) = _row_ranges(groups, 1)
+    source = ParquetSource((split,), ("row", "f0"), False, "label", True)
+    keep = np.random.default_rng(0).random(len(y)) < 0.3
+    pieces = list(read_split(source, split, np.float32, 16, keep))
+    assert [len(labels) for _, labels in pieces] == [
+        len(lb) for _, lb in read_split(source, split, np.float32, 16)
+    ]
+    np.testing.assert_array_equal(
+        np.concatenate([p[0] for p in pieces])[:, 0], np.flatnonzero(keep)
+    )
+    np.testing.assert_array_equal(np.concatenate([lb.to_numpy() for _, lb in pieces]), y)
+    np.testing.assert_allclose(
+        np.concatenate([p[0] for p in pieces])[:, 1], X[keep, 0].astype(np.float32)
+    )
+
+
 def test_only_plain_scans_of_read_columns_skip_spark(spark, tmp_path, cancer_parquet, cancer):
     """Anything that changes rows or computes a used column goes through Spark's reader."""
     from pyspark.ml.feature import VectorAssembler
