@@ -338,6 +338,7 @@ def run_size(
         for k in ks:
             sequential = sequential_models(path, X_test, y_test, k, seed=k)
             for mode in modes:
+                warm_workers(spark)
                 sample = {"load1": os.getloadavg()[0], **sequential}
                 sample |= sparkdist_models(df, columns, X_test, y_test, k, mode)
                 log(
@@ -407,6 +408,20 @@ def warm_up(spark, workdir: str, ks: list[int]) -> None:
         sparkdist_models(df, columns, X[:N_TEST], y[:N_TEST], 2, mode)
     for k in ks:
         partition_keys(spark, k)
+
+
+def _import_models(batches):
+    import xgboost  # noqa: F401
+
+    yield from batches
+
+
+def warm_workers(spark) -> None:
+    """Give every executor a running Python worker that imported XGBoost, just before a
+    timed fit. Spark stops a worker after a minute idle, and under load the sequential
+    fits take longer: the first fit after them paid new workers (spread 9.9 s against
+    0.2-0.5 s warm at load 10), whichever mode came first."""
+    spark.range(0, SPARK_WORKERS, 1, SPARK_WORKERS).mapInArrow(_import_models, "id long").collect()
 
 
 def log(message: str) -> None:
