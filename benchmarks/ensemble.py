@@ -359,37 +359,48 @@ def run_size(
     results = []
     for (k, mode), k_samples in samples.items():
         median = pd.DataFrame(k_samples).median()
-        results.append(
-            {
-                "rows": n_rows,
-                "K": k,
-                "mode": mode,
-                "seq_fit_s": median["seq_fit_s"],
-                "spark_fit_s": median["spark_fit_s"],
-                "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
-                "seq_e2e_s": median["seq_e2e_s"],
-                "spark_e2e_s": median["spark_e2e_s"],
-                "e2e_speedup": median["seq_e2e_s"] / median["spark_e2e_s"],
-                "fit_cpu_sum": median["fit_cpu_sum"],
-                "seq_cpu_s": median["seq_cpu_s"],
-                "load_s_max": median["load_s_max"],
-                "spark_acc": median["spark_acc"],
-                "seq_acc": median["seq_acc"],
-                "one_model_acc": one_accuracy,
-                "xgb_spark_s": xgb["xgb_spark_s"],
-                "xgb_spark_acc": xgb["xgb_spark_acc"],
-                "task_peak_mb": median["task_peak_mb"],
-                "rss_before_mb": median["rss_before_mb"],
-                "load_growth_x": median["load_growth_x"],
-                "task_growth_x": median["task_growth_x"],
-                "model_growth_x": median["model_growth_x"],
-                "xgb_alone_x": alone[k],
-                **{key: median[key] for key in PHASES},
-                "partition_mb": median["partition_mb"],
-                "load1": median["load1"],
-            }
-        )
+        results.append(result_row(n_rows, k, mode, median, xgb, one_accuracy, alone[k]))
     return results
+
+
+def result_row(
+    n_rows: int,
+    k: int,
+    mode: str,
+    median: pd.Series,
+    xgb: pd.Series,
+    one_accuracy: float,
+    alone: float,
+) -> dict:
+    """One row of the table: a (K, mode)'s medians over the rounds."""
+    return {
+        "rows": n_rows,
+        "K": k,
+        "mode": mode,
+        "seq_fit_s": median["seq_fit_s"],
+        "spark_fit_s": median["spark_fit_s"],
+        "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
+        "seq_e2e_s": median["seq_e2e_s"],
+        "spark_e2e_s": median["spark_e2e_s"],
+        "e2e_speedup": median["seq_e2e_s"] / median["spark_e2e_s"],
+        "fit_cpu_sum": median["fit_cpu_sum"],
+        "seq_cpu_s": median["seq_cpu_s"],
+        "load_s_max": median["load_s_max"],
+        "spark_acc": median["spark_acc"],
+        "seq_acc": median["seq_acc"],
+        "one_model_acc": one_accuracy,
+        "xgb_spark_s": xgb["xgb_spark_s"],
+        "xgb_spark_acc": xgb["xgb_spark_acc"],
+        "task_peak_mb": median["task_peak_mb"],
+        "rss_before_mb": median["rss_before_mb"],
+        "load_growth_x": median["load_growth_x"],
+        "task_growth_x": median["task_growth_x"],
+        "model_growth_x": median["model_growth_x"],
+        "xgb_alone_x": alone,
+        **{key: median[key] for key in PHASES},
+        "partition_mb": median["partition_mb"],
+        "load1": median["load1"],
+    }
 
 
 def warm_up(spark, workdir: str, ks: list[int]) -> None:
