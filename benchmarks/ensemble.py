@@ -274,12 +274,21 @@ def sequential_models(path: str, X_test, y_test, k: int, seed: int) -> dict:
     }
 
 
-def sparkdist_models(df, columns: list[str], X_test, y_test, k: int, shuffle: bool) -> dict:
-    """PartitionEnsemble.fit from the parquet file to the fitted model on the driver."""
+def sparkdist_models(df, columns: list[str], X_test, y_test, k: int, mode: str) -> dict:
+    """PartitionEnsemble.fit from the parquet file to the fitted model on the driver, in
+    one of MODES."""
     from sparkdist.ensemble import PartitionEnsemble
+    from sparkdist.ensemble.fit import partitioning
 
+    shuffle = mode != "no shuffle"
     ensemble = PartitionEnsemble(xgb_classifier(), n_estimators=k, random_state=k, shuffle=shuffle)
-    model, seconds = timed(lambda: ensemble.fit(df, features_col=columns))
+    readers = partitioning.MAX_READERS_IN_PLACE
+    if mode == "spread":  # the route is chosen on the driver: Spark's shuffle for any K
+        partitioning.MAX_READERS_IN_PLACE = 0
+    try:
+        model, seconds = timed(lambda: ensemble.fit(df, features_col=columns))
+    finally:
+        partitioning.MAX_READERS_IN_PLACE = readers
     stats = model.stats_frame()
     return {
         "spark_e2e_s": seconds,
@@ -305,7 +314,9 @@ def xgboost_spark(df, columns: list[str], X_test, y_test) -> dict:
     return {"xgb_spark_s": seconds, "xgb_spark_acc": float((predicted == y_test).mean())}
 
 
-def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> list[dict]:
+def run_size(
+    spark, n_rows: int, ks: list[int], repeats: int, workdir: str, modes: list[str]
+) -> list[dict]:
     """Rounds of (sequential, sparkdist) per K plus xgboost.spark, interleaved; medians.
 
     Beyond 2e6 rows one model on all rows and xgboost.spark are not run (single-threaded
@@ -321,21 +332,22 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
         one_accuracy = float((one.predict(X_test) == y_test).mean())
         log(f"{n_rows} rows: one model {one_seconds:.1f}s, accuracy {one_accuracy:.4f}")
 
-    samples: dict[tuple[int, bool], list[dict]] = {(k, s): [] for k in ks for s in SHUFFLE}
+    samples: dict[tuple[int, str], list[dict]] = {(k, m): [] for k in ks for m in modes}
     xgb_samples = []
     for round_ in range(repeats):
         for k in ks:
             sequential = sequential_models(path, X_test, y_test, k, seed=k)
-            for shuffle in SHUFFLE:
+            for mode in modes:
+                warm_workers(spark)
                 sample = {"load1": os.getloadavg()[0], **sequential}
-                sample |= sparkdist_models(df, columns, X_test, y_test, k, shuffle)
+                sample |= sparkdist_models(df, columns, X_test, y_test, k, mode)
                 log(
-                    f"{n_rows} rows, K={k}, shuffle={shuffle}, round {round_ + 1}: sequential "
+                    f"{n_rows} rows, K={k}, {mode}, round {round_ + 1}: sequential "
                     f"fit {sample['seq_fit_s']:.1f}s, sparkdist {sample['spark_e2e_s']:.1f}s end "
                     f"to end ({sample['spark_fit_s']:.1f}s fitting), load {sample['load1']:.1f}; "
                     + ", ".join(f"{key} {sample[key]:.2f}" for key in [*PHASES, *GROWTH])
                 )
-                samples[k, shuffle].append(sample)
+                samples[k, mode].append(sample)
         if n_rows <= 2_000_000:
             xgb_samples.append(xgboost_spark(df, columns, X_test, y_test))
             log(f"{n_rows} rows: xgboost.spark {xgb_samples[-1]['xgb_spark_s']:.1f}s")
@@ -345,73 +357,99 @@ def run_size(spark, n_rows: int, ks: list[int], repeats: int, workdir: str) -> l
     xgb = pd.DataFrame(xgb_samples).median()
     alone = {k: plain_fit_growth(n_rows // k) for k in ks}
     results = []
-    for (k, shuffle), k_samples in samples.items():
+    for (k, mode), k_samples in samples.items():
         median = pd.DataFrame(k_samples).median()
-        results.append(
-            {
-                "rows": n_rows,
-                "K": k,
-                "shuffle": shuffle,
-                "seq_fit_s": median["seq_fit_s"],
-                "spark_fit_s": median["spark_fit_s"],
-                "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
-                "seq_e2e_s": median["seq_e2e_s"],
-                "spark_e2e_s": median["spark_e2e_s"],
-                "e2e_speedup": median["seq_e2e_s"] / median["spark_e2e_s"],
-                "fit_cpu_sum": median["fit_cpu_sum"],
-                "seq_cpu_s": median["seq_cpu_s"],
-                "load_s_max": median["load_s_max"],
-                "spark_acc": median["spark_acc"],
-                "seq_acc": median["seq_acc"],
-                "one_model_acc": one_accuracy,
-                "xgb_spark_s": xgb["xgb_spark_s"],
-                "xgb_spark_acc": xgb["xgb_spark_acc"],
-                "task_peak_mb": median["task_peak_mb"],
-                "rss_before_mb": median["rss_before_mb"],
-                "load_growth_x": median["load_growth_x"],
-                "task_growth_x": median["task_growth_x"],
-                "model_growth_x": median["model_growth_x"],
-                "xgb_alone_x": alone[k],
-                **{key: median[key] for key in PHASES},
-                "partition_mb": median["partition_mb"],
-                "load1": median["load1"],
-            }
-        )
+        results.append(result_row(n_rows, k, mode, median, xgb, one_accuracy, alone[k]))
     return results
+
+
+def result_row(
+    n_rows: int,
+    k: int,
+    mode: str,
+    median: pd.Series,
+    xgb: pd.Series,
+    one_accuracy: float,
+    alone: float,
+) -> dict:
+    """One row of the table: a (K, mode)'s medians over the rounds."""
+    return {
+        "rows": n_rows,
+        "K": k,
+        "mode": mode,
+        "seq_fit_s": median["seq_fit_s"],
+        "spark_fit_s": median["spark_fit_s"],
+        "fit_speedup": median["seq_fit_s"] / median["spark_fit_s"],
+        "seq_e2e_s": median["seq_e2e_s"],
+        "spark_e2e_s": median["spark_e2e_s"],
+        "e2e_speedup": median["seq_e2e_s"] / median["spark_e2e_s"],
+        "fit_cpu_sum": median["fit_cpu_sum"],
+        "seq_cpu_s": median["seq_cpu_s"],
+        "load_s_max": median["load_s_max"],
+        "spark_acc": median["spark_acc"],
+        "seq_acc": median["seq_acc"],
+        "one_model_acc": one_accuracy,
+        "xgb_spark_s": xgb["xgb_spark_s"],
+        "xgb_spark_acc": xgb["xgb_spark_acc"],
+        "task_peak_mb": median["task_peak_mb"],
+        "rss_before_mb": median["rss_before_mb"],
+        "load_growth_x": median["load_growth_x"],
+        "task_growth_x": median["task_growth_x"],
+        "model_growth_x": median["model_growth_x"],
+        "xgb_alone_x": alone,
+        **{key: median[key] for key in PHASES},
+        "partition_mb": median["partition_mb"],
+        "load1": median["load1"],
+    }
 
 
 def warm_up(spark, workdir: str, ks: list[int]) -> None:
     """Start the executors' Python workers, import the libraries, let the JVMs compile
-    the read and shuffle paths, and find each K's partition keys (one small Spark job per
-    K, once per process) before any timing. The first fit of a fresh session pays that
+    the read and shuffle paths (a fit read in place, one through Spark's shuffle), and
+    find each K's partition keys (one small Spark job per K, once per process) before
+    any timing. The first fit of a fresh session pays that
     once: 4-7 s more at 1e6 rows with a 2,000-row warm-up, measured."""
-    from sparkdist.ensemble import PartitionEnsemble
     from sparkdist.ensemble.fit.partitioning import partition_keys
 
     X, y, _, _ = make_data(100_000)
     path = os.path.join(workdir, "warm-up.parquet")
     columns = write_parquet(X, y, path)
-    PartitionEnsemble(xgb_classifier(), n_estimators=2, random_state=0).fit(
-        spark.read.parquet(path), features_col=columns
-    )
+    df = spark.read.parquet(path)
+    for mode in ("default", "spread"):  # read in place, and through Spark's shuffle
+        sparkdist_models(df, columns, X[:N_TEST], y[:N_TEST], 2, mode)
     for k in ks:
         partition_keys(spark, k)
+
+
+def _import_models(batches):
+    import xgboost  # noqa: F401
+
+    yield from batches
+
+
+def warm_workers(spark) -> None:
+    """Give every executor a running Python worker that imported XGBoost, just before a
+    timed fit. Spark stops a worker after a minute idle, and under load the sequential
+    fits take longer: the first fit after them paid new workers (spread 9.9 s against
+    0.2-0.5 s warm at load 10), whichever mode came first."""
+    spark.range(0, SPARK_WORKERS, 1, SPARK_WORKERS).mapInArrow(_import_models, "id long").collect()
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-# PartitionEnsemble(shuffle=...): the default random spread of all rows, then without a
-# shuffle (each task spreads the rows it read over its own models).
-SHUFFLE = (True, False)
+# "default": PartitionEnsemble(shuffle=True), the random spread of all rows (read in place
+# where it applies); "no shuffle": shuffle=False (each task spreads the rows it read over
+# its own models); "spread" (with --spread): shuffle=True always through Spark's shuffle.
+MODES = ("default", "no shuffle")
 GROWTH = ["load_growth_x", "model_growth_x", "task_growth_x"]
 PHASES = ["ph_checks", "ph_spread", "ph_load", "ph_fit", "ph_gaps", "ph_tail"]
 
 
 def print_table(results: list[dict], repeats: int) -> None:
     table = pd.DataFrame(results)
-    breakdown = table[["rows", "K", "shuffle", "spark_e2e_s", *PHASES]].copy()
+    breakdown = table[["rows", "K", "mode", "spark_e2e_s", *PHASES]].copy()
     main_columns = [c for c in table.columns if c not in PHASES]
     table = table[main_columns]
     formats = {
@@ -457,8 +495,11 @@ NOTES = [
     "spark_fit_s: wall seconds during which some sparkdist task was fitting a model",
     "fit_speedup: seq_fit_s / spark_fit_s (the parallel map itself; 2 task slots)",
     "seq_e2e_s: seq_fit_s plus reading the parquet file into numpy and cutting the shares",
-    "shuffle: PartitionEnsemble(shuffle=...): True spreads all rows over all models through a",
-    "  shuffle (the default); False keeps rows in the task that read them (no shuffle)",
+    "mode: default is PartitionEnsemble(shuffle=True), all rows spread at random over all",
+    "  models: a plain Parquet scan with K <= slots (and K <= 4) is read in place by each",
+    "  model's task, otherwise through Spark's shuffle; no shuffle is shuffle=False (rows",
+    "  stay in the task that read them); spread (--spread) is shuffle=True through Spark's",
+    "  shuffle at any K (the default's route before the in-place read)",
     "spark_e2e_s: PartitionEnsemble.fit from the parquet file to the fitted model on the driver",
     "  (read and spread with checks, shuffle, fitting, collect); e2e_speedup = seq/spark",
     "fit_cpu_sum / seq_cpu_s: CPU seconds of the K fits on the executors / in sequence",
@@ -475,7 +516,8 @@ NOTES = [
     "  model_growth_x are not meaningful there, task_growth_x is)",
     "xgb_alone_x: that working memory alone: a fresh process holding one model's rows (float32)",
     "  fits one model; its peak RSS growth / the rows' bytes",
-    "ph_*: checks (driver), spread (source read, chunks, shuffle write), load (to the first fit),",
+    "ph_*: checks (driver), spread (source read, chunks, shuffle write; read in place or",
+    "  without a shuffle only the job's start), load (to the first fit: the rows' reading),",
     "  fit (fit window), gaps (no fit running inside the job), tail (serialize, collect, assemble)",
     "partition_mb: feature and label bytes of one model's rows (float32 features for XGBoost)",
     "load1: the host's 1-minute load average when the round started",
@@ -493,12 +535,18 @@ def main() -> None:
         help="Spark master (default: two executors with one core each)",
     )
     parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="also run shuffle=True through Spark's shuffle at every K (mode 'spread')",
+    )
+    parser.add_argument(
         "--repeats", type=int, help="interleaved rounds per size, medians reported (default 3)"
     )
     args = parser.parse_args()
     rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
     ks = args.models or ([2, 8] if args.quick else [2, 8, 32])
     repeats = args.repeats or (1 if args.quick else 3)
+    modes = [*MODES, "spread"] if args.spread else list(MODES)
     logging.basicConfig(level=logging.WARNING)
 
     workdir = tempfile.mkdtemp(prefix="sparkdist-bench-")
@@ -507,7 +555,7 @@ def main() -> None:
         warm_up(spark, workdir, ks)
         results = []
         for n_rows in rows:
-            results += run_size(spark, n_rows, ks, repeats, workdir)
+            results += run_size(spark, n_rows, ks, repeats, workdir, modes)
         print_table(results, repeats)
     finally:
         spark.stop()

@@ -229,7 +229,8 @@ def scenario_ensemble(spark):
 
 def parquet_ensembles(spark, data, columns):
     """A plain Parquet scan, seen in the Connect client's plan, is read by pyarrow and gives
-    the ensemble Spark's reader gives (one file, one partition: the same spread)."""
+    the ensemble Spark's reader gives (one file, one partition: the same spread; 3 models
+    on 2 slots, so the direct read spreads rather than reads in place)."""
     import shutil
     import tempfile
 
@@ -260,17 +261,22 @@ def _parquet_ensembles(spark, data, columns, path):
     slots = session_slots(spark)
     models = [
         PartitionEnsemble(
-            XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=2, random_state=4
+            XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=3, random_state=4
         ).fit(df, columns)
         for df in (direct, filtered)
     ]
     X = data[columns].to_numpy()
+    in_place = PartitionEnsemble(
+        XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=2, random_state=4
+    ).fit(direct, columns)
     local = PartitionEnsemble(
         XGBClassifier(n_estimators=20, n_jobs=1), n_estimators=2, random_state=4, shuffle=False
     ).fit(direct, columns)
     return {
         "parquet_local_rows": [s.rows for s in local.estimators_stats_],
         "parquet_local_accuracy": local.score(X, data["label"].to_numpy()),
+        "parquet_in_place_rows": [s.rows for s in in_place.estimators_stats_],
+        "parquet_in_place_accuracy": in_place.score(X, data["label"].to_numpy()),
         "parquet_direct": find_parquet_source(direct, spec, "label", True, slots) is not None,
         "parquet_filtered_direct": (
             find_parquet_source(filtered, spec, "label", True, slots) is not None

@@ -156,6 +156,10 @@ def test_partition_ensemble_fit_and_transform(connect_url):
     assert result["parquet_direct"] and not result["parquet_filtered_direct"]
     assert sum(result["parquet_rows"]) == 569
     assert result["parquet_same"]
+    # 2 models on 2 slots: each model's task reads the file in place and keeps its rows.
+    assert sum(result["parquet_in_place_rows"]) == 569
+    assert min(result["parquet_in_place_rows"]) > 200
+    assert result["parquet_in_place_accuracy"] > 0.9
     # Without a shuffle, each of the 2 tasks reads half of the file for its own model.
     assert sorted(result["parquet_local_rows"]) == [284, 285]
     assert result["parquet_local_accuracy"] > 0.9

@@ -289,6 +289,68 @@ def test_parquet_splits_cover_every_row_group_once(spark, cancer_parquet, cancer
     assert model.score(X, y) > 0.9
 
 
+def test_shuffle_of_a_plain_parquet_scan_read_in_place_spreads_rows_at_random(
+    spark, tmp_path, cancer
+):
+    """K=2 on 2 slots: each model's task reads every row and keeps those drawn for it.
+    Sorted by label, the rows' order would show a split by position: each model sees both
+    classes, every row goes to one model, and the same seed draws the same rows."""
+    from sparkdist.ensemble.fit.driver import ReadInPlace, plan_fit
+
+    X, y = cancer
+    order = np.argsort(y, kind="stable")
+    path = write_parquet_files(tmp_path / "sorted", frame(X[order], y[order]), row_group_size=50)
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    df = spark.read.parquet(path)
+    ensemble = PartitionEnsemble(logistic(), n_estimators=2, random_state=4)
+    _, route = plan_fit(ensemble.get_params(), df, columns, "label")
+    assert isinstance(route, ReadInPlace) and route.n_tasks == 2
+
+    model = ensemble.fit(df, columns)
+    stats = model.estimators_stats_
+    assert [s.model_index for s in stats] == [0, 1]
+    assert sum(s.rows for s in stats) == len(y)
+    assert all(abs(s.rows - len(y) / 2) < 60 for s in stats), [s.rows for s in stats]
+    assert all(s.classes_seen == [0.0, 1.0] for s in stats)
+    assert len({s.partition_id for s in stats}) == 2
+    again = PartitionEnsemble(logistic(), n_estimators=2, random_state=4).fit(df, columns)
+    assert [s.rows for s in again.estimators_stats_] == [s.rows for s in stats]
+    np.testing.assert_array_equal(again.predict_proba(X), model.predict_proba(X))
+    other = PartitionEnsemble(logistic(), n_estimators=2, random_state=5).fit(df, columns)
+    assert [s.rows for s in other.estimators_stats_] != [s.rows for s in stats]
+
+
+def test_shuffle_reads_in_place_only_a_task_per_model_and_few_models(
+    spark, cancer_parquet, cancer, monkeypatch
+):
+    """More models than slots, or more than MAX_READERS_IN_PLACE, or a source Spark must
+    read: the spread stage shuffles, and the in-place read is as accurate as it."""
+    from pyspark.sql import functions as F
+
+    from sparkdist.ensemble.fit import partitioning
+    from sparkdist.ensemble.fit.driver import ReadInPlace, Shuffled, plan_fit
+
+    X, y = cancer
+    columns = [f"f{i}" for i in range(X.shape[1])]
+    df = spark.read.parquet(cancer_parquet)
+
+    def route(n_estimators, data=df):
+        params = PartitionEnsemble(logistic(), n_estimators=n_estimators).get_params()
+        return type(plan_fit(params, data, columns, "label")[1])
+
+    assert route(2) is ReadInPlace
+    assert route(3) is Shuffled  # 2 slots: a task trains more than one model
+    assert route(2, df.filter(F.col("label") >= 0)) is Shuffled
+    in_place = PartitionEnsemble(logistic(), n_estimators=2, random_state=6).fit(df, columns)
+    monkeypatch.setattr(partitioning, "MAX_READERS_IN_PLACE", 1)
+    assert route(2) is Shuffled
+    shuffled = PartitionEnsemble(logistic(), n_estimators=2, random_state=6).fit(df, columns)
+    for model in (in_place, shuffled):
+        assert sum(s.rows for s in model.estimators_stats_) == len(y)
+    assert abs(in_place.score(X, y) - shuffled.score(X, y)) <= 0.02
+    assert in_place.score(X, y) > 0.95
+
+
 # --- shuffle=False: each task trains its models on the rows it reads ---------------------
 
 
@@ -404,6 +466,40 @@ def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
         assert max(map(len, read)) - min(map(len, read)) <= 1
         np.testing.assert_array_equal(np.concatenate(read), np.arange(len(y)))
     assert pq.read_metadata(urls[0][7:]).num_rows == 190
+
+
+def test_parquet_reader_with_a_mask_decodes_only_the_kept_rows(tmp_path, cancer):
+    """A shuffle read in place keeps a mask of the rows: each piece's matrix holds its
+    kept rows in order, its labels every row (the checks count them all)."""
+    from sparkdist.ensemble.fit.parquet_source import (
+        ParquetSource,
+        _row_groups,
+        _row_ranges,
+        read_split,
+    )
+
+    X, y = cancer
+    data = frame(X, y)
+    data["row"] = np.arange(len(y), dtype=float)
+    path = write_parquet_files(tmp_path / "mask", data, n_files=3, row_group_size=70)
+    urls = sorted(f"file://{path}/{name}" for name in os.listdir(path))
+    _, groups = _row_groups(
+        urls, FeatureSpec(n_features=2, feature_cols=("row", "f0")), "label", True
+    )
+    (split,) = _row_ranges(groups, 1)
+    source = ParquetSource((split,), ("row", "f0"), False, "label", True)
+    keep = np.random.default_rng(0).random(len(y)) < 0.3
+    pieces = list(read_split(source, split, np.float32, 16, keep))
+    assert [len(labels) for _, labels in pieces] == [
+        len(lb) for _, lb in read_split(source, split, np.float32, 16)
+    ]
+    np.testing.assert_array_equal(
+        np.concatenate([p[0] for p in pieces])[:, 0], np.flatnonzero(keep)
+    )
+    np.testing.assert_array_equal(np.concatenate([lb.to_numpy() for _, lb in pieces]), y)
+    np.testing.assert_allclose(
+        np.concatenate([p[0] for p in pieces])[:, 1], X[keep, 0].astype(np.float32)
+    )
 
 
 def test_only_plain_scans_of_read_columns_skip_spark(spark, tmp_path, cancer_parquet, cancer):

@@ -3,7 +3,9 @@
 1. `plan_fit`: the parameters checked by their table (`ensemble.params`) and the columns
    by `model.features`, before any Spark job; the route of the rows to the training
    tasks chosen once by `shuffle`: `Shuffled` (a spread stage sends every row at random
-   to its model's training task) or `OwnRows` (each task reads its own part).
+   to its model's training task), `ReadInPlace` (the same random spread of a plain
+   Parquet scan with few models, each model's task reading every row and keeping its
+   own) or `OwnRows` (each task reads its own part).
 2. `run_training`: one Spark job on that route, run by the tasks' side (`partitioning`
    reads and spreads the rows, `training` fits the models), under a description in the
    Spark UI and with a progress display in models; its rows, one per model trained plus
@@ -25,12 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.ensemble.fit.parquet_source import parse_bytes
-from sparkdist.ensemble.fit.partitioning import own_parts, partition_keys, spread
+from sparkdist.ensemble.fit.parquet_source import ParquetSource, parse_bytes
+from sparkdist.ensemble.fit.partitioning import (
+    in_place,
+    indexes,
+    own_parts,
+    partition_keys,
+    spread,
+)
 from sparkdist.ensemble.fit.training import (
     RESULT_SCHEMA,
     TrainingPlan,
     choose_features,
+    train_in_place,
     train_own_rows,
     train_partition,
 )
@@ -78,6 +87,24 @@ class Shuffled:
 
 
 @dataclass(frozen=True)
+class ReadInPlace:
+    """shuffle=True on a plain Parquet scan with at most `MAX_READERS_IN_PLACE` models, one
+    task each: every task reads every row, draws each row's model as the others do and
+    keeps its own; no spread stage, and every task's report holds the totals."""
+
+    files: ParquetSource  # one split of every row, in file order
+    n_tasks: int  # = n_estimators
+    n_stages = 1
+
+    def training_job(self, df: Any, plan: TrainingPlan) -> Any:
+        train = partial(train_in_place, plan, plan.spread_plan(), self.files)
+        return indexes(df.sparkSession, self.n_tasks).mapInArrow(train, RESULT_SCHEMA)
+
+    def totals(self, reports: Sequence[DataReport]) -> DataReport:
+        return reports[0] if reports else DataReport()
+
+
+@dataclass(frozen=True)
 class OwnRows:
     """shuffle=False: each of `n_tasks` training tasks reads its own part of the data and
     spreads it over its own models; its report counts that part only."""
@@ -98,7 +125,7 @@ class OwnRows:
 
 def plan_fit(
     params: dict[str, Any], df: Any, features_col: str | Sequence[str], label_col: str
-) -> tuple[TrainingPlan, Shuffled | OwnRows]:
+) -> tuple[TrainingPlan, Shuffled | ReadInPlace | OwnRows]:
     """(what the training tasks need, the route of the rows to them) for fitting the
     estimator's `params` (`get_params()`) on `df`; a ValueError names a bad parameter or
     column before any Spark job."""
@@ -121,15 +148,19 @@ def plan_fit(
     )
     slots = session_slots(df.sparkSession)
     n_tasks = min(settings.n_estimators, slots or settings.n_estimators)
-    if settings.shuffle:
-        return plan, Shuffled(tuple(partition_keys(df.sparkSession, n_tasks)), slots)
-    return plan, OwnRows(n_tasks)
+    if not settings.shuffle:
+        return plan, OwnRows(n_tasks)
+    if n_tasks == settings.n_estimators:  # a task per model
+        files = in_place(df, spec, label_col, label_is_numeric, n_tasks)
+        if files is not None:
+            return plan, ReadInPlace(files, n_tasks)
+    return plan, Shuffled(tuple(partition_keys(df.sparkSession, n_tasks)), slots)
 
 
 # --- 2. the training job -------------------------------------------------------------------
 
 
-def run_training(df: Any, plan: TrainingPlan, route: Shuffled | OwnRows) -> list[Any]:
+def run_training(df: Any, plan: TrainingPlan, route: Shuffled | ReadInPlace | OwnRows) -> list[Any]:
     """Run the training job: its rows, one per model trained and the tasks' reports,
     collected under a description in the Spark UI while a progress display counts the
     models."""
@@ -204,7 +235,10 @@ def _arrow_batches_of_at_most(spark: Any, n_bytes: int) -> Iterator[None]:
 
 
 def assemble(
-    rows: Sequence[Any], plan: TrainingPlan, route: Shuffled | OwnRows, params: dict[str, Any]
+    rows: Sequence[Any],
+    plan: TrainingPlan,
+    route: Shuffled | ReadInPlace | OwnRows,
+    params: dict[str, Any],
 ) -> PartitionEnsembleModel:
     """The fitted model from the training job's `rows`, recording the estimator's
     `params` (`get_params()`) with the seed the fit used."""

@@ -108,12 +108,22 @@ def find_parquet_source(
 
 
 def read_split(
-    source: ParquetSource, split: ParquetSplit, dtype: Any, max_rows: int
+    source: ParquetSource,
+    split: ParquetSplit,
+    dtype: Any,
+    max_rows: int,
+    keep: np.ndarray | None = None,
 ) -> Iterator[tuple[pa.Array, np.ndarray | pa.Array]]:
     """A split's rows as (features, labels) pieces of at most `max_rows` rows: features a
-    float matrix for plain columns, or the list column itself (the caller checks it)."""
+    float matrix for plain columns, or the list column itself (the caller checks it).
+
+    With `keep` (a mask over the split's rows), a plain columns' matrix holds only the
+    kept rows of its piece (the labels all of them): a reader that keeps a few of the rows
+    never holds a row group's matrix.
+    """
     skip = split.skip
     left = math.inf if split.rows is None else split.rows
+    done = 0  # the split's rows read so far
     for url, row_groups in split.parts:
         filesystem, path = filesystem_and_path(url)
         with filesystem.open_input_file(path) as handle:
@@ -126,9 +136,17 @@ def read_split(
                 labels = labels.combine_chunks().cast(
                     pa.float64() if source.label_is_numeric else pa.string()
                 )
-                features = _read_features(source, parquet, row_group, rows, dtype)
+                kept = None
+                if keep is not None and not source.features_are_lists:
+                    kept = np.flatnonzero(keep[done : done + len(labels)])
+                done += len(labels)
+                features = _read_features(source, parquet, row_group, rows, dtype, kept)
                 for start in range(0, len(labels), max_rows):
-                    yield features[start : start + max_rows], labels.slice(start, max_rows)
+                    if kept is None:
+                        piece = features[start : start + max_rows]
+                    else:
+                        piece = features[slice(*np.searchsorted(kept, [start, start + max_rows]))]
+                    yield piece, labels.slice(start, max_rows)
 
 
 # Plain feature columns are decoded this many at a time. Reading half of a 1e6 x 50
@@ -145,19 +163,27 @@ def _read(parquet: pq.ParquetFile, row_group: int, columns: list[str], rows: sli
 
 
 def _read_features(
-    source: ParquetSource, parquet: pq.ParquetFile, row_group: int, rows: slice, dtype: Any
+    source: ParquetSource,
+    parquet: pq.ParquetFile,
+    row_group: int,
+    rows: slice,
+    dtype: Any,
+    kept: np.ndarray | None = None,
 ) -> np.ndarray | pa.Array:
-    """A row group's features: the list column, or the plain columns as one matrix."""
+    """A row group's features: the list column, or the plain columns as one matrix (of
+    the `kept` rows only, where given)."""
     names = list(source.feature_columns)
     if source.features_are_lists:
         return _read(parquet, row_group, names, rows).column(0).combine_chunks()
     # Filled column by column in the transposed layout (contiguous writes), then one
     # transposing copy: 3 times faster than writing strided columns into a row-major matrix.
-    columns = np.empty((len(names), rows.stop - rows.start), dtype=dtype)
+    n_rows = rows.stop - rows.start if kept is None else len(kept)
+    columns = np.empty((len(names), n_rows), dtype=dtype)
     for first in range(0, len(names), _COLUMNS_AT_ONCE):
         table = _read(parquet, row_group, names[first : first + _COLUMNS_AT_ONCE], rows)
         for i, column in enumerate(table.columns):
-            columns[first + i] = column.to_numpy()
+            values = column.to_numpy()
+            columns[first + i] = values if kept is None else values[kept]
         del table
     return np.ascontiguousarray(columns.T)
 

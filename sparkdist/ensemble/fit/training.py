@@ -7,6 +7,9 @@ reports give the whole data's totals, which are checked before anything is fitte
 model is fitted per model index found (normally exactly one), and each yields a single
 row: the model as bytes, its statistics and the totals. Only those rows reach the driver.
 
+A shuffle read in place (`train_in_place`) has no spread stage: each task reads every
+row, keeps its model's and counts and checks them all, so its report is the totals.
+
 Without a shuffle (`train_own_rows`), a task reads its own part of the data instead,
 spreads it over its own models and checks only that part; the driver checks the totals.
 """
@@ -30,6 +33,7 @@ from sparkdist.ensemble.fit.partitioning import (
     file_pieces,
     read_chunks,
     spark_pieces,
+    split_pieces,
 )
 from sparkdist.ensemble.fit.validation import DataReport, DataSummary, summarize
 from sparkdist.ensemble.model.features import FeatureSpec
@@ -122,6 +126,52 @@ def train_partition(plan: TrainingPlan, batches: Iterator[Any]) -> Iterator[Any]
         yield _result_batch(*_fitted(plan, checked[1], loading, task_started), checked[0])
     else:  # bad data, or a partition that received no rows
         yield _result_batch(-1, None, None, checked[0])
+
+
+def train_in_place(
+    plan: TrainingPlan, spread_plan: SpreadPlan, files: ParquetSource, batches: Iterator[Any]
+) -> Iterator[Any]:
+    """mapInArrow function of a shuffle read in place, one task per model: task j reads
+    every row of `files` (one split, in file order), draws every row's model from the
+    seed as every task does, keeps model j's rows and fits it.
+
+    Every task reads the same rows in the same order, so the draws agree: each row goes
+    to exactly one model, at random, whatever the number of task slots. Each task counts
+    and checks every row, so each yields the whole data's totals, and none trains when
+    they fail a check. It holds one model's rows, as a shuffled task does.
+    """
+    task_started = time.time()
+    for _ in batches:
+        pass  # the task's one row: its number is the model's
+    model_index = max(0, partition_id())  # model 0 outside a task (called directly)
+    report = DataReport()
+    # Every row's model drawn up front: the draw depends on the rows' order alone, and the
+    # model's matrix is allocated once at its size. A byte a row: a mask of its rows.
+    rng = np.random.default_rng([plan.settings.random_state, 4])
+    n_models = spread_plan.n_models
+    mask = rng.integers(0, n_models, files.rows(0), dtype=np.min_scalar_type(n_models))
+    mask = mask == model_index
+    dtype = np.float32 if plan.element == "float" else np.float64
+    rows = _Rows(dtype, plan.features.n_features, int(np.count_nonzero(mask)))
+    loading = _Loading(model_index, rows, _reset_peak_rss(), time.perf_counter())
+    pool = pa.default_memory_pool()
+    done = 0
+    for X, labels in split_pieces(spread_plan, files, 0, report, mask):
+        pool.release_unused()  # the row groups read so far (see train_partition)
+        mine = np.flatnonzero(mask[done : done + len(labels)])
+        done += len(labels)
+        if X is None or not report.clean or not len(mine):
+            continue  # bad data: read on to count it all, keep nothing
+        if len(X) != len(mine):  # a list column's piece holds every row
+            X = X[mine]
+        rows.add(X.reshape(-1), labels.take(pa.array(mine)))
+    del mask
+    pool.release_unused()  # the last row group's
+    summary = _summary(plan, report)
+    if summary is not None and rows.n_rows:
+        yield _result_batch(*_fitted(plan, summary, loading, task_started), report)
+    else:  # bad data, or a model drawn for no row
+        yield _result_batch(-1, None, None, report)
 
 
 def train_own_rows(
