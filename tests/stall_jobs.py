@@ -82,3 +82,46 @@ def blocked_loader(data, lock_file: str) -> int:
         for _ in loader:
             batches += 1
     return batches
+
+
+def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> int:
+    """`lock_job` inside `sparkdist.elastic.run`: an all_reduce and a commit per step; at
+    step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the other waits in all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    print("ready", flush=True)
+
+    @elastic.run
+    def train(state) -> int:
+        value = torch.ones(1)
+        while state.step < 1000:
+            if state.step == stuck_at and state.rank == stuck_rank:
+                stuck(lock_file)
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+        return state.rank
+
+    return train(elastic.ObjectState(step=0))
+
+
+def elastic_silent_commits(seconds: float) -> int:
+    """Commit every 0.1 s for `seconds` inside `sparkdist.elastic.run`, printing nothing
+    after its first line there: the commits are the only signs of life. (The driver warns
+    once per silent spell: the line starts the spell the test watches.)"""
+    from sparkdist import elastic
+
+    @elastic.run
+    def train(state) -> int:
+        print("training", flush=True)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            state.step += 1
+            state.commit()
+        return state.step
+
+    return train(elastic.ObjectState(step=0))

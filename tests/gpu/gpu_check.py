@@ -67,6 +67,7 @@ CHECKS = [
     Check("7", "7 NCCL flight recorder and abort, 1 rank", True, 90),
     Check("8a", "commit cost, CPU model (benchmarks/gpu_commit.py)", False, 150),
     Check("8b", "commit cost, 100M params on the GPU (benchmarks/gpu_commit.py)", True, 240),
+    Check("9", "9 NCCL stall: flight recorder dump, the torchfrtrace command", True, 90),
 ]
 
 
@@ -130,6 +131,7 @@ def run_check(key: str, work: Path) -> str:
     import cloudpickle
     import elastic_check
     import rank_checks
+    import stall_check
 
     cloudpickle.register_pickle_by_value(rank_checks)  # the ranks need not import it
     store = work / "store"
@@ -149,6 +151,7 @@ def run_check(key: str, work: Path) -> str:
         "7": rank_checks.check_nccl,
         "8a": lambda: _benchmark("gpu_commit.py", "--device", "cpu", "--params", "4M"),
         "8b": lambda: _benchmark("gpu_commit.py", "--device", "cuda", "--params", "100M"),
+        "9": stall_check.check_nccl_stall,
     }
     return table[key]()
 
