@@ -261,6 +261,7 @@ class ShardReader:
                 position.epoch,
                 self.options.shuffled,
                 self.options.window_rows,
+                self.layout.row_bytes,
             )
             own = position.slice()
             wanted = wanted_intervals(own, self.batch_size, worker, workers, batches)
