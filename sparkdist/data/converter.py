@@ -68,8 +68,11 @@ class SparkDatasetConverter:
                 reason,
             )
             return False
-        if options.pad_column is not None:
-            logger.info("sparkdist.data: petastorm marks no pads, so the pyarrow reader reads")
+        if options.pad_column is not None or options.global_batch_size is not None:
+            logger.info(
+                "sparkdist.data: petastorm marks no pads and has no global batch, so the "
+                "pyarrow reader reads"
+            )
             return False
         if self.layout.num_row_groups < options.shard_count:
             logger.info(
@@ -92,6 +95,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int = 0,
         transform_spec: Any = None,
@@ -113,6 +118,11 @@ class SparkDatasetConverter:
         Horovod's or MPI's, else the whole data) reads its equal slice of each epoch's
         global order: every rank gets the same number of batches (padded, or
         ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
+        ``global_batch_size=G`` instead makes each step G rows for the whole world,
+        whatever its size, shared by the ranks as evenly as can be (``batch_size`` is then
+        unused): each batch carries ``weight_column``, and ``(loss_per_row *
+        batch["row_weight"]).sum()`` averaged by DDP is the mean over the step's G rows,
+        through changes of the world too (docs/data.md, "A global batch").
         ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
         each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
         ``num_epochs`` epochs (None: forever) from the loader's position, which
@@ -154,6 +164,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
         transform_spec: Any = None,
@@ -196,6 +208,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         cur_shard: int | None = None,
         shard_count: int | None = None,
         columns: Sequence[str] | None = None,
