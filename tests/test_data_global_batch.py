@@ -26,7 +26,7 @@ from sparkdist.data.converter import SparkDatasetConverter
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]
 N_ROWS = 2300
-G = 100  # over 3 ranks: 34, 33, 33 rows a step
+G = 121  # over 3 ranks: 41, 40, 40 rows a step; the last step (1 row) gives 2 ranks a pad
 LOADER = {"num_epochs": 1, "shuffle": True, "seed": 7, "pad_column": "is_pad", "prefetch": 0}
 
 
@@ -79,6 +79,7 @@ def check_epoch(record: list) -> None:
     assert len(record) == math.ceil(N_ROWS / G)  # the step count of a world that never changed
     assert [rows for _, rows, _ in record[:-1]] == [G] * (len(record) - 1)
     assert record[-1][1] == N_ROWS - G * (len(record) - 1)
+    assert record[-1][1] == 1  # N = 19 G + 1: two ranks read a pad in the last step
     assert [world for world, _, _ in record[:4]] == [3, 3, 3, 3]
 
 
@@ -89,7 +90,7 @@ def test_global_batch_through_3_2_3_in_process(converter, caplog):
             converter.make_numpy_batches(global_batch_size=G, cur_shard=r, shard_count=3, **LOADER)
             for r in range(3)
         ]
-    assert "ranks 0..0 read 34 rows a step, ranks 1..2 read 33" in caplog.text
+    assert "ranks 0..0 read 41 rows a step, ranks 1..2 read 40" in caplog.text
     loaders = [context.__enter__() for context in contexts]
     assert [len(loader) for loader in loaders] == [math.ceil(N_ROWS / G)] * 3
     run_steps([iter(loader) for loader in loaders], 4, record)

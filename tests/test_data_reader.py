@@ -36,14 +36,10 @@ def layout(tmp_path_factory) -> files.Layout:
     return files.describe(directory.as_uri())
 
 
-@pytest.mark.parametrize("grain", [None, (7, 35)])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle, world, grain):
+def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle, world):
     monkeypatch.setattr(reader, "CHUNK_BYTES", 64 * layout.row_bytes)  # 64-row chunks
-    if grain:  # groups of 7 rows, runs of 35: short groups, many runs, ranks split runs
-        monkeypatch.setattr(order, "GROUP_BYTES", grain[0] * layout.row_bytes)
-        monkeypatch.setattr(order, "MIX_BYTES", grain[1] * layout.row_bytes)
     for rank in range(world):
         shard = reader.ShardReader(
             layout,
@@ -57,7 +53,7 @@ def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle
             writable=True,
             prefetch=0,
         )
-        epoch_order = order.EpochOrder(layout.row_group_rows, 5, 0, shuffle, 600, layout.row_bytes)
+        epoch_order = order.EpochOrder(layout.row_group_rows, 5, 0, shuffle, 600)
         expected = epoch_order.row_ids(shard.position.slice())
         batches = list(shard)
         ids = np.concatenate([batch["id"] for batch in batches])

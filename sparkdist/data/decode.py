@@ -179,49 +179,48 @@ class WindowDecoder:
     def _read_shuffled(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
     ) -> Iterator[Chunk]:
-        """Shuffled rows: the window decoded once, then gathered run by run (`WindowShuffle`).
+        """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
 
-        The window's row groups that hold wanted rows are decoded chunk by chunk into the
-        thread's `Scratch` arrays, reused from window to window (a row group decoded at
-        once would take fresh memory whose page faults cost as much as the decoding). Each
-        run of the shuffle is then made from contiguous copies of its groups, and its rows
-        picked in a buffer of about 1 MiB that stays in cache: no random read over the
-        window, which cost more than the decoding (see docs/data.md).
+        The row groups are decoded chunk by chunk into the thread's `Scratch` arrays,
+        reused from window to window: a row group decoded at once would take fresh memory
+        (128 MiB for Spark's) whose page faults cost as much as the decoding on a busy
+        machine. The gather is made in chunks of ``chunk_rows`` with ``np.take``, which
+        copies whole rows: indexing (``values[rows]``) took twice as long, more than a
+        third of the shuffled read's time (docs/data.md).
         """
-        shuffle = epoch_order.shuffled(window)
-        positions = np.concatenate([np.arange(lo, hi) for lo, hi in ranges])
-        decoded = self._decode_window(window, shuffle, positions, scratch)
-        g = shuffle.group_rows
-        grouped = {
-            name: values.reshape(-1, g, *values.shape[1:]) for name, values in decoded.items()
-        }
-        runs = positions // shuffle.mix_rows
-        edges = np.flatnonzero(np.diff(runs)) + 1
-        for part in np.split(np.arange(len(positions)), edges):
-            run = int(runs[part[0]])
-            groups, picked = shuffle.run_groups(run), shuffle.mixed[positions[part]]
+        permutation = epoch_order.permutation(window)
+        rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
+        decoded, offsets = self._decode_blocks(window, rows, scratch)
+        if offsets is not None:  # only some row groups were decoded, one after the other
+            bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+            rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
+        for start in range(0, len(rows), self.chunk_rows):
+            picked = rows[start : start + self.chunk_rows]
             yield self._transformed(
-                {
-                    name: values[groups].reshape(-1, *values.shape[2:])[picked]
-                    for name, values in grouped.items()
-                }
+                {name: np.take(values, picked, axis=0) for name, values in decoded.items()}
             )
 
-    def _decode_window(
-        self, window: order.Window, shuffle: order.WindowShuffle, positions, scratch: Scratch
-    ) -> Chunk:
-        """The window's rows (padded to whole groups), where a block holds wanted rows."""
-        rows = shuffle.permutation()[positions]
+    def _decode_blocks(
+        self, window: order.Window, rows: np.ndarray, scratch: Scratch
+    ) -> tuple[Chunk, np.ndarray | None]:
+        """The window's row groups that hold ``rows``, decoded into ``scratch``.
+
+        All of them when the rank reads the whole window (no offsets); else those it
+        needs, one after the other, with each row group's offset from its place.
+        """
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
-        hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
-        padded = -(-window.rows // shuffle.group_rows) * shuffle.group_rows
+        hit = np.arange(len(window.blocks))
+        if len(rows) < window.rows and len(window.blocks) > 1:
+            hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
+        total = int(sum(window.blocks[index].rows for index in hit))
         decoded: Chunk = {}
+        offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
         for index in hit:
-            filled = int(bounds[index])
+            offsets[index] = filled - bounds[index]
             for batch in self._batches(window.blocks[index]):
                 for name, values in to_numpy_chunk(batch, self.columns).items():
                     if name not in decoded:
-                        decoded[name] = scratch.array(name, values, padded)
+                        decoded[name] = scratch.array(name, values, total)
                     decoded[name][filled : filled + len(values)] = values
                 filled += batch.num_rows
-        return decoded
+        return decoded, (offsets if offsets.any() else None)

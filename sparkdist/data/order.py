@@ -4,14 +4,9 @@ The epoch's **global order** is a permutation of all N rows that depends only on
 data's row groups, the seed and the epoch, never on the number of ranks (as in Mosaic
 Streaming): with ``shuffle`` the row groups ("blocks") are permuted with a seeded RNG,
 consecutive blocks are gathered into windows of at least ``window_rows`` rows, and the
-rows of each window are shuffled in two steps (`WindowShuffle`): runs of ``group_rows``
-consecutive rows (about 4 KiB) are permuted, then every ``mix_rows`` positions (about
-1 MiB) of that sequence are permuted again among themselves. So a rank gathers a window
-with contiguous copies and a shuffle inside a cache-sized buffer, close to the speed of
-reading the files in order (Mosaic Streaming's py1br permutes blocks and mixes them in a buffer
-the same way); `randomness` measures how far the order is from a true permutation
-(docs/data.md gives the figures).
-Without ``shuffle`` it is the files' own order.
+rows of each window are permuted. Without ``shuffle`` it is the files' own order.
+`randomness` measures how far an order is from a true permutation (docs/data.md gives
+the figures).
 
 A world of W ranks splits what is left of the epoch's order, ``remaining`` (intervals of
 positions in the global order; all of ``[0, N)`` when an epoch starts), into W equal
@@ -40,18 +35,6 @@ import numpy as np
 Interval = tuple[int, int]  # positions [start, stop) in the epoch's global order
 
 DEFAULT_WINDOW_ROWS = 8192
-GROUP_BYTES = 4 << 10  # consecutive rows of a window that move together when shuffled
-MIX_BYTES = 1 << 20  # then shuffled again among themselves: a buffer that stays in cache
-
-
-def grain(row_bytes: int) -> tuple[int, int]:
-    """``(group_rows, mix_rows)`` for rows of ``row_bytes``: the shuffle's two grains.
-
-    Depends on the data only, so the order is the same for any world, batch or reader.
-    """
-    row_bytes = max(int(row_bytes), 1)
-    group = max(1, GROUP_BYTES // row_bytes)
-    return group, max(group, MIX_BYTES // row_bytes // group * group)
 
 
 @dataclass(frozen=True)
@@ -93,7 +76,6 @@ class EpochOrder:
     epoch: int
     shuffle: bool = True
     window_rows: int = DEFAULT_WINDOW_ROWS
-    row_bytes: int = 0  # the data's (`Layout.row_bytes`): sets the shuffle's `grain`
     windows: list[Window] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,16 +98,9 @@ class EpochOrder:
     def num_rows(self) -> int:
         return sum(w.rows for w in self.windows)
 
-    def shuffled(self, window: Window) -> WindowShuffle:
-        """How ``window``'s rows are shuffled (only with ``shuffle``)."""
-        group, mix = grain(self.row_bytes)
-        return _window_shuffle(self.seed, self.epoch, window.index, window.rows, group, mix)
-
     def permutation(self, window: Window) -> np.ndarray:
         """Row order inside ``window``: indices into its blocks' rows, concatenated."""
-        if not self.shuffle:
-            return np.arange(window.rows)
-        return self.shuffled(window).permutation()
+        return _permutation(self.seed, self.epoch, window.index, window.rows, self.shuffle)
 
     def pieces(self, intervals: Sequence[Interval]) -> list[tuple[Window, int, int]]:
         """``(window, lo, hi)``: the intervals cut at window edges (lo/hi inside the window)."""
@@ -148,49 +123,11 @@ class EpochOrder:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class WindowShuffle:
-    """A window's shuffled order, in two steps that make a fast gather.
-
-    First the groups of ``group_rows`` consecutive rows are permuted (``groups``: the
-    sequence of group indices; a short last group stays last), which gives a sequence of
-    the window's rows; then each run of ``mix_rows`` positions of that sequence is
-    permuted among itself (``mixed[p]``: the index, inside its run, of the row at
-    position ``p``). A rank gathers a run's groups (contiguous copies), then mixes them.
-    """
-
-    rows: int
-    group_rows: int
-    mix_rows: int
-    groups: np.ndarray
-    mixed: np.ndarray
-
-    def run_groups(self, run: int) -> np.ndarray:
-        """The groups whose rows make run ``run`` (positions ``run * mix_rows`` on)."""
-        per_run = self.mix_rows // self.group_rows
-        return self.groups[run * per_run : (run + 1) * per_run]
-
-    def permutation(self) -> np.ndarray:
-        """The window's rows in the shuffled order (indices into its rows)."""
-        g = self.group_rows
-        sequence = (self.groups[:, None] * g + np.arange(g)).ravel()[: self.rows]
-        runs = np.arange(self.rows) // self.mix_rows * self.mix_rows
-        return sequence[runs + self.mixed]
-
-
-@functools.lru_cache(maxsize=4)
-def _window_shuffle(
-    seed: int, epoch: int, window: int, rows: int, group: int, mix: int
-) -> WindowShuffle:
-    rng = np.random.default_rng([seed, epoch, window, 2])
-    full = rows // group
-    groups = rng.permutation(full)
-    if rows % group:
-        groups = np.append(groups, full)  # the short group stays last: runs stay aligned
-    whole = rows // mix
-    mixed = rng.permuted(np.tile(np.arange(mix, dtype=np.int32), (whole, 1)), axis=1).ravel()
-    rest = rng.permutation(rows - whole * mix).astype(np.int32)
-    return WindowShuffle(rows, group, mix, groups, np.concatenate([mixed, rest]))
+@functools.lru_cache(maxsize=4)  # a window's, for its readers; 4 MiB per 512k rows
+def _permutation(seed: int, epoch: int, window: int, rows: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(rows)
+    return np.random.default_rng([seed, epoch, window, 1]).permutation(rows)
 
 
 def randomness(row_ids: np.ndarray, batch_size: int) -> dict[str, float]:

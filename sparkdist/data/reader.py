@@ -313,7 +313,6 @@ class ShardReader:
                 position.epoch,
                 self.options.shuffled,
                 self.options.window_rows,
-                self.layout.row_bytes,
             )
             own = position.slice()
             wanted = wanted_intervals(own, size, worker, workers, batches)
