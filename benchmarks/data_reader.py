@@ -433,14 +433,7 @@ def main_benchmark(args, work: Path) -> None:
         }
         label = f"Mosaic Streaming 0.14.2 (first {args.streaming_rows // 1000}k rows)"
         runs.append((label, python, "streaming", spec, streaming_env))
-    ours = 4
-    if args.baseline:
-        base_env = {**env, "PYTHONPATH": f"{Path(args.baseline).resolve()}"}
-        for shuffle in (False, True):
-            label = f"baseline checkout, in place{', shuffle' if shuffle else ''}"
-            spec = {"handle": str(handles["in place"]), "shuffle": shuffle}
-            runs.insert(ours, (label, python, "sparkdist", spec, base_env))
-            ours += 1
+    ours = 4 + len(baseline_runs(args, handles["in place"], env, runs))
     best = best_of_rounds(runs[:ours], args, work)  # the loop and sparkdist's readers
     for run in runs[ours:]:  # the peers, far slower: one round
         best.update(best_of_rounds([run], argparse.Namespace(**{**vars(args), "rounds": 1}), work))
@@ -483,6 +476,19 @@ def print_randomness(layout, batch_size: int) -> None:
     for label, row_ids in rows:
         measure = order.randomness(row_ids, batch_size)
         print(f"{label:58} {measure['spearman']:>9.4f} {measure['neighbours']:>22.4%}")
+
+
+def baseline_runs(args, handle: Path, env: dict, runs: list) -> list[tuple]:
+    """`--baseline`'s in-place readers, in order and shuffled, put after sparkdist's."""
+    added = []
+    if args.baseline:
+        base_env = {**env, "PYTHONPATH": f"{Path(args.baseline).resolve()}"}
+        for shuffle in (False, True):
+            label = f"baseline checkout, in place{', shuffle' if shuffle else ''}"
+            spec = {"handle": str(handle), "shuffle": shuffle}
+            added.append((label, sys.executable, "sparkdist", spec, base_env))
+    runs[4:4] = added
+    return added
 
 
 def best_of_rounds(runs: list[tuple], args, work: Path) -> dict:

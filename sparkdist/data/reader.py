@@ -140,6 +140,24 @@ class EpochPlan:
     weights: tuple[float, float]  # a row's weight in a full step and in the last one
 
 
+def epoch_plan(
+    position: order.Position, epoch_order: order.EpochOrder, worker: int, workers: int, before: int
+) -> EpochPlan:
+    """What decode worker ``worker`` of ``workers`` reads of the epoch at ``position``
+    (``before``: the iteration's batches before this epoch)."""
+    size = position.rank_batch_size()
+
+    def rows(interval_rows: int) -> int:  # this worker's rows of the slice's first ones
+        return order.total(wanted_intervals([(0, interval_rows)], size, worker, workers, before))
+
+    wanted = wanted_intervals(position.slice(), size, worker, workers, before)
+    # Pads end the slice: this worker's rows before that end are its own.
+    real = rows(position.own_rows())
+    full = rows(max(position.batches_in_epoch() - 1, 0) * size)
+    weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
+    return EpochPlan(epoch_order, _by_window(epoch_order.pieces(wanted)), real, full, weights)
+
+
 def global_weights(position: order.Position) -> tuple[float, float]:
     """A row's weight in a full step and in the epoch's last step, with a global batch.
 
@@ -304,7 +322,6 @@ class ShardReader:
     def _plan(self, worker: int, workers: int, start: order.Position | None) -> Iterator[EpochPlan]:
         """What this worker reads of each epoch of the iteration."""
         position = (start or self.position).copy()
-        size = position.rank_batch_size()
         epochs = batches = 0
         while self.num_epochs is None or epochs < self.num_epochs:
             epoch_order = order.EpochOrder(
@@ -314,16 +331,8 @@ class ShardReader:
                 self.options.shuffled,
                 self.options.window_rows,
             )
-            own = position.slice()
-            wanted = wanted_intervals(own, size, worker, workers, batches)
-            # Pads end the slice: this worker's rows before that end are its own.
-            real = wanted_intervals([(0, position.own_rows())], size, worker, workers, batches)
-            steps = position.batches_in_epoch()
-            full = wanted_intervals([(0, max(steps - 1, 0) * size)], size, worker, workers, batches)
-            weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
-            pieces = _by_window(epoch_order.pieces(wanted))
-            yield EpochPlan(epoch_order, pieces, order.total(real), order.total(full), weights)
-            batches += steps
+            yield epoch_plan(position, epoch_order, worker, workers, batches)
+            batches += position.batches_in_epoch()
             position.next_epoch()
             epochs += 1
 
@@ -459,20 +468,20 @@ def _columns(layout: Layout, options: ReadOptions) -> tuple[tuple, list]:
 
 
 def _added_columns(output: list[ColumnInfo], options: ReadOptions) -> list[ColumnInfo]:
-    """The columns the batches carry besides the data's: ``pad_column``, ``weight_column``."""
+    """The columns the batches carry besides the data's: ``weight_column``, ``pad_column``."""
     added = []
     if options.global_batch_size is not None:
-        added.append(ColumnInfo(options.weight_column, "scalar", "float32"))
+        added.append(("weight_column", ColumnInfo(options.weight_column, "scalar", "float32")))
     if options.pad_column is not None:
-        added.append(ColumnInfo(options.pad_column, "scalar", "bool"))
+        added.append(("pad_column", ColumnInfo(options.pad_column, "scalar", "bool")))
     known = {info.name for info in output}
-    for info in added:
+    for option, info in added:
         if info.name in known:
             raise ValueError(
-                f"{info.name!r} is a column of the data; name the added column something new "
-                f"(pad_column='is_pad', weight_column='row_weight')"
+                f"{option} {info.name!r} is a column of the data; name the added column "
+                f"something new, e.g. {option}='{'is_pad' if option == 'pad_column' else 'w'}'"
             )
-    return added
+    return [info for _, info in added]
 
 
 class ReaderPosition:
