@@ -118,11 +118,8 @@ class SparkDatasetConverter:
         Horovod's or MPI's, else the whole data) reads its equal slice of each epoch's
         global order: every rank gets the same number of batches (padded, or
         ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
-        ``global_batch_size=G`` instead makes each step G rows for the whole world,
-        whatever its size, shared by the ranks as evenly as can be (``batch_size`` is then
-        unused): each batch carries ``weight_column``, and ``(loss_per_row *
-        batch["row_weight"]).sum()`` averaged by DDP is the mean over the step's G rows,
-        through changes of the world too (docs/data.md, "A global batch").
+        ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
+        weighted in ``weight_column`` (docs/data.md, "A global batch").
         ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
         each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
         ``num_epochs`` epochs (None: forever) from the loader's position, which
@@ -143,13 +140,8 @@ class SparkDatasetConverter:
         extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
         if data_loader_fn is None:
             data_loader_fn = functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
-        make = functools.partial(
-            _call_with_reader,
-            data_loader_fn,
-            batch_size=batch_size,
-            shuffling_queue_capacity=shuffling_queue_capacity,
-            **extra,
-        )
+        extra |= {"batch_size": batch_size, "shuffling_queue_capacity": shuffling_queue_capacity}
+        make = functools.partial(_call_with_reader, data_loader_fn, **extra)
         return ReaderContext(ShardReader(self.layout, options), make)
 
     def make_tf_dataset(
