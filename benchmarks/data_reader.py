@@ -1,6 +1,6 @@
 """Spark DataFrames to ranks at scale: conversion cost and per-rank read speed, beside peers.
 
-    .venv/bin/python benchmarks/data_reader.py [--rows 8400000] [--features 64]
+    .venv/bin/python benchmarks/data_reader.py [--rows 8400000] [--features 64] [--baseline DIR]
     .venv/bin/python benchmarks/data_reader.py --codecs [--codec-rows 1000000]
 
 Spark (local[2]) generates a DataFrame (a label and an array of float32 features) and
@@ -26,6 +26,16 @@ default size. Then, in one table:
   with another reader; each rank's best round is shown (a shared machine's load swings
   the loop alone between 1.0 and 2.3M rows/s). The slow peers run once. "+RSS" is how much
   the reader's peak resident memory grew while it read (beyond its imports and setup).
+  "CPU s" is the reader process's CPU time (all its threads) in that round, and "cpu vs
+  loop" the rows per CPU second against the loop's: steadier than wall time on a machine
+  that others load.
+  `--baseline DIR` adds sparkdist's in-place readers (in order and shuffled) from another
+  checkout (e.g. `git worktree add DIR main`) to the interleaved rounds: before and after
+  a change, side by side on the same files and the same load.
+* randomness of the shuffled order (epoch 0): the Spearman correlation between a row's
+  place in the files and in the epoch, and the share of rows whose next row in the files
+  is in the same batch (`sparkdist.data.order.randomness`), beside a true permutation's
+  and the files' order.
 
 `--codecs` instead measures the codecs a copy can use (what chose the default): for each,
 Spark's write time and bytes, and the rows/s of one sparkdist reader over the copy, on
@@ -145,12 +155,12 @@ print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.01)
 before = rss_mib()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 rows, size = read()
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 import resource
 grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
-print(json.dumps([rows, size, seconds, grown]), flush=True)
+print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
 """
 
 
@@ -286,7 +296,7 @@ def print_table(rows: list[tuple], title: str) -> None:
     print(title)
     header = (
         f"{'':44} {'rank':>4} {'rows':>9} {'seconds':>8} {'rows/s':>10} {'MB/s':>7} "
-        f"{'written':>10} {'vs loop':>7} {'+RSS MiB':>8}"
+        f"{'written':>10} {'vs loop':>7} {'+RSS MiB':>8} {'CPU s':>6} {'cpu vs loop':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -299,8 +309,10 @@ def print_table(rows: list[tuple], title: str) -> None:
         wrote = f"{written / 2**20:>6.0f} MiB" if written is not None else f"{'':>10}"
         vs = f"{ratio:>7.2f}" if ratio is not None else f"{'':>7}"
         rss = f"{grown[0]:>8.0f}" if grown else ""
+        cpu = f"{grown[1]:>6.1f} {grown[2]:>11.2f}" if len(grown) > 1 else ""
         line = (
-            f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs} {rss}"
+            f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs} "
+            f"{rss} {cpu}"
         )
         print(line.rstrip())
 
@@ -421,22 +433,62 @@ def main_benchmark(args, work: Path) -> None:
         }
         label = f"Mosaic Streaming 0.14.2 (first {args.streaming_rows // 1000}k rows)"
         runs.append((label, python, "streaming", spec, streaming_env))
-    best = best_of_rounds(runs[:4], args, work)  # the loop and sparkdist's readers
-    for run in runs[4:]:  # the peers, far slower: one round
+    ours = 4 + len(baseline_runs(args, handles["in place"], env, runs))
+    best = best_of_rounds(runs[:ours], args, work)  # the loop and sparkdist's readers
+    for run in runs[ours:]:  # the peers, far slower: one round
         best.update(best_of_rounds([run], argparse.Namespace(**{**vars(args), "rounds": 1}), work))
-    baseline = None
+    baseline = cpu_baseline = None
     for label, *_ in runs:
         results = best[label]
         if isinstance(results, str):
             table.append((label, "-", None, f"n/a: {results}", 0, None, None))
             continue
         if baseline is None:
-            baseline = sum(rows / seconds for rows, _, seconds, _ in results) / len(results)
-        for rank, (rows, size, seconds, grown) in enumerate(results):
-            ratio = rows / seconds / baseline
-            table.append((label, str(rank), rows, seconds, size, None, ratio, grown))
+            baseline = sum(rows / seconds for rows, _, seconds, *_ in results) / len(results)
+            cpu_baseline = sum(rows / cpu for rows, *_, cpu in results) / len(results)
+        for rank, (rows, size, seconds, grown, cpu) in enumerate(results):
+            ratio, cpu_ratio = rows / seconds / baseline, rows / cpu / cpu_baseline
+            table.append(
+                (label, str(rank), rows, seconds, size, None, ratio, grown, cpu, cpu_ratio)
+            )
     print(f"reading: each rank's best of {args.rounds} rounds (the peers: one round)")
     print_table(table, "")
+    print_randomness(in_place.layout, args.batch_size)
+
+
+def print_randomness(layout, batch_size: int) -> None:
+    """How random the shuffled order is, beside a true permutation and the files' order."""
+    import numpy as np
+
+    from sparkdist.data import order
+
+    n = layout.num_rows
+    shuffled = order.EpochOrder(layout.row_group_rows, 0, 0, True, order.DEFAULT_WINDOW_ROWS)
+    inside = shuffled.windows[0]
+    rows = [
+        ("sparkdist shuffle=True, the epoch", shuffled.row_ids([(0, n)])),
+        (f"sparkdist shuffle=True, one window ({inside.rows} rows)", shuffled.permutation(inside)),
+        ("a true permutation", np.random.default_rng(0).permutation(n)),
+        ("the files' order", np.arange(n)),
+    ]
+    print(f"\nrandomness of epoch 0's order ({len(shuffled.windows)} windows, batch {batch_size})")
+    print(f"{'':58} {'Spearman':>9} {'neighbours in a batch':>22}")
+    for label, row_ids in rows:
+        measure = order.randomness(row_ids, batch_size)
+        print(f"{label:58} {measure['spearman']:>9.4f} {measure['neighbours']:>22.4%}")
+
+
+def baseline_runs(args, handle: Path, env: dict, runs: list) -> list[tuple]:
+    """`--baseline`'s in-place readers, in order and shuffled, put after sparkdist's."""
+    added = []
+    if args.baseline:
+        base_env = {**env, "PYTHONPATH": f"{Path(args.baseline).resolve()}"}
+        for shuffle in (False, True):
+            label = f"baseline checkout, in place{', shuffle' if shuffle else ''}"
+            spec = {"handle": str(handle), "shuffle": shuffle}
+            added.append((label, sys.executable, "sparkdist", spec, base_env))
+    runs[4:4] = added
+    return added
 
 
 def best_of_rounds(runs: list[tuple], args, work: Path) -> dict:
@@ -534,6 +586,9 @@ def main() -> None:
         "--petastorm-python", default=str(ROOT / ".venv-petastorm" / "bin" / "python")
     )
     parser.add_argument("--workdir", default=None, help="where to write (default: the temp dir)")
+    parser.add_argument(
+        "--baseline", default=None, help="another checkout whose readers run side by side"
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

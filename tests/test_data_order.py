@@ -113,3 +113,60 @@ def test_state_is_small_and_checked():
     other = order.Position(10, 1, 0, 2, 4)
     with pytest.raises(ValueError, match="same converted data"):
         other.load_state_dict(state)
+
+
+def test_shuffled_order_is_close_to_a_true_permutation():
+    """The bounds docs/data.md quotes: inside a window a row's place is as uncorrelated with
+    its place in the files as in a true permutation, and next rows in the files almost never
+    share a batch; over the epoch the correlation is that of the windows' random order."""
+    layout, n, batch = [[2000] * 16] * 4, 128_000, 256
+    for seed in range(4):
+        epoch_order = order.EpochOrder(layout, seed, 0, True, 8192)
+        measure = order.randomness(epoch_order.row_ids([(0, n)]), batch)
+        assert measure["neighbours"] < 2 * batch / 8192  # in the files' order: ~1
+        assert abs(measure["spearman"]) < 0.3  # 16 windows in a random order
+        for window in epoch_order.windows:
+            inside = order.randomness(epoch_order.permutation(window), batch)
+            assert abs(inside["spearman"]) < 5 / np.sqrt(window.rows)  # a true permutation's
+    in_order = order.EpochOrder(layout, 0, 0, False).row_ids([(0, n)])
+    expected = {"spearman": 1, "neighbours": 1}
+    assert order.randomness(in_order, batch) == pytest.approx(expected, abs=0.01)
+
+
+@pytest.mark.parametrize("case", range(100))
+def test_a_global_batch_survives_any_resize_history(case):
+    """With ``global_batch_size`` every step is G rows for the world, shares differ by one
+    at most, and resizes leave each row read once and the epoch's step count unchanged."""
+    rng = np.random.default_rng(case)
+    layout = random_layout(rng)
+    layout[0][0] = max(layout[0][0], 1)
+    n, drop_last = sum(map(sum, layout)), bool(rng.integers(0, 2))
+    worlds = [int(w) for w in rng.integers(1, 6, size=int(rng.integers(1, 4)))]
+    global_batch = int(rng.integers(max(worlds), 60))
+    split = order.global_split(n, 1, global_batch, drop_last)
+    state, reads, steps_taken = None, [], 0
+    for index, world in enumerate(worlds):
+        last = index == len(worlds) - 1
+        positions = [
+            order.Position(n, case, r, world, 1, drop_last, global_batch_size=global_batch)
+            for r in range(world)
+        ]
+        for position in positions:
+            if state is not None:
+                position.load_state_dict(state)
+        steps = positions[0].batches_in_epoch()
+        done = steps if last else min(int(rng.integers(0, 5)), steps)
+        for position in positions:
+            share = position.rank_batch_size()
+            assert share in order.shares(global_batch, world)
+            rows = order.take(position.slice(), 0, min(done * share, position.own_rows()))
+            reads.extend(order.EpochOrder(layout, case, 0).row_ids(rows).tolist())
+            position.batches = done
+        steps_taken += done
+        state = positions[0].state_dict()
+        if done == steps:
+            break
+    assert steps_taken == split.steps  # the epoch's step count, whatever the worlds
+    counts = Counter(reads)
+    assert max(counts.values()) == 1
+    assert len(counts) == (split.steps * global_batch if drop_last else n)

@@ -53,9 +53,8 @@ def test_ranks_read_their_slice_of_the_global_order(layout, monkeypatch, shuffle
             writable=True,
             prefetch=0,
         )
-        expected = order.EpochOrder(layout.row_group_rows, 5, 0, shuffle, 600).row_ids(
-            shard.position.slice()
-        )
+        epoch_order = order.EpochOrder(layout.row_group_rows, 5, 0, shuffle, 600)
+        expected = epoch_order.row_ids(shard.position.slice())
         batches = list(shard)
         ids = np.concatenate([batch["id"] for batch in batches])
         np.testing.assert_array_equal(ids, expected)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,22 @@ def mark_pads(chunks: Iterator[Chunk], column: str, own: int) -> Iterator[Chunk]
         rows = _rows(chunk)
         yield {**chunk, column: np.arange(seen, seen + rows) >= own}
         seen += rows
+
+
+def mark_weights(chunks: Iterator[Chunk], column: str, plan: Any) -> Iterator[Chunk]:
+    """The chunks of one epoch with ``column``: each row's weight in its step's mean.
+
+    ``plan`` (a `reader.EpochPlan`): the first ``plan.full`` rows are in full steps, the
+    rows up to ``plan.real`` in the last step, the rest are pads (weight 0).
+    """
+    full_weight, last_weight = plan.weights
+    seen = 0
+    for chunk in chunks:
+        index = np.arange(seen, seen + _rows(chunk))
+        weights = np.where(index < plan.full, full_weight, last_weight).astype(np.float32)
+        weights[index >= plan.real] = 0
+        yield {**chunk, column: weights}
+        seen += len(index)
 
 
 def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:

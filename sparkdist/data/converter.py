@@ -68,8 +68,11 @@ class SparkDatasetConverter:
                 reason,
             )
             return False
-        if options.pad_column is not None:
-            logger.info("sparkdist.data: petastorm marks no pads, so the pyarrow reader reads")
+        if options.pad_column is not None or options.global_batch_size is not None:
+            logger.info(
+                "sparkdist.data: petastorm marks no pads and has no global batch, so the "
+                "pyarrow reader reads"
+            )
             return False
         if self.layout.num_row_groups < options.shard_count:
             logger.info(
@@ -92,6 +95,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int = 0,
         transform_spec: Any = None,
@@ -114,6 +119,8 @@ class SparkDatasetConverter:
         Horovod's or MPI's, else the whole data) reads its equal slice of each epoch's
         global order: every rank gets the same number of batches (padded, or
         ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
+        ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
+        weighted in ``weight_column`` (docs/data.md, "A global batch").
         ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
         each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
         ``num_epochs`` epochs (None: forever) from the loader's position, which
@@ -130,13 +137,10 @@ class SparkDatasetConverter:
         _check_device(device, data_loader_fn, self._use_petastorm(options))
         if self._use_petastorm(options):
             return petastorm_backend.loader("torch", self.cache_dir_url, self.layout, options)
-        from sparkdist.data.torch_loader import BatchedDataLoader
-
         given = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory}
-        extra = {n: v for n, v in {**given, "device": device}.items() if v} | dataloader_kwargs
-        fn = data_loader_fn or functools.partial(BatchedDataLoader, tensor_types=self.tensor_types)
+        given["device"] = device
         sizes = {"batch_size": batch_size, "shuffling_queue_capacity": shuffling_queue_capacity}
-        make = functools.partial(_call_with_reader, fn, **sizes, **extra)
+        make = _loader_maker(data_loader_fn, self.tensor_types, sizes, given, dataloader_kwargs)
         return ReaderContext(ShardReader(self.layout, options), make)
 
     def make_tf_dataset(
@@ -151,6 +155,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
         transform_spec: Any = None,
@@ -193,6 +199,8 @@ class SparkDatasetConverter:
         seed: int | None = None,
         drop_last: bool = False,
         pad_column: str | None = None,
+        global_batch_size: int | None = None,
+        weight_column: str = "row_weight",
         cur_shard: int | None = None,
         shard_count: int | None = None,
         columns: Sequence[str] | None = None,
@@ -244,6 +252,23 @@ def _check_device(device: Any, data_loader_fn: Any, petastorm: bool) -> None:
             "device= is for sparkdist's own loader, not petastorm's or a data_loader_fn's: "
             "wrap that loader in sparkdist.data.device_prefetch.DevicePrefetcher"
         )
+
+
+def _loader_maker(
+    data_loader_fn: Callable[..., Any] | None,
+    tensor_types: Any,
+    sizes: dict[str, Any],
+    given: dict[str, Any],
+    dataloader_kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    """What makes the torch DataLoader once the reader exists: `data_loader_fn` (default
+    `BatchedDataLoader`) with the sizes, the DataLoader options that were set, and any
+    other keywords."""
+    from sparkdist.data.torch_loader import BatchedDataLoader
+
+    fn = data_loader_fn or functools.partial(BatchedDataLoader, tensor_types=tensor_types)
+    extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
+    return functools.partial(_call_with_reader, fn, **sizes, **extra)
 
 
 def _call_with_reader(make: Callable[..., Any], reader: ShardReader, **kwargs: Any) -> Any:

@@ -5,6 +5,8 @@ data's row groups, the seed and the epoch, never on the number of ranks (as in M
 Streaming): with ``shuffle`` the row groups ("blocks") are permuted with a seeded RNG,
 consecutive blocks are gathered into windows of at least ``window_rows`` rows, and the
 rows of each window are permuted. Without ``shuffle`` it is the files' own order.
+`randomness` measures how far an order is from a true permutation (docs/data.md gives
+the figures).
 
 A world of W ranks splits what is left of the epoch's order, ``remaining`` (intervals of
 positions in the global order; all of ``[0, N)`` when an epoch starts), into W equal
@@ -121,11 +123,32 @@ class EpochOrder:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4)  # a window's, for its readers; 4 MiB per 512k rows
 def _permutation(seed: int, epoch: int, window: int, rows: int, shuffle: bool) -> np.ndarray:
     if not shuffle:
         return np.arange(rows)
     return np.random.default_rng([seed, epoch, window, 1]).permutation(rows)
+
+
+def randomness(row_ids: np.ndarray, batch_size: int) -> dict[str, float]:
+    """How far an epoch's order (file-order row ids by position) is from a true permutation.
+
+    ``spearman``: the correlation between a row's position in the files and in the epoch
+    (a true permutation: about 0, within ``1/sqrt(N)``; the files' order: 1).
+    ``neighbours``: the share of rows whose next row in the files is in the same batch (a
+    true permutation: ``(batch_size - 1) / (N - 1)``; the files' order: about 1).
+    """
+    row_ids = np.asarray(row_ids)
+    n = len(row_ids)
+    if n < 2:
+        return {"spearman": 0.0, "neighbours": 0.0}
+    position = np.empty(n, dtype=np.int64)
+    position[row_ids] = np.arange(n)
+    batch = position // batch_size
+    return {
+        "spearman": float(np.corrcoef(np.arange(n), row_ids)[0, 1]),
+        "neighbours": float(np.mean(batch[:-1] == batch[1:])),
+    }
 
 
 def total(intervals: Sequence[Interval]) -> int:
@@ -196,6 +219,71 @@ def left_after(
     return _merge(left)
 
 
+def shares(rows: int, world: int) -> list[int]:
+    """``rows`` split over ``world`` ranks as evenly as can be: shares differ by one at most."""
+    base, extra = divmod(rows, world)
+    return [base + (rank < extra) for rank in range(world)]
+
+
+@dataclass(frozen=True)
+class GlobalSplit:
+    """How a world reads what is left of an epoch in steps of ``global_batch`` rows.
+
+    Each step the world reads ``global_batch`` rows, rank ``r`` its ``share[r]``; the last
+    step reads the rest, ``last[r]`` each (shared as evenly), and a rank whose ``last`` is
+    0 reads one pad so that every rank steps. Rank ``r``'s rows are one contiguous part of
+    the remaining order, after those of the ranks before it (as `rank_slice`'s are).
+    """
+
+    steps: int
+    share: tuple[int, ...]
+    last: tuple[int, ...]
+
+    def real(self, rank: int) -> int:
+        """Rows of the epoch rank ``rank`` reads that are not pads."""
+        return (self.steps - 1) * self.share[rank] + self.last[rank] if self.steps else 0
+
+    def start(self, rank: int) -> int:
+        return sum(self.real(other) for other in range(rank))
+
+    def rows_in_last_step(self) -> int:
+        return sum(self.last)
+
+
+def global_split(
+    remaining_rows: int, world: int, global_batch: int, drop_last: bool
+) -> GlobalSplit:
+    steps = remaining_rows // global_batch if drop_last else -(-remaining_rows // global_batch)
+    last_rows = min(remaining_rows - (steps - 1) * global_batch, global_batch) if steps else 0
+    share = tuple(shares(global_batch, world))
+    return GlobalSplit(steps, share, tuple(shares(last_rows, world)))
+
+
+def global_rank_slice(
+    remaining: Sequence[Interval], rank: int, world: int, global_batch: int, drop_last: bool
+) -> list[Interval]:
+    """Rank ``rank``'s rows of the remaining order in steps of ``global_batch`` (`GlobalSplit`)."""
+    split = global_split(total(remaining), world, global_batch, drop_last)
+    lo = split.start(rank)
+    own = take(remaining, lo, lo + split.real(rank))
+    if split.steps and not split.last[rank]:
+        own += take(remaining, 0, 1)  # a pad, so that this rank takes the last step too
+    return own
+
+
+def global_left_after(
+    remaining: Sequence[Interval], world: int, global_batch: int, drop_last: bool, steps: int
+) -> list[Interval]:
+    """What is left once the world took ``steps`` steps of ``global_batch`` rows."""
+    split = global_split(total(remaining), world, global_batch, drop_last)
+    left: list[Interval] = []
+    for rank in range(world):
+        start, real = split.start(rank), split.real(rank)
+        done = min(steps * split.share[rank], real)
+        left += take(remaining, start + done, start + real)
+    return _merge(left)
+
+
 @dataclass
 class Position:
     """Where the world is: epoch, and what is left of the epoch's global order.
@@ -203,7 +291,9 @@ class Position:
     ``state_dict()`` is small and picklable; store it with the model in
     ``sparkdist.checkpoint.save`` and give it to ``load_state_dict`` after a relaunch or
     a resize. It counts the batches this rank has handed out since the epoch (or the
-    resume) started, and assumes every rank handed out as many (lockstep).
+    resume) started, and assumes every rank handed out as many (lockstep). With
+    ``global_batch_size`` a step is that many rows for the whole world, whatever its size
+    (`GlobalSplit`), and ``batch_size`` is not used.
     """
 
     num_rows: int
@@ -215,22 +305,45 @@ class Position:
     epoch: int = 0
     remaining: list[Interval] = field(default_factory=list)
     batches: int = 0  # handed out in this epoch since `remaining` was set
+    global_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.remaining:
             self.remaining = [(0, self.num_rows)] if self.num_rows else []
+        check_global_batch(self.global_batch_size, self.world)
+
+    def split(self) -> GlobalSplit:
+        """The world's steps over what is left (only with ``global_batch_size``)."""
+        assert self.global_batch_size is not None
+        return global_split(
+            total(self.remaining), self.world, self.global_batch_size, self.drop_last
+        )
+
+    def rank_batch_size(self) -> int:
+        """Rows of this rank's batches (its share of a global batch, if one is set)."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        return shares(self.global_batch_size, self.world)[self.rank]
 
     def copy(self) -> Position:
         return dataclasses.replace(self, remaining=list(self.remaining))
 
     def slice(self) -> list[Interval]:
+        if self.global_batch_size is not None:
+            return global_rank_slice(
+                self.remaining, self.rank, self.world, self.global_batch_size, self.drop_last
+            )
         return rank_slice(self.remaining, self.rank, self.world, self.drop_last)
 
     def own_rows(self) -> int:
         """Rows of this rank's slice that are not pads (see `rank_slice`)."""
+        if self.global_batch_size is not None:
+            return self.split().real(self.rank)
         return own_rows(self.remaining, self.rank, self.world, self.drop_last)
 
     def batches_in_epoch(self) -> int:
+        if self.global_batch_size is not None:
+            return self.split().steps
         each = slice_rows(total(self.remaining), self.world, self.drop_last)
         return -(-each // self.batch_size)
 
@@ -247,6 +360,7 @@ class Position:
     def for_world(self, rank: int, world: int) -> Position:
         """This position, read by rank ``rank`` of ``world``: what the old world read stays
         read (the batches handed out are folded in first), the rest is split anew."""
+        check_global_batch(self.global_batch_size, world)
         position = self.copy()
         position.settle()
         position.rank, position.world = rank, world
@@ -258,6 +372,10 @@ class Position:
         self.batches = 0
 
     def _left(self) -> list[Interval]:
+        if self.global_batch_size is not None:
+            return global_left_after(
+                self.remaining, self.world, self.global_batch_size, self.drop_last, self.batches
+            )
         rows_per_rank = self.batches * self.batch_size
         return left_after(self.remaining, self.world, self.drop_last, rows_per_rank)
 
@@ -292,3 +410,16 @@ class Position:
         self.epoch = int(state["epoch"])
         self.remaining = _merge([(int(a), int(b)) for a, b in state["remaining"]])
         self.batches = 0
+
+
+def check_global_batch(global_batch_size: int | None, world: int) -> None:
+    """Refuse a global batch that some rank of ``world`` would get no row of."""
+    if global_batch_size is None:
+        return
+    if global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be at least 1, got {global_batch_size}")
+    if global_batch_size < world:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is smaller than the world ({world} ranks): "
+            f"every rank needs at least one row a step; use a global batch of at least {world}"
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from sparkdist.data import order, rank_place
-from sparkdist.data.batches import EPOCH_END, mark_pads, prefetched, rebatch
+from sparkdist.data.batches import EPOCH_END, mark_pads, mark_weights, prefetched, rebatch
 from sparkdist.data.decode import Chunk, Scratch, WindowDecoder
 from sparkdist.data.files import ColumnInfo, Layout
 from sparkdist.data.transform import TransformSpec
 from sparkdist.protocol.driver_channel import alive
+
+logger = logging.getLogger(__name__)
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
@@ -45,7 +48,9 @@ class ReadOptions:
     ``shuffling_queue_capacity`` is petastorm's knob: it shuffles too. ``writable`` hands
     out memory that torch may write to. ``pad_column`` names a boolean column added to
     every batch, True on the rows repeated to keep the steps equal (a metric leaves them
-    out).
+    out). ``global_batch_size`` makes a step that many rows for the whole world, whatever
+    its size (`order.GlobalSplit`); the batches then carry ``weight_column``, each row's
+    weight in the step's mean (`global_weights`).
     """
 
     batch_size: int = 32
@@ -63,6 +68,8 @@ class ReadOptions:
     workers_count: int | None = None
     writable: bool = False
     pad_column: str | None = None
+    global_batch_size: int | None = None
+    weight_column: str = "row_weight"
 
     def __post_init__(self) -> None:
         shard = rank_place.default_shard(self.cur_shard, self.shard_count)
@@ -77,6 +84,7 @@ class ReadOptions:
             )
         if self.workers_count is not None and self.workers_count < 1:
             raise ValueError(f"workers_count must be None or at least 1, got {self.workers_count}")
+        order.check_global_batch(self.global_batch_size, self.shard_count)
 
     @classmethod
     def of(
@@ -122,6 +130,66 @@ def wanted_intervals(
     return out
 
 
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one reader (or decode worker) reads of an epoch, and how to mark its rows."""
+
+    order: order.EpochOrder
+    pieces: list  # (window, [(lo, hi) positions inside it]) in reading order
+    real: int  # its rows before the pads
+    full: int  # its rows before the epoch's last (short) step, with a global batch
+    weights: tuple[float, float]  # a row's weight in a full step and in the last one
+
+
+def epoch_plan(
+    position: order.Position, epoch_order: order.EpochOrder, worker: int, workers: int, before: int
+) -> EpochPlan:
+    """What decode worker ``worker`` of ``workers`` reads of the epoch at ``position``
+    (``before``: the iteration's batches before this epoch)."""
+    size = position.rank_batch_size()
+
+    def rows(interval_rows: int) -> int:  # this worker's rows of the slice's first ones
+        return order.total(wanted_intervals([(0, interval_rows)], size, worker, workers, before))
+
+    wanted = wanted_intervals(position.slice(), size, worker, workers, before)
+    # Pads end the slice: this worker's rows before that end are its own.
+    real = rows(position.own_rows())
+    full = rows(max(position.batches_in_epoch() - 1, 0) * size)
+    weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
+    return EpochPlan(epoch_order, _by_window(epoch_order.pieces(wanted)), real, full, weights)
+
+
+def global_weights(position: order.Position) -> tuple[float, float]:
+    """A row's weight in a full step and in the epoch's last step, with a global batch.
+
+    A rank's loss is the sum of its rows' losses times their weight, ``world / rows of
+    the step``; DDP's average over the ranks is then the mean over the step's rows. Pads
+    weigh 0.
+    """
+    split, world = position.split(), position.world
+    return world / position.global_batch_size, world / max(split.rows_in_last_step(), 1)
+
+
+def log_shares(position: order.Position, column: str) -> None:
+    """Say how a global batch that the world does not split evenly is shared."""
+    size, world = position.global_batch_size, position.world
+    if size is None or size % world == 0:
+        return
+    base, extra = divmod(size, world)
+    logger.info(
+        "sparkdist.data: global_batch_size=%d over %d ranks: ranks 0..%d read %d rows a "
+        "step, ranks %d..%d read %d (the batches' %r weights make the loss the step's mean)",
+        size,
+        world,
+        extra - 1,
+        base + 1,
+        extra,
+        world - 1,
+        base,
+        column,
+    )
+
+
 def _by_window(pieces: list[tuple[order.Window, int, int]]) -> list[tuple[order.Window, list]]:
     """Consecutive pieces of one window together, so that each window is read once."""
     grouped: list[tuple[order.Window, list]] = []
@@ -155,7 +223,7 @@ class ShardReader:
         self.options, self.layout = options, layout
         self.batch_size, self.num_epochs = options.batch_size, options.num_epochs
         self.columns, self.output_columns = _columns(layout, options)
-        self.batch_columns = self.output_columns + _pad_column(self.output_columns, options)
+        self.batch_columns = self.output_columns + _added_columns(self.output_columns, options)
         self.position = order.Position(
             layout.num_rows,
             seed=0 if options.seed is None else int(options.seed),
@@ -163,7 +231,9 @@ class ShardReader:
             world=options.shard_count,
             batch_size=self.batch_size,
             drop_last=options.drop_last,
+            global_batch_size=options.global_batch_size,
         )
+        log_shares(self.position, self.options.weight_column)
         if self.num_epochs is None and self.position.batches_in_epoch() == 0:
             raise ValueError(
                 f"rank {options.cur_shard} of {options.shard_count} has no rows (the data has "
@@ -236,6 +306,7 @@ class ShardReader:
         self._world.end_iterations()
         self.position = (self._taken or self.position).for_world(rank, world_size)
         self._started = self._taken = None
+        log_shares(self.position, self.options.weight_column)
 
     def follow_world(self) -> None:
         """Take the environment's new place, if the loader follows it (`rank_place`)."""
@@ -249,10 +320,8 @@ class ShardReader:
 
     # -- producing (may run in a background thread or a DataLoader worker) --
 
-    def _plan(
-        self, worker: int, workers: int, start: order.Position | None
-    ) -> Iterator[tuple[order.EpochOrder, list, int]]:
-        """(epoch order, pieces this worker reads, how many are not pads) per epoch."""
+    def _plan(self, worker: int, workers: int, start: order.Position | None) -> Iterator[EpochPlan]:
+        """What this worker reads of each epoch of the iteration."""
         position = (start or self.position).copy()
         epochs = batches = 0
         while self.num_epochs is None or epochs < self.num_epochs:
@@ -263,13 +332,7 @@ class ShardReader:
                 self.options.shuffled,
                 self.options.window_rows,
             )
-            own = position.slice()
-            wanted = wanted_intervals(own, self.batch_size, worker, workers, batches)
-            # Pads end the slice: this worker's rows before that end are its own.
-            real = wanted_intervals(
-                [(0, position.own_rows())], self.batch_size, worker, workers, batches
-            )
-            yield epoch_order, _by_window(epoch_order.pieces(wanted)), order.total(real)
+            yield epoch_plan(position, epoch_order, worker, workers, batches)
             batches += position.batches_in_epoch()
             position.next_epoch()
             epochs += 1
@@ -306,10 +369,14 @@ class ShardReader:
 
     def _chunks(self, worker: int, workers: int, start: order.Position | None) -> Iterator[Chunk]:
         """This worker's decoded chunks of one iteration, each epoch closed by `EPOCH_END`."""
-        decoder, pad_column = self._decoder(), self.options.pad_column
-        for epoch_order, pieces, real in self._plan(worker, workers, start):
-            chunks = self._epoch_chunks(decoder, epoch_order, pieces)
-            yield from mark_pads(chunks, pad_column, real) if pad_column else chunks
+        decoder, options = self._decoder(), self.options
+        for plan in self._plan(worker, workers, start):
+            chunks = self._epoch_chunks(decoder, plan.order, plan.pieces)
+            if options.global_batch_size:
+                chunks = mark_weights(chunks, options.weight_column, plan)
+            yield from (
+                mark_pads(chunks, options.pad_column, plan.real) if options.pad_column else chunks
+            )
             yield EPOCH_END
 
     def batches(
@@ -326,7 +393,7 @@ class ShardReader:
             chunks = prefetched(
                 lambda: self._chunks(worker, workers, start), self.options.prefetch, self._closed
             )
-        return rebatch(chunks, self.batch_size)
+        return rebatch(chunks, (start or self.position).rank_batch_size())
 
     # -- consuming (counts what the user got, for state_dict) --
 
@@ -401,17 +468,21 @@ def _columns(layout: Layout, options: ReadOptions) -> tuple[tuple, list]:
     return stored, transform.output_columns(stored) if transform else list(stored)
 
 
-def _pad_column(output: list[ColumnInfo], options: ReadOptions) -> list[ColumnInfo]:
-    """The ``pad_column`` the batches carry besides the data's columns (none if not asked)."""
-    name = options.pad_column
-    if name is None:
-        return []
-    if name in {info.name for info in output}:
-        raise ValueError(
-            f"pad_column {name!r} is a column of the data; name the marker something new, "
-            f"e.g. pad_column='is_pad'"
-        )
-    return [ColumnInfo(name, "scalar", "bool")]
+def _added_columns(output: list[ColumnInfo], options: ReadOptions) -> list[ColumnInfo]:
+    """The columns the batches carry besides the data's: ``weight_column``, ``pad_column``."""
+    added = []
+    if options.global_batch_size is not None:
+        added.append(("weight_column", ColumnInfo(options.weight_column, "scalar", "float32")))
+    if options.pad_column is not None:
+        added.append(("pad_column", ColumnInfo(options.pad_column, "scalar", "bool")))
+    known = {info.name for info in output}
+    for option, info in added:
+        if info.name in known:
+            raise ValueError(
+                f"{option} {info.name!r} is a column of the data; name the added column "
+                f"something new, e.g. {option}='{'is_pad' if option == 'pad_column' else 'w'}'"
+            )
+    return [info for _, info in added]
 
 
 class ReaderPosition:
