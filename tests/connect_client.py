@@ -388,6 +388,20 @@ def scenario_relay_stall(spark):
     return {"error": None}
 
 
+def scenario_relay_interrupt(spark):
+    """A relay-mode job stuck in user code until the test sends SIGINT (its ranks note
+    their pids in RANKS_DIR). One task holds both ranks: the other slot is free for the
+    task that asks where they are."""
+    from sparkdist import HorovodRunner
+
+    runner = HorovodRunner(np=2, ranks_per_task=2, launcher="direct")
+    try:
+        runner.run(hang_forever, path=os.environ["RANKS_DIR"])
+    except KeyboardInterrupt:
+        pass
+    return {"outcome": runner.last_job.outcome}
+
+
 def tune_objective(trial):
     """Reads shared data; reports steps for the pruner; trial 2 fails; records its task."""
     import os
