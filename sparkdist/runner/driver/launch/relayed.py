@@ -46,7 +46,7 @@ from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.driver.stalls import StallWatch, show_where
+from sparkdist.runner.driver.stalls import FULL_STACKS, StallWatch, show_where
 from sparkdist.runner.task.spark_task import service_file
 from sparkdist.spark import Cluster, ServicePlace
 
@@ -157,8 +157,8 @@ class RelayedStage(BarrierStage):
         if not answer:
             answer.append(f"no answer within {WHERE_WAIT_S:g}s (no free task slot?)".encode())
         text = answer[0].decode()
-        if text.startswith("Where each rank was"):
-            return text
+        if text.startswith("Where each rank was"):  # the ranks' logs end with the stage
+            return text.removesuffix(f"\n{FULL_STACKS}")
         return f"sparkdist job {job.job_id}: interrupted; where each rank was is unknown: {text}"
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
