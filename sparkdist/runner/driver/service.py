@@ -5,7 +5,7 @@ talks to, turning their messages (`messages`) into the job's state
 that touches several to `JobState`, and a checkpoint message to the job's checkpoint
 store (`sparkdist/checkpoint/store.py`), which answers it.
 
-Three kinds of peers connect, each saying first who it is:
+Peers connect, each saying first who it is:
 
 * a Spark barrier task (`TaskHello`): reports where its agent listens, the processes
   it started and how its launcher (mpirun) ended; the driver gives task 0 every task's
