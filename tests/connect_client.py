@@ -388,6 +388,21 @@ def scenario_relay_stall(spark):
     return {"error": None}
 
 
+def scenario_relay_interrupt(spark):
+    """A relay-mode job stuck in user code until the test sends SIGINT (its ranks note
+    their pids in RANKS_DIR). RANKS_PER_TASK=2: one task holds both ranks, the other
+    slot is free for the task that asks where they are; 1: no slot is free."""
+    from sparkdist import HorovodRunner
+
+    per_task = int(os.environ["RANKS_PER_TASK"])
+    runner = HorovodRunner(np=2, ranks_per_task=per_task, launcher="direct")
+    try:
+        runner.run(hang_forever, path=os.environ["RANKS_DIR"])
+    except KeyboardInterrupt:
+        pass
+    return {"outcome": runner.last_job.outcome}
+
+
 def tune_objective(trial):
     """Reads shared data; reports steps for the pruner; trial 2 fails; records its task."""
     import os

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sparkdist.spark.connect_server import LocalConnectServer
@@ -346,3 +347,61 @@ def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
     assert "waits_in_silence (connect_client.py:" in result["stacks"], result
     assert "[sparkdist] sparkdist job" in output and "stall_warning=4" in output, output[-3000:]
     assert result["alive"] == []
+
+
+def _pids(directory: Path) -> list[int]:
+    """The pids the ranks of `hang_forever` noted (a file is empty while being written)."""
+    texts = [p.read_text() for p in sorted(directory.glob("rank*.pid"))]
+    return [int(text) for text in texts if text]
+
+
+def _until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+def _interrupt_relay_client(url: str, ranks_dir: Path, ranks_per_task: int) -> tuple[str, list]:
+    """Run the relay_interrupt scenario, SIGINT it once both ranks run; its output and
+    the ranks' pids."""
+    env = {**client_env(url), "SPARKDIST_CONNECT_RELAY": "always", "RANKS_DIR": str(ranks_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, str(CLIENT), "relay_interrupt"],
+        env={**env, "RANKS_PER_TASK": str(ranks_per_task)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        started = _until(lambda: len(_pids(ranks_dir)) == 2 or proc.poll() is not None, 240)
+        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
+        pids = _pids(ranks_dir)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, output[-4000:]
+    assert json.loads(lines[-1][len("RESULT ") :])["outcome"] == "interrupted"
+    return output, pids
+
+
+def test_an_interrupt_in_relay_mode_shows_the_stacks_then_stops_the_ranks(connect_url, tmp_path):
+    """Issue 48: a Ctrl-C on a relay-mode client (whose ranks it cannot reach) shows
+    where each rank was, asked of task 0's service by a plain Spark task, before the
+    stage is cancelled; no rank is left running."""
+    output, pids = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=2)
+    assert "Where each rank was (interrupted" in output, output[-4000:]
+    assert "ranks 0-1 (host " in output and "hang_forever (connect_client.py:" in output, output
+    assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
+
+
+def test_an_interrupt_in_relay_mode_without_a_free_slot_says_so_and_stops(connect_url, tmp_path):
+    """Both slots hold the job: the task that would ask where the ranks are cannot
+    start; the client says so in one line after a bounded wait, and still stops it all."""
+    output, pids = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=1)
+    assert "interrupted; where each rank was is unknown: no answer within" in output, output
+    assert "Where each rank was" not in output
+    assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids

@@ -151,3 +151,19 @@ def test_a_supervisor_through_a_relay_ends_or_is_lost_as_over_its_own_connection
     finally:
         task.close()
         service.close()
+
+
+def test_where_hello_is_answered_once_with_the_grouped_stacks():
+    """A relayed job's interrupted client asks task 0's service so (through a plain
+    Spark task): no rank runs yet, so the answer is empty; the service goes on."""
+    state, secret, service = _service(1)
+    try:
+        channel = wire.connect(service.address, secret)
+        channel.sock.settimeout(REPLY_TIMEOUT_S)
+        raw = channel.request(messages.encode(messages.WhereHello("interrupted")))
+        assert messages.decode(raw, (messages.Ok,)) == messages.Ok("")
+        channel.close()
+        _rank(service, secret, 0)._channel.close()
+        assert state.ranks[0].started
+    finally:
+        service.close()

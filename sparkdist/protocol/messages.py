@@ -9,7 +9,8 @@ request with `Rejected` instead of leaving its peer waiting.
 
 The channels (see docs/architecture.md):
 
-* to the driver's service, first a hello (`TaskHello`, `SupervisorHello`, `RankHello`);
+* to the driver's service, first a hello (`TaskHello`, `SupervisorHello`, `RankHello`,
+  or `WhereHello`, answered by the grouped stacks);
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
@@ -87,6 +88,15 @@ class RankHello(NamedTuple):
     rank: int
     host: str
     pid: int
+
+
+@register("where_hello")
+class WhereHello(NamedTuple):
+    """Where is each rank: answered once with `Ok(the grouped stacks, "" when no rank
+    runs)`. A relayed job's client asks task 0's service so, through a plain Spark task,
+    when it is interrupted (`runner/driver/launch/relayed.py`)."""
+
+    why: str
 
 
 # --- a task's and a supervisor's reports (one-way) -----------------------------------
@@ -418,7 +428,7 @@ class Rejected(NamedTuple):
     reason: str
 
 
-HELLOS = (TaskHello, SupervisorHello, RankHello)
+HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello)
 RELAY_FRAMES = (Relayed, RelayClosed)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)

@@ -5,7 +5,7 @@ talks to, turning their messages (`messages`) into the job's state
 that touches several to `JobState`, and a checkpoint message to the job's checkpoint
 store (`sparkdist/checkpoint/store.py`), which answers it.
 
-Three kinds of peers connect, each saying first who it is:
+Peers connect, each saying first who it is:
 
 * a Spark barrier task (`TaskHello`): reports where its agent listens, the processes
   it started and how its launcher (mpirun) ended; the driver gives task 0 every task's
@@ -15,7 +15,9 @@ Three kinds of peers connect, each saying first who it is:
 * a rank itself (`RankHello`): fetches the payload, publishes and reads rendezvous
   values, sends back its result or its traceback, `log_to_driver` messages and
   `sparkdist.report` metrics, and asks for an in-process elastic world's next
-  generation (`ElasticWorld`, answered by the job's `membership`).
+  generation (`ElasticWorld`, answered by the job's `membership`);
+* whoever holds the job's secret and asks where each rank is (`WhereHello`: a relayed
+  job's interrupted client, through a plain Spark task) gets the grouped stacks once.
 
 A task's supervisors and ranks come through the task's relay (`runner/task/relay.py`):
 each is a stream of the task's one channel (`Relayed` frames, ended by `RelayClosed`),
@@ -44,6 +46,7 @@ from sparkdist.protocol.event_server import EventChannel, EventServer
 from sparkdist.protocol.messages import MalformedMessage
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.records import Link
+from sparkdist.runner.driver.stalls import where
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,8 @@ class DriverService:
             peer.streams = _TaskStreams(self, link)  # its relay's local peers
         elif isinstance(hello, messages.SupervisorHello):
             peer = _SupervisorPeer(self.state, link, hello.rank, hello.host)
+        elif isinstance(hello, messages.WhereHello):
+            peer = _WherePeer(self, link, hello.why)
         else:
             peer = _RankPeer(self, link, hello)
         peer.opened()
@@ -327,6 +332,28 @@ class _SupervisorPeer(_StreamPeer):
 
     def lost(self) -> None:
         self.state.losses.supervisor_lost(self.number)
+
+
+class _WherePeer(_Peer):
+    """Asks where each rank is: answered once (the ranks' stacks are taken off the
+    loop, `stalls.where`); nothing it sends after that is read."""
+
+    def __init__(self, service: DriverService, link: Link, why: str):
+        self.service, self.link, self.why = service, link, why
+
+    def opened(self) -> None:
+        stacks = functools.partial(where, self.service.state, self.why)
+        self.service.offload(stacks, self._reply)
+
+    def received(self, raw) -> bool:
+        return True
+
+    def _reply(self, text) -> None:
+        reply = text if isinstance(text, messages.Failed) else messages.Ok(text)
+        try:
+            self.link.send(messages.encode(reply))
+        except OSError:
+            pass  # the asker gave up
 
 
 class _RankPeer(_Peer):

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 WAIT_S = stack_dumps.WAIT_S + 1.0
 """How long the driver waits for every rank's stacks (the supervisor waits `WAIT_S`)."""
 TICK_S = 1.0
+FULL_STACKS = "Each rank's full stacks are in its rank-N.log."
 NCCL_COMMAND = "torchfrtrace {directory} --prefix " + stack_dumps.NCCL_PREFIX + " -j"
 """The one command that analyses the ranks' NCCL flight recorder dumps (torch's)."""
 
@@ -117,7 +118,7 @@ def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> st
         )
         text += f"\nNCCL flight recorder dumps: {directory}; analyse them with:\n  "
         text += NCCL_COMMAND.format(directory=directory)
-    text += "\nEach rank's full stacks are in its rank-N.log."
+    text += f"\n{FULL_STACKS}"
     return text
 
 

@@ -15,13 +15,17 @@ whose tasks check for the answer once a second: a second or more per job.
 
 In relay mode task 0 first starts the job's service (a thread of its Python worker)
 and tells the other tasks its address with the one `allGather` of the job; everything
-else is the same. What serves the job there is the driver's business: it comes in the
-spec (`LaunchSpec.relay`, a `ServiceHost`), so this module imports nothing of the
-driver's (the relayed kind's plan is unpickled in task 0 only in relay mode).
+else is the same. Each task also writes that address in a file on its host
+(`service_file`): a plain Spark task the client runs when it is interrupted finds the
+service there, to ask where the ranks are. What serves the job there is the driver's
+business: it comes in the spec (`LaunchSpec.relay`, a `ServiceHost`), so this module
+imports nothing of the driver's (the relayed kind's plan is unpickled in task 0 only in
+relay mode).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -236,6 +240,18 @@ def task_host(spec: LaunchSpec, executor_address: str) -> str:
     return resolve(split_address(executor_address)[0])
 
 
+def service_file(job_id: str) -> str:
+    """Where a relayed job's tasks note its service's address on their host."""
+    return os.path.join(tempfile.gettempdir(), f"sparkdist-service-{job_id}")
+
+
+def _note_service(job_id: str, address: str) -> None:
+    path = service_file(job_id)
+    with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as f:
+        f.write(address)
+    os.replace(f"{path}.{os.getpid()}", path)
+
+
 def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
     """The function of the job's barrier stage (one call per task). Yields one value per
     task: a relayed job's outcome from task 0, else nothing worth reading (b"")."""
@@ -250,6 +266,7 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
             hosted = relay.host(spec.job.secret, host)
         service = ctx.allGather(hosted.address if hosted else "")[0]
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, driver=service))
+        _note_service(spec.job.job_id, service)
     try:
         task = TaskRun(spec, index, len(infos), host)
         try:
@@ -260,6 +277,10 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
         if hosted is not None:
             hosted.abort("barrier task 0 failed")
         raise
+    finally:
+        if spec.relay is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(service_file(spec.job.job_id))
     yield hosted.finish(len(infos)) if hosted is not None else b""
 
 

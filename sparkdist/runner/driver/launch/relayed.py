@@ -9,6 +9,12 @@ rank's result, the first failure, processes, files, reported metrics) as the sta
 output row. The
 client replays it: prints the lines, returns the results or raises the same error.
 
+A cancelled stage returns no row, so when the client is interrupted (Ctrl-C) it first
+runs one plain Spark task (the executors reach task 0, the client does not) that finds
+task 0's service on its host (`spark_task.service_file`), asks it where each rank is
+(`messages.WhereHello`, with the job's secret) and returns that; the client shows it,
+then cancels the stage. Each wait is bounded (`WHERE_WAIT_S`).
+
 Whether the executors reach the client is the Spark layer's call
 (`sparkdist.spark.Cluster.service_place`).
 
@@ -20,6 +26,7 @@ runs the driver's part by design.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,8 +36,8 @@ import cloudpickle
 
 from sparkdist.checkpoint.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
-from sparkdist.network import join_address
-from sparkdist.protocol import wire
+from sparkdist.network import join_address, split_address
+from sparkdist.protocol import messages, wire
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.console import RecordingConsole
 from sparkdist.runner.driver.job_state import JobState
@@ -39,12 +46,16 @@ from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.driver.stalls import StallWatch, show_where
+from sparkdist.runner.driver.stalls import FULL_STACKS, StallWatch, show_where
+from sparkdist.runner.task.spark_task import service_file
 from sparkdist.spark import Cluster, ServicePlace
 
 logger = logging.getLogger(__name__)
 
 TASKS_DONE_GRACE_S = 10.0
+WHERE_WAIT_S = 15.0
+"""How long an interrupted client waits for the ranks' stacks: a Spark job of one
+task (seconds to schedule), and task 0's service waits for the ranks a few seconds."""
 
 
 class RelayedKind(FixedSizeKind):
@@ -108,7 +119,11 @@ class RelayedStage(BarrierStage):
 
     def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
         limit = None if deadline is None else deadline - time.monotonic() + self.GRACE_S
-        self._thread.join(timeout=limit)
+        try:
+            self._thread.join(timeout=limit)
+        except KeyboardInterrupt:
+            logger.warning("%s", self.where())  # before the stage is cancelled
+            raise
         if self._thread.is_alive():
             raise JobTimeoutError(
                 "timeout: the relayed job's Spark stage had not ended when the job's time "
@@ -120,12 +135,61 @@ class RelayedStage(BarrierStage):
             return
         replay(cloudpickle.loads(self.outputs[0]), self.state)
 
+    def where(self) -> str:
+        """Where each rank is, asked of task 0's service by a plain Spark task; or why
+        that could not be had within `WHERE_WAIT_S`."""
+        job, tag, answer = self.spec.job, f"{self.group}-where", []
+        ask = functools.partial(ask_where, job.job_id, job.secret)
+
+        def run() -> None:
+            try:
+                answer.extend(self.spark.run_tasks(1, ask, tag, "sparkdist: where each rank is"))
+            except Exception as exc:  # noqa: BLE001 - said in the one line below
+                answer.append(f"its Spark job failed: {type(exc).__name__}".encode())
+
+        thread = threading.Thread(target=run, name=tag, daemon=True)
+        thread.start()
+        try:
+            thread.join(WHERE_WAIT_S)
+        finally:
+            if thread.is_alive():
+                self.spark.cancel(tag)
+        if not answer:
+            answer.append(f"no answer within {WHERE_WAIT_S:g}s (no free task slot?)".encode())
+        text = answer[0].decode()
+        if text.startswith("Where each rank was"):  # the ranks' logs end with the stage
+            return text.removesuffix(f"\n{FULL_STACKS}")
+        return f"sparkdist job {job.job_id}: interrupted; where each rank was is unknown: {text}"
+
     def stop(self, finished: bool) -> list[ProcessRecord]:
         if self._thread.is_alive():
             logger.info("cancelling Spark operations tagged %s", self.group)
             self.spark.cancel(self.group)
             self._thread.join(timeout=JOIN_TIMEOUT_S)
         return self._wait_local_gone()
+
+
+def ask_where(job_id: str, secret: wire.JobSecret, _index: int) -> bytes:
+    """A plain Spark task's: ask the job's service (found on this host) where each rank
+    is; the grouped stacks, else why not, in one line."""
+    try:
+        with open(service_file(job_id), encoding="utf-8") as f:
+            address = f.read()
+    except OSError:
+        return b"no task of the job runs on the host of the Spark task that asked"
+    try:
+        channel = wire.connect(split_address(address), secret, timeout=WHERE_WAIT_S)
+        try:
+            channel.sock.settimeout(WHERE_WAIT_S)
+            raw = channel.request(messages.encode(messages.WhereHello("interrupted")))
+        finally:
+            channel.close()
+        reply = messages.decode(raw, (messages.Ok, messages.Failed, messages.Rejected))
+    except (OSError, EOFError, messages.MalformedMessage) as exc:
+        return f"the job's service did not answer: {exc}".encode()
+    if not isinstance(reply, messages.Ok):
+        return f"the job's service refused: {reply}".encode()
+    return (reply.value or "no rank runs").encode()
 
 
 @dataclass(frozen=True)
