@@ -178,6 +178,9 @@ class TorchState(ObjectState):
         given = {
             name: v for name, v in (("model", model), ("optimizer", optimizer)) if v is not None
         }
+        self._copies: dict[str, host_copies.DeviceCommits] = {}
+        """Each stateful value's copier of CUDA tensors (set before `ObjectState.__init__`,
+        whose first `save()` uses it)."""
         super().__init__(**given, **values)
 
     def _stateful(self) -> list[str]:
@@ -186,12 +189,11 @@ class TorchState(ObjectState):
     def save(self) -> None:
         stateful = set(self._stateful())
         last = self._saved  # its tensors are reused: see `broadcast.snapshot`
-        copies = self.__dict__.setdefault("_copies", {})
         self._saved = {
             name: broadcast.snapshot(
                 value.state_dict(),
                 into=last.get(name),
-                copies=copies.setdefault(name, host_copies.DeviceCommits()),
+                copies=self._copies.setdefault(name, host_copies.DeviceCommits()),
             )
             if name in stateful
             else copy.deepcopy(value)
@@ -201,7 +203,7 @@ class TorchState(ObjectState):
 
     def wait_commit(self) -> None:
         """Wait until the last commit's copies of CUDA tensors are in host memory."""
-        for copies in self.__dict__.get("_copies", {}).values():
+        for copies in self._copies.values():
             copies.wait()
 
     def restore(self) -> None:
