@@ -101,48 +101,30 @@ class HorovodRunner:
         self,
         *,
         np: int,
-        driver_log_verbosity: str = "all",
-        launcher: str = "auto",
-        start_timeout: float = 600.0,
-        timeout: float | None = None,
-        stall_warning: float | None = 300.0,
-        stall_timeout: float | None = None,
+        driver_log_verbosity: str = RunnerOptions.driver_log_verbosity,
+        launcher: str = RunnerOptions.launcher,
+        start_timeout: float = RunnerOptions.start_timeout,
+        timeout: float | None = RunnerOptions.timeout,
+        stall_warning: float | None = RunnerOptions.stall_warning,
+        stall_timeout: float | None = RunnerOptions.stall_timeout,
         env: Mapping[str, str] | None = None,
-        mpi_args: Sequence[str] = (),
-        network_interface: str | None = None,
-        timeline: str | os.PathLike | None = None,
-        max_failures: int | None = None,
-        retry_on_exception: bool = False,
-        checkpoint_dir: str | os.PathLike | None = None,
-        checkpoint_keep: int = 2,
-        ranks_per_task: int = 1,
-        roles: Mapping[str, int] | str | None = None,
-        min_np: int | None = None,
-        max_np: int | None = None,
-        report_ranks: str = "rank0",
+        mpi_args: Sequence[str] = RunnerOptions.mpi_args,
+        network_interface: str | None = RunnerOptions.network_interface,
+        timeline: str | os.PathLike | None = RunnerOptions.timeline,
+        max_failures: int | None = RunnerOptions.max_failures,
+        retry_on_exception: bool = RunnerOptions.retry_on_exception,
+        checkpoint_dir: str | os.PathLike | None = RunnerOptions.checkpoint_dir,
+        checkpoint_keep: int = RunnerOptions.checkpoint_keep,
+        ranks_per_task: int = RunnerOptions.ranks_per_task,
+        roles: Mapping[str, int] | str | None = RunnerOptions.roles,
+        min_np: int | None = RunnerOptions.min_np,
+        max_np: int | None = RunnerOptions.max_np,
+        report_ranks: str = RunnerOptions.report_ranks,
     ):
-        self.options = RunnerOptions(
-            np=np,
-            driver_log_verbosity=driver_log_verbosity,
-            launcher=launcher,
-            start_timeout=start_timeout,
-            timeout=timeout,
-            stall_warning=stall_warning,
-            stall_timeout=stall_timeout,
-            env=env or {},
-            mpi_args=mpi_args,
-            network_interface=network_interface,
-            timeline=timeline,
-            max_failures=max_failures,
-            retry_on_exception=retry_on_exception,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_keep=checkpoint_keep,
-            ranks_per_task=ranks_per_task,
-            roles=roles,
-            min_np=min_np,
-            max_np=max_np,
-            report_ranks=report_ranks,
-        )
+        # The defaults are RunnerOptions' (its dataclass fields are class attributes), so
+        # they are stated once; the keywords stay spelled out for editors and help().
+        given = {name: value for name, value in locals().items() if name != "self"}
+        self.options = RunnerOptions(**{**given, "env": env or {}})
         self.last_job: JobReport | None = None
 
     def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
@@ -164,8 +146,13 @@ class HorovodRunner:
         with converted_dataframes(kwargs) as arguments:
             blob = payload.pack(main, arguments)
             opts = self.options
-            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher(),
-                                      name=_name_of(main), payload_bytes=len(blob))  # fmt: skip
+            self.last_job = JobReport(
+                job_id="",
+                np=opts.np,
+                launcher=opts.resolved_launcher(),
+                name=_name_of(main),
+                payload_bytes=len(blob),
+            )
             return run_job(opts, blob, all_results, self.last_job)
 
 
