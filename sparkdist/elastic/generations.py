@@ -45,8 +45,9 @@ class Generations:
         """The generation to join (it includes this rank, unless it was left out)."""
         found = self.newer(-1, timeout_s)
         if found is None:
-            raise TimeoutError(f"the driver formed no world for rank {self.launch_rank} "
-                               f"within {timeout_s:.0f} s")  # fmt: skip
+            raise TimeoutError(
+                f"the driver formed no world for rank {self.launch_rank} within {timeout_s:.0f} s"
+            )
         return found
 
     def newer(self, after: int, timeout_s: float) -> Generation | None:

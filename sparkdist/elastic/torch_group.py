@@ -139,6 +139,26 @@ class TorchGroup:
         self._store = None
 
 
+_left_formed: TorchGroup | None = None
+"""The group a finished `elastic.run` left formed (user code may still use it after the
+call): torch holds one default process group a process, so the next call ends it first."""
+
+
+def leave_formed(group: TorchGroup) -> None:
+    """``group`` stays formed after its `elastic.run` returned."""
+    global _left_formed
+    _left_formed = group
+
+
+def end_left_formed() -> None:
+    """End the group an earlier `elastic.run` left formed, if any."""
+    global _left_formed
+    if _left_formed is not None:
+        _left_formed.destroy()
+        _left_formed = None
+        free_old_groups()
+
+
 def free_old_groups() -> None:
     """Free the ended worlds' process groups that nothing else holds any more.
 

@@ -64,7 +64,7 @@ MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably st
 
 class WorldResize(Exception):
     """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
-    can relaunch with more ranks (`runner/driver/launch/elastic.py`), or without an
+    can relaunch with more ranks (`runner/driver/launch/gang_kind.py`), or without an
     executor being decommissioned (`left`, `notices.py`)."""
 
     def __init__(self, reason: str, left: bool = False):

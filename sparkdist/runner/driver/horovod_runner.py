@@ -19,7 +19,8 @@ from typing import Any
 
 from sparkdist.protocol import payload
 from sparkdist.protocol.script import ScriptMain
-from sparkdist.runner.driver.job import JobReport, run_job
+from sparkdist.runner.driver.job import run_job
+from sparkdist.runner.driver.launch.api import JobReport
 from sparkdist.runner.driver.options import RunnerOptions
 
 logger = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ import logging
 
 from sparkdist.checkpoint.store import REQUESTS as CHECKPOINT_REQUESTS
 from sparkdist.protocol import messages, wire
-from sparkdist.protocol.event_server import EventChannel, EventServer
 from sparkdist.protocol.messages import MalformedMessage
+from sparkdist.runner.driver.event_server import EventChannel, EventServer
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.records import Link
 from sparkdist.runner.driver.stalls import where
