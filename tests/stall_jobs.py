@@ -17,6 +17,24 @@ def stuck(lock_file: str) -> None:
         lock.acquire(timeout=0.5)
 
 
+def held_lock(lock_file: str) -> int:
+    """Block in C for as long as `lock_file` exists: the main thread waits on a lock
+    (no timeout) that a helper thread releases once the file is gone. No torch: the rank
+    starts in a second. Its line starts the silent spell a stall warning is given for."""
+    lock = threading.Lock()
+    lock.acquire()
+
+    def release() -> None:
+        while os.path.exists(lock_file):
+            time.sleep(0.05)
+        lock.release()
+
+    threading.Thread(target=release, daemon=True).start()
+    print("waiting on the lock", flush=True)
+    lock.acquire()
+    return 0
+
+
 def lock_job(lock_file: str, steps: int = 1000, stuck_rank: int = 1, stuck_at: int = 5) -> int:
     """An all_reduce per step; at step `stuck_at`, rank `stuck_rank` blocks in `stuck`,
     so the other ranks wait in all_reduce."""
