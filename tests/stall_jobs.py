@@ -102,9 +102,21 @@ def blocked_loader(data, lock_file: str) -> int:
     return batches
 
 
+def _beat_until(started: threading.Event) -> None:
+    """A line a second until `started` is set (a sign of life for the driver)."""
+    while not started.wait(1.0):
+        print("starting", flush=True)
+
+
 def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> int:
     """`lock_job` inside `sparkdist.elastic.run`: an all_reduce and a commit per step; at
-    step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the other waits in all_reduce."""
+    step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the others wait in all_reduce.
+
+    A thread prints a line a second until training starts: importing torch and forming
+    the group take seconds on a loaded machine, in silence, and a short `stall_timeout`
+    must count from the stall, not from the start."""
+    started = threading.Event()
+    threading.Thread(target=_beat_until, args=(started,), daemon=True).start()
     import torch
     import torch.distributed as dist
 
@@ -114,6 +126,7 @@ def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> 
 
     @elastic.run
     def train(state) -> int:
+        started.set()
         value = torch.ones(1)
         while state.step < 1000:
             if state.step == stuck_at and state.rank == stuck_rank:
