@@ -71,7 +71,7 @@ class Supervisor:
         """A server rank (parameter-server job) that the driver stopped: its chief is done."""
         self.role = roles.rank_role({**self.env, **self.layout})
         self.child = None
-        self.stacks = StackTaker()
+        self.stacks = StackTaker(self.env)
         """Where the rank answers the driver's requests for its stacks."""
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
