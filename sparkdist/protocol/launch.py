@@ -32,7 +32,7 @@ class LaunchSpec:
     driver_path: str
     driver_pythonpath: str
     relay: Any = None
-    """A `relay.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
+    """A `relayed.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
     client the executors cannot reach), else None."""
     ranks_per_task: int = 1
     """Ranks each barrier task starts (one per GPU of the task, as torchrun's
