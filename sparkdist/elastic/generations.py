@@ -49,8 +49,12 @@ class Generation:
 
     @classmethod
     def from_reply(cls, value: dict) -> Generation:
-        return cls(int(value["generation"]), tuple(value["members"]),
-                   str(value.get("reason", "")), bool(value.get("planned", False)))  # fmt: skip
+        return cls(
+            int(value["generation"]),
+            tuple(value["members"]),
+            str(value.get("reason", "")),
+            bool(value.get("planned", False)),
+        )
 
     def world_rank(self, launch_rank: int) -> int | None:
         """This launch rank's rank in the world, or None if it is not a member."""
@@ -71,8 +75,9 @@ class Generations:
         """The generation to join (it includes this rank, unless it was left out)."""
         found = self.newer(-1, timeout_s)
         if found is None:
-            raise TimeoutError(f"the driver formed no world for rank {self.launch_rank} "
-                               f"within {timeout_s:.0f} s")  # fmt: skip
+            raise TimeoutError(
+                f"the driver formed no world for rank {self.launch_rank} within {timeout_s:.0f} s"
+            )
         return found
 
     def newer(self, after: int, timeout_s: float) -> Generation | None:

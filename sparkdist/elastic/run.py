@@ -59,8 +59,10 @@ def run(func: Callable[..., T]) -> Callable[..., T | None]:
             raise TypeError(f"elastic.run: the first argument must be an elastic State, not {kind}")
         client = driver_channel.driver_client()
         if client is None:
-            raise RuntimeError("elastic.run runs in a sparkdist rank: start the function "
-                               "with HorovodRunner(...).run")  # fmt: skip
+            raise RuntimeError(
+                "elastic.run runs in a sparkdist rank: start the function "
+                "with HorovodRunner(...).run"
+            )
         return _Loop(state, Generations(client, launch_rank())).run(func, args, kwargs)
 
     return wrapper
@@ -93,8 +95,12 @@ class _Loop:
             except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
                 if not self.state.is_collective_failure(exc) and not self._superseded():
                     raise
-                logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
-                               generation.number, type(exc).__name__, exc)  # fmt: skip
+                logger.warning(
+                    "elastic: world %d broke (%s: %s); back to the last commit",
+                    generation.number,
+                    type(exc).__name__,
+                    exc,
+                )
                 traceback.clear_frames(exc.__traceback__)  # let the old world's DDP go
                 self.state.restore()
                 failure = exc
@@ -104,8 +110,12 @@ class _Loop:
             torch_group.free_old_groups()
             generation = self._next(generation, failure)
             reformed = True
-        logger.info("elastic: rank %d is not in world %d (%s): leaving",
-                    self.launch_rank, generation.number, generation.reason)  # fmt: skip
+        logger.info(
+            "elastic: rank %d is not in world %d (%s): leaving",
+            self.launch_rank,
+            generation.number,
+            generation.reason,
+        )
         return None
 
     def _enter(self, generation: Generation, reformed: bool, func, args, kwargs):

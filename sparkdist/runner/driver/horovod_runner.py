@@ -164,8 +164,13 @@ class HorovodRunner:
         with converted_dataframes(kwargs) as arguments:
             blob = payload.pack(main, arguments)
             opts = self.options
-            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher(),
-                                      name=_name_of(main), payload_bytes=len(blob))  # fmt: skip
+            self.last_job = JobReport(
+                job_id="",
+                np=opts.np,
+                launcher=opts.resolved_launcher(),
+                name=_name_of(main),
+                payload_bytes=len(blob),
+            )
             return run_job(opts, blob, all_results, self.last_job)
 
 
