@@ -257,8 +257,9 @@ class TorchState(ObjectState):
         """World rank 0's state of each stateful value in `names`, loaded on every rank."""
         for name in names:
             value = getattr(self, name)
-            tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
-                                            self.rank, self._group.device)  # fmt: skip
+            tree = broadcast.broadcast_tree(
+                value.state_dict() if self.rank == 0 else None, self.rank, self._group.device
+            )
             if self.rank != 0:
                 value.load_state_dict(host_copies.to_live_devices(tree, value.state_dict()))
 

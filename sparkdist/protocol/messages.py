@@ -452,9 +452,24 @@ HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello)
 RELAY_FRAMES = (Relayed, RelayClosed)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)
-RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
-                 CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit, CheckpointDue, Report, ElasticWorld, Alive)  # fmt: skip
+RANK_REQUESTS = (
+    KvPut,
+    KvGet,
+    Log,
+    FileUpload,
+    Result,
+    RankError,
+    CheckpointSave,
+    CheckpointLatest,
+    CheckpointLoaded,
+    CheckpointSteps,
+    CheckpointPlace,
+    CheckpointCommit,
+    CheckpointDue,
+    Report,
+    ElasticWorld,
+    Alive,
+)
 ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
@@ -489,8 +504,16 @@ def decode(raw: Any, expected: tuple[type, ...]) -> Any:
     return record
 
 
-_BASIC = {"int": int, "str": str, "bytes": bytes, "bool": bool, "list": list, "tuple": tuple,
-          "dict": dict, "float": (int, float)}  # fmt: skip
+_BASIC = {
+    "int": int,
+    "str": str,
+    "bytes": bytes,
+    "bool": bool,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "float": (int, float),
+}
 
 
 @functools.cache

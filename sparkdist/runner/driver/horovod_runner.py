@@ -85,14 +85,14 @@ class HorovodRunner:
             `{"chief": 1, "worker": 2, "ps": 1}` (they must add up to np). Rank 0 is
             the chief and runs `main` (the coordinator); the worker and ps ranks run
             TensorFlow servers, stopped when the chief returns. See "Parameter servers"
-            in the README.
+            in docs/parameter-servers.md.
         min_np, max_np: make the job elastic (either one, the other defaults to np): it
             starts as soon as min_np ranks' slots are free, with as many ranks as the
             cluster holds up to max_np; after a lost executor it goes on at once with the
             ranks the remaining slots hold (counted by `max_failures`, no limit by
             default), and when more slots stay free it grows at rank 0's next
             `sparkdist.checkpoint.save`. Runs where Spark's dynamic allocation is on.
-            See "Elastic training" in the README.
+            See "Elastic training" in docs/elastic.md.
         report_ranks: whose `sparkdist.report` metrics the driver shows and logs to its
             active MLflow run: "rank0" (rank 0's, under their own names) or "all" (every
             rank's, named `rank<k>/<metric>` in MLflow). `last_job.reported` keeps all.

@@ -52,8 +52,9 @@ logger = logging.getLogger(__name__)
 def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
     allow; return every rank's (unpickled) result of the last attempt."""
-    metrics = ReportedMetrics(report.reported, options.report_ranks, live=True,
-                              label=f"sparkdist {report.name}")  # fmt: skip
+    metrics = ReportedMetrics(
+        report.reported, options.report_ranks, live=True, label=f"sparkdist {report.name}"
+    )
     try:
         kind = choose_kind(options)
         checkpoints = open_checkpoints(options, kind)
@@ -130,9 +131,15 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
 class Attempt:
     """Launch the job once, in any kind: form, launch, wait, collect."""
 
-    def __init__(self, options: RunnerOptions, report: JobReport, blob: bytes,
-                 all_results: bool, metrics: ReportedMetrics,
-                 checkpoints: CheckpointStore | NoStore):  # fmt: skip
+    def __init__(
+        self,
+        options: RunnerOptions,
+        report: JobReport,
+        blob: bytes,
+        all_results: bool,
+        metrics: ReportedMetrics,
+        checkpoints: CheckpointStore | NoStore,
+    ):
         self.options = options
         self.report = report
         self.blob = blob
@@ -154,11 +161,20 @@ class Attempt:
         report.job_id = uuid.uuid4().hex[:12]
         report.outcome = Outcome.RUNNING
         plan = AttemptPlan(
-            self.options, number, report.job_id, wire.new_secret(),
-            _timeline_path(self.options.timeline, os.environ), report.name, report.launcher,
-            self.blob, self.all_results, self.metrics, self.credentials, self.checkpoints,
+            self.options,
+            number,
+            report.job_id,
+            wire.new_secret(),
+            _timeline_path(self.options.timeline, os.environ),
+            report.name,
+            report.launcher,
+            self.blob,
+            self.all_results,
+            self.metrics,
+            self.credentials,
+            self.checkpoints,
             self.rank_logs,
-        )  # fmt: skip
+        )
         try:
             self.world = kind.form(plan, why)
         except BaseException as exc:
@@ -235,10 +251,12 @@ class Attempt:
         except OSError as exc:
             logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
         if leftovers:
-            logger.warning("processes of job %s still alive after stop: %s", report.job_id,
-                           leftovers)  # fmt: skip
-        logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
-                    report.wall_time_s)  # fmt: skip
+            logger.warning(
+                "processes of job %s still alive after stop: %s", report.job_id, leftovers
+            )
+        logger.info(
+            "sparkdist job %s %s in %.1fs", report.job_id, report.outcome, report.wall_time_s
+        )
 
 
 def _announce(text: str) -> None:

@@ -158,10 +158,16 @@ class AttemptPlan:
         world's: re-formed in process down to `in_process_min_np` ranks)."""
         opts = self.options
         job = JobSpec(
-            self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
-            opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
+            self.job_id,
+            num_ranks,
+            self.blob,
+            self.all_results,
+            opts.driver_log_verbosity,
+            opts.ranks_per_task,
+            opts.roles,
+            rank0_env=self.credentials,
             in_process_min_np=in_process_min_np,
-        )  # fmt: skip
+        )
         console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
         return JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
 
@@ -169,9 +175,10 @@ class AttemptPlan:
         """What every task needs to start its part of this attempt."""
         opts = self.options
         rank_env = {
-            **tracking.rank_environment(), **opts.env,
+            **tracking.rank_environment(),
+            **opts.env,
             job_environment.ATTEMPT: str(self.number),
-        }  # fmt: skip
+        }
         if self.timeline_path:
             rank_env[job_environment.HOROVOD_TIMELINE] = self.timeline_path
         if opts.roles is not None:
@@ -240,12 +247,17 @@ class FixedSizeKind:
             logger.warning(
                 "sparkdist job %s: mpirun could not start its daemons before any rank "
                 "started; launching it once more. Open MPI said:\n%s",
-                job_id, "\n".join(relaunch.output_tail),
-            )  # fmt: skip
+                job_id,
+                "\n".join(relaunch.output_tail),
+            )
             return relaunch.reason
         logger.warning(
             "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most %d), "
             "resuming from %s",
-            job_id, relaunch.reason, budget.used, budget.max_failures, resume_point,
-        )  # fmt: skip
+            job_id,
+            relaunch.reason,
+            budget.used,
+            budget.max_failures,
+            resume_point,
+        )
         return relaunch.reason
