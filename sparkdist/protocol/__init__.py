@@ -1,5 +1,5 @@
 """What sparkdist's processes share, wherever they run: the authenticated channels
-(`wire`, served many at once by `event_server`) keyed by the job's secret (`job_secret`),
+(`wire`, served many at once by the driver's event server) keyed by the job's secret (`job_secret`),
 the messages on them (`messages`, where other paths register theirs), a rank's channel to
 the driver (`driver_channel`), the payload (`payload`, `script`), the launch spec and
 command lines (`launch`), a rank's stacks on its supervisor's request (`stack_dumps`), and

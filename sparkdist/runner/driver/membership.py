@@ -105,9 +105,8 @@ class Membership:
         with self.cond:
             if self.min_np is None:
                 return False
-            lost = set(lost)
-            alive = [r for r in self.generation.members if r not in self.pending and
-                     (r in lost or not self._ranks.by_rank[r].exited)]  # fmt: skip
+            lost, records = set(lost), self._ranks.by_rank
+            alive = [r for r in self.survivors() if r in lost or not records[r].exited]
             return all(r in self.entered for r in alive)
 
     def lose(self, rank: int, reason: str, outside_user_code: bool) -> bool:
@@ -238,7 +237,11 @@ class Membership:
                     ready.append((reply, answer))
             self._waiting = still
             self.cond.notify_all()
-        logger.warning("sparkdist elastic job: world %d -> %d ranks in process: %s",
-                       before, len(members), reason)  # fmt: skip
+        logger.warning(
+            "sparkdist elastic job: world %d -> %d ranks in process: %s",
+            before,
+            len(members),
+            reason,
+        )
         for reply, answer in ready:
             reply(answer)
