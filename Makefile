@@ -42,7 +42,7 @@ GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_TABLE ?= gpu-check.txt
 GPU_WHEELS := .gpu-wheels
 
-.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat compat-serial bench-deps test demo docs lint format bench clean gpu-check gpu-wheels
+.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps test demo docs lint format bench clean gpu-check gpu-wheels
 
 bootstrap: system venv horovod
 
@@ -120,10 +120,6 @@ runtimes: $(addprefix runtime-,$(RUNTIMES))
 compat: runtimes
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target $(addprefix compat-,$(RUNTIMES))
 
-# The same suites one at a time: what `make test` runs beside the main suite.
-compat-serial: runtimes
-	$(MAKE) --no-print-directory -k -j1 $(addprefix compat-,$(RUNTIMES))
-
 bench-deps: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(BENCH_REQS) | venv
@@ -136,14 +132,8 @@ test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	@# The runtime matrix runs beside the main suite (both mostly wait on Spark and on the
-	@# ranks they start), its output kept in build/compat.log and printed when it ends.
-	@mkdir -p build; \
-	$(MAKE) --no-print-directory compat-serial > build/compat.log 2>&1 & matrix=$$!; \
-	$(PY) -m pytest tests --durations=40; suite=$$?; \
-	wait $$matrix; compat=$$?; cat build/compat.log; \
-	echo "main suite: exit $$suite; runtime matrix: exit $$compat"; \
-	test $$suite -eq 0 && test $$compat -eq 0
+	$(PY) -m pytest tests --durations=40
+	$(MAKE) --no-print-directory compat
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo
