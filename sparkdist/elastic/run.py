@@ -126,7 +126,7 @@ class _Loop:
                 group.abort()  # a lost member blocks NCCL collectives forever
 
         watcher = self._watcher = Watcher(self.generations, generation, on_newer).start()
-        state, entered = self.state, False
+        state, returned = self.state, False
         state.enter_world(group, watcher)
         try:
             if reformed:
@@ -134,12 +134,12 @@ class _Loop:
             state.sync()
             state.announce_world()
             value = func(state, *args, **kwargs)
-            entered = True
+            returned = True
         finally:
-            if not entered:
+            if not returned:
                 group.destroy()
             watcher.stop()
-            state.leave_world(keep_group=entered)
+            state.leave_world(keep_group=returned)
         torch_group.leave_formed(group)
         return value
 

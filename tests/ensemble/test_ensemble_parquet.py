@@ -129,6 +129,15 @@ def test_shuffle_reads_in_place_only_a_task_per_model_and_few_models(
     assert in_place.score(X, y) > 0.95
 
 
+def _numbered_row_files(directory, X, y) -> list[str]:
+    """The rows in 3 Parquet files of row groups of 70, each with its number as the
+    feature `row` (read back, it says which row came back); their URLs, sorted."""
+    data = frame(X, y)
+    data["row"] = np.arange(len(y), dtype=float)
+    path = write_parquet_files(directory, data, n_files=3, row_group_size=70)
+    return sorted(f"file://{path}/{name}" for name in os.listdir(path))
+
+
 def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
     import pyarrow.parquet as pq
 
@@ -140,10 +149,7 @@ def test_parquet_row_ranges_cut_rows_evenly_across_row_groups(tmp_path, cancer):
     )
 
     X, y = cancer
-    data = frame(X, y)
-    data["row"] = np.arange(len(y), dtype=float)  # read as a feature: which row came back
-    path = write_parquet_files(tmp_path / "ranges", data, n_files=3, row_group_size=70)
-    urls = sorted(f"file://{path}/{name}" for name in os.listdir(path))
+    urls = _numbered_row_files(tmp_path / "ranges", X, y)
     spec = FeatureSpec(n_features=2, feature_cols=("row", "f0"))
     _, groups = _row_groups(urls, spec, "label", True)
     assert len(groups) == 9  # 190 rows a file: 70 + 70 + 50
@@ -173,10 +179,7 @@ def test_parquet_reader_with_a_mask_decodes_only_the_kept_rows(tmp_path, cancer)
     )
 
     X, y = cancer
-    data = frame(X, y)
-    data["row"] = np.arange(len(y), dtype=float)
-    path = write_parquet_files(tmp_path / "mask", data, n_files=3, row_group_size=70)
-    urls = sorted(f"file://{path}/{name}" for name in os.listdir(path))
+    urls = _numbered_row_files(tmp_path / "mask", X, y)
     _, groups = _row_groups(
         urls, FeatureSpec(n_features=2, feature_cols=("row", "f0")), "label", True
     )
