@@ -77,3 +77,26 @@ def sleeps_unless_first(trial):
 
 for _pickler in (cloudpickle, pyspark_cloudpickle):
     _pickler.register_pickle_by_value(sys.modules[__name__])
+
+
+def pipeline_saved_and_loaded(fitted, df, before, path):
+    """Save a fitted Spark ML pipeline whose stage 1 is a `SparkPartitionEnsembleModel`
+    (probabilities in column "p"), load it back, and check that it predicts ``df`` as
+    ``before`` (the fitted pipeline's label/prediction/p frame) did; the loaded pipeline
+    and its predictions."""
+    import numpy as np
+    from pyspark.ml import PipelineModel
+
+    from sparkdist.ensemble import SparkPartitionEnsembleModel
+
+    fitted.save(str(path))
+    loaded = PipelineModel.load(str(path))
+    assert isinstance(loaded.stages[1], SparkPartitionEnsembleModel)
+    assert loaded.stages[1].getProbabilityCol() == "p"
+    after = loaded.transform(df).select("label", "prediction", "p").toPandas()
+    np.testing.assert_array_equal(after["prediction"], before["prediction"])
+    np.testing.assert_allclose(
+        np.stack([v.toArray() for v in after["p"]]),
+        np.stack([v.toArray() for v in before["p"]]),
+    )
+    return loaded, after

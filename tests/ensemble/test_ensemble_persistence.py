@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from ensemble_data import frame, logistic, xgb_classifier
+from helpers import pipeline_saved_and_loaded
 from xgboost import XGBClassifier
 
 from sparkdist.ensemble import (
@@ -97,7 +98,7 @@ def test_model_pickles_for_mlflow(cancer_model, cancer):
 
 
 def test_spark_ml_pipeline_fit_save_load(spark, tmp_path, cancer):
-    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
 
     X, y = cancer
@@ -120,16 +121,7 @@ def test_spark_ml_pipeline_fit_save_load(spark, tmp_path, cancer):
     before = fitted.transform(df).select("label", "prediction", "p").toPandas()
     assert (before["prediction"] == before["label"]).mean() > 0.95
 
-    fitted.save(str(tmp_path / "model"))
-    loaded = PipelineModel.load(str(tmp_path / "model"))
-    assert isinstance(loaded.stages[1], SparkPartitionEnsembleModel)
-    assert loaded.stages[1].getProbabilityCol() == "p"
-    after = loaded.transform(df).select("label", "prediction", "p").toPandas()
-    np.testing.assert_array_equal(after["prediction"], before["prediction"])
-    np.testing.assert_allclose(
-        np.stack([v.toArray() for v in after["p"]]),
-        np.stack([v.toArray() for v in before["p"]]),
-    )
+    loaded, after = pipeline_saved_and_loaded(fitted, df, before, tmp_path / "model")
     np.testing.assert_array_equal(
         after["prediction"], loaded.stages[1].ensemble.predict(data[columns])
     )
