@@ -55,11 +55,19 @@ from collections.abc import Callable
 WARMUP = 10
 BURSTS = 5
 LOOPBACK_MPI = [
-    "--mca", "pml", "ob1",
-    "--mca", "btl", "self,tcp",
-    "--mca", "btl_tcp_if_include", "127.0.0.0/8",
-    "--mca", "oob_tcp_if_include", "127.0.0.0/8",
-]  # fmt: skip
+    "--mca",
+    "pml",
+    "ob1",
+    "--mca",
+    "btl",
+    "self,tcp",
+    "--mca",
+    "btl_tcp_if_include",
+    "127.0.0.0/8",
+    "--mca",
+    "oob_tcp_if_include",
+    "127.0.0.0/8",
+]
 
 
 # --- the workers (the same code under every launcher) ---------------------------------------
@@ -226,9 +234,15 @@ def contenders(args) -> list[tuple[str, str, Callable[[], float]]]:
         # baseline is the mpirun command it would run, and horovodrun itself is shown
         # with the transports Open MPI picks on one host.
         horovodrun = [
-            "horovodrun", "--mpi", "-np", "2", *hosts, "--network-interfaces", "lo",
+            "horovodrun",
+            "--mpi",
+            "-np",
+            "2",
+            *hosts,
+            "--network-interfaces",
+            "lo",
             "--binding-args=--bind-to none --map-by slot",
-        ]  # fmt: skip
+        ]
         same = plain(mpirun + LOOPBACK_MPI, "horovod", args)
         out.append(("Horovod MPI", "mpirun (as horovodrun --mpi), TCP", same))
         out.append(("Horovod MPI", "sparkdist np=2", with_sparkdist(2, "mpi", "horovod", args)))

@@ -108,8 +108,9 @@ def run_mode(mode: str, params: int, saves: int) -> dict:
     runner = sparkdist.HorovodRunner(np=2, checkpoint_dir=directory, env=env, timeout=1800)
     try:
         with PeakRss() as rss:
-            result = runner.run(bench_main, mode=mode, params=params, saves=saves,
-                                directory=directory)  # fmt: skip
+            result = runner.run(
+                bench_main, mode=mode, params=params, saves=saves, directory=directory
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     rows = result["rows"]
@@ -133,8 +134,11 @@ def main() -> None:
 
     embedded_spark(executors=2, app_name="checkpoint-bench", master="local-cluster[2,1,1024]")
     gib = args.params * 4 / 2**30
-    print(f"state: {args.params:,} fp32 parameters ({gib:.2f} GiB) on 2 ranks, "
-          f"{args.saves} saves per way; medians", flush=True)  # fmt: skip
+    print(
+        f"state: {args.params:,} fp32 parameters ({gib:.2f} GiB) on 2 ranks, "
+        f"{args.saves} saves per way; medians",
+        flush=True,
+    )
     results = []
     for mode in ("driver path", "sharded sync", "sharded async", "plain DCP"):
         row = run_mode(mode, args.params, args.saves)
@@ -143,8 +147,10 @@ def main() -> None:
     by_mode = {r["mode"]: r for r in results}
     floor, sync = by_mode["plain DCP"]["seconds"], by_mode["sharded sync"]["seconds"]
     print()
-    print(f"{'way of saving':<16} {'s/save':>8} {'stall/save':>11} {'vs plain DCP':>13} "
-          f"{'stall/sync':>11} {'driver peak RSS':>16} {'(+ over start)':>15}")  # fmt: skip
+    print(
+        f"{'way of saving':<16} {'s/save':>8} {'stall/save':>11} {'vs plain DCP':>13} "
+        f"{'stall/sync':>11} {'driver peak RSS':>16} {'(+ over start)':>15}"
+    )
     for r in results:
         print(
             f"{r['mode']:<16} {r['seconds']:>8.2f} {r['stall']:>11.2f} "
@@ -152,12 +158,14 @@ def main() -> None:
             f"{r['rss_mib']:>12.0f} MiB {r['rss_over_mib']:>11.0f} MiB"
         )
     print()
-    print(f"goals: sharded sync within 1.1x of plain DCP: "
-          f"{sync / floor:.2f}x; async stall under 10% of the sync save: "
-          f"{by_mode['sharded async']['stall'] / sync:.0%}; driver RSS unchanged by the "
-          f"state's size: sharded +{by_mode['sharded sync']['rss_over_mib']:.0f} MiB / "
-          f"+{by_mode['sharded async']['rss_over_mib']:.0f} MiB, driver path "
-          f"+{by_mode['driver path']['rss_over_mib']:.0f} MiB")  # fmt: skip
+    print(
+        f"goals: sharded sync within 1.1x of plain DCP: "
+        f"{sync / floor:.2f}x; async stall under 10% of the sync save: "
+        f"{by_mode['sharded async']['stall'] / sync:.0%}; driver RSS unchanged by the "
+        f"state's size: sharded +{by_mode['sharded sync']['rss_over_mib']:.0f} MiB / "
+        f"+{by_mode['sharded async']['rss_over_mib']:.0f} MiB, driver path "
+        f"+{by_mode['driver path']['rss_over_mib']:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

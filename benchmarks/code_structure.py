@@ -455,8 +455,11 @@ def _report_walks(names: list[str], results: list[dict]) -> None:
             row += [str(found[k]) for k in ("modules", "stops", "returns")] if found else ["-"] * 3
         rows.append(row)
     headers = ["walk"] + [f"{h} {n}" for n in names for h in ("modules", "stops", "returns")]
-    _table("Walks, traced in the driver's process (stops into a module; returns to one left)",
-           headers, rows)  # fmt: skip
+    _table(
+        "Walks, traced in the driver's process (stops into a module; returns to one left)",
+        headers,
+        rows,
+    )
     for walk in walk_names:
         print(f"\n  {walk}: stops per module, in the order first visited")
         for name, r in zip(names, results, strict=True):

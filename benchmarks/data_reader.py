@@ -361,9 +361,16 @@ def main_benchmark(args, work: Path) -> None:
         )
         copy, seconds = timed(lambda: make_spark_converter(generated, cache_dir_url=cache_dir))
         table.append(
-            (f"sparkdist convert: copy ({DEFAULT_COMPRESSION_CODEC})", "-", args.rows, seconds, 0,
-             dir_bytes(work / "cache"), None)
-        )  # fmt: skip
+            (
+                f"sparkdist convert: copy ({DEFAULT_COMPRESSION_CODEC})",
+                "-",
+                args.rows,
+                seconds,
+                0,
+                dir_bytes(work / "cache"),
+                None,
+            )
+        )
     finally:
         spark.stop()
     files = sorted(str(p) for p in source.glob("*.parquet"))
@@ -414,9 +421,14 @@ def main_benchmark(args, work: Path) -> None:
         for name, path in handles.items()
     ]
     runs.append(
-        ("sparkdist torch loader, in place, shuffle", python, "sparkdist",
-         {"handle": str(handles["in place"]), "shuffle": True}, env)
-    )  # fmt: skip
+        (
+            "sparkdist torch loader, in place, shuffle",
+            python,
+            "sparkdist",
+            {"handle": str(handles["in place"]), "shuffle": True},
+            env,
+        )
+    )
     if Path(args.petastorm_python).exists():
         label = "petastorm 0.13.1 BatchedDataLoader"
         runs.append((label, args.petastorm_python, "petastorm", {"files": files}, env))

@@ -78,8 +78,10 @@ def main() -> None:
     ports = [_free_port() for _ in range(2)]
     ranks = _Ranks(3, _rank, (args.params, args.commits, ports, results))
     try:
-        got = {launch: (times, rebuilt) for launch, times, rebuilt in
-               (results.get(timeout=600) for _ in range(3))}  # fmt: skip
+        got = {
+            launch: (times, rebuilt)
+            for launch, times, rebuilt in (results.get(timeout=600) for _ in range(3))
+        }
     finally:
         ranks.close()
     layers = max(1, round(args.params / (WIDTH * WIDTH)))
@@ -89,9 +91,11 @@ def main() -> None:
     source, rebuild_s = got[0][1]
     print("| model | shard per rank | commit | commit + neighbour copy | 3 -> 2 rebuild |")
     print("| --- | --- | --- | --- | --- |")
-    print(f"| {layers * (WIDTH * WIDTH + WIDTH) / 1e6:.0f}M params, Adam | {shard_mb:.0f} MB "
-          f"| {without * 1000:.0f} ms | {with_copy * 1000:.0f} ms | {rebuild_s:.2f} s "
-          f"(from {source}) |")  # fmt: skip
+    print(
+        f"| {layers * (WIDTH * WIDTH + WIDTH) / 1e6:.0f}M params, Adam | {shard_mb:.0f} MB "
+        f"| {without * 1000:.0f} ms | {with_copy * 1000:.0f} ms | {rebuild_s:.2f} s "
+        f"(from {source}) |"
+    )
 
 
 if __name__ == "__main__":

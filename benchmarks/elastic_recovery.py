@@ -198,8 +198,9 @@ def wait_full_world(progress: Progress, job) -> int:
     return world
 
 
-def measure_after_loss(row: dict, progress: Progress, job, killed_at: float, old_world: int,
-                       old_pids: set[int]) -> None:  # fmt: skip
+def measure_after_loss(
+    row: dict, progress: Progress, job, killed_at: float, old_world: int, old_pids: set[int]
+) -> None:
     """Into `row`: loss -> next step of a later world, the world's size then, steps
     redone, survivors restarted; as much of it as there is if the job ended first."""
 
@@ -242,8 +243,10 @@ def run_case(cluster: NetnsCluster, remote: RemoteDriver, case: Case) -> None:
     lost = victim(cluster, progress, old_world)
     killed_at = time.time()  # stop_worker SIGKILLs first, then waits for the master
     cluster.stop_worker(lost)
-    print(f"  {row['case']}: killed host {lost}'s worker after step {len(progress.steps())}",
-          flush=True)  # fmt: skip
+    print(
+        f"  {row['case']}: killed host {lost}'s worker after step {len(progress.steps())}",
+        flush=True,
+    )
     timer = None
     if case.replacement_s is not None:
         timer = threading.Timer(case.replacement_s, cluster.start_worker, args=(lost,))
@@ -327,17 +330,24 @@ class Case:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["10M", "100M", "500M"])
-    parser.add_argument("--relaunch-sizes", nargs="+", default=None,
-                        help="sizes of the relaunch rows (default: --sizes)")  # fmt: skip
+    parser.add_argument(
+        "--relaunch-sizes",
+        nargs="+",
+        default=None,
+        help="sizes of the relaunch rows (default: --sizes)",
+    )
     parser.add_argument("--replacement-s", type=float, default=30.0)
     parser.add_argument(
         "--notice",
         action="store_true",
         help="run the decommission-notice rows instead (no notice vs a NOTICE_S notice)",
     )
-    parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these kinds: in-process relaunch fixed distributor "
-                        "horovod")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="run only these kinds: in-process relaunch fixed distributor horovod",
+    )
     return parser.parse_args()
 
 
@@ -385,8 +395,13 @@ def loss_cases(args: argparse.Namespace, remote: RemoteDriver) -> list[Case]:
 
     def sparkdist_job(main: str, runner: dict, **extra):
         def submit(progress_dir, stop_file):
-            kwargs = {"progress_dir": progress_dir, "stop_file": stop_file,
-                      "min_steps": KILL_AFTER_STEP + 3, "step_s": STEP_S, **extra}  # fmt: skip
+            kwargs = {
+                "progress_dir": progress_dir,
+                "stop_file": stop_file,
+                "min_steps": KILL_AFTER_STEP + 3,
+                "step_s": STEP_S,
+                **extra,
+            }
             return remote.submit("run_job", main=main, np=3, runner=runner, kwargs=kwargs)
 
         return submit
@@ -397,31 +412,40 @@ def loss_cases(args: argparse.Namespace, remote: RemoteDriver) -> list[Case]:
         )
 
     def horovod(progress_dir, stop_file):
-        return remote.submit("run_horovod_elastic", progress_dir=progress_dir,
-                             steps=KILL_AFTER_STEP + 25, step_s=STEP_S)  # fmt: skip
+        return remote.submit(
+            "run_horovod_elastic",
+            progress_dir=progress_dir,
+            steps=KILL_AFTER_STEP + 25,
+            step_s=STEP_S,
+        )
 
     cases = []
     elastic_case = "sparkdist {} (`min_np=2, max_np=3`)"
     if "in-process" in kinds:
         for size in args.sizes:
             parameters = parse_size(size)
-            submit = sparkdist_job("in_process_elastic_main", ELASTIC, parameters=parameters,
-                                   init_sync=False)  # fmt: skip
+            submit = sparkdist_job(
+                "in_process_elastic_main", ELASTIC, parameters=parameters, init_sync=False
+            )
             row = {"case": elastic_case.format("in process"), "size": size}
             cases.append(Case(row, submit, sized=("in process", parameters)))
     if "relaunch" in kinds:
         for size in args.relaunch_sizes or args.sizes:
             parameters = parse_size(size)
-            submit = sparkdist_job("elastic_main", ELASTIC, parameters=parameters,
-                                   save_every=SAVE_EVERY)  # fmt: skip
+            submit = sparkdist_job(
+                "elastic_main", ELASTIC, parameters=parameters, save_every=SAVE_EVERY
+            )
             case = elastic_case.format("relaunch") + f", a checkpoint every {SAVE_EVERY} steps"
             cases.append(Case({"case": case, "size": size}, submit, sized=("relaunch", parameters)))
     if "fixed" in kinds:
-        case = (f"sparkdist fixed `np=3, max_failures=1`, replacement worker after "
-                f"{args.replacement_s:.0f} s")  # fmt: skip
+        case = (
+            f"sparkdist fixed `np=3, max_failures=1`, replacement worker after "
+            f"{args.replacement_s:.0f} s"
+        )
         submit = sparkdist_job("elastic_main", {**RUNNER, "max_failures": 1})
-        cases.append(Case({"case": case, "size": "9 (tiny)"}, submit,
-                          replacement_s=args.replacement_s))  # fmt: skip
+        cases.append(
+            Case({"case": case, "size": "9 (tiny)"}, submit, replacement_s=args.replacement_s)
+        )
     if "distributor" in kinds:
         row = {"case": "pyspark `TorchDistributor(num_processes=3)`", "size": "9 (tiny)"}
         cases.append(Case(row, distributor))
@@ -490,8 +514,10 @@ def notice_rows(cluster: NetnsCluster, remote: RemoteDriver) -> list[dict]:
     rows = []
     for label, (main, extra) in jobs.items():
         for notice_s in (None, NOTICE_S):
-            row = {"job": f"sparkdist {label}", "notice": "none" if notice_s is None else
-                   f"{notice_s:.0f} s"}  # fmt: skip
+            row = {
+                "job": f"sparkdist {label}",
+                "notice": "none" if notice_s is None else f"{notice_s:.0f} s",
+            }
             kwargs = {"min_steps": KILL_AFTER_STEP + 3, "step_s": STEP_S, **extra}
             try:
                 rows.append(notice_case(cluster, remote, row, main, kwargs, notice_s))
@@ -508,9 +534,12 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
     progress = Progress(directory)
     stop_file = directory / "stop"
     job = remote.submit(
-        "run_job", main=main, np=3, runner=ELASTIC,
+        "run_job",
+        main=main,
+        np=3,
+        runner=ELASTIC,
         kwargs={"progress_dir": str(directory), "stop_file": str(stop_file), **kwargs},
-    )  # fmt: skip
+    )
     lost = victim(cluster, progress, wait_full_world(progress, job))
     start = time.time()
     if notice_s is not None:
@@ -518,9 +547,14 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
         time.sleep(notice_s)
     killed = time.time()
     cluster.stop_worker(lost)
-    wait_for(lambda: len([s for s in progress.steps() if s["at"] > killed and
-                          s["world_size"] == 2]) >= 10, job, "10 steps after the loss",
-             timeout_s=400)  # fmt: skip
+    wait_for(
+        lambda: (
+            len([s for s in progress.steps() if s["at"] > killed and s["world_size"] == 2]) >= 10
+        ),
+        job,
+        "10 steps after the loss",
+        timeout_s=400,
+    )
     stop_file.touch()
     result = job.result(timeout=600)
     rows = progress.steps()
@@ -530,8 +564,11 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
     # The job may start with 2 ranks and grow: the smaller world is the one after `start`.
     first_small = min(s["at"] for s in rows if s["world_size"] == 2 and s["at"] >= start)
     row["smaller_world_s"] = first_small - killed  # < 0: stepping before the kill
-    row["outcome"] = (f"succeeded, {result.get('attempts', 1)} attempt(s)" if result["ok"]
-                      else f"failed: {result.get('error_type')}")  # fmt: skip
+    row["outcome"] = (
+        f"succeeded, {result.get('attempts', 1)} attempt(s)"
+        if result["ok"]
+        else f"failed: {result.get('error_type')}"
+    )
     return row
 
 

@@ -107,32 +107,44 @@ def main() -> None:
         print(f"  measured launch, {launcher}", flush=True)
     with tempfile.TemporaryDirectory(prefix="sparkdist-bench-ckpt-") as directory:
         runner = HorovodRunner(np=2, checkpoint_dir=directory)
-        saves = alternate(lambda: runner.run(checkpoint_job, state_mb=STATE_MB, saves=SAVES),
-                          args.checkpoint_repeat)  # fmt: skip
+        saves = alternate(
+            lambda: runner.run(checkpoint_job, state_mb=STATE_MB, saves=SAVES),
+            args.checkpoint_repeat,
+        )
     spark.stop()
 
     print()
-    print(f"Trivial 2-rank torch job, HorovodRunner(np=2), {args.repeat} runs per mode, "
-          "alternating, warm local-cluster[2,1,1024]")  # fmt: skip
-    print(f"{'launcher':<12} {'TLS on median s':>16} {'TLS off median s':>17} {'on vs off':>10}"
-          f" {'on min s':>9} {'off min s':>10} {'on vs off':>10}")  # fmt: skip
+    print(
+        f"Trivial 2-rank torch job, HorovodRunner(np=2), {args.repeat} runs per mode, "
+        "alternating, warm local-cluster[2,1,1024]"
+    )
+    print(
+        f"{'launcher':<12} {'TLS on median s':>16} {'TLS off median s':>17} {'on vs off':>10}"
+        f" {'on min s':>9} {'off min s':>10} {'on vs off':>10}"
+    )
     for launcher, values in launch.items():
         on, off = statistics.median(values[True]), statistics.median(values[False])
         low_on, low_off = min(values[True]), min(values[False])
         low_ratio = 100 * (low_on / low_off - 1)
-        print(f"{launcher:<12} {on:>16.3f} {off:>17.3f} {100 * (on / off - 1):>+9.1f}%"
-              f" {low_on:>9.3f} {low_off:>10.3f} {low_ratio:>+9.1f}%")  # fmt: skip
+        print(
+            f"{launcher:<12} {on:>16.3f} {off:>17.3f} {100 * (on / off - 1):>+9.1f}%"
+            f" {low_on:>9.3f} {low_off:>10.3f} {low_ratio:>+9.1f}%"
+        )
     print()
     total = STATE_MB * SAVES
-    print(f"Checkpoints: {SAVES} saves of a {STATE_MB} MB state from rank 0 to the driver "
-          f"(checkpoint_dir on local disk), {args.checkpoint_repeat} jobs per mode")  # fmt: skip
+    print(
+        f"Checkpoints: {SAVES} saves of a {STATE_MB} MB state from rank 0 to the driver "
+        f"(checkpoint_dir on local disk), {args.checkpoint_repeat} jobs per mode"
+    )
     print(f"{'mode':<12} {'median s':>9} {'MB/s median':>12} {'MB/s best':>10}")
     rates = {}
     for on in (True, False):
         seconds = saves[on]
         rates[on] = total / statistics.median(seconds)
-        print(f"{'TLS ' + ('on' if on else 'off'):<12} {statistics.median(seconds):>9.2f} "
-              f"{rates[on]:>12.0f} {total / min(seconds):>10.0f}")  # fmt: skip
+        print(
+            f"{'TLS ' + ('on' if on else 'off'):<12} {statistics.median(seconds):>9.2f} "
+            f"{rates[on]:>12.0f} {total / min(seconds):>10.0f}"
+        )
     print(f"throughput with TLS vs without: {100 * (rates[True] / rates[False] - 1):+.1f}%")
 
 

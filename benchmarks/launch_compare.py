@@ -107,13 +107,17 @@ def compare(checkouts: dict[str, str], only: str, repeat: int) -> None:
     log.close()
     before, after = list(checkouts)
     print(f"\nTrivial 2-rank torch job, {repeat} runs per row and checkout, interleaved")
-    print(f"{'row':<36} {'before median':>14} {'after median':>13} {'ratio':>7}"
-          f" {'before min':>11} {'after min':>10} {'ratio':>7}")  # fmt: skip
+    print(
+        f"{'row':<36} {'before median':>14} {'after median':>13} {'ratio':>7}"
+        f" {'before min':>11} {'after min':>10} {'ratio':>7}"
+    )
     for row in rows:
         b, a = times[before, row], times[after, row]
         mb, ma = statistics.median(b), statistics.median(a)
-        print(f"{row:<36} {mb:>14.3f} {ma:>13.3f} {ma / mb:>6.3f}x"
-              f" {min(b):>11.3f} {min(a):>10.3f} {min(a) / min(b):>6.3f}x")  # fmt: skip
+        print(
+            f"{row:<36} {mb:>14.3f} {ma:>13.3f} {ma / mb:>6.3f}x"
+            f" {min(b):>11.3f} {min(a):>10.3f} {min(a) / min(b):>6.3f}x"
+        )
 
 
 def main() -> None:
@@ -131,8 +135,11 @@ def main() -> None:
     if bool(args.before) != bool(args.after):
         parser.error("give two checkouts (BEFORE AFTER), or none for an A/A run of this one")
     args.before, args.after = args.before or here, args.after or here
-    compare({"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)},
-            args.only, args.repeat)  # fmt: skip
+    compare(
+        {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)},
+        args.only,
+        args.repeat,
+    )
 
 
 if __name__ == "__main__":

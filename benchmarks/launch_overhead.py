@@ -72,10 +72,16 @@ def lightning_job() -> int:
     x = torch.randn(256, 4)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", max_epochs=2,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        num_nodes=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         enable_model_summary=False,
-    )  # fmt: skip
+    )
     trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=32))
     return trainer.world_size
 

@@ -101,10 +101,14 @@ def single_node_part() -> list[dict]:
     start = time.monotonic()
     sparkdist.tune.optimize(study, objective, n_trials=N_SINGLE, parallelism=2)
     rows.append(
-        {"part": "16 XGBoost trials, 2 slots", "tool": "sparkdist.tune (Optuna TPE)",
-         "wall_s": time.monotonic() - start, "best": study.best_value,
-         "done": sum(t.state.name == "COMPLETE" for t in study.trials)}
-    )  # fmt: skip
+        {
+            "part": "16 XGBoost trials, 2 slots",
+            "tool": "sparkdist.tune (Optuna TPE)",
+            "wall_s": time.monotonic() - start,
+            "best": study.best_value,
+            "done": sum(t.state.name == "COMPLETE" for t in study.trials),
+        }
+    )
 
     space = {
         "n_estimators": hp.qloguniform("n_estimators", np.log(20), np.log(200), 1),
@@ -114,8 +118,9 @@ def single_node_part() -> list[dict]:
     }
 
     def hyperopt_objective(p):
-        return xgb_loss(data, int(p["n_estimators"]), int(p["max_depth"]), p["learning_rate"],
-                        p["subsample"])  # fmt: skip
+        return xgb_loss(
+            data, int(p["n_estimators"]), int(p["max_depth"]), p["learning_rate"], p["subsample"]
+        )
 
     trials = SparkTrials(parallelism=2, spark_session=spark)
     start = time.monotonic()
@@ -129,10 +134,14 @@ def single_node_part() -> list[dict]:
         show_progressbar=False,
     )
     rows.append(
-        {"part": "16 XGBoost trials, 2 slots", "tool": "Hyperopt SparkTrials (TPE)",
-         "wall_s": time.monotonic() - start, "best": min(trials.losses()),
-         "done": sum(loss is not None for loss in trials.losses())}
-    )  # fmt: skip
+        {
+            "part": "16 XGBoost trials, 2 slots",
+            "tool": "Hyperopt SparkTrials (TPE)",
+            "wall_s": time.monotonic() - start,
+            "best": min(trials.losses()),
+            "done": sum(loss is not None for loss in trials.losses()),
+        }
+    )
     spark.stop()
     return rows
 
@@ -163,10 +172,14 @@ def distributed_part() -> list[dict]:
     start = time.monotonic()
     sparkdist.tune.optimize(study, objective, n_trials=len(LEARNING_RATES), np=2, parallelism=2)
     rows.append(
-        {"part": "4 DDP trials of 2 ranks, 4 slots", "tool": "sparkdist.tune np=2 (2 at once)",
-         "wall_s": time.monotonic() - start, "best": study.best_value,
-         "done": sum(t.state.name == "COMPLETE" for t in study.trials)}
-    )  # fmt: skip
+        {
+            "part": "4 DDP trials of 2 ranks, 4 slots",
+            "tool": "sparkdist.tune np=2 (2 at once)",
+            "wall_s": time.monotonic() - start,
+            "best": study.best_value,
+            "done": sum(t.state.name == "COMPLETE" for t in study.trials),
+        }
+    )
 
     start = time.monotonic()
     values = [
@@ -174,9 +187,14 @@ def distributed_part() -> list[dict]:
         for lr in LEARNING_RATES
     ]
     rows.append(
-        {"part": "4 DDP trials of 2 ranks, 4 slots", "tool": "TorchDistributor, one by one",
-         "wall_s": time.monotonic() - start, "best": max(values), "done": len(values)}
-    )  # fmt: skip
+        {
+            "part": "4 DDP trials of 2 ranks, 4 slots",
+            "tool": "TorchDistributor, one by one",
+            "wall_s": time.monotonic() - start,
+            "best": max(values),
+            "done": len(values),
+        }
+    )
     spark.stop()
     return rows
 

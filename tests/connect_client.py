@@ -310,8 +310,10 @@ def scenario_relay_values(spark):
     """np=3 on the namespaced cluster, from a client the executors cannot reach."""
     from sparkdist import HorovodRunner
 
-    return {launcher: HorovodRunner(np=3, launcher=launcher).run_all(rank_value, x=5)
-            for launcher in ("direct", "mpi")}  # fmt: skip
+    return {
+        launcher: HorovodRunner(np=3, launcher=launcher).run_all(rank_value, x=5)
+        for launcher in ("direct", "mpi")
+    }
 
 
 def scenario_relay_no_checkpoint_dir(spark):
@@ -334,9 +336,12 @@ def scenario_relay_resume(spark):
 
     args = json.loads(os.environ["SCENARIO_ARGS"])
     runner = HorovodRunner(
-        np=3, max_failures=1, checkpoint_dir=args["checkpoint_dir"], start_timeout=120,
+        np=3,
+        max_failures=1,
+        checkpoint_dir=args["checkpoint_dir"],
+        start_timeout=120,
         timeout=300,
-    )  # fmt: skip
+    )
     values = runner.run_all(
         jobs.resumable_main,
         epochs=args["epochs"],
@@ -478,8 +483,7 @@ def scenario_tune(spark):
     sparkdist.tune.optimize(hinted, uses_spark_context, n_trials=1)
     out["hint"] = hinted.trials[0].user_attrs["traceback"]
     try:
-        sparkdist.tune.optimize(optuna.create_study(), lambda t: spark.range(1).count(),
-                                n_trials=1)  # fmt: skip
+        sparkdist.tune.optimize(optuna.create_study(), lambda t: spark.range(1).count(), n_trials=1)
         out["session_error"] = None
     except ConnectUnsupportedError as exc:
         out["session_error"] = str(exc)
@@ -544,8 +548,11 @@ def scenario_tune_np2(spark):
     study.enqueue_trial({"lr": 0.01})
     sparkdist.tune.optimize(study, ranks_objective, n_trials=1, np=2)
     trial = study.trials[0]
-    return {"state": trial.state.name, "value": trial.value,
-            "steps": sorted(trial.intermediate_values)}  # fmt: skip
+    return {
+        "state": trial.state.name,
+        "value": trial.value,
+        "steps": sorted(trial.intermediate_values),
+    }
 
 
 def report_steps(steps: int) -> int:

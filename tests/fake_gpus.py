@@ -28,8 +28,12 @@ def run_with_fake_gpus(script_text: str, tmp_path: Path) -> dict:
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     proc = subprocess.run(
         [sys.executable, str(script), str(FAKE_GPU_DISCOVERY)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT ") :])

@@ -128,6 +128,30 @@ def test_no_long_class_in_the_runner():
     assert not too_long, "\n".join(too_long)
 
 
+def test_ruff_format_governs_every_line():
+    """Issue 49: no `# fmt: skip` or `# fmt: off` anywhere (package, tests, benchmarks):
+    the size limits hold because concepts are split, not because lines are packed."""
+    packed = [
+        where
+        for folder in ("sparkdist", "tests", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for where in _formatter_escapes(path)
+    ]
+    assert not packed, "lines kept from the formatter: " + ", ".join(packed)
+
+
+def _formatter_escapes(path: Path) -> list[str]:
+    """`path:line` of each comment that keeps ruff format off some lines."""
+    pattern = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    where = path.relative_to(ROOT).as_posix()
+    return [
+        f"{where}:{token.start[0]}"
+        for token in tokens
+        if token.type == tokenize.COMMENT and pattern.search(token.string)
+    ]
+
+
 def test_the_driver_has_at_most_22_modules():
     """Issue 38: the driver's rooms are few and full (job state in three modules, the
     checkpoint's driver half in `checkpoint/`, single-use small modules merged)."""

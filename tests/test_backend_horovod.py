@@ -124,12 +124,18 @@ def test_horovod_torch_unmodified(sc, data, single_process_accuracy, np_, launch
         assert r["local_size"] == int(r["env"]["LOCAL_WORLD_SIZE"])
         if np_ > 0:
             assert (r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) == (
-                0, 1, rank, 2,
-            )  # fmt: skip
+                0,
+                1,
+                rank,
+                2,
+            )
         else:
             assert (r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) == (
-                rank, 2, 0, 1,
-            )  # fmt: skip
+                rank,
+                2,
+                0,
+                1,
+            )
         assert r["same_weights"]
         assert abs(r["accuracy"] - single_process_accuracy) <= 0.02, (
             r["accuracy"],
@@ -197,12 +203,22 @@ def test_alloc_plan_matches_horovod():
     ours = host_alloc_plan(hosts)
     for mine, theirs in zip(ours, expected, strict=True):
         assert (
-            mine.hostname, mine.rank, mine.local_rank, mine.cross_rank,
-            mine.size, mine.local_size, mine.cross_size,
+            mine.hostname,
+            mine.rank,
+            mine.local_rank,
+            mine.cross_rank,
+            mine.size,
+            mine.local_size,
+            mine.cross_size,
         ) == (
-            theirs.hostname, theirs.rank, theirs.local_rank, theirs.cross_rank,
-            theirs.size, theirs.local_size, theirs.cross_size,
-        )  # fmt: skip
+            theirs.hostname,
+            theirs.rank,
+            theirs.local_rank,
+            theirs.cross_rank,
+            theirs.size,
+            theirs.local_size,
+            theirs.cross_size,
+        )
 
 
 def test_message_names_the_way_forward():

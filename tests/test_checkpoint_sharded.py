@@ -141,8 +141,12 @@ def killed_then_async_main(refs: str) -> dict:
             state["bomb"] = KillWhenWritten()
         checkpoint.save(state, 2)
         raise AssertionError("rank 1 should have died in the middle of saving step 2")
-    result = {"resumed": found.step, "from_world": found.world_size, "data": data,
-              "same": same_as_reference(model, refs, found.step)}  # fmt: skip
+    result = {
+        "resumed": found.step,
+        "from_world": found.world_size,
+        "data": data,
+        "same": same_as_reference(model, refs, found.step),
+    }
     train_step(model, opt, 2)
     save_reference(model, refs, 2)
     state = state_of(model, opt, {"epoch": 2, "offset": 22})
@@ -167,9 +171,13 @@ def reshard_main(refs: str, save_step: int, async_save: bool = False) -> dict:
     dist.init_process_group("gloo")
     model, opt = fsdp_model()
     found, data = resume_into(model, opt)
-    result = {"resumed": found.step, "from_world": found.world_size, "data": data,
-              "same": same_as_reference(model, refs, found.step),
-              "world": dist.get_world_size()}  # fmt: skip
+    result = {
+        "resumed": found.step,
+        "from_world": found.world_size,
+        "data": data,
+        "same": same_as_reference(model, refs, found.step),
+        "world": dist.get_world_size(),
+    }
     train_step(model, opt, save_step)
     save_reference(model, refs, save_step)
     state = state_of(model, opt, {"epoch": save_step, "offset": 0})
@@ -310,8 +318,12 @@ def over_limit_main() -> dict:
     into = {"weights": torch.zeros(2**19)}
     found = checkpoint.resume(into=into)
     checkpoint.save({"weights": torch.zeros(16)}, 3)
-    return {"refused": refused, "after": after_refusal, "steps": checkpoint.committed_steps(),
-            "sharded": (found.step, bool(into["weights"].eq(1).all()))}  # fmt: skip
+    return {
+        "refused": refused,
+        "after": after_refusal,
+        "steps": checkpoint.committed_steps(),
+        "sharded": (found.step, bool(into["weights"].eq(1).all())),
+    }
 
 
 def test_driver_path_refuses_a_state_over_the_limit_before_sending(sc, tmp_path):
@@ -351,8 +363,10 @@ def test_sharded_record_retention_pins_and_partial_directories(tmp_path):
     # later step's directory is left to its writers.
     assert store.steps() == [1, 2]
     assert sorted(os.listdir(tmp_path / "sharded")) == [
-        "step-000000000001-jobA", "step-000000000002-jobB", "step-000000000003-jobB"
-    ]  # fmt: skip
+        "step-000000000001-jobA",
+        "step-000000000002-jobB",
+        "step-000000000003-jobB",
+    ]
     store.unpin(("jobB", 0))
     assert store.steps() == [2]
     assert not os.path.exists(first)

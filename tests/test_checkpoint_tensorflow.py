@@ -36,9 +36,13 @@ def mwms_main(steps: int) -> dict:
         weights.assign_add(tf.fill([4], float(step)))
         done.assign(step)
         where = manager.save(step)
-    return {"rank": int(os.environ["RANK"]), "restored": restored,
-            "resumed": None if found is None else (found.step, found.world_size),
-            "weights": weights.numpy().tolist(), "where": where}  # fmt: skip
+    return {
+        "rank": int(os.environ["RANK"]),
+        "restored": restored,
+        "resumed": None if found is None else (found.step, found.world_size),
+        "weights": weights.numpy().tolist(),
+        "where": where,
+    }
 
 
 def test_multi_worker_mirrored_saves_and_a_new_job_restores(sc, tmp_path):
@@ -51,8 +55,9 @@ def test_multi_worker_mirrored_saves_and_a_new_job_restores(sc, tmp_path):
     # The chief's directories are the committed ones; the worker's temporary ones are gone.
     records = [json.loads(p.read_text()) for p in sorted(store.glob("*.commit.json"))]
     assert [(r["step"], r["world_size"], r["kind"]) for r in records] == [
-        (1, 2, "tf-checkpoint"), (2, 2, "tf-checkpoint")
-    ]  # fmt: skip
+        (1, 2, "tf-checkpoint"),
+        (2, 2, "tf-checkpoint"),
+    ]
     assert sorted(p.name for p in sharded.iterdir()) == sorted(r["name"] for r in records)
     assert (Path(first[0]["where"]) / "ckpt-2.index").is_file()
     assert not Path(first[1]["where"]).exists()

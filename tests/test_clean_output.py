@@ -62,8 +62,13 @@ def test_cpp_log_lines_follow_tf_cpp_min_log_level():
     absl_py = "W1123 06:20:11.123456 140234 train.py:42] a Python warning through absl-py"
     hidden = below_level({})  # the default: errors only
     assert [hidden(line) for line in (info, warning, notice, error, own, absl_py)] == [
-        True, True, True, False, False, False
-    ]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     warnings_too = below_level({"TF_CPP_MIN_LOG_LEVEL": "1"})
     assert [warnings_too(line) for line in (info, warning, notice)] == [True, False, False]
     everything = below_level({"TF_CPP_MIN_LOG_LEVEL": "0"})

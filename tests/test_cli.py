@@ -66,11 +66,33 @@ def test_global_options_before_and_after_the_command():
 
 def test_runner_options_are_flags():
     args = build_parser().parse_args(
-        ["run", "--np", "4", "--env", "A=1", "--env", "B=x=y", "--mpi-args",
-         "--mca btl_tcp_links 2", "--network-interface", "lo", "--ranks-per-task", "2",
-         "--retry-on-exception", "--driver-log-verbosity", "log_callback_only",
-         "--timeline", "/tmp/t.json", "--report-ranks", "all", "train.py", "--", "--lr", "1"]
-    )  # fmt: skip
+        [
+            "run",
+            "--np",
+            "4",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--mpi-args",
+            "--mca btl_tcp_links 2",
+            "--network-interface",
+            "lo",
+            "--ranks-per-task",
+            "2",
+            "--retry-on-exception",
+            "--driver-log-verbosity",
+            "log_callback_only",
+            "--timeline",
+            "/tmp/t.json",
+            "--report-ranks",
+            "all",
+            "train.py",
+            "--",
+            "--lr",
+            "1",
+        ]
+    )
     assert args.env == [("A", "1"), ("B", "x=y")]
     assert args.mpi_args == ["--mca", "btl_tcp_links", "2"]
     assert (args.network_interface, args.ranks_per_task) == ("lo", 2)
@@ -115,20 +137,65 @@ def test_runner_flags_give_the_runners_options():
     plain = parser.parse_args(["run", "--np", "2", "x.py"])
     assert RunnerOptions(**_runner_options(plain)) == RunnerOptions(np=2)
     args = parser.parse_args(
-        ["run", "--np", "4", "--driver-log-verbosity", "log_callback_only", "--launcher",
-         "direct", "--start-timeout", "30", "--timeout", "90.5", "--env", "A=1", "--env",
-         "B=x=y", "--mpi-args", "--mca btl_tcp_links 2", "--network-interface", "lo",
-         "--timeline", "/tmp/t.json", "--max-failures", "3", "--retry-on-exception",
-         "--checkpoint-dir", "/tmp/ck", "--checkpoint-keep", "5", "--ranks-per-task", "2",
-         "--min-np", "2", "--max-np", "6", "--report-ranks", "all", "x.py"]
-    )  # fmt: skip
+        [
+            "run",
+            "--np",
+            "4",
+            "--driver-log-verbosity",
+            "log_callback_only",
+            "--launcher",
+            "direct",
+            "--start-timeout",
+            "30",
+            "--timeout",
+            "90.5",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--mpi-args",
+            "--mca btl_tcp_links 2",
+            "--network-interface",
+            "lo",
+            "--timeline",
+            "/tmp/t.json",
+            "--max-failures",
+            "3",
+            "--retry-on-exception",
+            "--checkpoint-dir",
+            "/tmp/ck",
+            "--checkpoint-keep",
+            "5",
+            "--ranks-per-task",
+            "2",
+            "--min-np",
+            "2",
+            "--max-np",
+            "6",
+            "--report-ranks",
+            "all",
+            "x.py",
+        ]
+    )
     assert RunnerOptions(**_runner_options(args)) == RunnerOptions(
-        np=4, driver_log_verbosity="log_callback_only", launcher="direct", start_timeout=30.0,
-        timeout=90.5, env={"A": "1", "B": "x=y"}, mpi_args=("--mca", "btl_tcp_links", "2"),
-        network_interface="lo", timeline="/tmp/t.json", max_failures=3,
-        retry_on_exception=True, checkpoint_dir="/tmp/ck", checkpoint_keep=5,
-        ranks_per_task=2, min_np=2, max_np=6, report_ranks="all",
-    )  # fmt: skip
+        np=4,
+        driver_log_verbosity="log_callback_only",
+        launcher="direct",
+        start_timeout=30.0,
+        timeout=90.5,
+        env={"A": "1", "B": "x=y"},
+        mpi_args=("--mca", "btl_tcp_links", "2"),
+        network_interface="lo",
+        timeline="/tmp/t.json",
+        max_failures=3,
+        retry_on_exception=True,
+        checkpoint_dir="/tmp/ck",
+        checkpoint_keep=5,
+        ranks_per_task=2,
+        min_np=2,
+        max_np=6,
+        report_ranks="all",
+    )
     roles = parser.parse_args(["run", "--np", "4", "--roles", "chief=1,worker=2,ps=1", "x.py"])
     assert (
         RunnerOptions(**_runner_options(roles)).roles
@@ -141,10 +208,14 @@ def test_runner_flags_give_the_runners_options():
     [
         (["run", "--np", "2", "{tmp}/missing.py"], "no such script: {tmp}/missing.py"),
         (["run", "--np", "2", "{tmp}"], "{tmp} is a directory"),
-        (["run", "--np", "2", "--master", "local[2]", "--remote", "sc://h:1", "{script}"],
-         "give --master or --remote, not both"),
-        (["run", "--np", "3", "--ranks-per-task", "2", "{script}"],
-         "np=3 must be a multiple of ranks_per_task=2"),
+        (
+            ["run", "--np", "2", "--master", "local[2]", "--remote", "sc://h:1", "{script}"],
+            "give --master or --remote, not both",
+        ),
+        (
+            ["run", "--np", "3", "--ranks-per-task", "2", "{script}"],
+            "np=3 must be a multiple of ranks_per_task=2",
+        ),
         (["run", "--np", "2", "--roles", "chief=1,worker=5", "{script}"], "roles"),
         (["run", "--np", "2", "--env", "NOEQUALS", "{script}"], "expected NAME=VALUE"),
         (["run", "--np", "two", "{script}"], "invalid int value: 'two'"),
@@ -156,7 +227,7 @@ def test_runner_flags_give_the_runners_options():
         (["run", "--np", "2", "--bogus", "{script}"], "unrecognized arguments: --bogus"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
-)  # fmt: skip
+)
 def test_usage_errors_are_one_line_and_exit_2(capsys, tmp_path, argv, message):
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
@@ -171,8 +242,10 @@ def test_a_mistyped_script_fails_before_spark_starts(tmp_path):
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "sparkdist", "run", "--np", "2", str(tmp_path / "tarin.py")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and not done.stdout
     assert one_line(done.stderr) == f"sparkdist run: error: no such script: {tmp_path}/tarin.py"
     assert time.monotonic() - started < 60  # no JVM was started (it would print and take long)
@@ -190,10 +263,21 @@ def test_ctrl_c_stops_the_job_and_exits_130(tmp_path):
     script = tmp_path / "waits.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkdist", "run", "--np", "-1", "--launcher", "direct",
-         str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sparkdist",
+            "run",
+            "--np",
+            "-1",
+            "--launcher",
+            "direct",
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if "[rank 0] ready" in line:

@@ -192,10 +192,25 @@ def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
     env = client_env(connect_url)
     env.pop("SPARK_REMOTE")
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkdist", "run", "--remote", connect_url, "--np", "2",
-         str(script), "--", "--epochs", "3"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sparkdist",
+            "run",
+            "--remote",
+            connect_url,
+            "--np",
+            "2",
+            str(script),
+            "--",
+            "--epochs",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     for rank in (0, 1):
@@ -206,16 +221,22 @@ def test_cli_runs_a_script_through_remote(connect_url, tmp_path):
 def test_doctor_opens_a_connect_session(connect_url):
     env = client_env(connect_url)
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkdist", "doctor"], env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "sparkdist", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     line = next(x for x in proc.stdout.splitlines() if x.startswith("Spark Connect"))
     assert f"session at {connect_url} open (Spark " in line
     env["SPARK_REMOTE"] = "sc://127.0.0.1:1"
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkdist", "doctor"], env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "sparkdist", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert "nothing accepts connections at 127.0.0.1:1" in proc.stdout
 
 

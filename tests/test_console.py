@@ -322,8 +322,9 @@ def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd, tmp_pa
         for epoch in range(2):
             print(f"epoch {epoch} done", flush=True)
 
-    runner = HorovodRunner(np=32, ranks_per_task=16, launcher="direct",
-                           checkpoint_dir=str(tmp_path / "ckpt"))  # fmt: skip
+    runner = HorovodRunner(
+        np=32, ranks_per_task=16, launcher="direct", checkpoint_dir=str(tmp_path / "ckpt")
+    )
     started = time.monotonic()
     runner.run(main)
     took = time.monotonic() - started
@@ -340,21 +341,25 @@ def test_32_ranks_every_line_arrives_collapsed_and_in_its_file(sc, capfd, tmp_pa
     assert sorted(p.name for p in logs.iterdir()) == sorted(f"rank-{r}.log" for r in range(32))
     for rank in range(32):
         lines = _lines(logs / f"rank-{rank}.log")
-        assert sorted(lines) == sorted([
-            f"rank {rank} of 32 here",
-            "\rtraining: 0%|\rtraining: 25%|#\rtraining: 50%|##\rtraining: 75%|###"
-            "\rtraining: 100%|####",
-            "epoch 0 done",
-            "epoch 1 done",
-        ]), lines  # fmt: skip
+        assert sorted(lines) == sorted(
+            [
+                f"rank {rank} of 32 here",
+                "\rtraining: 0%|\rtraining: 25%|#\rtraining: 50%|##\rtraining: 75%|###"
+                "\rtraining: 100%|####",
+                "epoch 0 done",
+                "epoch 1 done",
+            ]
+        ), lines
     # kept with the checkpoints too (copied at the attempt's end)
     copy = tmp_path / "ckpt" / "logs" / logs.parent.name / "attempt-1"
     assert f"[sparkdist] each rank's full output, copied: {copy}" in err
     for rank in (0, 31):
         assert (copy / f"rank-{rank}.log").read_bytes() == (logs / f"rank-{rank}.log").read_bytes()
     assert_nothing_left(runner, {"supervisor", "rank"})
-    print(f"np=32 job: {took:.1f} s, {sum(p.stat().st_size for p in logs.iterdir())} bytes "
-          f"in {len(list(logs.iterdir()))} rank files")  # fmt: skip
+    print(
+        f"np=32 job: {took:.1f} s, {sum(p.stat().st_size for p in logs.iterdir())} bytes "
+        f"in {len(list(logs.iterdir()))} rank files"
+    )
 
 
 def test_log_callback_only_shows_only_log_to_driver_lines_collapsed(sc, capfd):
@@ -380,8 +385,9 @@ def test_log_callback_only_shows_only_log_to_driver_lines_collapsed(sc, capfd):
         if rank == 5:
             raise ValueError("rank 5 found a bad shard")
 
-    runner = HorovodRunner(np=8, ranks_per_task=4, launcher="direct",
-                           driver_log_verbosity="log_callback_only")  # fmt: skip
+    runner = HorovodRunner(
+        np=8, ranks_per_task=4, launcher="direct", driver_log_verbosity="log_callback_only"
+    )
     with pytest.raises(RankFailedError) as failed:
         runner.run(main)
     assert "ValueError: rank 5 found a bad shard" in str(failed.value)

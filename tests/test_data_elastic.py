@@ -193,8 +193,15 @@ def test_any_sequence_of_worlds_reads_each_row_once(tmp_path, drop_last):
                 start += size
         rows += sum(groups)
     layout = files.describe(tmp_path.as_uri())
-    options = {"batch_size": 7, "num_epochs": 1, "shuffle": True, "shuffle_buffer_rows": 60,
-               "pad_column": "is_pad", "drop_last": drop_last, "prefetch": 0}  # fmt: skip
+    options = {
+        "batch_size": 7,
+        "num_epochs": 1,
+        "shuffle": True,
+        "shuffle_buffer_rows": 60,
+        "pad_column": "is_pad",
+        "drop_last": drop_last,
+        "prefetch": 0,
+    }
     rng = np.random.default_rng(11)
     for _ in range(25):
         worlds = [int(w) for w in rng.integers(1, 6, size=int(rng.integers(2, 5)))]

@@ -248,8 +248,15 @@ def write_delta_table(root: Path) -> dict[str, list[int]]:
     }
 
     def add(name):
-        return {"add": {"path": f"part-{name}.parquet", "partitionValues": {}, "size": 1,
-                        "modificationTime": 0, "dataChange": True}}  # fmt: skip
+        return {
+            "add": {
+                "path": f"part-{name}.parquet",
+                "partitionValues": {},
+                "size": 1,
+                "modificationTime": 0,
+                "dataChange": True,
+            }
+        }
 
     def commit(version, actions):
         lines = "\n".join(json.dumps(a) for a in actions)
@@ -262,16 +269,35 @@ def write_delta_table(root: Path) -> dict[str, list[int]]:
     string_map = pa.map_(pa.string(), pa.string())
     checkpoint_schema = pa.schema(
         [
-            ("add", pa.struct([("path", pa.string()), ("partitionValues", string_map),
-                               ("size", pa.int64()), ("dataChange", pa.bool_())])),
+            (
+                "add",
+                pa.struct(
+                    [
+                        ("path", pa.string()),
+                        ("partitionValues", string_map),
+                        ("size", pa.int64()),
+                        ("dataChange", pa.bool_()),
+                    ]
+                ),
+            ),
             ("remove", pa.struct([("path", pa.string()), ("dataChange", pa.bool_())])),
-            ("metaData", pa.struct([("id", pa.string()), ("schemaString", pa.string()),
-                                    ("partitionColumns", pa.list_(pa.string())),
-                                    ("configuration", string_map)])),
-            ("protocol", pa.struct([("minReaderVersion", pa.int32()),
-                                    ("minWriterVersion", pa.int32())])),
+            (
+                "metaData",
+                pa.struct(
+                    [
+                        ("id", pa.string()),
+                        ("schemaString", pa.string()),
+                        ("partitionColumns", pa.list_(pa.string())),
+                        ("configuration", string_map),
+                    ]
+                ),
+            ),
+            (
+                "protocol",
+                pa.struct([("minReaderVersion", pa.int32()), ("minWriterVersion", pa.int32())]),
+            ),
         ]
-    )  # fmt: skip
+    )
     rows = [
         {"protocol": protocol},
         {"metaData": {**metadata, "configuration": []}},
@@ -323,9 +349,16 @@ def test_delta_snapshot_from_the_log(spark, tmp_path, monkeypatch, caplog):
     # What plain Parquet cannot read right: deletion vectors, column mapping.
     commit = root / "_delta_log" / f"{3:020d}.json"
     commit.write_text(
-        json.dumps({"metaData": {"partitionColumns": [], "configuration": {
-            "delta.columnMapping.mode": "name"}}}) + "\n"
-    )  # fmt: skip
+        json.dumps(
+            {
+                "metaData": {
+                    "partitionColumns": [],
+                    "configuration": {"delta.columnMapping.mode": "name"},
+                }
+            }
+        )
+        + "\n"
+    )
     assert delta_log.read_snapshot(root.as_uri()).refusal() == (
         "the Delta table maps its columns by name"
     )

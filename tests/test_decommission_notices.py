@@ -150,8 +150,9 @@ def test_the_gang_never_seats_a_task_on_a_leaving_executor():
     def check_in(task_id: int) -> None:
         channel = wire.connect(split_address(gang.address), secret)
         check = messages.GangCheckIn(task_id, "127.0.0.1", 1000 + task_id, task_id)
-        answers[task_id] = messages.decode(channel.request(messages.encode(check)),
-                                           messages.GANG_ORDERS)  # fmt: skip
+        answers[task_id] = messages.decode(
+            channel.request(messages.encode(check)), messages.GANG_ORDERS
+        )
 
     threads = [threading.Thread(target=check_in, args=(t,), daemon=True) for t in (5, 7)]
     for thread in threads:

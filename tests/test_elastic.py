@@ -137,8 +137,12 @@ def counting_main(progress: str, release: str, max_np: int, after_growth: int = 
         step += 1
         time.sleep(0.05)  # the step's work
         if rank == 0:
-            record = {"step": step, "world": world, "attempt": checkpoint.attempt(),
-                      "resumed_from_world": resumed_from_world}  # fmt: skip
+            record = {
+                "step": step,
+                "world": world,
+                "attempt": checkpoint.attempt(),
+                "resumed_from_world": resumed_from_world,
+            }
             try:
                 checkpoint.save({"total": total}, step)
             finally:
@@ -159,8 +163,7 @@ def test_starts_with_the_free_slot_and_grows_when_another_frees(sc, tmp_path, ca
     holder.release_when(release)
     runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2)
     with caplog.at_level("WARNING", logger="sparkdist.runner.driver.elastic"):
-        result = runner.run(counting_main, progress=str(progress), release=str(release),
-                            max_np=2)  # fmt: skip
+        result = runner.run(counting_main, progress=str(progress), release=str(release), max_np=2)
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     steps = [r["step"] for r in records]
     assert steps == list(range(1, len(steps) + 1)), steps  # every step once, in order
@@ -192,9 +195,10 @@ def test_below_min_np_fails_clearly_and_leaves_nothing(sc, tmp_path):
         tag = f"sparkdist-{runner.last_job.job_id}"
         tracker = sc.statusTracker()
         running = [
-            j for j in tracker.getJobIdsForGroup(tag)
+            j
+            for j in tracker.getJobIdsForGroup(tag)
             if tracker.getJobInfo(j) and tracker.getJobInfo(j).status == "RUNNING"
-        ]  # fmt: skip
+        ]
         assert running == []  # its waiting tasks were cancelled
     finally:
         holder.release()
@@ -231,8 +235,9 @@ def test_killed_rank_relaunches_the_world_from_its_checkpoint(sc, tmp_path, capl
     progress = tmp_path / "progress.jsonl"
     runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2, max_failures=1)
     with caplog.at_level("WARNING", logger="sparkdist.runner.driver.elastic"):
-        result = runner.run(rank_killed_main, progress=str(progress),
-                            killed=str(tmp_path / "killed"))  # fmt: skip
+        result = runner.run(
+            rank_killed_main, progress=str(progress), killed=str(tmp_path / "killed")
+        )
     steps = [json.loads(line)["step"] for line in progress.read_text().splitlines()]
     assert sorted(set(steps)) == [1, 2, 3, 4, 5]
     assert result["attempt"] == 1
@@ -261,10 +266,25 @@ def test_sparkdist_run_takes_the_elastic_flags(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('must not run')\n")
     done = subprocess.run(
-        [sys.executable, "-m", "sparkdist.cli", "run", "--np", "3", "--min-np", "1",
-         "--max-np", "2", "--master", "spark://127.0.0.1:9", str(script)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sparkdist.cli",
+            "run",
+            "--np",
+            "3",
+            "--min-np",
+            "1",
+            "--max-np",
+            "2",
+            "--master",
+            "spark://127.0.0.1:9",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "np=3 must lie between min_np=1 and max_np=2" in done.stderr
 

@@ -89,9 +89,14 @@ def horovod_main(out: str) -> dict:
                 time.sleep(0.05)
         mine = _flat(state).tolist()
         equal = all(other == mine for other in hvd.allgather_object(mine))
-        return {"launch": launch, "pid": pid, "generation": state.generation,
-                "size": hvd.size(), "lr": state.optimizer.param_groups[0]["lr"],
-                "equal": equal}  # fmt: skip
+        return {
+            "launch": launch,
+            "pid": pid,
+            "generation": state.generation,
+            "size": hvd.size(),
+            "lr": state.optimizer.param_groups[0]["lr"],
+            "equal": equal,
+        }
 
     return train(state)
 
@@ -101,9 +106,12 @@ def _horovod_job(out, beside, **options):
     in a thread: the runner and the job's result."""
     thread = threading.Thread(target=beside, daemon=True)
     thread.start()
-    runner = HorovodRunner(ranks_per_task=2, launcher="direct",
-                           env={job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S)},
-                           **options)  # fmt: skip
+    runner = HorovodRunner(
+        ranks_per_task=2,
+        launcher="direct",
+        env={job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S)},
+        **options,
+    )
     result = runner.run(horovod_main, out=str(out))
     thread.join(timeout=5)
     return runner, result
@@ -141,8 +149,9 @@ def test_horovod_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_pa
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert "rank 0" in job.reformed[0]
     assert still_alive(runner) == []
-    resumed = min(e["time"] for e in _events(tmp_path, 1)
-                  if e["generation"] == 1 and e["event"] == "stepped")  # fmt: skip
+    resumed = min(
+        e["time"] for e in _events(tmp_path, 1) if e["generation"] == 1 and e["event"] == "stepped"
+    )
     recovery = resumed - killed_at[0]
     print(f"horovod in process: {recovery:.2f} s from the kill to world 1's first step")
     assert recovery < TIMEOUT_S + 10.0  # a survivor waits out at most one Gloo timeout

@@ -247,8 +247,7 @@ def test_in_process_losses_count_against_max_failures(sc, tmp_path):
         wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
         kill(2)
 
-    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2,
-                                     max_failures=1)  # fmt: skip
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2, max_failures=1)
     with pytest.raises(RankFailedError) as err:
         run_beside(kill_twice, runner, out)
     assert err.value.rank == 2 and err.value.exit_code == -signal.SIGKILL

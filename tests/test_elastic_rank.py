@@ -138,10 +138,15 @@ def test_run_outside_a_rank_and_bad_settings_say_so(monkeypatch):
 def _connect(rank: int, world_size: int, address: str, secret_text: str) -> None:
     """What `rank/main.py` does before the user's function, for a spawned test rank."""
     os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
-         "LOCAL_WORLD_SIZE": "1", job_environment.TASK_HOST: "127.0.0.1",
-         job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S)}
-    )  # fmt: skip
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            job_environment.TASK_HOST: "127.0.0.1",
+            job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S),
+        }
+    )
     client = driver_channel.connect(address, JobSecret.from_text(secret_text))
     client.request(messages.RankHello(rank, "127.0.0.1", os.getpid()))
 
@@ -170,8 +175,16 @@ def _train_rank(rank, world_size, address, secret_text, results) -> None:
         gathered = [torch.zeros_like(committed) for _ in range(state.world_size)]
         dist.all_gather(gathered, committed)
         same = [torch.equal(g, gathered[0]) for g in gathered]
-        return (entered.tolist(), torch.equal(_flat(state), committed), same, state.owner,
-                state.step, follower.places, state.rank, state.world_size)  # fmt: skip
+        return (
+            entered.tolist(),
+            torch.equal(_flat(state), committed),
+            same,
+            state.owner,
+            state.step,
+            follower.places,
+            state.rank,
+            state.world_size,
+        )
 
     results.put((rank, train(state)))
 
@@ -370,8 +383,13 @@ def ddp_main(out: str, data) -> dict:
             gathered = [torch.zeros_like(mine) for _ in range(state.world_size)]
             dist.all_gather(gathered, mine)
             equal = all(torch.equal(g, mine) for g in gathered)
-            return {"launch": launch, "pid": pid, "generation": state.generation,
-                    "lr": state.optimizer.param_groups[0]["lr"], "equal": equal}  # fmt: skip
+            return {
+                "launch": launch,
+                "pid": pid,
+                "generation": state.generation,
+                "lr": state.optimizer.param_groups[0]["lr"],
+                "equal": equal,
+            }
 
         return train(state)
 
@@ -402,8 +420,12 @@ def _world_change(out, launches) -> tuple[dict[int, list[dict]], int]:
     entries = {
         launch: [e for e in found if e["event"] == "enter"] for launch, found in events.items()
     }
-    steps = [e["step"] for found in events.values() for e in found
-             if e["event"] == "stepped" and e["generation"] == 0]  # fmt: skip
+    steps = [
+        e["step"]
+        for found in events.values()
+        for e in found
+        if e["event"] == "stepped" and e["generation"] == 0
+    ]
     return entries, max(steps)
 
 
@@ -467,8 +489,9 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(spark, tmp_pat
     job = runner.last_job
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert still_alive(runner) == []
-    resumed = min(e["time"] for e in _events(tmp_path, 1)
-                  if e["generation"] == 1 and e["event"] == "stepped")  # fmt: skip
+    resumed = min(
+        e["time"] for e in _events(tmp_path, 1) if e["generation"] == 1 and e["event"] == "stepped"
+    )
     recovery = resumed - killed_at[0]
     print(f"in process: {recovery:.2f} s from the kill to world 1's first step")
     assert recovery < 15.0  # no rank waited out a collective's timeout (30 s)

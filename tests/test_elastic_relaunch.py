@@ -50,8 +50,7 @@ def test_elastic_job_survives_two_losses_without_max_failures(sc, tmp_path, capl
     failures = runner.last_job.failures
     assert len(failures) == 2 and all("SIGKILL" in f for f in failures), failures
     seen = [json.loads(line) for line in progress.read_text().splitlines()]
-    assert seen == [{"step": 1, "attempt": 0}, {"step": 2, "attempt": 2},
-                    {"step": 3, "attempt": 2}]  # fmt: skip
+    assert seen == [{"step": 1, "attempt": 0}, {"step": 2, "attempt": 2}, {"step": 3, "attempt": 2}]
     relaunches = [r.getMessage() for r in caplog.records if "; no limit" in r.getMessage()]
     assert len(relaunches) == 2, relaunches
     assert "world 1 -> 1 ranks" in relaunches[0] and "(relaunch 1;" in relaunches[0]

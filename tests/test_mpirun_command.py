@@ -25,8 +25,9 @@ def test_mpirun_asks_for_daemons_by_task_name_and_resolves_no_names(tmp_path):
     hosts = [(f"task-{i}", 1) for i in range(4)]
     argv = mpirun_argv(sys.executable, 4, hosts, ["127.0.0.0/8"], [], rsh_agent=str(stand_in))
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode != 0
     lines = calls.read_text().splitlines()
     assert lines, done.stdout + done.stderr

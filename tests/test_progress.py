@@ -38,8 +38,10 @@ def run_in_kernel(code: str, timeout: float = 180) -> dict[str, str]:
     stdout and stderr (what the notebook shows under the cell)."""
     from jupyter_client.manager import start_new_kernel
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
-               os.environ.get("PYTHONPATH")])))  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     env.pop("SPARKDIST_LOG_LEVEL", None)
     manager, client = start_new_kernel(kernel_name="python3", env=env)
     streams = {"stdout": "", "stderr": ""}
@@ -82,8 +84,10 @@ def test_plain_lines_when_not_a_terminal_at_most_one_per_interval(caplog):
                 bar.update(1, best=0.5)
     lines = [r.getMessage() for r in caplog.records if r.name == "sparkdist.progress"]
     # The first, then none within LINE_INTERVAL_S, then the last.
-    assert lines == ["sparkdist tune: 1/100 trial (best=0.5)",
-                     "sparkdist tune: 100/100 trial (best=0.5)"]  # fmt: skip
+    assert lines == [
+        "sparkdist tune: 1/100 trial (best=0.5)",
+        "sparkdist tune: 100/100 trial (best=0.5)",
+    ]
 
 
 class _Terminal(io.StringIO):
@@ -133,15 +137,24 @@ logging.getLogger("sparkdist.tune").warning("trial failed")
         ("bare", None, ["INFO sparkdist: job started", "WARNING sparkdist: trial failed"]),
         ("bare", "WARNING", ["WARNING sparkdist: trial failed"]),
         # The application's own handler prints them, once, in its format.
-        ("configured", None, ["app: sparkdist.runner.driver.job job started",
-                              "app: sparkdist.tune trial failed"]),
+        (
+            "configured",
+            None,
+            ["app: sparkdist.runner.driver.job job started", "app: sparkdist.tune trial failed"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_sparkdist_log_lines_show_where_no_logging_is_configured(how, level, expected):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("SPARKDIST_LOG_LEVEL", None)
     if level:
         env["SPARKDIST_LOG_LEVEL"] = level
-    done = subprocess.run([sys.executable, "-c", LOG_SCRIPT, how], env=env,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", LOG_SCRIPT, how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert done.stderr.splitlines() == expected

@@ -92,8 +92,12 @@ def _run_child(tmp_path: Path, pythonpath: list[str]) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*pythonpath, env.get("PYTHONPATH")] if p)
     proc = subprocess.run(
         [sys.executable, str(script), CELL],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT ") :])

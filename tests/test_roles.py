@@ -16,8 +16,12 @@ from sparkdist.roles import Roles, rank_role
 def test_ranks_take_roles_in_order():
     roles = Roles.parse("chief=1, worker=2, ps=2")
     assert [roles.role_of(r) for r in range(5)] == [
-        ("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0), ("ps", 1),
-    ]  # fmt: skip
+        ("chief", 0),
+        ("worker", 0),
+        ("worker", 1),
+        ("ps", 0),
+        ("ps", 1),
+    ]
     assert Roles.from_env(roles.to_env()) == roles
     assert rank_role({**roles.to_env(), "RANK": "3"}) == ("ps", 0)
     assert rank_role({"RANK": "3"}) is None
@@ -54,9 +58,22 @@ def test_bad_roles_are_refused_by_the_command_before_spark_starts(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('must not run')\n")
     done = subprocess.run(
-        [sys.executable, "-m", "sparkdist.cli", "run", "--np", "3", "--roles",
-         "chief=1,worker=2", "--master", "spark://127.0.0.1:9", str(script)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sparkdist.cli",
+            "run",
+            "--np",
+            "3",
+            "--roles",
+            "chief=1,worker=2",
+            "--master",
+            "spark://127.0.0.1:9",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "no 'ps' role" in done.stderr

@@ -30,8 +30,9 @@ FLOOD = LinePlan(1000, rate=1000.0, error_rank=200, error=ERROR)
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> tuple[Simulation, Measurement, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
-    sim = Simulation(RANKS, HOSTS, stdout=out, stderr=err,
-                     log_dir=str(tmp_path_factory.mktemp("simulated")))  # fmt: skip
+    sim = Simulation(
+        RANKS, HOSTS, stdout=out, stderr=err, log_dir=str(tmp_path_factory.mktemp("simulated"))
+    )
     try:
         row = measure(RANKS, HOSTS, (PAYLOAD,), lines=FLOOD, simulation=sim)
         sim.console.flush()
@@ -47,8 +48,10 @@ def test_the_world_forms_and_every_result_is_collected(job):
     assert sim.state.succeeded()
     assert sim.state.tasks.done == set(range(HOSTS))
     assert {sim.state.ranks[r].host for r in (0, 255)} == {"sim-host-0", "sim-host-31"}
-    print(f"\n256 ranks: formed in {row.form_s:.2f}s, collected in {row.collect_s:.2f}s, "
-          f"driver CPU {row.cpu_s:.2f}s, {row.threads} threads, {row.rss_mb:.0f} MB")  # fmt: skip
+    print(
+        f"\n256 ranks: formed in {row.form_s:.2f}s, collected in {row.collect_s:.2f}s, "
+        f"driver CPU {row.cpu_s:.2f}s, {row.threads} threads, {row.rss_mb:.0f} MB"
+    )
 
 
 def test_the_driver_threads_stay_under_the_bound(job):

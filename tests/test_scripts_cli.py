@@ -72,10 +72,23 @@ def _env() -> dict[str, str]:
 def test_sparkdist_run_command(tmp_path):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [VENV_BIN / "sparkdist", "run", "--np", "2", str(SCRIPT), "--", "--epochs", "8",
-         "--out", str(out)],
-        env=_env(), capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            VENV_BIN / "sparkdist",
+            "run",
+            "--np",
+            "2",
+            str(SCRIPT),
+            "--",
+            "--epochs",
+            "8",
+            "--out",
+            str(out),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(out.read_text())["accuracy"] >= 0.9
     assert "[rank 0] epoch  8" in done.stdout
@@ -88,12 +101,34 @@ def test_spark_submit(tmp_path):
         [VENV_BIN / "sparkdist", "entrypoint"], capture_output=True, text=True, check=True
     ).stdout.strip()
     done = subprocess.run(
-        [VENV_BIN / "spark-submit", "--master", "local-cluster[2,1,1024]",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
-         entry, "run", "--np", "2", str(SCRIPT), "--", "--epochs", "8", "--out", str(out)],
-        env=_env(), capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            VENV_BIN / "spark-submit",
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.driver.bindAddress=127.0.0.1",
+            "--conf",
+            "spark.executor.memory=1g",
+            "--conf",
+            "spark.ui.enabled=false",
+            entry,
+            "run",
+            "--np",
+            "2",
+            str(SCRIPT),
+            "--",
+            "--epochs",
+            "8",
+            "--out",
+            str(out),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(out.read_text())["accuracy"] >= 0.9
     # spark-submit merges the Python driver's stderr into its stdout.

@@ -137,8 +137,14 @@ def test_each_orted_keeps_its_session_under_its_own_task():
     task0, task1 = "/tmp/sparkdist-ab12-task0-x1", "/tmp/sparkdist-ab12-task1-y2"
     args = ["-mca", "ess", "env", "-mca", "orte_tmpdir_base", task0, "--tree-spawn"]
     assert own_session_dir(args, task1) == [
-        "-mca", "ess", "env", "-mca", "orte_tmpdir_base", task1, "--tree-spawn",
-    ]  # fmt: skip
+        "-mca",
+        "ess",
+        "env",
+        "-mca",
+        "orte_tmpdir_base",
+        task1,
+        "--tree-spawn",
+    ]
     assert own_session_dir(args, None) == args
     # The user's own choice (mpi_args) and another job's directory stay as they are.
     for other in ("/scratch/ompi", "/tmp/sparkdist-cd34-task0-z3"):

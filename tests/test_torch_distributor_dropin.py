@@ -118,9 +118,16 @@ def test_encryption_refusal_can_be_overridden(spark, caplog):
 # --- scripts: command line, environment, output -------------------------------------
 
 RANK_VIEW = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 TRAIN_SCRIPT = textwrap.dedent(
     f"""

@@ -52,11 +52,24 @@ def script_module(name: str):
 
 
 TORCHRUN_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TP_SOCKET_IFNAME",
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TP_SOCKET_IFNAME",
+)
 
 
 def torchrun_view():
@@ -323,15 +336,23 @@ def test_two_gpus_per_task_run_two_ranks_per_task(tmp_path):
     launchers, with the same rank layout and GPUs."""
     out = run_with_fake_gpus(TWO_GPU_TASKS_CHILD, tmp_path)
     expected = [
-        {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2),
-         "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2), "GROUP_WORLD_SIZE": "2",
-         "CUDA_VISIBLE_DEVICES": "0,1", "rank_sum": 6}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(rank % 2),
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(rank // 2),
+            "GROUP_WORLD_SIZE": "2",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "rank_sum": 6,
+        }
         for rank in range(4)
-    ]  # fmt: skip
+    ]
 
     def gpus_as_sets(views):  # Spark lists a task's GPU addresses in no fixed order
-        return [{**v, "CUDA_VISIBLE_DEVICES": set(v["CUDA_VISIBLE_DEVICES"].split(","))}
-                for v in views]  # fmt: skip
+        return [
+            {**v, "CUDA_VISIBLE_DEVICES": set(v["CUDA_VISIBLE_DEVICES"].split(","))} for v in views
+        ]
 
     expected = gpus_as_sets(expected)
     assert gpus_as_sets(out["pyspark"]) == expected
@@ -358,9 +379,12 @@ def test_deepspeed_zero_through_deepspeed_torch_distributor(spark, tmp_path, sta
     pytest.importorskip("deepspeed")
     if stage == 1:  # a script, the config a dict
         distributor = DeepspeedTorchDistributor(
-            numGpus=1, nnodes=2, localMode=False, useGpu=False,
+            numGpus=1,
+            nnodes=2,
+            localMode=False,
+            useGpu=False,
             deepspeedConfig=_deepspeed_config(stage),
-        )  # fmt: skip
+        )
         assert distributor.run(str(DEEPSPEED), tmp_path) is None
     else:  # a function, the config a file
         config = tmp_path / "ds_config.json"
@@ -399,10 +423,23 @@ def test_lightning_script_through_sparkdist_run(sc, tmp_path, launcher):
     env.update(PYSPARK_DRIVER_PYTHON=sys.executable)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
     done = subprocess.run(
-        [VENV_BIN / "sparkdist", "run", "--np", "2", "--launcher", launcher, str(LIGHTNING),
-         "--", "--out", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            VENV_BIN / "sparkdist",
+            "run",
+            "--np",
+            "2",
+            "--launcher",
+            launcher,
+            str(LIGHTNING),
+            "--",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     _check_lightning(tmp_path)
 

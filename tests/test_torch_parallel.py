@@ -101,9 +101,12 @@ def _fsdp_model():
 
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.ReLU(),
+        torch.nn.Linear(8, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 16),
+        torch.nn.ReLU(),
         torch.nn.Linear(16, 2),
-    )  # fmt: skip
+    )
 
 
 def _fsdp_data(rank: int):

@@ -386,8 +386,9 @@ def test_distributed_trials_two_at_once_pruned_and_interrupted(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    results = [json.loads(line[7:]) for line in out.read_text().splitlines()
-               if line.startswith("RESULT ")]  # fmt: skip
+    results = [
+        json.loads(line[7:]) for line in out.read_text().splitlines() if line.startswith("RESULT ")
+    ]
     assert len(results) == 2, (tmp_path / "err.txt").read_text()[-3000:]
     search, interrupted = results
 

@@ -282,18 +282,30 @@ def _fields(secret: JobSecret) -> tuple:
 
 _tags = st.sampled_from(sorted(messages._KINDS)) | st.text(max_size=12)
 _values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=20)
     | st.binary(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
+)
 
 
 @FUZZ
-@given(raw=st.one_of(_values, st.tuples(_tags).flatmap(
-    lambda tag: st.lists(_values, max_size=4).map(lambda rest: (*tag, *rest))
-)))  # fmt: skip
+@given(
+    raw=st.one_of(
+        _values,
+        st.tuples(_tags).flatmap(
+            lambda tag: st.lists(_values, max_size=4).map(lambda rest: (*tag, *rest))
+        ),
+    )
+)
 def test_driver_service_answers_any_first_message_without_crashing(driver, raw, caplog):
     """Authenticated but not a hello: a `Rejected` reply saying why, then a closed
     channel; the handler never fails and the service keeps serving."""

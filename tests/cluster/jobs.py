@@ -427,15 +427,21 @@ def fsdp_elastic_main(
     found = checkpoint.resume(into=template)
     step = 0
     if found:
-        set_state_dict(model, optimizer, model_state_dict=template["model"],
-                       optim_state_dict=template["optim"])  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=template["model"], optim_state_dict=template["optim"]
+        )
         step = template["data"]["step"]
         saved = torch.load(os.path.join(progress_dir, f"ref-{found.step}.pt"))
         now = full()
         same = all(torch.equal(now[k], saved[k]) for k in saved) and sorted(now) == sorted(saved)
         if rank == 0:
-            resumed = {"step": found.step, "data_step": step, "from_world": found.world_size,
-                       "world": size, "same": same}  # fmt: skip
+            resumed = {
+                "step": found.step,
+                "data_step": step,
+                "from_world": found.world_size,
+                "world": size,
+                "same": same,
+            }
             _append_line(os.path.join(progress_dir, f"resumed-{attempt}.json"), resumed)
     where = {"rank": rank, "size": size, "attempt": attempt, "pid": os.getpid()}
     with open(os.path.join(progress_dir, f"rank-{rank}.json"), "w") as f:
@@ -640,8 +646,16 @@ def in_process_elastic_main(
     )
 
     def log(**event) -> None:
-        _append_line(events, {**event, "launch": launch, "pid": pid, "at": time.time(),
-                              "generation": state.generation})  # fmt: skip
+        _append_line(
+            events,
+            {
+                **event,
+                "launch": launch,
+                "pid": pid,
+                "at": time.time(),
+                "generation": state.generation,
+            },
+        )
 
     def identical() -> bool:
         """Are the parameters the same on every rank of the world?"""
@@ -654,8 +668,14 @@ def in_process_elastic_main(
     @elastic.run
     def loop(state) -> dict[str, Any]:
         rank, size = state.rank, state.world_size
-        log(event="enter", step=state.step, rank=rank, size=size, equal=identical(),
-            host=os.environ["SPARKDIST_TASK_HOST"])  # fmt: skip
+        log(
+            event="enter",
+            step=state.step,
+            rank=rank,
+            size=size,
+            equal=identical(),
+            host=os.environ["SPARKDIST_TASK_HOST"],
+        )
         ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=init_sync)
         loader = state.loader if train is not None else None
         batches = iter(loader) if loader is not None else None
@@ -673,17 +693,32 @@ def in_process_elastic_main(
             state.optimizer.step()
             state.step += 1
             if rank == 0:
-                _append_line(steps_file, {"step": state.step, "world_size": size,
-                                          "generation": state.generation, "at": time.time(),
-                                          **read})  # fmt: skip
+                _append_line(
+                    steps_file,
+                    {
+                        "step": state.step,
+                        "world_size": size,
+                        "generation": state.generation,
+                        "at": time.time(),
+                        **read,
+                    },
+                )
             log(event="stepped", step=state.step)
             state.commit()
             time.sleep(step_s)
         with torch.no_grad():
             final = float(torch.nn.functional.mse_loss(state.model(x).squeeze(1), y))
-        return {"launch": launch, "pid": pid, "rank": rank, "size": size,
-                "generation": state.generation, "step": state.step, "loss": final,
-                "equal": identical(), "host": os.environ["SPARKDIST_TASK_HOST"]}  # fmt: skip
+        return {
+            "launch": launch,
+            "pid": pid,
+            "rank": rank,
+            "size": size,
+            "generation": state.generation,
+            "step": state.step,
+            "loss": final,
+            "equal": identical(),
+            "host": os.environ["SPARKDIST_TASK_HOST"],
+        }
 
     try:
         return loop(state)
@@ -729,8 +764,17 @@ def run_horovod_elastic(
         @hvd.elastic.run
         def loop(state) -> int:
             rank, size = hvd.rank(), hvd.size()
-            append(events, {"event": "enter", "pid": os.getpid(), "rank": rank, "size": size,
-                            "step": state.step, "at": time.time()})  # fmt: skip
+            append(
+                events,
+                {
+                    "event": "enter",
+                    "pid": os.getpid(),
+                    "rank": rank,
+                    "size": size,
+                    "step": state.step,
+                    "at": time.time(),
+                },
+            )
             while state.step < steps:
                 start = ((state.step * size + rank) * 16) % (len(x) - 16)
                 optimizer.zero_grad()
@@ -739,10 +783,14 @@ def run_horovod_elastic(
                 optimizer.step()
                 state.step += 1
                 if rank == 0:
-                    append(os.path.join(progress_dir, "steps.jsonl"),
-                           {"step": state.step, "world_size": size, "at": time.time()})  # fmt: skip
-                append(events, {"event": "stepped", "pid": os.getpid(), "step": state.step,
-                                "at": time.time()})  # fmt: skip
+                    append(
+                        os.path.join(progress_dir, "steps.jsonl"),
+                        {"step": state.step, "world_size": size, "at": time.time()},
+                    )
+                append(
+                    events,
+                    {"event": "stepped", "pid": os.getpid(), "step": state.step, "at": time.time()},
+                )
                 state.commit()
                 time.sleep(step_s)
             return size
@@ -752,9 +800,15 @@ def run_horovod_elastic(
     out: dict[str, Any] = {"ok": False}
     try:
         values = horovod.spark.run_elastic(
-            train, args=(progress_dir, steps, step_s), num_proc=num_proc, min_num_proc=2,
-            max_num_proc=num_proc, start_timeout=120, elastic_timeout=120, verbose=1,
-        )  # fmt: skip
+            train,
+            args=(progress_dir, steps, step_s),
+            num_proc=num_proc,
+            min_num_proc=2,
+            max_num_proc=num_proc,
+            start_timeout=120,
+            elastic_timeout=120,
+            verbose=1,
+        )
         out["value"] = values
         out["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the caller

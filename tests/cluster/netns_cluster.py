@@ -234,11 +234,16 @@ class NetnsCluster:
             "master",
             0,
             [
-                spark_class, "org.apache.spark.deploy.master.Master",
-                "--host", self.address(0), "--port", str(MASTER_PORT),
-                "--webui-port", str(MASTER_UI_PORT),
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                self.address(0),
+                "--port",
+                str(MASTER_PORT),
+                "--webui-port",
+                str(MASTER_UI_PORT),
             ],
-        )  # fmt: skip
+        )
         for i in range(self.state.hosts):
             self._spawn_worker(i)
         self.wait_workers(self.state.hosts, timeout_s)
@@ -267,13 +272,23 @@ class NetnsCluster:
             f"worker-{i}",
             i,
             [
-                spark_class, "org.apache.spark.deploy.worker.Worker",
-                "--host", self.address(i), "--cores", str(self.worker_cores),
-                "--memory", self.worker_memory, "--work-dir", str(work),
-                "--webui-port", "8081", "--properties-file", str(self._worker_properties()),
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                self.address(i),
+                "--cores",
+                str(self.worker_cores),
+                "--memory",
+                self.worker_memory,
+                "--work-dir",
+                str(work),
+                "--webui-port",
+                "8081",
+                "--properties-file",
+                str(self._worker_properties()),
                 self.master_url,
             ],
-        )  # fmt: skip
+        )
 
     def master_status(self) -> dict:
         url = f"http://{self.address(0)}:{MASTER_UI_PORT}/json/"

@@ -52,9 +52,14 @@ class RemoteDriver:
             }
         )
         argv = [
-            sys.executable, str(HERE / "remote_driver.py"), address,
-            cluster.master_url, cluster.driver_address, name, str(cores),
-        ]  # fmt: skip
+            sys.executable,
+            str(HERE / "remote_driver.py"),
+            address,
+            cluster.master_url,
+            cluster.driver_address,
+            name,
+            str(cores),
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

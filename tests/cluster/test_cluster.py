@@ -273,10 +273,12 @@ def test_executor_killed_mid_training(cluster, driver, tmp_path):
     assert left == []
     assert wait_no_job_processes(cluster, 30) == []
     record_fault(
-        "executor killed (SIGKILL) mid-training", result["failed_at"] - killed_at, left,
+        "executor killed (SIGKILL) mid-training",
+        result["failed_at"] - killed_at,
+        left,
         "the job's run in progress (nothing with max_failures and checkpoints)",
         result["error"],
-    )  # fmt: skip
+    )
     again = driver.call("run_job", main="network_main", runner=RUNNER)
     assert again["ok"], again.get("error")
 
@@ -309,11 +311,13 @@ def test_lost_executor_relaunches_from_checkpoint(cluster, driver, tmp_path):
     assert left == []
     done = max(json.loads((progress / f"rank-{r}.json").read_text())["epoch"] for r in range(3))
     record_fault(
-        "executor killed, max_failures=1: relaunched and finished", finished_s, left,
+        "executor killed, max_failures=1: relaunched and finished",
+        finished_s,
+        left,
         f"resumed from epoch {rank0['resumed_from']} of 12 (at least {seen[2]['epoch']} were "
         f"done when killed); nothing else",
         result["failures"][0],
-    )  # fmt: skip
+    )
     assert done == 12
 
 
@@ -341,8 +345,11 @@ def test_network_cut_between_ranks(cluster, driver, tmp_path):
         cluster.set_link(host, up=True)
     record_fault(
         f"network cut (veth of host {host}, rank {rank}, set down)",
-        result["failed_at"] - cut_at, left, "the job's run in progress", result["error"],
-    )  # fmt: skip
+        result["failed_at"] - cut_at,
+        left,
+        "the job's run in progress",
+        result["error"],
+    )
     assert wait_no_job_processes(cluster, 30) == []
     again = driver.call("run_job", main="network_main", runner=RUNNER)
     assert again["ok"], again.get("error")

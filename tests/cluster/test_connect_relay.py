@@ -100,9 +100,12 @@ def read_result(output: str) -> dict:
 
 def run_client(server, scenario: str, **args) -> tuple[dict, str]:
     proc = subprocess.run(
-        client_command(scenario), env=client_env(server, **args), capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        client_command(scenario),
+        env=client_env(server, **args),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     return read_result(output), output
@@ -110,10 +113,18 @@ def run_client(server, scenario: str, **args) -> tuple[dict, str]:
 
 def test_the_client_namespace_cannot_be_reached_from_the_hosts(cluster, relay_server):
     done = subprocess.run(
-        ["ip", "netns", "exec", cluster.namespace(1), sys.executable, "-c",
-         f"import socket; socket.create_connection(('{CLIENT_SUBNET}.2', 22), timeout=3)"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster.namespace(1),
+            sys.executable,
+            "-c",
+            f"import socket; socket.create_connection(('{CLIENT_SUBNET}.2', 22), timeout=3)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0
     assert "unreachable" in done.stderr.lower() or "timed out" in done.stderr.lower()
 
@@ -151,12 +162,19 @@ def test_relayed_job_resumes_from_a_shared_checkpoint_after_a_lost_executor(
     progress.mkdir()
     checkpoints = tmp_path / "checkpoints"  # one file system for every host
     # Slow enough epochs that the executor is killed mid-training even on a loaded machine.
-    args = {"checkpoint_dir": str(checkpoints), "progress_dir": str(progress), "epochs": 30,
-            "epoch_s": 1.0}  # fmt: skip
+    args = {
+        "checkpoint_dir": str(checkpoints),
+        "progress_dir": str(progress),
+        "epochs": 30,
+        "epoch_s": 1.0,
+    }
     proc = subprocess.Popen(
-        client_command("relay_resume"), env=client_env(relay_server, **args),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        client_command("relay_resume"),
+        env=client_env(relay_server, **args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         seen = wait_progress(progress, 3, 3)
         host = host_of(cluster, seen[2]["pid"])

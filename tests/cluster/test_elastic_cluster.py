@@ -332,8 +332,12 @@ def entries(events: list[dict]) -> list[dict]:
 
 def steps_of(events: dict[int, list[dict]], generation: int) -> list[int]:
     """The steps any rank took (logged before their commit) in `generation`."""
-    return [e["step"] for evs in events.values() for e in evs
-            if e["event"] == "stepped" and e["generation"] == generation]  # fmt: skip
+    return [
+        e["step"]
+        for evs in events.values()
+        for e in evs
+        if e["event"] == "stepped" and e["generation"] == generation
+    ]
 
 
 def test_in_process_survivors_keep_their_processes_as_a_host_is_lost_and_returns(
@@ -401,8 +405,9 @@ def test_in_process_survivors_keep_their_processes_as_a_host_is_lost_and_returns
     assert max(steps_of(events, 1)) == entry_step[2].pop()  # a grow, at a commit: none
     # After the loss the survivors held the same commit: no state was sent (no rank loaded
     # a synced one). The newcomer had none: the grow's sync sent it to every rank but 0.
-    synced = Counter(e["generation"] for evs in events.values() for e in evs
-                     if e["event"] == "synced")  # fmt: skip
+    synced = Counter(
+        e["generation"] for evs in events.values() for e in evs if e["event"] == "synced"
+    )
     assert (synced[1], synced[2]) == (0, 2), synced
 
     steps = read_steps(progress)
@@ -441,7 +446,7 @@ def test_in_process_ranks_hung_on_a_cut_host_are_unblocked_within_the_timeout(
             "stop_file": str(stop_file),
             "step_s": step_s,
             "elastic_timeout_s": timeout_s,
-        },  # fmt: skip
+        },
     )
     cut = None
     try:
@@ -473,9 +478,11 @@ def test_in_process_ranks_hung_on_a_cut_host_are_unblocked_within_the_timeout(
         again = entries(events[launch])[1]
         assert (again["generation"], again["size"], again["pid"]) == (1, 2, first[launch]["pid"])
         assert again["equal"]
-    print(f"in process, network cut: survivors unblocked {took:.1f} s after the cut "
-          f"(timeout {timeout_s:.0f} s), world of 2 stepping "
-          f"{shrunk['at'] - cut_at:.1f} s after it")  # fmt: skip
+    print(
+        f"in process, network cut: survivors unblocked {took:.1f} s after the cut "
+        f"(timeout {timeout_s:.0f} s), world of 2 stepping "
+        f"{shrunk['at'] - cut_at:.1f} s after it"
+    )
     assert wait_all_gone(records(result), 60) == []
     assert wait_no_job_processes(cluster, 60) == []
     wait_executors(host_driver, 3)
@@ -534,7 +541,7 @@ def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
             "min_steps": 1,
             "stop_file": str(stop_file),
             "save_every": 10,
-        },  # fmt: skip
+        },
         id_frames={"train": {"rows": ROWS, "path": str(tmp_path / "ids")}},
     )
     try:
@@ -568,8 +575,11 @@ def test_notice_relaunch_path_leaves_the_host_with_nothing_redone(
     address = cluster.address(lost)
     assert why.startswith("left: executor ") and address in why, why
     assert why.endswith(f"resuming from step {left['step']}"), why
-    lines = [line for line in log_since(host_driver, offset).splitlines() if address in line and
-             "being decommissioned" in line and "world 3 -> 2 ranks" in line]  # fmt: skip
+    lines = [
+        line
+        for line in log_since(host_driver, offset).splitlines()
+        if address in line and "being decommissioned" in line and "world 3 -> 2 ranks" in line
+    ]
     assert len(lines) == 1 and f"step {left['step']}" in lines[0], lines
     print(
         f"relaunch path, notice: world of 2 stepping {smaller['at'] - notice:.1f} s after "
@@ -659,8 +669,11 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
         smaller: dict = {}
 
         def world_of_two(deadline: float) -> None:
-            smaller.update(wait_step(progress, job, world_size=2, generation=1,
-                                     timeout_s=deadline - time.time()))  # fmt: skip
+            smaller.update(
+                wait_step(
+                    progress, job, world_size=2, generation=1, timeout_s=deadline - time.time()
+                )
+            )
 
         notice, killed = notice_then_kill(cluster, host_driver, lost, world_of_two)
         # Three epochs at least (5 steps each at 3 ranks, 7.5 at 2), one across the change.
@@ -682,7 +695,9 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
     for launch in survivors:  # the same process, no rollback: on from the step it left
         entered = entries(events[launch])
         assert [(e["generation"], e["size"], e["pid"]) for e in entered] == [
-            (0, 3, first[launch]["pid"]), (1, 2, first[launch]["pid"])]  # fmt: skip
+            (0, 3, first[launch]["pid"]),
+            (1, 2, first[launch]["pid"]),
+        ]
         assert not [e for e in events[launch] if e["event"] == "restored"]
     assert {e["step"] for s in survivors for e in entries(events[s])[1:]} == {
         max(steps_of(events, 0))
@@ -691,8 +706,11 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
     assert [row["step"] for row in steps] == list(range(1, len(steps) + 1))  # none redone
     check_each_epoch_read_once(steps)
     assert [v["launch"] for v in result["values"]] == survivors  # the leaving one: None
-    lines = [line for line in log_since(host_driver, offset).splitlines()
-             if "being decommissioned" in line and "world 3 -> 2 ranks" in line]  # fmt: skip
+    lines = [
+        line
+        for line in log_since(host_driver, offset).splitlines()
+        if "being decommissioned" in line and "world 3 -> 2 ranks" in line
+    ]
     assert len(lines) == 1 and address in lines[0], lines
     print(
         f"in process, notice: world of 2 stepping {smaller['at'] - notice:.1f} s after the "

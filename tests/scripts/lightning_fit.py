@@ -32,10 +32,17 @@ def fit(out: str, epochs: int = 2) -> dict:
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
     model = Regression()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", max_epochs=epochs,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=out,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        num_nodes=2,
+        strategy="ddp",
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+    )
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
     result = {
         "rank": trainer.global_rank,

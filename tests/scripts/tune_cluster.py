@@ -98,10 +98,15 @@ def main() -> None:
     t0 = time.monotonic()
     sparkdist.tune.optimize(study, ddp_objective, n_trials=2, np=2, parallelism=2)
     trials = [
-        {"number": t.number, "state": t.state.name, "value": t.value, "attrs": t.user_attrs,
-         "steps": sorted(t.intermediate_values)}
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "value": t.value,
+            "attrs": t.user_attrs,
+            "steps": sorted(t.intermediate_values),
+        }
         for t in study.trials
-    ]  # fmt: skip
+    ]
     print("RESULT " + json.dumps({"trials": trials, "wall": time.monotonic() - t0}), flush=True)
 
     study = optuna.create_study()
