@@ -34,7 +34,7 @@ default size. Then, in one table:
   a change, side by side on the same files and the same load.
 * randomness of the shuffled order (epoch 0): the Spearman correlation between a row's
   place in the files and in the epoch, and the share of rows whose next row in the files
-  is in the same batch (`sparkdist.data.order.randomness`), beside a true permutation's
+  is in the same batch (`sparkdist.data.rank.order.randomness`), beside a true permutation's
   and the files' order.
 
 `--codecs` instead measures the codecs a copy can use (what chose the default): for each,
@@ -328,7 +328,7 @@ def check_disk(work: Path, needed: int) -> None:
 
 def main_benchmark(args, work: Path) -> None:
     from sparkdist.data import make_spark_converter
-    from sparkdist.data.conversion import DEFAULT_COMPRESSION_CODEC
+    from sparkdist.data.driver.convert import DEFAULT_COMPRESSION_CODEC
 
     row_bytes = args.features * 4 + 8
     check_disk(work, 4 * args.rows * row_bytes)  # source, copy, MDS copy, slack
@@ -472,7 +472,7 @@ def print_randomness(layout, batch_size: int) -> None:
     """How random the shuffled order is, beside a true permutation and the files' order."""
     import numpy as np
 
-    from sparkdist.data import order
+    from sparkdist.data.rank import order
 
     n = layout.num_rows
     shuffled = order.EpochOrder(layout.row_group_rows, 0, 0, True, order.DEFAULT_WINDOW_ROWS)
@@ -530,7 +530,7 @@ def best_of_rounds(runs: list[tuple], args, work: Path) -> dict:
 
 def codec_benchmark(args, work: Path) -> None:
     from sparkdist.data import make_spark_converter
-    from sparkdist.data.reader import ShardReader
+    from sparkdist.data.rank.reader import ShardReader
 
     check_disk(work, 2 * args.codec_rows * (args.features * 4 + 8))
     spark = start_spark()

@@ -46,10 +46,10 @@ def write_data(directory: Path, rows: int, features: int) -> str:
 
 
 def converter(url: str):
-    from sparkdist.data import files
     from sparkdist.data.converter import SparkDatasetConverter
+    from sparkdist.data.layout import describe
 
-    return SparkDatasetConverter(url, files.describe(url), source="parquet", tensor_types="torch")
+    return SparkDatasetConverter(url, describe(url), source="parquet", tensor_types="torch")
 
 
 class Step:

@@ -25,12 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkdist.data import decode, files, order, reader
+from sparkdist.data.layout import Layout, describe
+from sparkdist.data.rank import decode, order, reader
 
 STAGES = ("order", "parquet decode", "to numpy", "copy to buffer", "gather")
 
 
-def write(directory: Path, rows: int, features: int = 64) -> files.Layout:
+def write(directory: Path, rows: int, features: int = 64) -> Layout:
     rng, per_file = np.random.default_rng(0), 1_000_000
     for index, first in enumerate(range(0, rows, per_file)):
         n = min(per_file, rows - first)
@@ -43,7 +44,7 @@ def write(directory: Path, rows: int, features: int = 64) -> files.Layout:
             }
         )
         pq.write_table(table, directory / f"part-{index:03d}.parquet", row_group_size=500_000)
-    return files.describe(directory.as_uri())
+    return describe(directory.as_uri())
 
 
 def fill(window: order.Window, decoder, buffers: dict, times: dict, padded: int) -> None:
@@ -86,7 +87,7 @@ def gather(epoch: order.EpochOrder, window, buffers, times, chunk_rows: int, how
     times["gather"] += time.process_time() - start
 
 
-def breakdown(layout: files.Layout, how: str) -> dict:
+def breakdown(layout: Layout, how: str) -> dict:
     shard = reader.ShardReader(layout, batch_size=256, num_epochs=1, shuffle=True, prefetch=0)
     decoder = shard._decoder()
     epoch = order.EpochOrder(layout.row_group_rows, 0, 0, True, order.DEFAULT_WINDOW_ROWS)
@@ -97,7 +98,7 @@ def breakdown(layout: files.Layout, how: str) -> dict:
     return times
 
 
-def whole_reads(layout: files.Layout) -> list[tuple[str, int, float, float]]:
+def whole_reads(layout: Layout) -> list[tuple[str, int, float, float]]:
     def loop() -> int:
         rows = 0
         for url in layout.file_urls:

@@ -180,8 +180,8 @@ def test_any_sequence_of_worlds_reads_each_row_once(tmp_path, drop_last):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sparkdist.data import files
-    from sparkdist.data.reader import ShardReader
+    from sparkdist.data.layout import describe
+    from sparkdist.data.rank.reader import ShardReader
 
     rows = 0
     for index, groups in enumerate([[70, 30], [100], [25, 5, 45]]):
@@ -192,7 +192,7 @@ def test_any_sequence_of_worlds_reads_each_row_once(tmp_path, drop_last):
                 writer.write_table(table.slice(start, size), row_group_size=size)
                 start += size
         rows += sum(groups)
-    layout = files.describe(tmp_path.as_uri())
+    layout = describe(tmp_path.as_uri())
     options = {
         "batch_size": 7,
         "num_epochs": 1,

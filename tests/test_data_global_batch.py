@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkdist.data import files
 from sparkdist.data.converter import SparkDatasetConverter
+from sparkdist.data.layout import describe
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]
 N_ROWS = 2300
@@ -43,7 +43,7 @@ def groups_converter(tmp_path_factory) -> SparkDatasetConverter:
                 writer.write_table(table.slice(start, size), row_group_size=size)
                 start += size
         first += len(ids)
-    return SparkDatasetConverter(None, files.describe(directory.as_uri()), source="parquet")
+    return SparkDatasetConverter(None, describe(directory.as_uri()), source="parquet")
 
 
 def as_numpy(batch: dict) -> dict:

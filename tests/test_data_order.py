@@ -1,6 +1,6 @@
 """The epoch's global order, its equal split across ranks, and resuming in any world size.
 
-Pure logic (sparkdist.data.order), checked over many seeded random layouts, world sizes,
+Pure logic (sparkdist.data.rank.order), checked over many seeded random layouts, world sizes,
 batch sizes and resize histories; the readers on real Spark data are in test_data.py and
 test_runner_data.py.
 """
@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sparkdist.data import order
+from sparkdist.data.rank import order
 
 
 def random_layout(rng: np.random.Generator) -> list[list[int]]:

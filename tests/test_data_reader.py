@@ -11,13 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkdist.data import files, order, reader
+from sparkdist.data.layout import Layout, describe
+from sparkdist.data.rank import order, reader
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory) -> files.Layout:
+def layout(tmp_path_factory) -> Layout:
     directory = tmp_path_factory.mktemp("reader-source")
     first = 0
     for index, groups in enumerate(ROW_GROUPS):
@@ -33,7 +34,7 @@ def layout(tmp_path_factory) -> files.Layout:
                 writer.write_table(table.slice(start, size), row_group_size=size)
                 start += size
         first += rows
-    return files.describe(directory.as_uri())
+    return describe(directory.as_uri())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -18,15 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkdist import HorovodRunner, RankFailedError
-from sparkdist.data import (
-    CACHE_DIR_CONF,
-    SparkDatasetConverter,
-    cache,
-    delta_log,
-    fs,
-    make_spark_converter,
-    sources,
-)
+from sparkdist.data import CACHE_DIR_CONF, SparkDatasetConverter, cache, fs, make_spark_converter
+from sparkdist.data.driver import sources
 from sparkdist.spark.file_scan import FileScan
 
 ROWS = 600
@@ -317,7 +310,7 @@ def write_delta_table(root: Path) -> dict[str, list[int]]:
 def test_delta_snapshot_from_the_log(spark, tmp_path, monkeypatch, caplog):
     root = tmp_path / "delta"
     ids = write_delta_table(root)
-    snapshot = delta_log.read_snapshot(root.as_uri())
+    snapshot = sources.read_snapshot(root.as_uri())
     assert snapshot.version == 2 and snapshot.refusal() is None
     names = [Path(fs.filesystem_and_path(u)[1]).name for u in snapshot.file_urls]
     assert names == ["part-b.parquet", "part-c.parquet", "part-d.parquet"]
@@ -359,13 +352,13 @@ def test_delta_snapshot_from_the_log(spark, tmp_path, monkeypatch, caplog):
         )
         + "\n"
     )
-    assert delta_log.read_snapshot(root.as_uri()).refusal() == (
+    assert sources.read_snapshot(root.as_uri()).refusal() == (
         "the Delta table maps its columns by name"
     )
     commit.write_text(
         json.dumps({"add": {"path": "part-d.parquet", "deletionVector": {"cardinality": 2}}}) + "\n"
     )
-    assert "deletion vectors" in delta_log.read_snapshot(root.as_uri()).refusal()
+    assert "deletion vectors" in sources.read_snapshot(root.as_uri()).refusal()
 
 
 # --- the runner: DataFrame arguments, read in place or copied, and the copies removed --------
@@ -422,9 +415,9 @@ def test_write_progress_on_the_driver(spark, tmp_path, monkeypatch, caplog):
     from pyspark.sql import functions as F
 
     from sparkdist import progress as display
-    from sparkdist.data import progress
+    from sparkdist.data.driver import writer
 
-    monkeypatch.setattr(progress, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(writer, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(display, "LINE_INTERVAL_S", 0.0)
     monkeypatch.setattr(display, "mode", lambda: "lines")  # pytest's stderr may be a tty
 
@@ -450,4 +443,4 @@ def test_write_progress_on_the_driver(spark, tmp_path, monkeypatch, caplog):
 
     monkeypatch.undo()
     caplog.set_level(logging.WARNING, logger="sparkdist")
-    assert progress.WriteProgress(tmp_path.as_uri()).enabled is False
+    assert writer.WriteProgress(tmp_path.as_uri()).enabled is False

@@ -1,4 +1,4 @@
-"""`sparkdist.data.device_prefetch`: batches copied to the device a batch (or `depth`)
+"""`sparkdist.data.rank.device_prefetch`: batches copied to the device a batch (or `depth`)
 ahead of use. On CPU the same iteration runs with `HostSide`; a recording side shows the
 copy of batch k+1 starts before batch k is handed out, and is finished before its own
 turn. With a GPU, the batches come out on it, equal to the CPU's."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparkdist.data.device_prefetch import DevicePrefetcher, HostSide, map_tensors
+from sparkdist.data.rank.device_prefetch import DevicePrefetcher, HostSide, map_tensors
 
 
 class RecordingSide(HostSide):

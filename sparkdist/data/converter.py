@@ -4,20 +4,22 @@ The shape is petastorm's (``make_torch_dataloader``, ``make_tf_dataset``, ``len(
 ``delete()``) so code written for it carries over. The handle holds only URLs and row
 counts: it is small and cloudpicklable, so the runner can ship it to the ranks, where each
 one opens its own shard (by default the one named by env RANK / WORLD_SIZE). How a
-DataFrame becomes one is `sparkdist.data.conversion`.
+DataFrame becomes one is `sparkdist.data.driver.convert`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from sparkdist.data import cache, petastorm_backend
-from sparkdist.data.files import Layout
-from sparkdist.data.reader import ReaderContext, ReadOptions, ShardReader
+from sparkdist.data.layout import Layout
+from sparkdist.data.rank.reader import ReaderContext, ReaderPosition, ReadOptions, ShardReader
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +186,7 @@ class SparkDatasetConverter:
             return petastorm_backend.loader(
                 "tf", self.cache_dir_url, self.layout, options, prefetch
             )
-        from sparkdist.data import tf_dataset
+        from sparkdist.data.rank import tf_dataset
 
         reader = ShardReader(self.layout, options)
         tf_dataset.check_names(reader)
@@ -217,8 +219,6 @@ class SparkDatasetConverter:
         those of ``make_torch_dataloader``; the arrays are the caller's to write to. A new
         API, so every argument but ``batch_size`` is given by keyword.
         """
-        from sparkdist.data.numpy_batches import NumpyBatches
-
         options = ReadOptions.of(locals(), writable=True)
         return ReaderContext(ShardReader(self.layout, options), NumpyBatches)
 
@@ -250,7 +250,7 @@ def _check_device(device: Any, data_loader_fn: Any, petastorm: bool) -> None:
     if device is not None and (data_loader_fn is not None or petastorm):
         raise ValueError(
             "device= is for sparkdist's own loader, not petastorm's or a data_loader_fn's: "
-            "wrap that loader in sparkdist.data.device_prefetch.DevicePrefetcher"
+            "wrap that loader in sparkdist.data.rank.device_prefetch.DevicePrefetcher"
         )
 
 
@@ -264,7 +264,7 @@ def _loader_maker(
     """What makes the torch DataLoader once the reader exists: `data_loader_fn` (default
     `BatchedDataLoader`) with the sizes, the DataLoader options that were set, and any
     other keywords."""
-    from sparkdist.data.torch_loader import BatchedDataLoader
+    from sparkdist.data.rank.torch_loader import BatchedDataLoader
 
     fn = data_loader_fn or functools.partial(BatchedDataLoader, tensor_types=tensor_types)
     extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
@@ -274,3 +274,14 @@ def _loader_maker(
 def _call_with_reader(make: Callable[..., Any], reader: ShardReader, **kwargs: Any) -> Any:
     """``make(reader=reader, **kwargs)``: petastorm passes the reader by keyword."""
     return make(reader=reader, **kwargs)
+
+
+class NumpyBatches(ReaderPosition):
+    """`make_numpy_batches`' loader: one rank's batches as ``{column: numpy array}``, with
+    the torch loader's ``len()``, ``epoch`` and position; neither torch nor TF is imported."""
+
+    def __init__(self, reader: ShardReader) -> None:
+        self.reader = reader
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter(self.reader)

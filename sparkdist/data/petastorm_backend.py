@@ -12,8 +12,8 @@ import functools
 import re
 from typing import Any
 
-from sparkdist.data.files import Layout
-from sparkdist.data.reader import ReadOptions
+from sparkdist.data.layout import Layout
+from sparkdist.data.rank.reader import ReadOptions
 
 
 @functools.lru_cache(maxsize=1)

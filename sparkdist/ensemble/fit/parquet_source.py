@@ -9,7 +9,7 @@ labels) to the spread. Anything else (a filter, a join, a computed column, a cac
 partitioned-by-column source, a store pyarrow cannot open) goes through Spark as before.
 
 Recognizing a plain scan is `sparkdist.spark.file_scan`'s job (shared with the converter).
-Every file's footer is read on the driver first (`sparkdist.data.files`, the converter's
+Every file's footer is read on the driver first (`sparkdist.data.layout`, the converter's
 footer reader), so a file that lacks a column, or holds it with another type, keeps the
 Spark path instead of failing in a task.
 """
@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkdist.data.files import NotReadable, locate, read_footers
 from sparkdist.data.fs import filesystem_and_path
+from sparkdist.data.layout import NotReadable, locate, read_footers
 from sparkdist.ensemble.model.features import FeatureSpec
 from sparkdist.spark.file_scan import NotPlainScan, plain_file_scan
 

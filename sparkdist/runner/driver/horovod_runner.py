@@ -197,7 +197,7 @@ def converted_dataframes(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     if not frames:
         yield kwargs
         return
-    from sparkdist.data.conversion import ConversionOptions, convert
+    from sparkdist.data.driver.convert import ConversionOptions, convert
 
     options = ConversionOptions(tensor_types="torch")  # sparkdist's own API: torch.bool
 

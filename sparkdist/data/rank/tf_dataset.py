@@ -20,8 +20,8 @@ import collections
 import keyword
 from typing import Any
 
-from sparkdist.data.files import ColumnInfo
-from sparkdist.data.reader import ShardReader
+from sparkdist.data.layout import ColumnInfo
+from sparkdist.data.rank.reader import ShardReader
 
 
 def _spec(info: ColumnInfo) -> Any:

@@ -4,7 +4,7 @@ Spark ML vectors become fixed-length float arrays and floating-point columns get
 precision (``dtype``), on the Spark side, so the readers only ever see plain Parquet
 numbers, strings and lists of numbers. Anything else is refused up front, by column
 name, before any Spark job, instead of failing later inside a rank. (Null values and
-ragged arrays are found while the rows pass by once: `sparkdist.data.writer`.)
+ragged arrays are found while the rows pass by once: `sparkdist.data.driver.writer`.)
 """
 
 from __future__ import annotations

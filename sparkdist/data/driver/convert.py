@@ -1,9 +1,9 @@
 """``make_spark_converter``: a Spark DataFrame to a handle from which every rank reads its rows.
 
 A DataFrame that is a plain Parquet scan, or a Delta table's current files, optionally with
-some columns selected, is read where it lies: nothing is written (`sparkdist.data.sources`).
+some columns selected, is read where it lies: nothing is written (`sparkdist.data.driver.sources`).
 Any other DataFrame is written once per plan as Parquet under the cache directory
-(`sparkdist.data.cache`, `sparkdist.data.writer`), compressed with
+(`sparkdist.data.cache`, `sparkdist.data.driver.writer`), compressed with
 ``DEFAULT_COMPRESSION_CODEC``, with progress on the driver. Either way, columns the ranks
 could not batch are refused here, on the driver, naming the column and the fix:
 unsupported types before any Spark job, null values and ragged arrays from aggregates
@@ -19,11 +19,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparkdist.data import cache, fs, petastorm_backend, writer
+from sparkdist.data import cache, fs, petastorm_backend
 from sparkdist.data.converter import SparkDatasetConverter
-from sparkdist.data.files import describe
-from sparkdist.data.schema import check_dtype, prepare_dataframe
-from sparkdist.data.sources import find_direct_source
+from sparkdist.data.driver import writer
+from sparkdist.data.driver.schema import check_dtype, prepare_dataframe
+from sparkdist.data.driver.sources import find_direct_source
+from sparkdist.data.layout import describe
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

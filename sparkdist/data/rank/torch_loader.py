@@ -7,8 +7,8 @@ it. With ``num_workers=k`` each worker process reads and decodes every k-th batc
 rank, which is the order in which DataLoader takes them back: the rank still gets its
 batches in order, each row once. ``pin_memory`` and the other DataLoader options pass
 through. The loader counts the batches it hands out, so ``state_dict()`` is the world's
-position (see `sparkdist.data.order`). With ``device="cuda"`` its batches come already on
-the GPU, pinned and copied a batch ahead on a side stream (`sparkdist.data.device_prefetch`);
+position (see `sparkdist.data.rank.order`). With ``device="cuda"`` its batches come already on
+the GPU, pinned and copied a batch ahead on a side stream (`sparkdist.data.rank.device_prefetch`);
 they are counted when handed out, not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sparkdist.data.device_prefetch import DevicePrefetcher
-from sparkdist.data.reader import ReaderPosition, ShardReader
+from sparkdist.data.rank.device_prefetch import DevicePrefetcher
+from sparkdist.data.rank.reader import ReaderPosition, ShardReader
 
 # petastorm's promotions (petastorm.pytorch._sanitize_pytorch_types), for its API.
 _PETASTORM_TYPES = {

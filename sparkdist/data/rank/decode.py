@@ -1,11 +1,11 @@
 """Decodes a rank's windows of the Parquet files into numpy chunks, on the rank.
 
-A window is consecutive row groups of an epoch's order (`sparkdist.data.order`). In the
+A window is consecutive row groups of an epoch's order (`sparkdist.data.rank.order`). In the
 files' own order its wanted rows are streamed in chunks of about ``chunk_rows`` rows;
 shuffled, its row groups are decoded whole and the rows gathered in the epoch's order.
 Only the wanted columns are decoded; nulls and ragged arrays are refused by column name;
 a `TransformSpec` runs on each chunk. Cutting chunks into batches is
-`sparkdist.data.batches`; which windows a rank reads is `sparkdist.data.reader`.
+`sparkdist.data.rank.batches`; which windows a rank reads is `sparkdist.data.rank.reader`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkdist.data import fs, order
-from sparkdist.data.files import ColumnInfo, Layout
-from sparkdist.data.transform import TransformSpec
+from sparkdist.data import fs
+from sparkdist.data.layout import ColumnInfo, Layout
+from sparkdist.data.rank import order
+from sparkdist.data.rank.transform import TransformSpec
 
 Chunk = dict[str, np.ndarray]
 

@@ -1,6 +1,6 @@
 """From decoded chunks to batches of exactly ``batch_size`` rows, and the thread ahead.
 
-The reader decodes chunks of about 8 MiB (`sparkdist.data.decode`) in a background
+The reader decodes chunks of about 8 MiB (`sparkdist.data.rank.decode`) in a background
 thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them in the
 consumer's thread (`rebatch`), as views, so the threads meet once per chunk, not per batch.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.data.decode import Chunk
+from sparkdist.data.rank.decode import Chunk
 
 # Ends an epoch in a stream of chunks: the batch in progress ends there, short if need be.
 EPOCH_END: Chunk = {}

@@ -2,7 +2,7 @@
 
 Every Parquet footer sparkdist reads is read here, on the driver, once per file and 16 at a
 time (`read_footers`): the files of a copy it has just written (`describe`), those of a
-source the ranks read in place (`sparkdist.data.sources`, which also checks here that each
+source the ranks read in place (`sparkdist.data.driver.sources`, which also checks here that each
 file holds its columns with the kind of values Spark gives), and those the partition
 ensembles read in their source tasks (`sparkdist.ensemble.fit.parquet_source`). A `Layout`
 is what a rank needs of them: the files, the rows of each row group, the columns as the

@@ -1,6 +1,6 @@
 """A loader's place in the world (which rank of how many): the environment's, or changed.
 
-A rank reads its equal slice of each epoch (`sparkdist.data.order`), so a loader must know
+A rank reads its equal slice of each epoch (`sparkdist.data.rank.order`), so a loader must know
 its place: ``(rank, world size)``, given (``cur_shard``, ``shard_count``) or read from the
 environment (`rank_from_env`: torchrun's and the runner's names first, then Horovod's and
 MPI's, as petastorm reads them). Under in-process elastic training

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkdist.data.files import ColumnInfo
+from sparkdist.data.layout import ColumnInfo
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,13 +1,13 @@
 """One rank's batches of the Parquet files, epoch after epoch, from a resumable position.
 
-Which rows, in which order, is `sparkdist.data.order`: rank ``r`` of ``W`` reads its equal
+Which rows, in which order, is `sparkdist.data.rank.order`: rank ``r`` of ``W`` reads its equal
 slice of each epoch's global order, from a position that survives relaunches and
 resizes. `ShardReader` plans the slice window by window (consecutive row groups of that
 order) and counts what it hands out; decoding a window into numpy chunks of about 8 MiB is
-`sparkdist.data.decode`, cutting them into batches and the thread that reads
-``prefetch`` chunks ahead `sparkdist.data.batches`; ``workers_count`` windows can be
+`sparkdist.data.rank.decode`, cutting them into batches and the thread that reads
+``prefetch`` chunks ahead `sparkdist.data.rank.batches`; ``workers_count`` windows can be
 read at once; which rank of how many reads, and how that follows a change of the world,
-`sparkdist.data.rank_place`. What a rank is asked for travels as one `ReadOptions`.
+`sparkdist.data.rank.rank_place`. What a rank is asked for travels as one `ReadOptions`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from sparkdist.data import order, rank_place
-from sparkdist.data.batches import EPOCH_END, mark_pads, mark_weights, prefetched, rebatch
-from sparkdist.data.decode import Chunk, Scratch, WindowDecoder
-from sparkdist.data.files import ColumnInfo, Layout
-from sparkdist.data.transform import TransformSpec
+from sparkdist.data.layout import ColumnInfo, Layout
+from sparkdist.data.rank import order, rank_place
+from sparkdist.data.rank.batches import EPOCH_END, mark_pads, mark_weights, prefetched, rebatch
+from sparkdist.data.rank.decode import Chunk, Scratch, WindowDecoder
+from sparkdist.data.rank.transform import TransformSpec
 from sparkdist.protocol.driver_channel import alive
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class ReadOptions:
 
     @property
     def window_rows(self) -> int:
-        """Rows mixed together when shuffling (see `sparkdist.data.order`)."""
+        """Rows mixed together when shuffling (see `sparkdist.data.rank.order`)."""
         buffer = self.shuffle_buffer_rows or self.shuffling_queue_capacity
         return buffer or order.DEFAULT_WINDOW_ROWS
 
@@ -205,7 +205,7 @@ class ShardReader:
     """Iterable over one rank's batches ({column: numpy array}), epoch after epoch.
 
     Each iteration reads ``num_epochs`` epochs (``None``: forever) from `position`, the
-    world's place in the data (see `sparkdist.data.order`): rank ``cur_shard`` of
+    world's place in the data (see `sparkdist.data.rank.order`): rank ``cur_shard`` of
     ``shard_count`` reads its equal slice of what is left of each epoch's global order.
     The last batch of an epoch can be short (the same length on every rank); batches never
     span two epochs. ``shuffle`` draws a new global order each epoch from ``seed``, with
