@@ -25,7 +25,7 @@ from test_elastic import SlotHolder, still_alive
 
 import sparkdist
 from sparkdist import checkpoint
-from sparkdist.checkpoint.store import CheckpointStore
+from sparkdist.checkpoint.driver.store import CheckpointStore
 
 # --- what the ranks run -------------------------------------------------------------
 
@@ -340,6 +340,22 @@ def test_driver_path_refuses_a_state_over_the_limit_before_sending(sc, tmp_path)
     stored = sorted(p.name for p in store.iterdir() if p.name != "logs")  # logs: the ranks' output
     assert stored == ["checkpoint-000000000003.pkl", "sharded"]
     assert list((store / "sharded").iterdir()) == []
+
+
+def test_a_driver_path_checkpoint_saved_before_the_rank_modules_moved_still_loads():
+    """checkpoint-<step>.pkl files outlive a sparkdist upgrade: a state pickled when the
+    driver path was `sparkdist.checkpoint.driver_path` still unpacks, with its world size."""
+    import pickle
+
+    from sparkdist.checkpoint.rank import driver_path
+
+    blob = pickle.dumps(driver_path._Saved({"w": [1.5, 2.5]}, 3), protocol=2)
+    old = blob.replace(
+        b"sparkdist.checkpoint.rank.driver_path", b"sparkdist.checkpoint.driver_path"
+    )
+    assert old != blob and b"sparkdist.checkpoint.driver_path\n" in old
+    assert driver_path.unpack(old) == driver_path._Saved({"w": [1.5, 2.5]}, 3)
+    assert isinstance(driver_path.unpack(old), checkpoint._Saved)
 
 
 def test_sharded_record_retention_pins_and_partial_directories(tmp_path):

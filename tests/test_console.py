@@ -164,7 +164,7 @@ def test_rank_logs_are_copied_to_a_checkpoint_url(tmp_path):
     """A URL checkpoint directory (an object store: no appends) gets whole files at the end."""
     from pyarrow import fs as pafs
 
-    from sparkdist.checkpoint.store import open_directory
+    from sparkdist.checkpoint.driver.store import open_directory
 
     logs = RunLogs(copy_to="memory://sparkdist-test/console-run", root=tmp_path)
     console = Console(io.StringIO(), io.StringIO(), files=logs.attempt(0, "cccccccccccc"))

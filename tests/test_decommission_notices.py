@@ -19,8 +19,8 @@ import pytest
 from test_driver_service import _rank
 
 from sparkdist import checkpoint
-from sparkdist.checkpoint import driver_record
-from sparkdist.checkpoint.store import CheckpointStore
+from sparkdist.checkpoint.driver.store import CheckpointStore
+from sparkdist.checkpoint.rank import driver_record
 from sparkdist.protocol import driver_channel, messages, wire
 from sparkdist.runner.driver.failures import WorldChange, WorldResize
 from sparkdist.runner.driver.job_state import JobState

@@ -15,7 +15,7 @@ import pytest
 from cluster.jobs import resumable_main
 
 from sparkdist import HorovodRunner, RankFailedError
-from sparkdist.checkpoint.store import CheckpointStore
+from sparkdist.checkpoint.driver.store import CheckpointStore
 
 EPOCHS = 8
 

@@ -27,7 +27,7 @@ Two paths, one API:
   `SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB` (512 MiB by default; set it in the ranks'
   environment, e.g. `HorovodRunner(env={...})`) are refused on the rank before anything
   is sent: the driver's heap and network are shared with Spark.
-* **sharded** (`sharded.py`: FSDP2/DTensor state dicts, found automatically, or
+* **sharded** (`rank/sharded.py`: FSDP2/DTensor state dicts, found automatically, or
   `save(..., sharded=True)`): every rank writes its shard with
   torch.distributed.checkpoint to `checkpoint_dir`, which must then be storage every
   executor sees (`/dbfs/...`, `/Volumes/...`, a mounted file system, an fsspec URL); the
@@ -35,7 +35,7 @@ Two paths, one API:
   lets training go on while the shards are written. `resume(into=state)` loads the
   newest committed one into the current world's layout, whatever world saved it. Plain
   Python values in the state (a data loader's `state_dict()`, counters) are saved and
-  restored with it. TensorFlow jobs use `tf_manager` (`tensorflow.py`) the same way.
+  restored with it. TensorFlow jobs use `tf_manager` (`rank/tensorflow.py`) the same way.
 
 In an elastic job (`min_np`/`max_np`) the world may change between launches:
 `resume()` also says how many ranks saved the checkpoint, so code can rescale its
@@ -44,6 +44,10 @@ is about to grow (or to leave an executor Spark is decommissioning), right after
 checkpoint is committed (after an async save: at the next `save` or `wait`). Called on
 every step as `save(state, step, every=N)`, it saves every N steps and at once when the
 job is about to stop there.
+
+Split by process, as `sparkdist.runner` and `sparkdist.data` are: `rank/` is what a rank
+runs (this module's API is its front), `driver/` the driver's record of the committed
+checkpoints.
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ import os
 from typing import Any
 
 from sparkdist import job_environment
-from sparkdist.checkpoint import driver_path
-from sparkdist.checkpoint import sharded as shards
-from sparkdist.checkpoint.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
-from sparkdist.checkpoint.driver_record import Resize, Resume, checkpoint_due, client, rank
+from sparkdist.checkpoint.rank import driver_path
+from sparkdist.checkpoint.rank import sharded as shards
+from sparkdist.checkpoint.rank.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
+from sparkdist.checkpoint.rank.driver_record import Resize, Resume, checkpoint_due, client, rank
 from sparkdist.protocol import messages
 
 __all__ = [
@@ -179,7 +183,7 @@ def committed_steps() -> list[int]:
 def tf_manager(checkpoint: Any, **kwargs: Any):
     """A `tensorflow.TFCheckpoints` for `checkpoint` (a `tf.train.Checkpoint`): the same
     contract for MultiWorkerMirroredStrategy and ParameterServerStrategy jobs."""
-    from sparkdist.checkpoint.tensorflow import TFCheckpoints
+    from sparkdist.checkpoint.rank.tensorflow import TFCheckpoints
 
     return TFCheckpoints(checkpoint, **kwargs)
 

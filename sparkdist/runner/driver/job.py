@@ -12,7 +12,7 @@ not. An in-process elastic world's change (`failures.WorldChange`: members lost,
 tasks to grow into) is the loop's third kind of step: the attempt runs on, its world
 re-formed in process (a lost member counted by the budget like a relaunch, a grow not),
 or, when that cannot be (too few left, budget spent), its losses fail the attempt as
-any loss does. The job's checkpoint store (`sparkdist/checkpoint/store.py`) is opened
+any loss does. The job's checkpoint store (`sparkdist/checkpoint/driver/store.py`) is opened
 once, before the first attempt, and handed to every attempt, so a relaunch resumes
 from it.
 """
@@ -30,7 +30,7 @@ import cloudpickle
 
 from sparkdist import tracking
 from sparkdist.backends.timeline import DYNAMIC, FILE_NAME
-from sparkdist.checkpoint.store import CheckpointStore, NoStore
+from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages, wire
 from sparkdist.runner.driver.failures import RelaunchBudget, WorldChange, WorldResize

@@ -9,7 +9,7 @@ job's growth (`growth`), an in-process elastic world's membership (`membership`,
 stacks (`stacks`) and their signs of life (`life`), `stalls.py`; plus how ends become
 failures and which failure explains the job (`losses` and `failures`, `failures.py`),
 where rank output is printed (`console`), and the job's checkpoint store
-(`checkpoints`, `sparkdist/checkpoint/store.py`), which outlives the attempt.
+(`checkpoints`, `sparkdist/checkpoint/driver/store.py`), which outlives the attempt.
 
 Whoever learns of an event that concerns one part (the service, a launch) calls that
 part. `JobState`'s own methods are only the events that touch several parts.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-from sparkdist.checkpoint.store import CheckpointStore, NoStore
+from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.protocol import messages
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker, Losses

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from pyarrow import fs as pafs
 
-from sparkdist.checkpoint.store import open_directory
+from sparkdist.checkpoint.driver.store import open_directory
 
 logger = logging.getLogger(__name__)
 

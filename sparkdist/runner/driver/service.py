@@ -3,7 +3,7 @@ one asyncio loop thread, however many peers) that every task, supervisor and ran
 talks to, turning their messages (`messages`) into the job's state
 (`job_state.JobState`): a message that concerns one part of it goes to that part, one
 that touches several to `JobState`, and a checkpoint message to the job's checkpoint
-store (`sparkdist/checkpoint/store.py`), which answers it.
+store (`sparkdist/checkpoint/driver/store.py`), which answers it.
 
 Peers connect, each saying first who it is:
 
@@ -40,7 +40,7 @@ import asyncio
 import functools
 import logging
 
-from sparkdist.checkpoint.store import REQUESTS as CHECKPOINT_REQUESTS
+from sparkdist.checkpoint.driver.store import REQUESTS as CHECKPOINT_REQUESTS
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.messages import MalformedMessage
 from sparkdist.runner.driver.event_server import EventChannel, EventServer

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sparkdist import job_environment, tracking
-from sparkdist.checkpoint.store import CheckpointStore, NoStore
+from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.job_environment import JobEnvironment
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
-from sparkdist.checkpoint.store import CheckpointStore
+from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
 from sparkdist.network import join_address, split_address
 from sparkdist.protocol import messages, wire

@@ -7,13 +7,15 @@ anything is sent, with the way out (sharded saves to a shared `checkpoint_dir`).
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 from typing import Any, NamedTuple
 
 import cloudpickle
 
 from sparkdist import job_environment
-from sparkdist.checkpoint.driver_record import Resize, client, rank, world_size
+from sparkdist.checkpoint.rank.driver_record import Resize, client, rank, world_size
 from sparkdist.protocol import messages
 
 DRIVER_LIMIT_ENV = job_environment.CHECKPOINT_DRIVER_LIMIT_MB
@@ -52,8 +54,18 @@ def save(state: Any, step: int) -> bool:
     return True
 
 
+_MOVED = {"sparkdist.checkpoint.driver_path": __name__}
+"""Where the classes of checkpoints saved by an older sparkdist live now."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(_MOVED.get(module, module), name)
+
+
 def unpack(blob: bytes) -> Any:
-    return cloudpickle.loads(blob)
+    """A saved state, also one an older sparkdist saved (its module since moved)."""
+    return _Unpickler(io.BytesIO(blob)).load()
 
 
 def _refuse_over(size: int, limit: int, step: int) -> None:

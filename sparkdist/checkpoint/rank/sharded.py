@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from sparkdist.checkpoint.driver_record import Resize, commit, place, rank
+from sparkdist.checkpoint.rank.driver_record import Resize, commit, place, rank
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any
 
-from sparkdist.checkpoint.driver_record import Resize, Resume, client, commit, place, rank
+from sparkdist.checkpoint.rank.driver_record import Resize, Resume, client, commit, place, rank
 from sparkdist.protocol import messages
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""The driver's half of checkpoints (the rank's half is `driver_path.py`, `sharded.py`
-and `tensorflow.py`, which send the messages this half answers): the record of what
-was committed, which outlives a job's attempts, so that a relaunched (or resized) job
-resumes where the last one left off.
+"""The driver's half of checkpoints (the rank's half, in `checkpoint/rank/`, is
+`driver_path.py`, `sharded.py` and `tensorflow.py`, which send the messages this half
+answers): the record of what was committed, which outlives a job's attempts, so that a
+relaunched (or resized) job resumes where the last one left off.
 
 Two kinds of checkpoint share one sequence of steps:
 
