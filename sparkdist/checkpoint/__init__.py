@@ -56,10 +56,10 @@ import os
 from typing import Any
 
 from sparkdist import job_environment
-from sparkdist.checkpoint.rank import driver_path
+from sparkdist.checkpoint.rank import driver_path, driver_record
 from sparkdist.checkpoint.rank import sharded as shards
 from sparkdist.checkpoint.rank.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
-from sparkdist.checkpoint.rank.driver_record import Resize, Resume, checkpoint_due, client, rank
+from sparkdist.checkpoint.rank.driver_record import Resize, Resume, checkpoint_due, client
 from sparkdist.protocol import messages
 
 __all__ = [
@@ -126,7 +126,7 @@ def _due(step: int, every: int, use_shards: bool) -> bool:
         raise ValueError(f"every must be an int >= 1 (save every N steps), got {every!r}")
     if step % every == 0:
         return True
-    asked = rank() == 0 and checkpoint_due()
+    asked = driver_record.rank() == 0 and checkpoint_due()
     return shards.agree(asked) if use_shards else asked
 
 
