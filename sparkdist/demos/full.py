@@ -161,7 +161,7 @@ def run_ensemble(spark, options: DemoOptions) -> list[Row]:
     import mlflow
 
     from sparkdist.demos.ensemble_demo import ensemble_vs_one_model
-    from sparkdist.tracking import log_ensemble
+    from sparkdist.ensemble import log_ensemble
 
     _say(f"\n== 4. Partition ensemble of {options.models} XGBoost models vs one model")
     with _start_run("partition-ensemble"):

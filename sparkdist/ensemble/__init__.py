@@ -18,6 +18,7 @@ _EXPORTS = {
     "SparkPartitionEnsembleModel": "sparkdist.ensemble.spark_ml",
     "VersionMismatchError": "sparkdist.ensemble.model.serialization",
     "load_model": "sparkdist.ensemble.model.ensemble_model",
+    "log_ensemble": "sparkdist.ensemble.mlflow_flavor",
 }
 
 __all__ = [
@@ -28,9 +29,11 @@ __all__ = [
     "SparkPartitionEnsembleModel",
     "VersionMismatchError",
     "load_model",
+    "log_ensemble",
 ]
 
 if TYPE_CHECKING:
+    from sparkdist.ensemble.mlflow_flavor import log_ensemble
     from sparkdist.ensemble.model.ensemble_model import PartitionEnsembleModel, load_model
     from sparkdist.ensemble.model.serialization import VersionMismatchError
     from sparkdist.ensemble.model.stats import EstimatorStats

@@ -1,7 +1,12 @@
 """MLflow glue: rank 0 logs into the driver's active run; nothing required otherwise.
 
-Importing this package does not import mlflow.
+Importing this package does not import mlflow. A partition ensemble's MLflow flavor is
+the ensemble's (`sparkdist.ensemble.log_ensemble`); `log_ensemble` here is its old name.
 """
+
+import importlib
+import warnings
+from typing import Any
 
 from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
@@ -12,7 +17,6 @@ from sparkdist.tracking.driver import (
     step_metrics,
     use_default_tracking,
 )
-from sparkdist.tracking.ensemble_flavor import log_ensemble
 from sparkdist.tracking.rank import autolog, setup_rank
 from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri
 
@@ -21,7 +25,6 @@ __all__ = [
     "absolute_tracking_uri",
     "autolog",
     "default_tracking_uri",
-    "log_ensemble",
     "log_job",
     "rank0_credentials",
     "quiet_mlflow",
@@ -30,3 +33,15 @@ __all__ = [
     "step_metrics",
     "use_default_tracking",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The old name `log_ensemble` here, kept for code written before it moved."""
+    if name == "log_ensemble":
+        warnings.warn(
+            "sparkdist.tracking.log_ensemble is now sparkdist.ensemble.log_ensemble",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("sparkdist.ensemble.mlflow_flavor").log_ensemble
+    raise AttributeError(f"module 'sparkdist.tracking' has no attribute {name!r}")

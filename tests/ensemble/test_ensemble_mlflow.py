@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,8 +11,7 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.tree import DecisionTreeClassifier
 from xgboost import XGBClassifier
 
-from sparkdist.ensemble import PartitionEnsemble
-from sparkdist.tracking import log_ensemble
+from sparkdist.ensemble import PartitionEnsemble, log_ensemble
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,36 @@ def test_pyfunc_and_spark_udf_match_the_model(spark, named_cancer, driver_mlflow
     assert "sparkdist_ensemble_stats.json" in artifacts
     table = mlflow.load_table("sparkdist_ensemble_stats.json", run_ids=[run.info.run_id])
     assert isinstance(table, pd.DataFrame) and len(table) == model.n_estimators_
+
+
+def test_a_model_logged_before_the_flavor_moved_still_loads(spark, named_cancer, driver_mlflow):
+    """An ensemble logged when the flavor lived in `sparkdist.tracking` stores a pyfunc script
+    that imports its artifact key from `sparkdist.tracking.ensemble_flavor`: it still loads
+    where this sparkdist is already imported; the old name `sparkdist.tracking.log_ensemble`
+    still logs, with a DeprecationWarning that names the new one."""
+    import mlflow
+    from mlflow.artifacts import download_artifacts
+
+    import sparkdist.tracking
+
+    df, frame, features = named_cancer
+    model = PartitionEnsemble(
+        estimator=DecisionTreeClassifier(max_depth=3), n_estimators=2, random_state=0
+    ).fit(df, features_col=features, label_col="target")
+    with pytest.warns(DeprecationWarning, match="sparkdist.ensemble.log_ensemble"):
+        old_name = sparkdist.tracking.log_ensemble
+    assert old_name is log_ensemble
+    with mlflow.start_run():
+        info = old_name(model, "ensemble")
+    local = Path(download_artifacts(info.model_uri))
+    scripts = [  # the model's own script, not the copy of sparkdist logged beside it
+        p for p in local.rglob("*.py") if "set_model(" in p.read_text() and "code" not in p.parts
+    ]
+    assert len(scripts) == 1, scripts
+    new_import = "from sparkdist.ensemble.mlflow_flavor import ARTIFACT_KEY"
+    assert new_import in scripts[0].read_text()
+    old_import = "from sparkdist.tracking.ensemble_flavor import ARTIFACT_KEY"
+    scripts[0].write_text(scripts[0].read_text().replace(new_import, old_import))
+    loaded = mlflow.pyfunc.load_model(str(local))
+    expected = model.predict(frame[features])
+    assert np.array_equal(np.asarray(loaded.predict(frame[features])), expected)

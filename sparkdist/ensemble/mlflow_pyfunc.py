@@ -10,7 +10,7 @@ import mlflow
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from sparkdist.tracking.ensemble_flavor import ARTIFACT_KEY
+from sparkdist.ensemble.mlflow_flavor import ARTIFACT_KEY
 
 
 class PartitionEnsemblePyfunc(PythonModel):
