@@ -74,7 +74,6 @@ def fill(window: order.Window, decoder, buffers: dict, times: dict, padded: int)
 def gather(epoch: order.EpochOrder, window, buffers, times, chunk_rows: int, how: str) -> None:
     """The window's rows in the epoch's order, chunk by chunk, as before or as now."""
     start = time.process_time()
-    order._permutation.cache_clear()
     permutation = epoch.permutation(window)
     times["order"] += time.process_time() - start
     start = time.process_time()
