@@ -128,10 +128,10 @@ class SparkDatasetConverter:
         ``num_epochs`` epochs (None: forever) from the loader's position, which
         ``state_dict()`` / ``load_state_dict()`` save and restore. ``transform_spec`` is a
         `TransformSpec`; ``workers_count`` threads decode in parallel; a thread reads
-        ``prefetch`` decoded chunks (about 8 MiB each) ahead (0: none; petastorm's
-        ``reader_pool_type="dummy"`` is neither); ``num_workers`` / ``pin_memory`` / other
-        keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
-        petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
+        ``prefetch`` decoded chunks (about 8 MiB each, 2 MiB shuffled) ahead (0: none;
+        petastorm's ``reader_pool_type="dummy"`` is neither); ``num_workers`` /
+        ``pin_memory`` / other keywords go to DataLoader. ``data_loader_fn`` makes the loader
+        instead, called as petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
         shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default). ``device``:
         batches handed out on it, copied a batch ahead (`DevicePrefetcher`; None: CPU).
         """
