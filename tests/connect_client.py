@@ -400,7 +400,7 @@ def scenario_relay_interrupt(spark):
         runner.run(hang_forever, path=os.environ["RANKS_DIR"])
     except KeyboardInterrupt:
         pass
-    return {"outcome": runner.last_job.outcome}
+    return {"outcome": runner.last_job.outcome, "job_id": runner.last_job.job_id}
 
 
 def tune_objective(trial):

@@ -3,6 +3,9 @@
 It starts the rank's Python process, streams the rank's stdout and stderr to the
 driver line by line, and reports how the rank ended, even when it was killed by a
 signal and could report nothing itself. A SIGTERM it receives goes on to the rank.
+In a relayed job, cut off from its task (its parent gone, or the channel), it leaves
+its rank's stacks on its host for the client before it stops the rank
+(`protocol/left_stacks.py`).
 It stays small (no framework imports) so that it starts in milliseconds.
 
 Run as `python -m sparkdist.runner.rank.supervisor`; everything it needs comes in the
@@ -25,7 +28,7 @@ from sparkdist import job_environment, native_logs, roles
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import left_stacks, messages, wire
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import (
     ProcessRecord,
@@ -37,6 +40,9 @@ from sparkdist.protocol.processes import (
 from sparkdist.protocol.stack_dumps import StackTaker
 
 BATCH_LINES = 500
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+"""A relayed job's supervisor's parent-death signal (SIGKILL otherwise): it is caught
+once the rank runs (until then it ends the supervisor, as SIGKILL would)."""
 TERM_GRACE_S = 10.0
 
 
@@ -73,6 +79,10 @@ class Supervisor:
         self.child = None
         self.stacks = StackTaker()
         """Where the rank answers the driver's requests for its stacks."""
+        self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
+        self._cut_lock = threading.Lock()
+        self._cut_thread: threading.Thread | None = None
+        self._rank_ended = threading.Event()
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
     def _send(self, message) -> None:
@@ -99,6 +109,8 @@ class Supervisor:
             stderr=subprocess.PIPE,
         )
         signal.signal(signal.SIGTERM, self._pass_on_sigterm)
+        if self.leave_prefix:
+            signal.signal(PARENT_DEATH_SIGNAL, lambda _signum, _frame: self._cut_off_soon())
         self._send(messages.ProcessStarted(ProcessRecord.of(self.child.pid, "rank", self.host)))
         readers = [
             threading.Thread(target=self._read, args=(self.child.stdout, "stdout"), daemon=True),
@@ -110,6 +122,9 @@ class Supervisor:
         sender.start()
 
         exit_code = self.child.wait()
+        self._rank_ended.set()
+        if self._cut_thread is not None:
+            self._cut_thread.join()  # it ends this process
         # Whatever the rank left behind in its process group goes with it.
         stop_group(self.child, grace_s=1.0)
         if self.finished.is_set():
@@ -133,6 +148,8 @@ class Supervisor:
         to the rank, which may stop cleanly, e.g. save a checkpoint; its end is then
         reported like any other, so the driver knows the rank died of a signal, not of
         its code. A rank still running TERM_GRACE_S later is killed."""
+        if self._cut_thread is not None:
+            return  # cut off already: the rank stops once its stacks are taken
         signal_group(self.child.pid, signal.SIGTERM)
         timer = threading.Timer(TERM_GRACE_S, signal_group, (self.child.pid, signal.SIGKILL))
         timer.daemon = True
@@ -181,9 +198,41 @@ class Supervisor:
                 if isinstance(order, messages.Rejected):
                     sys.stderr.write(f"sparkdist supervisor: the driver rejected: {order}\n")
         except (EOFError, OSError, messages.MalformedMessage):
-            pass
+            if self.leave_prefix and not self._rank_ended.is_set():
+                self._cut_off_soon()  # ends this process
+                return
         if self.child is not None:
             stop_group(self.child, grace_s=1.0)
+        self.stacks.close()
+        os._exit(1)
+
+    def _cut_off_soon(self) -> None:
+        """A relayed job's supervisor lost its task: start `_cut_off` (once)."""
+        with self._cut_lock:
+            if self._cut_thread is None:
+                self._cut_thread = threading.Thread(target=self._cut_off, name="sparkdist-cut")
+                self._cut_thread.start()
+
+    def _cut_off(self) -> None:
+        """Take the rank's stacks and NCCL dump, leave them on this host for the client
+        (which reaches no rank), then stop the rank and end, within CUT_OFF_LIMIT_S."""
+        limit = threading.Timer(left_stacks.CUT_OFF_LIMIT_S, self._end_now)
+        limit.daemon = True
+        limit.start()
+        try:
+            if self.child is not None and not self._rank_ended.is_set():
+                text, nccl = self.stacks.take(self.child.pid, nccl=True)
+                left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
+        except OSError:
+            pass  # nothing to say it to: the client says which ranks left no stacks
+        finally:
+            if self.child is not None:
+                stop_group(self.child, grace_s=1.0)
+            self._end_now()
+
+    def _end_now(self) -> None:
+        if self.child is not None:
+            signal_group(self.child.pid, signal.SIGKILL)
         self.stacks.close()
         os._exit(1)
 
@@ -197,7 +246,9 @@ class Supervisor:
 
 
 def main() -> None:
-    die_with_parent()
+    # A relayed job's supervisor outlives its task long enough to leave its rank's stacks.
+    relayed = job_environment.LEFT_STACKS in os.environ
+    die_with_parent(signum=PARENT_DEATH_SIGNAL if relayed else signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(70)
     sys.exit(Supervisor(os.environ).run())
