@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -364,14 +365,14 @@ def _until(condition, timeout_s: float) -> bool:
 
 
 def _interrupt_relay_client(
-    url: str, ranks_dir: Path, ranks_per_task: int
+    url: str, ranks_dir: Path, ranks_per_task: int, launcher: str = "direct"
 ) -> tuple[str, list, str]:
     """Run the relay_interrupt scenario, SIGINT it once both ranks run; its output, the
     ranks' pids and the job's id."""
     env = {**client_env(url), "SPARKDIST_CONNECT_RELAY": "always", "RANKS_DIR": str(ranks_dir)}
     proc = subprocess.Popen(
         [sys.executable, str(CLIENT), "relay_interrupt"],
-        env={**env, "RANKS_PER_TASK": str(ranks_per_task)},
+        env={**env, "RANKS_PER_TASK": str(ranks_per_task), "LAUNCHER": launcher},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -411,12 +412,51 @@ def test_an_interrupt_in_relay_mode_shows_the_stacks_then_stops_the_ranks(connec
     assert _left_behind(job_id) == []
 
 
-def test_an_interrupt_in_relay_mode_with_every_slot_held_shows_the_stacks(connect_url, tmp_path):
+@pytest.mark.parametrize("launcher", ["direct", "mpi"])
+def test_an_interrupt_in_relay_mode_with_every_slot_held_shows_the_stacks(
+    connect_url, tmp_path, launcher
+):
     """The stage holds every slot (one task per rank, two executors): nothing can ask
     the ranks while it runs, yet the stacks they left when it was cancelled show."""
-    output, pids, job_id = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=1)
+    output, pids, job_id = _interrupt_relay_client(connect_url, tmp_path, 1, launcher)
     assert "Where each rank was (interrupted" in output, output[-4000:]
     assert "ranks 0-1 (host " in output and "hang_forever (connect_client.py:" in output, output
     assert "is unknown" not in output and "left no stacks" not in output, output[-4000:]
     assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
     assert _left_behind(job_id) == []
+
+
+def test_sigterm_to_sparkdist_run_in_relay_mode_shows_the_stacks(connect_url, tmp_path):
+    """Issue 48: SIGTERM to `sparkdist run --remote` (a scheduler, `kill`) in relay mode,
+    every slot held: the stacks show, the ranks are gone, nothing is left in /tmp."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "def wait_here():\n"
+        "    while True:\n"
+        "        time.sleep(1)\n"
+        "with open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK'] + '.pid'), 'w') as f:\n"
+        "    f.write(str(os.getpid()))\n"
+        "wait_here()\n"
+    )
+    env = {**client_env(connect_url), "SPARKDIST_CONNECT_RELAY": "always"}
+    argv = [sys.executable, "-m", "sparkdist", "run", "--np", "2", str(script), str(tmp_path)]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        started = _until(lambda: len(_pids(tmp_path)) == 2 or proc.poll() is not None, 240)
+        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
+        pids = _pids(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Where each rank was (interrupted" in output, output[-4000:]
+    assert "ranks 0-1 (host " in output and "wait_here (train.py:" in output, output[-4000:]
+    assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
+    job_id = re.search(r"sparkdist-ranks/[0-9-]+-([0-9a-f]+)/", output)  # its rank logs
+    assert job_id, output[-4000:]
+    assert _left_behind(job_id[1]) == []

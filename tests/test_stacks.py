@@ -13,6 +13,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -23,7 +24,7 @@ import stall_jobs
 
 from sparkdist import HorovodRunner
 from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
-from sparkdist.protocol import stack_dumps
+from sparkdist.protocol import left_stacks, stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
@@ -160,6 +161,25 @@ def test_a_rank_gone_or_not_listening_gives_nothing_at_once():
         assert taker.rank_env({})["TORCH_FR_BUFFER_SIZE"] == "2000"
     finally:
         taker.close()
+
+
+def test_left_stacks_are_the_users_only_read_once_and_stale_ones_go(tmp_path, monkeypatch):
+    """Relay mode: what a cut-off supervisor leaves on its host for the client."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = left_stacks.job_prefix("job1")
+    left_stacks.leave(prefix, 1, "h1", "stacks of 1", b"nccl")
+    left_stacks.leave(prefix, 0, "h0", "", b"")
+    other = left_stacks.job_prefix("job2") + "rank0"
+    left_stacks.leave(left_stacks.job_prefix("job2"), 0, "h", "x", b"")
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o600}
+    found = sorted(left_stacks.entries(left_stacks.collect("job1")))
+    assert found == [(0, "h0", "", b""), (1, "h1", "stacks of 1", b"nccl")]
+    assert left_stacks.entries(left_stacks.collect("job1")) == []
+    assert os.listdir(tmp_path) == [os.path.basename(other)]
+    left_stacks.remove_stale(time.time() + left_stacks.STALE_S / 2)
+    assert os.path.exists(other)
+    left_stacks.remove_stale(time.time() + left_stacks.STALE_S + 1)
+    assert os.listdir(tmp_path) == []
 
 
 def test_library_frames_fold_and_user_frames_come_first():
