@@ -19,9 +19,9 @@ else is the same. Its supervisors get `LEFT_STACKS`: cut off from the task (the 
 cancelled), each leaves its rank's stacks on its host for the client
 (`protocol/left_stacks.py`), and a task that lost task 0's service gives them the time
 to (`left_stacks.CUT_OFF_LIMIT_S`) before it stops them. What serves the job there is
-the driver's business: it comes in the spec (`LaunchSpec.relay`, a `ServiceHost`), so this module
-imports nothing of the driver's (the relayed kind's plan is unpickled in task 0 only in
-relay mode).
+the driver's business: it comes in the spec (`LaunchSpec.relay`, a `ServiceHost`), so
+this module imports nothing of the driver's (the relayed kind's plan is unpickled in
+task 0 only in relay mode).
 """
 
 from __future__ import annotations
