@@ -110,7 +110,7 @@ class Supervisor:
         )
         signal.signal(signal.SIGTERM, self._pass_on_sigterm)
         if self.leave_prefix:
-            signal.signal(PARENT_DEATH_SIGNAL, lambda _signum, _frame: self._cut_off_soon())
+            signal.signal(PARENT_DEATH_SIGNAL, self._on_parent_death)
         self._send(messages.ProcessStarted(ProcessRecord.of(self.child.pid, "rank", self.host)))
         readers = [
             threading.Thread(target=self._read, args=(self.child.stdout, "stdout"), daemon=True),
@@ -205,6 +205,10 @@ class Supervisor:
             stop_group(self.child, grace_s=1.0)
         self.stacks.close()
         os._exit(1)
+
+    def _on_parent_death(self, _signum, _frame) -> None:
+        """A signal handler may interrupt itself (a second SIGHUP): it takes no lock."""
+        threading.Thread(target=self._cut_off_soon, name="sparkdist-parent-death").start()
 
     def _cut_off_soon(self) -> None:
         """A relayed job's supervisor lost its task: start `_cut_off` (once)."""

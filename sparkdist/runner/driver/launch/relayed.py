@@ -190,7 +190,7 @@ class RelayedStage(BarrierStage):
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             self.spark.cancel(tag)
-            return [], "the Spark job collecting them got no task slot"
+            return [], "the last Spark job collecting them did not end in time (no free task slot?)"
         return raws, problem[0] if problem else ""
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
