@@ -82,6 +82,7 @@ class Supervisor:
         self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
         self._cut_lock = threading.Lock()
         self._cut_thread: threading.Thread | None = None
+        self._left = False  # this rank's stacks were left on the host
         self._rank_ended = threading.Event()
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
@@ -150,6 +151,26 @@ class Supervisor:
         its code. A rank still running TERM_GRACE_S later is killed."""
         if self._cut_thread is not None:
             return  # cut off already: the rank stops once its stacks are taken
+        if self.leave_prefix:  # relay mode: the stage may be ending (cancelled, orted)
+            threading.Thread(target=self._leave_then_terminate, name="sparkdist-term").start()
+            return
+        self._terminate()
+
+    def _leave_then_terminate(self) -> None:
+        """A relayed job's rank told to stop while it runs: its stacks first (the client
+        collects them if the stage was cancelled; stale ones go after an hour)."""
+        with self._cut_lock:
+            if self._left or self._rank_ended.is_set():
+                return
+            self._left = True
+        try:
+            text, nccl = self.stacks.take(self.child.pid, nccl=True)
+            left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
+        except OSError:
+            pass  # the client says which ranks left no stacks
+        self._terminate()
+
+    def _terminate(self) -> None:
         signal_group(self.child.pid, signal.SIGTERM)
         timer = threading.Timer(TERM_GRACE_S, signal_group, (self.child.pid, signal.SIGKILL))
         timer.daemon = True
@@ -223,8 +244,10 @@ class Supervisor:
         limit = threading.Timer(left_stacks.CUT_OFF_LIMIT_S, self._end_now)
         limit.daemon = True
         limit.start()
+        with self._cut_lock:
+            leave, self._left = not self._left, True  # once, whichever path comes first
         try:
-            if self.child is not None and not self._rank_ended.is_set():
+            if leave and self.child is not None and not self._rank_ended.is_set():
                 text, nccl = self.stacks.take(self.child.pid, nccl=True)
                 left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
         except OSError:
