@@ -6,7 +6,9 @@ that prints a lot, before and after.
 Rows:
 * `dump, 10 threads`: faulthandler's dump of a process holding 10 threads, in process
   (the time the rank's handler runs), and through `StackTaker.take` (signal, the bytes
-  complete, the quiet period that says they are: what a supervisor waits);
+  complete, the quiet period that says they are: what a supervisor waits), without
+  py-spy (`SPARKDIST_PY_SPY=off`) and with it (its `dump --native` added), and with it
+  on a process that imported torch (py-spy reads libtorch's symbols);
 * `alive()`: one call of the loader's and commits' sign of life (no driver: the dict
   update and the clock read every call pays; the request once a second is not counted);
 * `1,000 lines per rank`: a 2-rank job on the driver (np=-2, direct) whose ranks each
@@ -39,6 +41,8 @@ HOLDER = textwrap.dedent(
     def hold(event):
         event.wait()
 
+    if sys.argv[1] == "torch":
+        import torch
     stack_dumps.listen(os.environ, 0)
     for _ in range(9):
         threading.Thread(target=hold, args=(threading.Event(),), daemon=True).start()
@@ -80,15 +84,19 @@ def dump_in_process(repeat: int) -> float:
     return statistics.median(times)
 
 
-def dump_by_supervisor(repeat: int) -> float:
-    """Median seconds of `StackTaker.take` on a process holding 10 threads."""
+def dump_by_supervisor(repeat: int, py_spy: str = "", torch: bool = False) -> float:
+    """Median seconds of `StackTaker.take` on a process holding 10 threads (`py_spy`:
+    `SPARKDIST_PY_SPY`'s value, "" to look it up; `torch`: the process imports it)."""
     from sparkdist.protocol.stack_dumps import StackTaker
 
-    taker = StackTaker()
+    taker = StackTaker({**os.environ, "SPARKDIST_PY_SPY": py_spy})
+    if py_spy != "off" and taker.py_spy is None:
+        raise RuntimeError("py-spy is not installed (requirements/lock.txt)")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
         script.write(HOLDER)
     env = {**os.environ, "PYTHONPATH": ROOT, **taker.rank_env(os.environ)}
-    proc = subprocess.Popen([sys.executable, script.name], env=env, stdout=subprocess.PIPE)
+    what = "torch" if torch else "plain"
+    proc = subprocess.Popen([sys.executable, script.name, what], env=env, stdout=subprocess.PIPE)
     try:
         proc.stdout.readline()
         times = []
@@ -97,6 +105,7 @@ def dump_by_supervisor(repeat: int) -> float:
             text, _ = taker.take(proc.pid, nccl=False)
             times.append(time.perf_counter() - started)
             assert text.count("Thread 0x") + text.count("Current thread") >= 10, text
+            assert ("native stacks (py-spy" in text) == (py_spy != "off"), text
         return statistics.median(times)
     finally:
         proc.kill()
@@ -133,7 +142,12 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'row':42} {'value':>14}")
     print(f"{'dump, 10 threads, in process':42} {dump_in_process(50) * 1e3:11.3f} ms")
-    print(f"{'dump, 10 threads, StackTaker.take':42} {dump_by_supervisor(10) * 1e3:11.1f} ms")
+    off = dump_by_supervisor(10, py_spy="off")
+    print(f"{'dump, 10 threads, StackTaker.take':42} {off * 1e3:11.1f} ms")
+    with_py_spy = dump_by_supervisor(10)
+    print(f"{'  the same with py-spy --native':42} {with_py_spy * 1e3:11.1f} ms")
+    torch_rank = dump_by_supervisor(5, torch=True)
+    print(f"{'  the same with py-spy, torch imported':42} {torch_rank * 1e3:11.1f} ms")
     print(f"{'alive() per call':42} {alive_call() * 1e9:11.0f} ns")
     if args.before:
         runs: dict[str, list[float]] = {"before": [], "after": []}

@@ -13,7 +13,7 @@
 # MAGIC    `model.fit` from the `tf_keras` package (Keras 2): Keras 3's `fit` does not support
 # MAGIC    this strategy.
 # MAGIC 2. **PyTorch RPC**: rank 0 holds the model, the other ranks train it with distributed
-# MAGIC    autograd and `DistributedOptimizer`; `sparkdist.backends.torch_rpc` starts and stops
+# MAGIC    autograd and `DistributedOptimizer`; `sparkdist.torch_rpc` starts and stops
 # MAGIC    RPC from the runner's environment.
 # MAGIC
 # MAGIC Locally this notebook starts an embedded Spark with two one-core executors, so each
@@ -236,7 +236,7 @@ def run_trainer(rank, world_size, epochs, batch_size=32):
     from torch.distributed import rpc
     from torch.distributed.optim import DistributedOptimizer
 
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     x_train, y_train, _, _ = load_digits_tensors()
     trainers = world_size - 1
@@ -268,7 +268,7 @@ def publish_for_rpc(*objects):
 
 
 def train_torch_ps(epochs=8):
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HorovodRunner": "sparkdist.runner.driver.horovod_runner",
-    "JobReport": "sparkdist.runner.driver.job",
+    "JobReport": "sparkdist.runner.driver.launch.api",
     "JobFailedError": "sparkdist.errors",
     "JobTimeoutError": "sparkdist.errors",
     "JobStalledError": "sparkdist.errors",

@@ -109,12 +109,21 @@ def check_connect() -> Check:
         return Check(name, False, f"no client: {exc}", fix, required=False)
     remote = os.environ.get("SPARK_REMOTE")
     if not remote:
-        return Check(name, True, "client packages present (set SPARK_REMOTE to check a server)",
-                     required=False)  # fmt: skip
+        return Check(
+            name,
+            True,
+            "client packages present (set SPARK_REMOTE to check a server)",
+            required=False,
+        )
     version, problem = _open_connect(remote)
     if problem:
-        return Check(name, False, f"cannot open a session at {remote}: {problem}",
-                     "check SPARK_REMOTE and that the server runs", required=False)  # fmt: skip
+        return Check(
+            name,
+            False,
+            f"cannot open a session at {remote}: {problem}",
+            "check SPARK_REMOTE and that the server runs",
+            required=False,
+        )
     return Check(name, True, f"session at {remote} open (Spark {version})", required=False)
 
 

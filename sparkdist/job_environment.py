@@ -83,6 +83,10 @@ finish before a rank gives up on its world (default 30)."""
 ELASTIC_BACKEND = "SPARKDIST_ELASTIC_BACKEND"
 """`sparkdist.elastic.run`'s process group backend: "nccl" or "gloo" (default: NCCL when
 the rank has a GPU, else gloo; gloo lets several ranks share one GPU)."""
+PY_SPY = "SPARKDIST_PY_SPY"
+"""py-spy's path, for native stacks in a rank's dump (`stack_dumps.find_py_spy`); "off"
+or "0": none; unset: `py-spy` on PATH, else beside the supervisor's Python."""
+PY_SPY_OFF = ("off", "0")
 
 DEFAULT_LAUNCHER = "direct"
 DEFAULT_LOG_MODE = "all"

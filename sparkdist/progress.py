@@ -72,9 +72,14 @@ class Bar:
             # tqdm writes an open-ended count and its unit together ("3reports").
             shown_unit = unit if total is not None else f" {unit}"
             self._tqdm = _tqdm_class(self._mode)(
-                total=total, desc=desc, unit=shown_unit, mininterval=REFRESH_S,
-                file=sys.stderr, dynamic_ncols=True, leave=True,
-            )  # fmt: skip
+                total=total,
+                desc=desc,
+                unit=shown_unit,
+                mininterval=REFRESH_S,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+            )
 
     def update(self, n: int = 1, **postfix: Any) -> None:
         """`n` more done; `postfix` values shown after the count (e.g. best=0.9)."""

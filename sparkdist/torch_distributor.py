@@ -146,8 +146,11 @@ class TorchDistributor:
         if min_processes is not None or max_processes is not None:
             # Elastic, as HorovodRunner's min_np/max_np (keyword-only: pyspark's own
             # positional signature stays as it is).
-            self.runner_options = {**runner_options, "min_np": min_processes,
-                                   "max_np": max_processes}  # fmt: skip
+            self.runner_options = {
+                **runner_options,
+                "min_np": min_processes,
+                "max_np": max_processes,
+            }
         self.num_tasks = self._get_num_tasks()
         if self.num_processes <= 0:
             raise ValueError("num_processes has to be a positive integer")
@@ -208,8 +211,10 @@ class TorchDistributor:
                 "to override this configuration and use %s anyway. Please note this will "
                 "cause model parameters and possibly training data to be sent between nodes "
                 "unencrypted.",
-                name, self._ssl_conf, name,
-            )  # fmt: skip
+                name,
+                self._ssl_conf,
+                name,
+            )
             return
         raise RuntimeError(
             f"This cluster has TLS encryption enabled; however, {name} does not support "

@@ -12,13 +12,16 @@ import os
 import sys
 
 import pytest
+from helpers import build_spark, small_groups_converter
 from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa: F401 - fixtures
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# py-spy's native stacks cost a stack dump 0.1-3 s (more under load, with torch): only
+# the tests of them turn it on (test_stacks.py, `SPARKDIST_PY_SPY=""` in the job's env).
+os.environ.setdefault("SPARKDIST_PY_SPY", "off")
 
-SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
 # The compatibility suite runs in each runtime's own environment (`make compat`), not here.
 collect_ignore = ["compat"]
 
@@ -39,13 +42,6 @@ def _logging_restored():
         logging.getLogger(name).setLevel(saved)
 
 
-def build_spark(master: str = SPARK_MASTER):
-    from sparkdist.spark.session import embedded_spark
-
-    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
-    return embedded_spark(app_name="sparkdist-tests", master=master, conf=conf)
-
-
 @pytest.fixture(scope="session")
 def spark():
     """The session's SparkSession (local-cluster with two executors)."""
@@ -57,3 +53,20 @@ def spark():
 @pytest.fixture(scope="session")
 def sc(spark):
     return spark.sparkContext
+
+
+@pytest.fixture(scope="module")
+def converter(request, spark, tmp_path_factory):
+    """The converter of the requesting module's rows, ``converter_frame(spark)``, cached in
+    small row groups (about 100 rows each) and deleted after the module."""
+    df = request.module.converter_frame(spark)
+    with small_groups_converter(df, tmp_path_factory.mktemp("converter-cache")) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def cancer():
+    """scikit-learn's breast cancer data, (X, y): 569 rows, 30 features, 2 classes."""
+    from sklearn.datasets import load_breast_cancer
+
+    return load_breast_cancer(return_X_y=True)

@@ -16,6 +16,7 @@ import sys
 import time
 
 import psutil
+from helpers import log_from_every_rank, sleeps_unless_first
 
 
 def connect():
@@ -288,17 +289,6 @@ def _parquet_ensembles(spark, data, columns, path):
     }
 
 
-def log_from_every_rank():
-    import os
-
-    import mlflow
-
-    rank = int(os.environ["RANK"])
-    mlflow.log_metric(f"from_rank_{rank}", rank + 1.0)
-    active = mlflow.active_run()
-    return active.info.run_id if active else None
-
-
 def scenario_mlflow(spark):
     """Rank 0 logs into the client's active run (MLFLOW_TRACKING_URI: a real server)."""
     import mlflow
@@ -453,17 +443,6 @@ def sleeps_past_the_time_limit(trial, deadline: float):
 
     time.sleep(max(0.0, deadline + 1.0 - time.time()))
     return trial.suggest_float("x", 0, 1)
-
-
-def sleeps_unless_first(trial):
-    import time
-
-    trial.suggest_float("x", 0, 1)
-    if trial.number == 0:
-        return 0.0
-    trial.set_user_attr("started", True)
-    time.sleep(600)
-    return 1.0
 
 
 def scenario_tune(spark):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from helpers import free_port
 
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

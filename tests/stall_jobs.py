@@ -17,6 +17,24 @@ def stuck(lock_file: str) -> None:
         lock.acquire(timeout=0.5)
 
 
+def held_lock(lock_file: str) -> int:
+    """Block in C for as long as `lock_file` exists: the main thread waits on a lock
+    (no timeout) that a helper thread releases once the file is gone. No torch: the rank
+    starts in a second. Its line starts the silent spell a stall warning is given for."""
+    lock = threading.Lock()
+    lock.acquire()
+
+    def release() -> None:
+        while os.path.exists(lock_file):
+            time.sleep(0.05)
+        lock.release()
+
+    threading.Thread(target=release, daemon=True).start()
+    print("waiting on the lock", flush=True)
+    lock.acquire()
+    return 0
+
+
 def lock_job(lock_file: str, steps: int = 1000, stuck_rank: int = 1, stuck_at: int = 5) -> int:
     """An all_reduce per step; at step `stuck_at`, rank `stuck_rank` blocks in `stuck`,
     so the other ranks wait in all_reduce."""
@@ -84,9 +102,21 @@ def blocked_loader(data, lock_file: str) -> int:
     return batches
 
 
+def _beat_until(started: threading.Event) -> None:
+    """A line a second until `started` is set (a sign of life for the driver)."""
+    while not started.wait(1.0):
+        print("starting", flush=True)
+
+
 def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> int:
     """`lock_job` inside `sparkdist.elastic.run`: an all_reduce and a commit per step; at
-    step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the other waits in all_reduce."""
+    step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the others wait in all_reduce.
+
+    A thread prints a line a second until training starts: importing torch and forming
+    the group take seconds on a loaded machine, in silence, and a short `stall_timeout`
+    must count from the stall, not from the start."""
+    started = threading.Event()
+    threading.Thread(target=_beat_until, args=(started,), daemon=True).start()
     import torch
     import torch.distributed as dist
 
@@ -96,6 +126,7 @@ def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> 
 
     @elastic.run
     def train(state) -> int:
+        started.set()
         value = torch.ones(1)
         while state.step < 1000:
             if state.step == stuck_at and state.rank == stuck_rank:

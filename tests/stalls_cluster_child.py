@@ -17,6 +17,15 @@ import stall_jobs  # noqa: E402
 from sparkdist import HorovodRunner  # noqa: E402
 from sparkdist.errors import JobTimeoutError  # noqa: E402
 
+ELASTIC = {
+    "stall_timeout": 6,
+    "stall_warning": None,
+    "env": {"SPARKDIST_ELASTIC_TIMEOUT_S": "300"},
+}
+"""An in-process elastic job (`sparkdist.elastic.run`, `min_np`/`max_np`): a short stall
+timeout (its commits are signs of life up to the stall; gloo's own timeout, longer than the
+test, must not end the stalled collective first)."""
+
 
 def left(runner) -> list[int]:
     deadline = time.monotonic() + 15
@@ -25,12 +34,12 @@ def left(runner) -> list[int]:
     return [p.pid for p in runner.last_job.processes if p.alive()]
 
 
-def lock_timeout(launcher: str, lock: str, **options) -> dict:
+def lock_timeout(launcher: str, lock: str, job=stall_jobs.lock_job, **options) -> dict:
     open(lock, "w").close()
     runner = HorovodRunner(np=3, launcher=launcher, **options)
     started = time.monotonic()
     try:
-        runner.run(stall_jobs.lock_job, lock_file=lock)
+        runner.run(job, lock_file=lock)
         return {"error": None}
     except JobTimeoutError as exc:
         return {
@@ -104,11 +113,16 @@ def main() -> None:
         "mpi": lambda: lock_timeout("mpi", lock, timeout=45),
         "stall_timeout": lambda: lock_timeout("direct", lock, stall_timeout=20),
         "stall_warning": lambda: stall_warning(lock),
+        "elastic": lambda: lock_timeout(
+            "direct", lock, stall_jobs.elastic_lock_job, min_np=2, max_np=3, **ELASTIC
+        ),
         "straggler": lambda: stragglers(1),
         "even": lambda: stragglers(-1),
     }
+    chosen = sys.argv[2:] or list(scenarios)  # by hand: some of them only
     out = {}
-    for name, scenario in scenarios.items():
+    for name in chosen:
+        scenario = scenarios[name]
         out[name] = scenario()
         print(f"SCENARIO {name} " + json.dumps(out[name]), flush=True)
     spark.stop()

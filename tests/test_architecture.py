@@ -2,7 +2,10 @@
 that exist."""
 
 import ast
+import importlib.util
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import tomllib
@@ -219,7 +222,7 @@ class _Package:
 
     def named(self, name: str, files_only: bool = False) -> list[str]:
         """The modules `name` (`job`, `launch/barrier`, `sparkdist.spark`) may mean; with
-        `files_only`, not packages (`model.py` is no name for the package `model/`)."""
+        `files_only`, not packages (the package `model/` has no `.py` name)."""
         name = re.sub(r"^sparkdist(?:[./]|$)", "", name.replace(".", "/"))
         return [
             m
@@ -230,14 +233,16 @@ class _Package:
     def has_member(self, cls: str, name: str, seen: frozenset = frozenset()) -> bool:
         if name in self.members.get(cls, ()):
             return True
-        return any(self.has_member(b, name, seen | {cls}) for b in self.bases.get(cls, ()) - seen)
+        return any(
+            self.has_member(b, name, seen | {cls}) for b in self.bases.get(cls, set()) - seen
+        )
 
     def resolves(self, name: str) -> bool:
         name = re.sub(r"\(.*\)$", "", name)  # a call: `form(plan, why)`
         if name.split(".")[0] in EXTERNAL_PACKAGES or name in EXTERNAL_NAMES:
             return True
         file, _, inner = name.partition(":")  # `task/spark_task.py:run_gang_task`
-        if file.endswith("/"):  # a folder: `runner/driver/state/`, `sparkdist/`
+        if file.endswith("/"):  # a folder: `runner/driver/launch/`, `sparkdist/`
             return (ROOT / file).is_dir() or bool(self.named(file.rstrip("/")))
         top = file.split("/")[0]
         if re.search(r"\.(toml|md|ya?ml|cfg|txt)$", file) or (
@@ -333,3 +338,194 @@ def test_the_doc_name_check_catches_stale_names():
         assert package.resolves(real), real
     assert _is_code_span("TaskHello(index, host, pid)") and _is_code_span("_OwnRows")
     assert not any(map(_is_code_span, ["SPARKDIST_RANK", "make test", "np < 0", "mpi"]))
+
+
+# --- the names sparkdist's own docstrings and comments give --------------------------------
+# A docstring or comment names code in three forms, each checked by `_Package.resolves`:
+# a dotted name from the top (`sparkdist.spark.file_scan`), a path (`launch/barrier.py`,
+# `runner/driver/launch/`), or a backticked module and class (`relayed.RelayPlan`, whose
+# head is no other project's module and no name sparkdist imports `as`). Package
+# docstrings that list more than half of their package's modules list all of them, and
+# name no module that is gone. "Section" in the README or a docs page names a heading of
+# that page.
+
+SCANNED = [ROOT / "tests" / "test_architecture.py"]
+"""Files outside sparkdist/ whose comments give examples of names (this one)."""
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring (any string statement) of a module."""
+    source = path.read_text()
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            if isinstance(node.value.value, str):
+                found.append((node.lineno, node.value.value))
+    return found
+
+
+def _import_aliases() -> set[str]:
+    """The names sparkdist imports modules under (`np`, `dist`, `pq`): heads of others' names."""
+    names = set()
+    for path in (ROOT / "sparkdist").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _is_other_module(head: str, aliases: set[str]) -> bool:
+    if head in aliases or head in ("self", "cls"):
+        return True
+    try:
+        return importlib.util.find_spec(head) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _code_names(text: str, aliases: set[str]) -> set[str]:
+    """The names of code in one comment or docstring, in the three forms above."""
+    names = set(re.findall(r"(?<![\w.])sparkdist(?:\.[A-Za-z_]\w*)+", text))
+    names |= set(re.findall(r"(?<![\w/.`-])(?:[\w-]+/)+[\w-]+\.py\b", text))
+    for span in re.findall(r"`([^`\n]+)`", text):
+        head = re.split(r"[./]", span)[0]
+        if re.fullmatch(r"(?:\w+/)+", span) or re.fullmatch(r"[\w/]+\.py(?::\w+)?", span):
+            if "/" in span or not _is_other_module(head, aliases):  # not `socket.py`
+                if (
+                    (ROOT / head).is_dir()
+                    or (ROOT / "sparkdist" / head).exists()
+                    or "/" not in span
+                ):
+                    names.add(span)
+        elif re.fullmatch(r"[a-z_]\w*\.[A-Z]\w*(?:\.\w+)?", span):
+            if not _is_other_module(head, aliases):
+                names.add(span)
+    return names
+
+
+def _stale_code_names(files: list[Path], package: _Package) -> list[str]:
+    aliases = _import_aliases()
+    return [
+        f"{path.relative_to(ROOT).as_posix()}:{line}: {name}"
+        for path in files
+        for line, text in _prose(path)
+        for name in sorted(_code_names(text, aliases))
+        if not package.resolves(name)
+    ]
+
+
+def test_every_code_name_in_a_docstring_or_comment_exists():
+    """sparkdist's docstrings and comments name only modules, folders and classes that
+    exist: a move or a rename updates the words that point at it."""
+    package = _Package(ROOT / "sparkdist")
+    files = sorted((ROOT / "sparkdist").rglob("*.py")) + SCANNED
+    stale = _stale_code_names(files, package)
+    assert not stale, "names of code that does not exist:\n" + "\n".join(stale)
+
+
+def _listing_problems(init: Path, package: _Package, docstring: str | None = None) -> list[str]:
+    """What a package docstring (``docstring``, else its own) that lists more than half of
+    its modules leaves out or names wrongly."""
+    folder = init.parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "__main__"}
+    modules |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    if docstring is None:
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+    bare = set(re.findall(r"`([a-z_]\w*)(?:\.py)?`", docstring))
+    listed = (
+        bare | set(re.findall(r"`([a-z_]\w*)\.\w+`", docstring))
+    ) & modules  # `api.LaunchKind`
+    if len(listed) * 2 <= len(modules) or len(listed) < 2:
+        return []  # not a list of the package's modules
+    key = folder.relative_to(ROOT / "sparkdist").as_posix()
+    defined = set(package.modules[key]).union(
+        *(package.modules.get(f"{key}/{m}", set()) for m in modules)
+    )
+    where = init.relative_to(ROOT).as_posix()
+    problems = [f"{where} leaves out the module `{m}`" for m in sorted(modules - listed)]
+    unknown = sorted(bare - modules - defined)
+    return problems + [f"{where} names `{name}`, no module of it" for name in unknown]
+
+
+def test_a_package_docstring_that_lists_its_modules_lists_them_all():
+    package = _Package(ROOT / "sparkdist")
+    problems = [
+        problem
+        for init in sorted((ROOT / "sparkdist").rglob("__init__.py"))
+        for problem in _listing_problems(init, package)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def _headings(page: Path) -> list[str]:
+    """A page's headings and the bold words that open its list items (`* **Codec.** ...`)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    found = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    found += re.findall(r"^\s*[*-] \*\*(.+?)\*\*", text, flags=re.M)
+    return [h.replace("`", "").strip() for h in found]
+
+
+def _is_section(section: str, page: Path) -> bool:
+    """A heading is the section, or starts with it and then a space or a stop."""
+    return any(
+        h == section or (h.startswith(section) and h[len(section)] in " :.,")
+        for h in _headings(page)
+    )
+
+
+def _section_references(text: str) -> list[tuple[str, str]]:
+    """(page, section) of `"Section" in the README`, `(docs/x.md, "Section")` and
+    `docs/x.md ("Section")`."""
+    page = r"(README(?:\.md)?|docs/[\w/-]+\.md)"
+    text = re.sub(r"\s+", " ", text)
+    found = [(p, s) for s, p in re.findall(r'"([^"]+)" in (?:the )?' + page, text)]
+    return found + re.findall(page + r',? \(?"([^"]+)"', text)
+
+
+def _stale_sections(files: list[Path]) -> list[str]:
+    stale = []
+    for path in files:
+        for line, text in _prose(path):
+            for page, section in _section_references(text):
+                file = ROOT / ("README.md" if page.startswith("README") else page)
+                if not file.is_file() or not _is_section(section, file):
+                    where = path.relative_to(ROOT).as_posix()
+                    stale.append(f'{where}:{line}: "{section}" in {page}')
+    return stale
+
+
+def test_every_readme_or_docs_section_a_docstring_names_exists():
+    """`See "Elastic training" in the README` points at a heading that is there."""
+    stale = _stale_sections(sorted((ROOT / "sparkdist").rglob("*.py")))
+    assert not stale, "sections that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_docstring_checks_catch_stale_words():
+    """The three checks above are not vacuous: the stale words issue 49 found fail them,
+    names that exist and other projects' names pass."""
+    package, aliases = _Package(ROOT / "sparkdist"), _import_aliases()
+    for stale in ["A `relay.RelayPlan` when", "a folder: `runner/driver/state/`", "sparkdist.nope"]:
+        names = _code_names(stale, aliases)
+        assert names and not all(map(package.resolves, names)), stale
+    for real in ["`relayed.RelayPlan`", "`runner/driver/launch/`", "sparkdist.spark.file_scan."]:
+        names = _code_names(real, aliases)
+        assert names and all(map(package.resolves, names)), real
+    for other in ["`np.ndarray`", "`socket.py`", "`pa.Table`", "`_delta_log/`", "`self.Plan`"]:
+        assert not _code_names(other, aliases), other
+    old = "`wire`, `messages`, `payload`, `script`, `launch`, `processes`"
+    protocol = ROOT / "sparkdist" / "protocol" / "__init__.py"
+    assert len(_listing_problems(protocol, package, old)) == 3
+    rank = ROOT / "sparkdist" / "runner" / "rank" / "__init__.py"
+    assert _listing_problems(rank, package, "`supervisor`, `main`, with `channel`") == [
+        "sparkdist/runner/rank/__init__.py names `channel`, no module of it"
+    ]
+    refs = _section_references('See "Elastic training"\n    in the README. (docs/data.md, "Codec")')
+    assert refs == [("README", "Elastic training"), ("docs/data.md", "Codec")]
+    assert not _is_section("Elastic training", ROOT / "README.md")
+    assert not _is_section("Data", ROOT / "README.md")  # "DataFrames to ranks" is another
+    assert _is_section("Elastic training", ROOT / "docs" / "elastic.md")
+    assert _is_section("Codec", ROOT / "docs" / "data.md")  # a list item's bold opening

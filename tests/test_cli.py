@@ -90,7 +90,15 @@ def test_every_runner_option_is_a_documented_flag():
     """A flag per RunnerOptions field, generated from it (so adding an option adds its flag),
     each HorovodRunner's keyword of the same name and named in docs/cli.md's table."""
     names = [option.name for option in dataclasses.fields(RunnerOptions)]
-    assert names == list(inspect.signature(HorovodRunner).parameters)
+    keywords = inspect.signature(HorovodRunner).parameters
+    assert names == list(keywords)
+    # The same defaults: HorovodRunner's are RunnerOptions' (env's None stands for {}).
+    for option in dataclasses.fields(RunnerOptions):
+        default = keywords[option.name].default
+        if option.default is not dataclasses.MISSING:
+            assert default == option.default, option.name
+        else:
+            assert (default, option.name) in ((inspect.Parameter.empty, "np"), (None, "env"))
     flags = _runner_flags()
     table = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
     table = table.split("| flag | option | meaning |", 1)[1].split("\n\n", 1)[0]

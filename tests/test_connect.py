@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import free_port
 
 from sparkdist.spark.connect_server import LocalConnectServer
 
@@ -26,14 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENT = Path(__file__).with_name("connect_client.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # The server's Spark UI, whose REST API shows what a client's jobs are called.
-UI_PORT = _free_port()
+UI_PORT = free_port()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pytest
+from helpers import free_port
 
 from sparkdist.data import CACHE_DIR_CONF, SparkDatasetConverter, make_spark_converter
 from sparkdist.data.cache import local_default_cache_dir_url, resolve_parent_cache_dir_url
@@ -285,7 +285,7 @@ def test_driver_removes_its_cache_at_exit(tmp_path):
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from conftest import build_spark
+        from helpers import build_spark
         from sparkdist.data import make_spark_converter
         spark = build_spark("local[1]")
         converter = make_spark_converter(spark.range(20), cache_dir_url={tmp_path.as_uri()!r})
@@ -350,12 +350,6 @@ if dist.get_rank() == 0:
         json.dump(result, f)
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_ddp_on_digits_from_spark_matches_in_memory(spark, tmp_path):

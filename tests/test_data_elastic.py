@@ -18,21 +18,14 @@ from collections import Counter
 import pytest
 
 from sparkdist import HorovodRunner
-from sparkdist.data import make_spark_converter
 
 N_ROWS = 1001
 LOADER = {"batch_size": 20, "num_epochs": 1, "shuffle": True, "seed": 3, "pad_column": "is_pad"}
 
 
-@pytest.fixture(scope="module")
-def converter(spark, tmp_path_factory):
-    parent = tmp_path_factory.mktemp("elastic-data-cache")
-    df = spark.range(N_ROWS).selectExpr("id", "cast(id as double) as x").repartition(4)
-    made = make_spark_converter(
-        df, parquet_row_group_size_bytes=1024, cache_dir_url=parent.as_uri()
-    )
-    yield made
-    made.delete()
+def converter_frame(spark):
+    """The rows of this module's `converter` (tests/conftest.py)."""
+    return spark.range(N_ROWS).selectExpr("id", "cast(id as double) as x").repartition(4)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ LOADER = {"num_epochs": 1, "shuffle": True, "seed": 7, "pad_column": "is_pad", "
 
 
 @pytest.fixture(scope="module")
-def converter(tmp_path_factory) -> SparkDatasetConverter:
+def groups_converter(tmp_path_factory) -> SparkDatasetConverter:
     directory = tmp_path_factory.mktemp("global-batch")
     first = 0
     for index, groups in enumerate(ROW_GROUPS):
@@ -83,11 +83,13 @@ def check_epoch(record: list) -> None:
     assert [world for world, _, _ in record[:4]] == [3, 3, 3, 3]
 
 
-def test_global_batch_through_3_2_3_in_process(converter, caplog):
+def test_global_batch_through_3_2_3_in_process(groups_converter, caplog):
     record: list = []
     with caplog.at_level(logging.INFO, logger="sparkdist.data"):
         contexts = [
-            converter.make_numpy_batches(global_batch_size=G, cur_shard=r, shard_count=3, **LOADER)
+            groups_converter.make_numpy_batches(
+                global_batch_size=G, cur_shard=r, shard_count=3, **LOADER
+            )
             for r in range(3)
         ]
     assert "ranks 0..0 read 41 rows a step, ranks 1..2 read 40" in caplog.text
@@ -105,7 +107,9 @@ def test_global_batch_through_3_2_3_in_process(converter, caplog):
     run_steps([iter(loader) for loader in survivors], 7, record)
     # A third rank joins: it loads the world's position; the others take their new place.
     state = survivors[0].state_dict()
-    joined = converter.make_numpy_batches(global_batch_size=G, cur_shard=2, shard_count=3, **LOADER)
+    joined = groups_converter.make_numpy_batches(
+        global_batch_size=G, cur_shard=2, shard_count=3, **LOADER
+    )
     newcomer = joined.__enter__()
     newcomer.load_state_dict(state)
     for rank, loader in enumerate(survivors):
@@ -115,13 +119,13 @@ def test_global_batch_through_3_2_3_in_process(converter, caplog):
     check_epoch(record)
 
 
-def test_global_batch_through_3_2_3_by_relaunch_torch(converter):
+def test_global_batch_through_3_2_3_by_relaunch_torch(groups_converter):
     record: list = []
     state = None
     for world, steps in ((3, 5), (2, 6), (3, None)):
         loaders = []
         for rank in range(world):
-            loader = converter.make_torch_dataloader(
+            loader = groups_converter.make_torch_dataloader(
                 global_batch_size=G, cur_shard=rank, shard_count=world, **LOADER
             ).__enter__()
             if state is not None:
@@ -136,16 +140,18 @@ def test_global_batch_through_3_2_3_by_relaunch_torch(converter):
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_global_batch_with_decode_workers_and_tf(converter, drop_last):
+def test_global_batch_with_decode_workers_and_tf(groups_converter, drop_last):
     """The torch loader's DataLoader workers and tf.data read the same rows as numpy."""
     pytest.importorskip("tensorflow")
     options = {**LOADER, "global_batch_size": 7, "drop_last": drop_last, "shard_count": 2}
     for rank in range(2):
-        with converter.make_numpy_batches(cur_shard=rank, **options) as numpy_batches:
+        with groups_converter.make_numpy_batches(cur_shard=rank, **options) as numpy_batches:
             expected = [as_numpy(batch) for batch in numpy_batches]
-        with converter.make_torch_dataloader(cur_shard=rank, num_workers=2, **options) as loader:
+        with groups_converter.make_torch_dataloader(
+            cur_shard=rank, num_workers=2, **options
+        ) as loader:
             got = [as_numpy(batch) for batch in loader]
-        with converter.make_tf_dataset(cur_shard=rank, **options) as dataset:
+        with groups_converter.make_tf_dataset(cur_shard=rank, **options) as dataset:
             from_tf = [{k: v.numpy() for k, v in b._asdict().items()} for b in dataset]
         for other in (got, from_tf):
             assert len(other) == len(expected)
@@ -158,15 +164,17 @@ def test_global_batch_with_decode_workers_and_tf(converter, drop_last):
             assert len(expected) == N_ROWS // 7
 
 
-def test_bad_global_batch_is_refused_early(converter):
+def test_bad_global_batch_is_refused_early(groups_converter):
     with pytest.raises(ValueError, match="smaller than the world"):
-        converter.make_numpy_batches(global_batch_size=2, cur_shard=0, shard_count=3)
+        groups_converter.make_numpy_batches(global_batch_size=2, cur_shard=0, shard_count=3)
     with pytest.raises(ValueError, match="at least 1"):
-        converter.make_numpy_batches(global_batch_size=0, cur_shard=0, shard_count=1)
-    with converter.make_numpy_batches(global_batch_size=4, cur_shard=0, shard_count=2) as batches:
+        groups_converter.make_numpy_batches(global_batch_size=0, cur_shard=0, shard_count=1)
+    with groups_converter.make_numpy_batches(
+        global_batch_size=4, cur_shard=0, shard_count=2
+    ) as batches:
         with pytest.raises(ValueError, match="smaller than the world"):
             batches.on_world_change(0, 5)
     with pytest.raises(ValueError, match="is a column of the data"):
-        converter.make_numpy_batches(
+        groups_converter.make_numpy_batches(
             global_batch_size=4, cur_shard=0, shard_count=2, weight_column="loss"
         )

@@ -16,24 +16,17 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from sparkdist.data import make_spark_converter
-
 N_ROWS = 1001
 SHUFFLED = {"shuffle": True, "seed": 11, "shuffle_buffer_rows": 300}
 
 
-@pytest.fixture(scope="module")
-def converter(spark, tmp_path_factory):
-    """1001 rows in 5 files of small row groups: an id, a float and a 3-float array."""
-    parent = tmp_path_factory.mktemp("numpy-cache")
+def converter_frame(spark):
+    """The rows of this module's `converter` (tests/conftest.py): 1001 rows in 5 files of
+    small row groups, an id, a float and a 3-float array."""
     df = spark.range(N_ROWS).selectExpr(
         "id", "cast(id as double) * 2 as twice", "array(id, id + 1, id + 2) as near"
     )
-    made = make_spark_converter(
-        df.repartition(5), parquet_row_group_size_bytes=1024, cache_dir_url=parent.as_uri()
-    )
-    yield made
-    made.delete()
+    return df.repartition(5)
 
 
 def numpy_ids(converter, rank: int, world: int, **kwargs) -> list[list[int]]:

@@ -14,20 +14,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sparkdist.data import make_spark_converter
-
 N_ROWS = 1001
 
 
-@pytest.fixture(scope="module")
-def converter(spark, tmp_path_factory):
-    parent = tmp_path_factory.mktemp("pads-cache")
-    df = spark.range(N_ROWS).selectExpr("id", "id % 2 = 0 as even").repartition(4)
-    made = make_spark_converter(
-        df, parquet_row_group_size_bytes=1024, cache_dir_url=parent.as_uri()
-    )
-    yield made
-    made.delete()
+def converter_frame(spark):
+    """The rows of this module's `converter` (tests/conftest.py)."""
+    return spark.range(N_ROWS).selectExpr("id", "id % 2 = 0 as even").repartition(4)
 
 
 def marked(converter, kind: str, rank: int, world: int, **kwargs) -> list[tuple[int, bool]]:

@@ -78,8 +78,7 @@ def test_in_process_members_leave_at_their_next_commit_without_a_failure():
     assert membership.let_leave() == (3, 2, NOTICE)  # as the loop of attempts does
     answer = membership.ask(0, 0, None)
     why = f"{NOTICE}: leaving at their next commit"
-    assert answer == messages.Ok({"generation": 1, "members": [0, 1], "reason": why,
-                                  "planned": True})  # fmt: skip
+    assert answer == messages.Ok(messages.Generation(1, (0, 1), why, planned=True))
     # The leaving rank ends cleanly; its host then dies: neither is a failure.
     state.losses.rank_exited(2, 0, [])
     state.losses.task_lost(2, "10.0.0.12")

@@ -18,13 +18,13 @@ import multiprocessing
 import os
 import pickle
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import free_port
 from test_checkpoint_sharded import fsdp_model as build  # an MLP sharded over the world
 from test_checkpoint_sharded import train_step
 
@@ -73,12 +73,6 @@ def test_plan_takes_the_newest_commit_the_new_world_holds_whole():
 
 
 # --- worlds formed by spawned processes themselves -----------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _enter(state, generation: int, members: tuple, launch: int, port: int) -> None:
@@ -142,7 +136,7 @@ def test_sharded_state_is_rebuilt_from_memory_as_the_world_shrinks_and_grows():
     from test_elastic_rank import _Ranks
 
     results = multiprocessing.get_context("spawn").Queue()
-    ranks = _Ranks(4, _worlds_rank, ([_free_port() for _ in range(3)], results))
+    ranks = _Ranks(4, _worlds_rank, ([free_port() for _ in range(3)], results))
     try:
         got = {r: pickle.loads(v) for r, v in (results.get(timeout=START_S) for _ in range(4))}
         for proc in ranks.procs:
@@ -198,7 +192,7 @@ def test_a_rank_that_leaves_an_fsdp_world_frees_its_group_so_a_waiting_peer_fail
     caches of its mesh did), so its sockets close and a peer waiting for this rank in a
     collective fails at once, not after the group's timeout."""
     context = multiprocessing.get_context("spawn")
-    results, done, port = context.Queue(), context.Event(), _free_port()
+    results, done, port = context.Queue(), context.Event(), free_port()
     procs = [context.Process(target=_leave_or_wait_rank, args=(r, port, results, done))
              for r in range(2)]  # fmt: skip
     for proc in procs:

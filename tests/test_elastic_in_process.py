@@ -50,7 +50,7 @@ def elastic_loop(out: str) -> dict | None:
     write_whole(Path(out, f"task-pid-{rank}"), str(psutil.Process(os.getppid()).ppid()))
     reply = client.request(messages.ElasticWorld(rank, -1, 60.0))
     assert isinstance(reply, messages.Ok), reply
-    world, deadline = reply.value, time.monotonic() + 240
+    world, deadline = as_marker(reply.value), time.monotonic() + 240
     while True:
         marker = {**world, "pid": pid, "time": time.time()}
         write_whole(Path(out, f"gen{world['generation']}-rank{rank}.json"), json.dumps(marker))
@@ -59,12 +59,21 @@ def elastic_loop(out: str) -> dict | None:
         while not Path(out, "stop").exists():
             reply = client.request(messages.ElasticWorld(rank, world["generation"], 0))
             if isinstance(reply, messages.Ok):
-                world = reply.value
+                world = as_marker(reply.value)
                 break
             assert time.monotonic() < deadline, "the test never said stop"
             time.sleep(0.05)
         else:
             return {**marker, "rank": rank}
+
+
+def as_marker(generation) -> dict:
+    """A `messages.Generation` as the JSON marker the test reads back."""
+    return {
+        "generation": generation.number,
+        "members": list(generation.members),
+        "reason": generation.reason,
+    }
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -265,7 +274,7 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     try:
         ranks = [_rank(service, secret, rank) for rank in range(3)]
-        first = {"generation": 0, "members": [0, 1, 2], "reason": "start"}
+        first = messages.Generation(0, (0, 1, 2), "start")
         for rank, client in enumerate(ranks):
             assert client.request(messages.ElasticWorld(rank, -1, 5.0)) == messages.Ok(first)
         assert isinstance(ranks[1].request(messages.ElasticWorld(1, 0, 0)), messages.Missing)
@@ -279,15 +288,15 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
         state.membership.shrink()  # as the loop of attempts decides
         for rank in (1, 2):
             reply = messages.decode(ranks[rank]._channel.recv(), messages.RANK_REPLIES)
-            assert reply.value["generation"] == 1 and reply.value["members"] == [1, 2]
-            assert "rank 0" in reply.value["reason"] and "SIGKILL" in reply.value["reason"]
+            assert reply.value.number == 1 and reply.value.members == (1, 2)
+            assert "rank 0" in reply.value.reason and "SIGKILL" in reply.value.reason
         # Rank 0, were it alive, would hear it is no longer a member.
-        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)).value["members"] == [1, 2]
+        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)).value.members == (1, 2)
         # A newcomer (launch rank 3) is answered only with a generation that has it.
         state.add_ranks([3], "1 more rank slot(s) free")
         newcomer = _rank(service, secret, 3)
         reply = newcomer.request(messages.ElasticWorld(3, -1, 5.0))
-        assert reply.value["generation"] == 2 and reply.value["members"] == [1, 2, 3]
+        assert reply.value.number == 2 and reply.value.members == (1, 2, 3)
         assert ranks[1].request(messages.ElasticWorld(1, 1, 0)) == reply
         # The job stops: a waiting rank is told.
         ranks[2]._channel.send(messages.encode(messages.ElasticWorld(2, 2, 30.0)))

@@ -473,7 +473,7 @@ def test_copy_is_removed_when_the_driver_exits(tmp_path):
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from conftest import build_spark
+        from helpers import build_spark
         from sparkdist.data import SparkDatasetConverter, make_spark_converter
         spark = build_spark("local[1]")
         spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, {tmp_path.as_uri()!r})

@@ -3,18 +3,9 @@ records the job in it. Against a real `mlflow server` on 127.0.0.1."""
 
 from __future__ import annotations
 
+from helpers import log_from_every_rank
+
 from sparkdist import HorovodRunner
-
-
-def log_from_every_rank():
-    import os
-
-    import mlflow
-
-    rank = int(os.environ["RANK"])
-    mlflow.log_metric(f"from_rank_{rank}", rank + 1.0)
-    active = mlflow.active_run()
-    return active.info.run_id if active else None
 
 
 def test_rank_zero_logs_into_the_driver_run(sc, driver_mlflow):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -343,6 +344,55 @@ def test_a_stall_timeout_fails_the_job_with_the_stacks(tmp_path):
     assert "ranks 0-1 (host " in failed.value.stacks
     assert "): silent_wait (stall_jobs.py:" in failed.value.stacks
     _assert_gone(runner)
+
+
+def test_py_spy_is_found_beside_python_and_can_be_turned_off(tmp_path):
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    assert os.access(beside, os.X_OK), "py-spy (requirements/lock.txt) is not installed"
+    assert stack_dumps.find_py_spy({"PATH": str(tmp_path)}) == beside  # not on PATH
+    assert stack_dumps.find_py_spy({"SPARKDIST_PY_SPY": beside, "PATH": ""}) == beside
+    assert stack_dumps.find_py_spy({"SPARKDIST_PY_SPY": "off"}) is None
+    assert stack_dumps.find_py_spy({"SPARKDIST_PY_SPY": str(tmp_path / "none")}) is None
+
+
+def _held_lock_job(tmp_path: Path, env: dict[str, str]) -> tuple[str, str]:
+    """`held_lock` at np=-1 (a real supervisor and rank) under a 1 s stall warning that
+    releases the lock once it shows the rank there; the warning, and the rank's log."""
+    tmp_path.mkdir()
+    lock = tmp_path / "lock"
+    lock.touch()
+    warnings = []
+
+    class Release(logging.Handler):
+        def emit(self, record):
+            if "held_lock (stall_jobs.py" in record.getMessage() and lock.exists():
+                warnings.append(record.getMessage())
+                lock.unlink()
+
+    handler = Release()
+    logging.getLogger("sparkdist").addHandler(handler)
+    try:
+        runner = HorovodRunner(np=-1, launcher="direct", stall_warning=1, env=env)
+        assert runner.run(stall_jobs.held_lock, lock_file=str(lock)) == 0
+    finally:
+        logging.getLogger("sparkdist").removeHandler(handler)
+    grouped = [line for line in warnings[0].splitlines() if line.startswith("  rank")]
+    return "\n".join(grouped), (Path(runner.last_job.rank_logs) / "rank-0.log").read_text()
+
+
+def test_py_spy_adds_the_native_frames_to_the_rank_log_and_nothing_else(tmp_path):
+    """The rank is blocked in C (a lock): faulthandler's dump ends at the Python frame,
+    py-spy's goes on into libpython and libc. The grouped stacks are the same without it."""
+    grouped, log = _held_lock_job(tmp_path / "with", {"SPARKDIST_PY_SPY": ""})  # look it up
+    assert "native stacks (py-spy dump --native --pid " in log, log
+    native = log[log.index("native stacks (py-spy") :]
+    assert "PyThread_acquire_lock_timed (libpython" in native, native
+    assert "(libc.so" in native and "held_lock (stall_jobs.py:" in native, native
+    assert re.search(r"rank 0 \(host [^)]+\): held_lock \(stall_jobs\.py:\d+\)", grouped)
+
+    without, log = _held_lock_job(tmp_path / "without", {"SPARKDIST_PY_SPY": "off"})
+    assert "in held_lock" in log and "py-spy" not in log and "libpython" not in log, log
+    assert without == grouped
 
 
 NOTEBOOK = textwrap.dedent(

@@ -1,8 +1,8 @@
 """A job that hangs or crawls on the cluster says where each rank is (issue 48).
 
-The np=3 cases need three task slots: they run in one child process on its own
-`local-cluster[3,1,1024]` (tests/stalls_cluster_child.py), all in one Spark session. The
-data loader case runs at np=2 on the test session's shared Spark."""
+The np=3 cases (an in-process elastic job among them) need three task slots: they run
+in one child process on its own `local-cluster[3,1,1024]` (tests/stalls_cluster_child.py),
+all in one Spark session. The data loader case runs at np=2 on the test session's shared Spark."""
 
 from __future__ import annotations
 
@@ -74,6 +74,23 @@ def test_a_stall_warning_shows_the_stacks_and_the_job_goes_on(scenarios):
     warning = next(text for text in outcome["said"] if "stuck (stall_jobs.py" in text)
     assert "stall_warning=10" in warning and "stuck (stall_jobs.py:" in warning
     assert "all_reduce <- lock_job" in warning
+
+
+def test_an_elastic_job_that_stalls_fails_with_the_stacks(scenarios):
+    """`sparkdist.elastic.run` at np=3 (min_np=2): one rank blocks in the user's code
+    inside the training function, the others wait in all_reduce, commits stop; the job's
+    6 s `stall_timeout` ends it."""
+    outcome = scenarios[0]["elastic"]
+    assert outcome["error"] == "JobStalledError", outcome
+    where = outcome["stacks"]
+    assert re.search(
+        r"ranks \d,\d \(hosts? [^)]+\): all_reduce <- train \(stall_jobs\.py:\d+\) <- elastic",
+        where,
+    ), where
+    assert re.search(r"rank \d \(host [^)]+\): stuck \(stall_jobs\.py:\d+\) <- train \(", where), (
+        where
+    )
+    assert where in outcome["message"] and outcome["left"] == []
 
 
 def test_a_straggler_is_named_with_its_host_and_even_ranks_are_not(scenarios):

@@ -4,8 +4,9 @@ inside the elastic training function is named with its stack, its peer in the co
 with its own, and nothing is left running; commits are signs of life, so a job that
 commits but prints nothing is not called stalled.
 
-The ranks import torch in silence first (seconds on a loaded machine): the assertions
-look for the warning whose stacks are in the training function, not the first one. The
+The blocked job's ranks print a line a second until training starts (importing torch
+takes seconds on a loaded machine), so its short stall timeout counts from the stall; the
+assertions still look for the warning whose stacks are in the training function. The
 driver warns once per silent spell, so the commits' job prints a line on entering `train`:
 without `alive("commits")` its silent spell starts there and is warned about (checked by
 hand: the second test then fails)."""
@@ -61,7 +62,7 @@ def _assert_blocked_and_waiting(where: str) -> None:
 def test_a_stalled_elastic_job_names_the_blocked_rank_and_the_collective(tmp_path, warnings):
     lock = tmp_path / "lock"
     lock.touch()
-    runner = HorovodRunner(np=-2, launcher="direct", stall_warning=3, stall_timeout=30, env=ENV)
+    runner = HorovodRunner(np=-2, launcher="direct", stall_warning=3, stall_timeout=8, env=ENV)
     with pytest.raises(JobStalledError) as failed:
         runner.run(stall_jobs.elastic_lock_job, lock_file=str(lock))
     assert "stalled: no rank showed a sign of life" in str(failed.value)

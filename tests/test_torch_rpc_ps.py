@@ -1,4 +1,4 @@
-"""`sparkdist.backends.torch_rpc` on the runner's ranks: RPC names and options come from
+"""`sparkdist.torch_rpc` on the runner's ranks: RPC names and options come from
 the environment, and PyTorch's RPC parameter server (tests/scripts/rpc_parameter_server.py)
 trains through it: one server, trainers that run forward on it through an RRef, backward
 with distributed autograd and step with `DistributedOptimizer`.
@@ -73,7 +73,7 @@ def names_main() -> dict:
     import torch.distributed as dist
     from torch.distributed import rpc
 
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     rank = int(os.environ["RANK"])
     options = torch_rpc.rpc_options(rpc_timeout=30, num_worker_threads=4)
@@ -118,7 +118,7 @@ def test_names_and_options_come_from_the_environment(sc):
 
 
 def test_outside_a_rank_the_helper_says_what_is_missing(monkeypatch):
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     with pytest.raises(RuntimeError, match="MASTER_ADDR and MASTER_PORT are not set"):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from helpers import sleeps_unless_first
 
 import sparkdist.tune
 from sparkdist.tune import TooManyFailedTrialsError
@@ -273,17 +274,6 @@ def test_objective_that_cannot_travel_fails_at_once(sc):
     with pytest.raises(sparkdist.PayloadError, match="lock"):
         sparkdist.tune.optimize(study, objective, n_trials=2)
     assert study.trials == []  # refused before any trial started
-
-
-def sleeps_unless_first(trial):
-    import time
-
-    trial.suggest_float("x", 0, 1)
-    if trial.number == 0:
-        return 0.0
-    trial.set_user_attr("started", True)
-    time.sleep(600)
-    return 1.0
 
 
 def test_keyboard_interrupt_cancels_running_trials(sc):

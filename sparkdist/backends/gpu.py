@@ -92,8 +92,12 @@ class GpuBackend:
         if ctx.local_world_size > len(devices):
             logger.warning(
                 "%d ranks share %d GPUs on %s: rank %d uses %s",
-                ctx.local_world_size, len(devices), ctx.host, ctx.rank, mine,
-            )  # fmt: skip
+                ctx.local_world_size,
+                len(devices),
+                ctx.host,
+                ctx.rank,
+                mine,
+            )
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 

@@ -122,8 +122,11 @@ def agree(mine: bool) -> bool:
 
     if not (dist.is_available() and dist.is_initialized()):
         return mine
-    device = torch.device("cuda", torch.cuda.current_device()) if (
-        dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if (dist.get_backend() == "nccl")
+        else torch.device("cpu")
+    )
     flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
@@ -164,6 +167,10 @@ def load(record: dict, into: Any) -> Any:
             "as the state you saved"
         )
     dcp.load(into, checkpoint_id=record["location"])
-    logger.info("loaded checkpoint %d (saved by %d ranks) from %s",
-                record["step"], record["world_size"], record["location"])  # fmt: skip
+    logger.info(
+        "loaded checkpoint %d (saved by %d ranks) from %s",
+        record["step"],
+        record["world_size"],
+        record["location"],
+    )
     return into

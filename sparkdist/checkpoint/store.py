@@ -117,9 +117,10 @@ class CheckpointStore:
         self._fs.create_dir(self._root, recursive=True)
         # Where ranks write shards: the URL as given, or the absolute local path.
         self._shard_base = (
-            f"{location.rstrip('/')}/{SHARDED}" if scheme not in ("", "file") else
-            os.path.join(self._root, SHARDED)
-        )  # fmt: skip
+            f"{location.rstrip('/')}/{SHARDED}"
+            if scheme not in ("", "file")
+            else os.path.join(self._root, SHARDED)
+        )
         self.keep = keep
         self._lock = threading.Lock()
         self._pins: dict[Any, int] = {}
@@ -194,14 +195,18 @@ class CheckpointStore:
             self._write(f"checkpoint-{step:012d}.commit.json", json.dumps(record).encode())
             self._remove_uncommitted(step, record["name"])
             self._prune()
-        logger.info("checkpoint of step %d committed (%s, %d ranks) at %s",
-                    step, kind, world_size, location)  # fmt: skip
+        logger.info(
+            "checkpoint of step %d committed (%s, %d ranks) at %s", step, kind, world_size, location
+        )
 
     def _remove_uncommitted(self, step: int, keep_name: str) -> None:
         """Shard directories no commit names, left by a save that did not finish, up to
         `step` (a later step's directory may be one the ranks are starting to write)."""
-        committed = {self._read_record(n)["name"] for n in self._records().values() if
-                     n.endswith(".commit.json")}  # fmt: skip
+        committed = {
+            self._read_record(n)["name"]
+            for n in self._records().values()
+            if n.endswith(".commit.json")
+        }
         base = f"{self._root.rstrip('/')}/{SHARDED}"
         infos = self._fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
         for info in infos:

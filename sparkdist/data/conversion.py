@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
-# Chosen by benchmarks/data_reader.py --codecs (README, "Data"): zstd saved 10-14% more disk
+# Chosen by benchmarks/data_reader.py --codecs (docs/data.md, "Codec"): zstd saved 10-14% more disk
 # than snappy but halved the read speed of float features; snappy and lz4_raw saved the same
 # and read as fast (within noise), and every Parquet reader knows snappy (Spark's default).
 DEFAULT_COMPRESSION_CODEC = "snappy"

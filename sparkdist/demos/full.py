@@ -132,9 +132,11 @@ def run_tensorflow(options: DemoOptions, output: Path) -> Row:
     task, size = "runner: TensorFlow MWMS", f"{options.np} ranks"
     if importlib.util.find_spec("tensorflow") is None:
         return Row(
-            "tensorflow", task, size, note="skipped: TensorFlow is not installed "
-            "(pip install tensorflow-cpu)",
-        )  # fmt: skip
+            "tensorflow",
+            task,
+            size,
+            note="skipped: TensorFlow is not installed (pip install tensorflow-cpu)",
+        )
     from sparkdist import HorovodRunner
     from sparkdist.demos.keras_digits import train_digits_keras
 

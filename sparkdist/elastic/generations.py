@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from sparkdist.protocol import messages
 from sparkdist.protocol.driver_channel import DriverClient
+from sparkdist.protocol.messages import Generation
 
 logger = logging.getLogger(__name__)
 
@@ -35,32 +35,6 @@ class WorldEnded(Exception):
     """The job is stopping: no further generation will form."""
 
 
-@dataclass(frozen=True)
-class Generation:
-    """One formed world: its number, its members (launch ranks, in world-rank order) and why
-    it formed."""
-
-    number: int
-    members: tuple[int, ...]
-    reason: str = ""
-    planned: bool = False
-    """The ranks it leaves out leave at their next commit (a decommission notice): they
-    are alive, and the current world's collectives are not to be aborted."""
-
-    @classmethod
-    def from_reply(cls, value: dict) -> Generation:
-        return cls(int(value["generation"]), tuple(value["members"]),
-                   str(value.get("reason", "")), bool(value.get("planned", False)))  # fmt: skip
-
-    def world_rank(self, launch_rank: int) -> int | None:
-        """This launch rank's rank in the world, or None if it is not a member."""
-        return self.members.index(launch_rank) if launch_rank in self.members else None
-
-    @property
-    def size(self) -> int:
-        return len(self.members)
-
-
 class Generations:
     """The driver's answers about generations, for one rank (its launch rank)."""
 
@@ -71,8 +45,9 @@ class Generations:
         """The generation to join (it includes this rank, unless it was left out)."""
         found = self.newer(-1, timeout_s)
         if found is None:
-            raise TimeoutError(f"the driver formed no world for rank {self.launch_rank} "
-                               f"within {timeout_s:.0f} s")  # fmt: skip
+            raise TimeoutError(
+                f"the driver formed no world for rank {self.launch_rank} within {timeout_s:.0f} s"
+            )
         return found
 
     def newer(self, after: int, timeout_s: float) -> Generation | None:
@@ -107,7 +82,9 @@ class Generations:
             return None
         if isinstance(reply, messages.Failed):
             raise WorldEnded(f"the job is stopping: {reply.error}")
-        return Generation.from_reply(reply.value)
+        if not isinstance(reply.value, Generation):
+            raise messages.MalformedMessage(f"not a generation: {reply.value!r}")
+        return reply.value
 
 
 class Watcher:

@@ -58,8 +58,11 @@ class HorovodState(TorchState):
         import torch
 
         seen = self._watcher is not None and self._watcher.newer is not None
-        flag = hvd.broadcast(torch.tensor([1 if seen else 0], dtype=torch.int32), root_rank=0,
-                             name="sparkdist.elastic.world")  # fmt: skip
+        flag = hvd.broadcast(
+            torch.tensor([1 if seen else 0], dtype=torch.int32),
+            root_rank=0,
+            name="sparkdist.elastic.world",
+        )
         if flag.item():
             raise WorldChanged(f"generation {self.generation} ends: a newer world formed")
 

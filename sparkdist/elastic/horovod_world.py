@@ -173,6 +173,10 @@ def form(
             server.shutdown()
             server.server_close()
         raise
-    logger.info("elastic: generation %d formed: Horovod rank %d of %d", generation.number,
-                hvd.rank(), hvd.size())  # fmt: skip
+    logger.info(
+        "elastic: generation %d formed: Horovod rank %d of %d",
+        generation.number,
+        hvd.rank(),
+        hvd.size(),
+    )
     return HorovodWorld(generation, rank, server)

@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _launch_rank: int | None = None  # RANK when this process first entered `run`
-_group: torch_group.TorchGroup | None = None  # the group the last run left formed
 
 
 def launch_rank() -> int:
@@ -59,8 +58,10 @@ def run(func: Callable[..., T]) -> Callable[..., T | None]:
             raise TypeError(f"elastic.run: the first argument must be an elastic State, not {kind}")
         client = driver_channel.driver_client()
         if client is None:
-            raise RuntimeError("elastic.run runs in a sparkdist rank: start the function "
-                               "with HorovodRunner(...).run")  # fmt: skip
+            raise RuntimeError(
+                "elastic.run runs in a sparkdist rank: start the function "
+                "with HorovodRunner(...).run"
+            )
         return _Loop(state, Generations(client, launch_rank())).run(func, args, kwargs)
 
     return wrapper
@@ -77,11 +78,7 @@ class _Loop:
         self._watcher: Watcher | None = None
 
     def run(self, func: Callable[..., T], args: tuple, kwargs: dict) -> T | None:
-        global _group
-        if _group is not None:  # an earlier run's world
-            _group.destroy()
-            _group = None
-            torch_group.free_old_groups()
+        torch_group.end_left_formed()  # an earlier run's world
         generation = self.generations.first(self.wait_s)
         reformed = False
         while generation.world_rank(self.launch_rank) is not None:
@@ -93,8 +90,12 @@ class _Loop:
             except Exception as exc:  # noqa: BLE001 - a broken world is retried, the rest raised
                 if not self.state.is_collective_failure(exc) and not self._superseded():
                     raise
-                logger.warning("elastic: world %d broke (%s: %s); back to the last commit",
-                               generation.number, type(exc).__name__, exc)  # fmt: skip
+                logger.warning(
+                    "elastic: world %d broke (%s: %s); back to the last commit",
+                    generation.number,
+                    type(exc).__name__,
+                    exc,
+                )
                 traceback.clear_frames(exc.__traceback__)  # let the old world's DDP go
                 self.state.restore()
                 failure = exc
@@ -104,14 +105,17 @@ class _Loop:
             torch_group.free_old_groups()
             generation = self._next(generation, failure)
             reformed = True
-        logger.info("elastic: rank %d is not in world %d (%s): leaving",
-                    self.launch_rank, generation.number, generation.reason)  # fmt: skip
+        logger.info(
+            "elastic: rank %d is not in world %d (%s): leaving",
+            self.launch_rank,
+            generation.number,
+            generation.reason,
+        )
         return None
 
     def _enter(self, generation: Generation, reformed: bool, func, args, kwargs):
         """Form `generation`'s group, sync, call `func`: its value, or an exception. The group
         stays formed after success (user code may still use it), and ends otherwise."""
-        global _group
         self._watcher = None
         group = self.state.form_world(
             generation, self.launch_rank, self.generations.client, self.limit_s
@@ -121,23 +125,22 @@ class _Loop:
             if set(generation.members) - set(newer.members) and not newer.planned:
                 group.abort()  # a lost member blocks NCCL collectives forever
 
-        watcher = Watcher(self.generations, generation, on_newer).start()
-        state = self.state
-        state._group, state._watcher, self._watcher = group, watcher, watcher
+        watcher = self._watcher = Watcher(self.generations, generation, on_newer).start()
+        state, returned = self.state, False
+        state.enter_world(group, watcher)
         try:
             if reformed:
                 state.on_reset()
             state.sync()
             state.announce_world()
             value = func(state, *args, **kwargs)
-        except BaseException:
-            group.destroy()
-            state._group = None
-            raise
+            returned = True
         finally:
+            if not returned:
+                group.destroy()
             watcher.stop()
-            state._watcher = None
-        _group = group
+            state.leave_world(keep_group=returned)
+        torch_group.leave_formed(group)
         return value
 
     def _superseded(self) -> bool:

@@ -207,10 +207,14 @@ def exchange(piece: Piece, previous: tuple[list[Entry], dict], group: Any) -> Pi
     size, rank = piece.mark.world_size, piece.rank
     entries, sizes = previous
     received = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
-    ops = [dist.P2POp(dist.isend, piece.buffers[dtype].view(torch.uint8), (rank + 1) % size, group)
-           for dtype in sorted(piece.buffers, key=str)]  # fmt: skip
-    ops += [dist.P2POp(dist.irecv, received[dtype].view(torch.uint8), (rank - 1) % size, group)
-            for dtype in sorted(received, key=str)]  # fmt: skip
+    ops = [
+        dist.P2POp(dist.isend, piece.buffers[dtype].view(torch.uint8), (rank + 1) % size, group)
+        for dtype in sorted(piece.buffers, key=str)
+    ]
+    ops += [
+        dist.P2POp(dist.irecv, received[dtype].view(torch.uint8), (rank - 1) % size, group)
+        for dtype in sorted(received, key=str)
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     return Piece(piece.mark, (rank - 1) % size, entries, received)

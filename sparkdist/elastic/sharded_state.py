@@ -64,9 +64,12 @@ def _forget_old_meshes() -> None:
         DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
         _clear_sharding_prop_cache()  # this thread's: FSDP2 on CPU runs in the training thread
     except (ImportError, AttributeError) as exc:
-        logger.warning("elastic: torch's DTensor caches could not be cleared (%s): the old "
-                       "world's process group may outlive it, and a peer waiting for this "
-                       "rank may wait out the elastic timeout", exc)  # fmt: skip
+        logger.warning(
+            "elastic: torch's DTensor caches could not be cleared (%s): the old "
+            "world's process group may outlive it, and a peer waiting for this "
+            "rank may wait out the elastic timeout",
+            exc,
+        )
 
 
 class ShardedTorchState(State):
@@ -103,11 +106,15 @@ class ShardedTorchState(State):
         **values: Any,
     ) -> None:
         if not callable(build):
-            raise TypeError("ShardedTorchState: build must be a function returning "
-                            "(model, optimizer), sharded over the current world")  # fmt: skip
+            raise TypeError(
+                "ShardedTorchState: build must be a function returning "
+                "(model, optimizer), sharded over the current world"
+            )
         if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
-            raise ValueError(f"save_every must be an int >= 1 (commits between sharded "
-                             f"checkpoints), got {save_every!r}")  # fmt: skip
+            raise ValueError(
+                f"save_every must be an int >= 1 (commits between sharded "
+                f"checkpoints), got {save_every!r}"
+            )
         if {"model", "optimizer"} & set(values):
             raise ValueError("ShardedTorchState: the model and optimizer come from build()")
         super().__init__()
@@ -168,8 +175,11 @@ class ShardedTorchState(State):
             began = time.perf_counter()
             previous = self._layout(piece)[(self.rank - 1) % self.world_size]
             self._held.keep(shard_copies.exchange(piece, previous, self._cpu_group))
-            logger.debug("elastic: commit %d sent to the neighbour in %.4f s",
-                         self.commits, time.perf_counter() - began)  # fmt: skip
+            logger.debug(
+                "elastic: commit %d sent to the neighbour in %.4f s",
+                self.commits,
+                time.perf_counter() - began,
+            )
 
     def _layout(self, piece: shard_copies.Piece) -> list:
         """Every world rank's piece layout (entries, buffer sizes), gathered once a world."""
@@ -196,8 +206,11 @@ class ShardedTorchState(State):
         began = time.perf_counter()
         blob = pickle.dumps({"values": self._values_state(), "commits": self.commits})
         checkpoint.save({**self._tree(), "values": blob}, self.commits, sharded=True)
-        logger.info("elastic: sharded checkpoint of commit %d saved in %.2f s",
-                    self.commits, time.perf_counter() - began)  # fmt: skip
+        logger.info(
+            "elastic: sharded checkpoint of commit %d saved in %.2f s",
+            self.commits,
+            time.perf_counter() - began,
+        )
 
     def restore(self) -> None:
         """Back to the last commit's values. The model and optimizer, sharded over the
@@ -255,9 +268,14 @@ class ShardedTorchState(State):
             )
         self._apply(saved)
         self._keep()
-        logger.info("elastic: sharded state of commit %d ready for world %d (%d ranks) from "
-                    "%s in %.2f s", self.commits, self.generation, self.world_size,
-                    self.restored_from, time.perf_counter() - began)  # fmt: skip
+        logger.info(
+            "elastic: sharded state of commit %d ready for world %d (%d ranks) from %s in %.2f s",
+            self.commits,
+            self.generation,
+            self.world_size,
+            self.restored_from,
+            time.perf_counter() - began,
+        )
 
     def _stored_commit(self) -> int:
         """The newest commit saved as a sharded checkpoint, -1 if none."""
@@ -270,6 +288,10 @@ class ShardedTorchState(State):
 
         into = {**tree, "values": b""}
         found = checkpoint.resume(into=into)
-        logger.info("elastic: sharded checkpoint of commit %d (saved by %d ranks) loaded "
-                    "into %d ranks", found.step, found.world_size, self.world_size)  # fmt: skip
+        logger.info(
+            "elastic: sharded checkpoint of commit %d (saved by %d ranks) loaded into %d ranks",
+            found.step,
+            found.world_size,
+            self.world_size,
+        )
         return pickle.loads(into["values"])

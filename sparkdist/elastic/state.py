@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkdist.elastic import broadcast, host_copies, torch_group
-from sparkdist.elastic.generations import Generation, WorldChanged
+from sparkdist.elastic.generations import Generation, Watcher, WorldChanged
 from sparkdist.protocol.driver_channel import DriverClient, alive
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,18 @@ class State:
     def generation(self) -> int:
         """The number of the current world (0: the one the job started with)."""
         return self._group.generation.number if self._group else 0
+
+    def enter_world(self, group: torch_group.TorchGroup, watcher: Watcher) -> None:
+        """`elastic.run` is in ``group``'s world (a Horovod state's is a `HorovodWorld`);
+        ``watcher`` looks for a newer one, which `commit` reads."""
+        self._group, self._watcher = group, watcher
+
+    def leave_world(self, keep_group: bool) -> None:
+        """`elastic.run` left the world: its watcher is done; the group stays this state's
+        (after success user code may still use it) only with ``keep_group``."""
+        self._watcher = None
+        if not keep_group:
+            self._group = None
 
     def form_world(
         self, generation: Generation, launch_rank: int, client: DriverClient, limit_s: float
@@ -245,8 +257,9 @@ class TorchState(ObjectState):
         """World rank 0's state of each stateful value in `names`, loaded on every rank."""
         for name in names:
             value = getattr(self, name)
-            tree = broadcast.broadcast_tree(value.state_dict() if self.rank == 0 else None,
-                                            self.rank, self._group.device)  # fmt: skip
+            tree = broadcast.broadcast_tree(
+                value.state_dict() if self.rank == 0 else None, self.rank, self._group.device
+            )
             if self.rank != 0:
                 value.load_state_dict(host_copies.to_live_devices(tree, value.state_dict()))
 

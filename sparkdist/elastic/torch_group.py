@@ -36,8 +36,17 @@ DEFAULT_TIMEOUT_S = 30.0
 JOIN_FACTOR = 2
 """Members of a new world wait this many timeouts for each other: one may still be in the
 old world's collective for up to a timeout before it notices the change."""
-TRANSPORT_ERRORS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe",
-                    "timed out", "process group", "communicator", "socket")  # fmt: skip
+TRANSPORT_ERRORS = (
+    "gloo",
+    "nccl",
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "timed out",
+    "process group",
+    "communicator",
+    "socket",
+)
 """Words of a RuntimeError that a collective raised because its group broke."""
 _old_groups: list = []
 """The process groups (torch's Python objects) of worlds that ended, until `free_old_groups`
@@ -54,8 +63,10 @@ def timeout_s(env=os.environ) -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ValueError(f"{job_environment.ELASTIC_TIMEOUT_S} must be a positive number of "
-                         f"seconds, not {text!r}")  # fmt: skip
+        raise ValueError(
+            f"{job_environment.ELASTIC_TIMEOUT_S} must be a positive number of "
+            f"seconds, not {text!r}"
+        )
     return value
 
 
@@ -137,6 +148,26 @@ class TorchGroup:
             except (RuntimeError, ValueError) as exc:
                 logger.debug("elastic: destroy: %s", exc)
         self._store = None
+
+
+_left_formed: TorchGroup | None = None
+"""The group a finished `elastic.run` left formed (user code may still use it after the
+call): torch holds one default process group a process, so the next call ends it first."""
+
+
+def leave_formed(group: TorchGroup) -> None:
+    """``group`` stays formed after its `elastic.run` returned."""
+    global _left_formed
+    _left_formed = group
+
+
+def end_left_formed() -> None:
+    """End the group an earlier `elastic.run` left formed, if any."""
+    global _left_formed
+    if _left_formed is not None:
+        _left_formed.destroy()
+        _left_formed = None
+        free_old_groups()
 
 
 def free_old_groups() -> None:

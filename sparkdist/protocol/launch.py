@@ -32,7 +32,7 @@ class LaunchSpec:
     driver_path: str
     driver_pythonpath: str
     relay: Any = None
-    """A `relay.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
+    """A `relayed.RelayPlan` when the job's service runs in barrier task 0 (a Spark Connect
     client the executors cannot reach), else None."""
     ranks_per_task: int = 1
     """Ranks each barrier task starts (one per GPU of the task, as torchrun's
@@ -120,6 +120,11 @@ def supervisor_argv(python: str) -> list[str]:
     return [python, "-m", SUPERVISOR_MODULE]
 
 
+def _mca(*parameters: tuple[str, str]) -> list[str]:
+    """Open MPI parameters as mpirun takes them: `--mca NAME VALUE` for each."""
+    return [arg for name, value in parameters for arg in ("--mca", name, value)]
+
+
 def mpirun_argv(
     python: str,
     np: int,
@@ -137,33 +142,40 @@ def mpirun_argv(
     nets = ",".join(dict.fromkeys(networks))
     argv = [
         "mpirun",
-        "-np", str(np),
-        "-H", ",".join(f"{name}:{slots}" for name, slots in hosts),
-        "--bind-to", "none",
-        "--map-by", "slot",
-        "--stdin", "none",
-        "--mca", "pml", "ob1",
-        "--mca", "btl", ",".join(btl),
-        "--mca", "oob_tcp_if_include", nets,
-        "--mca", "btl_tcp_if_include", nets,
+        "-np",
+        str(np),
+        "-H",
+        ",".join(f"{name}:{slots}" for name, slots in hosts),
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--stdin",
+        "none",
+    ]
+    argv += _mca(
+        ("pml", "ob1"),
+        ("btl", ",".join(btl)),
+        ("oob_tcp_if_include", nets),
+        ("btl_tcp_if_include", nets),
         # orted maps a shared copy of the hwloc topology into a "hole" it finds in its
         # address space; Open MPI 4.1's orted can crash there (SIGSEGV in
         # hwloc_shmem_topology_write, seen in CI). Ranks read the topology themselves.
-        "--mca", "rtc_hwloc_vmhole", "none",
-    ]  # fmt: skip
+        ("rtc_hwloc_vmhole", "none"),
+    )
     if rsh_agent is not None:
-        argv += [
-            "--mca", "plm_rsh_agent", rsh_agent,
-            "--mca", "plm_rsh_no_tree_spawn", "1",
+        argv += _mca(
+            ("plm_rsh_agent", rsh_agent),
+            ("plm_rsh_no_tree_spawn", "1"),
             # Keep each orted in the foreground of its task (no --daemonize), so it
             # stays a child of the task, in the task's process group.
-            "--mca", "orte_leave_session_attached", "1",
-            "--mca", "routed", "direct",
+            ("orte_leave_session_attached", "1"),
+            ("routed", "direct"),
             # The hosts are task names, not DNS names: without this, mpirun looks every
             # one up (getaddrinfo) before it starts any daemon, and a resolver that drops
             # part of a burst of queries costs a 5 s timeout each (15 s at np=32 here).
-            "--mca", "if_base_do_not_resolve", "1",
-        ]  # fmt: skip
+            ("if_base_do_not_resolve", "1"),
+        )
     return argv + list(extra_args) + supervisor_argv(python)
 
 

@@ -317,14 +317,34 @@ class Alive(NamedTuple):
 @register("elastic_world")
 class ElasticWorld(NamedTuple):
     """An in-process elastic rank (`sparkdist.elastic.run`) asks for the first world
-    generation newer than `after` (-1: the one to join). Answered with `Ok` holding
-    `{"generation": int, "members": [launch ranks, in world-rank order], "reason": str}`
+    generation newer than `after` (-1: the one to join). Answered with `Ok(Generation)`
     once it forms, `Missing` when `timeout_s` passes first, `Failed` when the job stops.
     `rank` is the rank's launch rank (its `RANK` at start), which never changes."""
 
     rank: int
     after: int
     timeout_s: float
+
+
+class Generation(NamedTuple):
+    """One formed world of an in-process elastic job: the driver forms it
+    (`runner/driver/membership.py`), the ranks join it (`elastic/generations.py`)."""
+
+    number: int
+    members: tuple[int, ...]
+    """Launch ranks, in world-rank order."""
+    reason: str = ""
+    planned: bool = False
+    """The ranks it leaves out leave at their next commit (a decommission notice): they
+    are alive, and the current world's collectives are not to be aborted."""
+
+    def world_rank(self, launch_rank: int) -> int | None:
+        """This launch rank's rank in the world, or None if it is not a member."""
+        return self.members.index(launch_rank) if launch_rank in self.members else None
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
 
 
 # --- a task's relay (`runner/task/relay.py`) and the driver, over the task's channel --
@@ -432,9 +452,24 @@ HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello)
 RELAY_FRAMES = (Relayed, RelayClosed)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)
-RANK_REQUESTS = (KvPut, KvGet, Log, FileUpload, Result, RankError, CheckpointSave,
-                 CheckpointLatest, CheckpointLoaded, CheckpointSteps, CheckpointPlace,
-                 CheckpointCommit, CheckpointDue, Report, ElasticWorld, Alive)  # fmt: skip
+RANK_REQUESTS = (
+    KvPut,
+    KvGet,
+    Log,
+    FileUpload,
+    Result,
+    RankError,
+    CheckpointSave,
+    CheckpointLatest,
+    CheckpointLoaded,
+    CheckpointSteps,
+    CheckpointPlace,
+    CheckpointCommit,
+    CheckpointDue,
+    Report,
+    ElasticWorld,
+    Alive,
+)
 ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
@@ -469,8 +504,16 @@ def decode(raw: Any, expected: tuple[type, ...]) -> Any:
     return record
 
 
-_BASIC = {"int": int, "str": str, "bytes": bytes, "bool": bool, "list": list, "tuple": tuple,
-          "dict": dict, "float": (int, float)}  # fmt: skip
+_BASIC = {
+    "int": int,
+    "str": str,
+    "bytes": bytes,
+    "bool": bool,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "float": (int, float),
+}
 
 
 @functools.cache

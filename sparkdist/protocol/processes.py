@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 # `python -S -c` of this program sets the parent-death signal and then execs the real
@@ -73,6 +74,17 @@ def die_with_parent(expected_parent: int | None = None, signum: int = signal.SIG
     _libc.prctl(_PR_SET_PDEATHSIG, signum)
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(70)
+
+
+def allow_tracer(pid: int) -> bool:
+    """Let process `pid` and its children trace this process (read its memory).
+
+    Where Yama's ptrace_scope is 1 (Ubuntu's default) a process may trace only its own
+    descendants, unless it has CAP_SYS_PTRACE (root outside a container). py-spy, which
+    a rank's supervisor starts, is the rank's sibling: the rank names its supervisor.
+    False where the kernel has no Yama (then nothing restricts it) or this is not Linux.
+    """
+    return _libc is not None and _libc.prctl(_PR_SET_PTRACER, pid, 0, 0, 0) == 0
 
 
 def popen_group(

@@ -6,7 +6,8 @@ thread's Python stack from a C signal handler, without the GIL, so a rank answer
 while its main thread is blocked in a collective, a lock or I/O. The supervisor
 (`StackTaker.take`) sends the signal and reads what was appended, waiting a bounded
 time: a rank whose handler was replaced, or that is gone, gives nothing. Where py-spy
-is installed (optional) its native stacks (gloo, NCCL frames) are added.
+is installed (optional; `find_py_spy`) its native stacks (gloo, NCCL frames) are added:
+the rank lets its supervisor's children trace it (`processes.allow_tracer`).
 
 NCCL: torch's flight recorder keeps each rank's last collectives when
 `TORCH_FR_BUFFER_SIZE` is set (the supervisor sets it unless the user set it). A
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from sparkdist import job_environment
+from sparkdist.protocol.processes import allow_tracer
 
 STACK_SIGNAL = signal.SIGUSR2
 STACK_FILE = "stacks.txt"
@@ -42,7 +44,10 @@ WAIT_S = 3.0
 """How long the supervisor waits for a rank's stacks, and again for its NCCL dump."""
 QUIET_S = 0.1
 """A dump that has not grown for this long is complete."""
-PY_SPY_TIMEOUT_S = 10.0
+PY_SPY = "py-spy"
+PY_SPY_MIN_S = 0.5
+"""py-spy gets what is left of `WAIT_S` after the Python stacks, at least this: its
+answer must reach the driver, which waits `WAIT_S` + 1 s for the whole of it."""
 
 _file: TextIO | None = None
 
@@ -56,6 +61,9 @@ def listen(env: Mapping[str, str], rank: int) -> None:
     directory = env.get(job_environment.STACKS)
     if not directory or _file is not None:
         return
+    supervisor = env.get(job_environment.SUPERVISOR_PID)
+    if supervisor:
+        allow_tracer(int(supervisor))  # its py-spy, where it has one, reads this rank
     partial = os.path.join(directory, STACK_FILE + ".partial")
     _file = open(partial, "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
     faulthandler.register(STACK_SIGNAL, file=_file, all_threads=True, chain=False)
@@ -102,9 +110,11 @@ def nccl_trace() -> bytes | None:
 class StackTaker:
     """A supervisor's half: the directory its rank listens in, and the requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="sparkdist-stacks-")
         os.mkfifo(os.path.join(self.directory, NCCL_FIFO))
+        self.py_spy = find_py_spy(os.environ if env is None else env)
+        """py-spy's path, looked up once (None: not installed, or turned off)."""
 
     def rank_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """What the rank's environment gets: the directory, and the flight recorder on
@@ -122,13 +132,14 @@ class StackTaker:
         path = os.path.join(self.directory, STACK_FILE)
         if not os.path.exists(path):
             return "", b""  # not listening yet
-        before = os.path.getsize(path)
+        before, started = os.path.getsize(path), time.monotonic()
         try:
             os.kill(pid, STACK_SIGNAL)
         except ProcessLookupError:
             return "", b""
         text = _appended(path, before, WAIT_S, pid)
-        native = py_spy_dump(pid)
+        left_s = max(PY_SPY_MIN_S, started + WAIT_S - time.monotonic())
+        native = py_spy_dump(self.py_spy, pid, left_s) if self.py_spy else ""
         if native:
             text += f"\nnative stacks (py-spy dump --native --pid {pid}):\n{native}"
         return text, self._nccl() if nccl else b""
@@ -180,17 +191,27 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def py_spy_dump(pid: int) -> str:
-    """`py-spy dump --native` of `pid` where py-spy is installed (optional), else ""."""
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        return ""
+def find_py_spy(env: Mapping[str, str]) -> str | None:
+    """py-spy's path for a supervisor with environment `env`: `SPARKDIST_PY_SPY` where
+    set (a path; "off" or "0": never), else on `env`'s PATH, else beside the Python
+    that runs this process (where pip puts it: a venv's bin is often not on PATH)."""
+    chosen = env.get(job_environment.PY_SPY, "")
+    if chosen in job_environment.PY_SPY_OFF:
+        return None
+    if chosen:
+        return shutil.which(chosen)
+    beside = os.path.dirname(sys.executable)
+    return shutil.which(PY_SPY, path=env.get("PATH", "")) or shutil.which(PY_SPY, path=beside)
+
+
+def py_spy_dump(py_spy: str, pid: int, timeout_s: float) -> str:
+    """`py-spy dump --native` of `pid`; "" where it fails or takes over `timeout_s`."""
     try:
         done = subprocess.run(
             [py_spy, "dump", "--native", "--pid", str(pid)],
             capture_output=True,
             text=True,
-            timeout=PY_SPY_TIMEOUT_S,
+            timeout=timeout_s,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):

@@ -94,7 +94,8 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 class Frames:
     """The MAC'd frames of one authenticated channel, whatever carries them: the blocking
-    `Channel` here and the driver's event-driven channels (`event_server`) share it.
+    `Channel` here and the driver's event-driven channels
+    (`runner/driver/event_server.py`) share it.
 
     A frame is its body's length, HMAC-SHA256(session key, direction, sequence number,
     body), then the body (a pickle), which is unpickled only after its MAC checks out.

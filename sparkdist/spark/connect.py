@@ -135,8 +135,11 @@ class ConnectSpark:
                 probe = partial(_arrow_probe, address, listener.getsockname()[1])
                 rows = self.session.range(0, 1, 1, 1).mapInArrow(probe, PROBE_SCHEMA).collect()
             _REACHABLE[key] = bool(rows and rows[0].reachable)
-            logger.info("executors %s this client at %s", "reach" if _REACHABLE[key] else
-                        "cannot reach", address)  # fmt: skip
+            logger.info(
+                "executors %s this client at %s",
+                "reach" if _REACHABLE[key] else "cannot reach",
+                address,
+            )
         return _REACHABLE[key]
 
     def run_barrier_stage(

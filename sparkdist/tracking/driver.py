@@ -62,8 +62,9 @@ def rank_environment() -> dict[str, str]:
     import mlflow
 
     uri = absolute_tracking_uri(mlflow.get_tracking_uri())
-    logger.info("sparkdist.tracking: rank 0 logs into run %s at %s", run.info.run_id,
-                redact_uri(uri))  # fmt: skip
+    logger.info(
+        "sparkdist.tracking: rank 0 logs into run %s at %s", run.info.run_id, redact_uri(uri)
+    )
     return {
         "MLFLOW_TRACKING_URI": uri,
         "MLFLOW_RUN_ID": run.info.run_id,
@@ -130,8 +131,11 @@ class StepMetrics:
             self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
         except Exception as error:
             if not self._failed:
-                logger.warning("sparkdist.tracking: could not log reported metrics to run "
-                               "%s: %s", self.run_id, error)  # fmt: skip
+                logger.warning(
+                    "sparkdist.tracking: could not log reported metrics to run %s: %s",
+                    self.run_id,
+                    error,
+                )
             self._failed = True
 
 

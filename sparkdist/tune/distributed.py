@@ -40,8 +40,16 @@ class _TrialMain:
 class DistributedTrial:
     """One trial as a `HorovodRunner(np=np)` job run from a driver thread."""
 
-    def __init__(self, cluster, objective, service: TrialService, trial: RemoteTrial, np: int,
-                 runner_options: dict, prune_check: metrics.PruneCheck):  # fmt: skip
+    def __init__(
+        self,
+        cluster,
+        objective,
+        service: TrialService,
+        trial: RemoteTrial,
+        np: int,
+        runner_options: dict,
+        prune_check: metrics.PruneCheck,
+    ):
         self.prune_check = prune_check
         self.cluster = cluster
         self.objective = objective
@@ -52,8 +60,9 @@ class DistributedTrial:
     def run(self, was_pruned) -> Outcome:
         try:
             with metrics.feeding(self.prune_check), jobs.purpose(f"tune trial {self.trial.number}"):
-                value = self.runner.run(_TrialMain(self.objective), trial=self.trial,
-                                        service=self.service)  # fmt: skip
+                value = self.runner.run(
+                    _TrialMain(self.objective), trial=self.trial, service=self.service
+                )
             return Outcome(COMPLETE, value)
         except SparkdistError as exc:
             # A rank raised optuna.TrialPruned (as Optuna users write it): the runner
@@ -73,8 +82,17 @@ class DistributedTrial:
 class DistributedTrials(TrialExecutor):
     """Runs a search's distributed trials, `at_once` runner jobs at a time."""
 
-    def __init__(self, cluster, objective, service: TrialService, ledger: Ledger, at_once: int,
-                 np: int, runner_options: dict, report_metric: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cluster,
+        objective,
+        service: TrialService,
+        ledger: Ledger,
+        at_once: int,
+        np: int,
+        runner_options: dict,
+        report_metric: str | None = None,
+    ):
         super().__init__(cluster, objective, service, ledger, at_once)
         self.np = np
         self.runner_options = runner_options
@@ -90,8 +108,15 @@ class DistributedTrials(TrialExecutor):
                 break
             remote = self.service.remote_trial(trial)
             check = ReportFeed(self.ledger, trial.number, self.report_metric)
-            job = DistributedTrial(self.cluster, self.objective, self.service, remote,
-                                   self.np, self.runner_options, check)  # fmt: skip
+            job = DistributedTrial(
+                self.cluster,
+                self.objective,
+                self.service,
+                remote,
+                self.np,
+                self.runner_options,
+                check,
+            )
             self.running[self.pool.submit(job.run, self.ledger.was_pruned)] = job
         return bool(self.running)
 
@@ -134,8 +159,9 @@ class ReportFeed:
                 logger.warning(
                     "sparkdist.tune: trial %d reported %s, which the pruner cannot use: pass "
                     "optimize(..., report_metric=NAME) to say which one it judges",
-                    self.number, sorted(values),
-                )  # fmt: skip
+                    self.number,
+                    sorted(values),
+                )
                 self._warned = True
             return False
         try:

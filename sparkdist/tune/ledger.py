@@ -26,9 +26,15 @@ from sparkdist.tune.tracking import SearchTracking
 logger = logging.getLogger(__name__)
 
 TRIAL_OPS = frozenset(
-    {"suggest_float", "suggest_int", "suggest_categorical", "report", "should_prune",
-     "set_user_attr"}
-)  # fmt: skip
+    {
+        "suggest_float",
+        "suggest_int",
+        "suggest_categorical",
+        "report",
+        "should_prune",
+        "set_user_attr",
+    }
+)
 CANCELLED = "cancelled: the search stopped while the trial ran"
 
 
@@ -39,8 +45,13 @@ class TooManyFailedTrialsError(SparkdistError):
 class Ledger:
     """The running trials of one search and what the search may still start."""
 
-    def __init__(self, study: optuna.Study, n_trials: int, timeout: float | None,
-                 max_failed_trials: int | None):  # fmt: skip
+    def __init__(
+        self,
+        study: optuna.Study,
+        n_trials: int,
+        timeout: float | None,
+        max_failed_trials: int | None,
+    ):
         self.lock = threading.RLock()
         self.study = study
         self.n_trials = n_trials
@@ -150,12 +161,14 @@ class Ledger:
             try:
                 frozen = self.study.tell(trial, outcome.value)
             except (ValueError, TypeError) as exc:
-                outcome = Outcome(FAILED, traceback=f"the objective returned {outcome.value!r}: "
-                                  f"{exc}")  # fmt: skip
+                outcome = Outcome(
+                    FAILED, traceback=f"the objective returned {outcome.value!r}: {exc}"
+                )
                 state = None
             else:
-                logger.info("sparkdist.tune: trial %d finished with value %s",
-                            trial.number, outcome.value)  # fmt: skip
+                logger.info(
+                    "sparkdist.tune: trial %d finished with value %s", trial.number, outcome.value
+                )
         if state is TrialState.PRUNED:
             frozen = self.study.tell(trial, state=TrialState.PRUNED)
             logger.info("sparkdist.tune: trial %d pruned", trial.number)

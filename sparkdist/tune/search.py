@@ -87,8 +87,9 @@ def optimize(
     ledger = Ledger(study, n_trials, timeout, max_failed_trials)
     service = TrialService(place.bind, place.advertise, ledger)
     try:
-        trials = _executor(cluster, objective, service, ledger, at_once, np, runner_options,
-                           report_metric)  # fmt: skip
+        trials = _executor(
+            cluster, objective, service, ledger, at_once, np, runner_options, report_metric
+        )
         _run(trials, ledger)
     finally:
         service.close()
@@ -105,8 +106,13 @@ def _trials_at_once(slots: int, np: int | None, parallelism: int | None, n_trial
         )
     at_once = min(parallelism or slots, slots // per_trial, n_trials)
     if parallelism and parallelism > at_once:
-        logger.info("sparkdist.tune: %d trials at once (%d slots, %d per trial), not %d",
-                    at_once, slots, per_trial, parallelism)  # fmt: skip
+        logger.info(
+            "sparkdist.tune: %d trials at once (%d slots, %d per trial), not %d",
+            at_once,
+            slots,
+            per_trial,
+            parallelism,
+        )
     return at_once
 
 
@@ -125,9 +131,16 @@ def _require_reachable_driver(place) -> None:
         )
 
 
-def _executor(cluster, objective, service: TrialService, ledger: Ledger, at_once: int,
-              np: int | None, runner_options: dict[str, Any] | None,
-              report_metric: str | None) -> TrialExecutor:  # fmt: skip
+def _executor(
+    cluster,
+    objective,
+    service: TrialService,
+    ledger: Ledger,
+    at_once: int,
+    np: int | None,
+    runner_options: dict[str, Any] | None,
+    report_metric: str | None,
+) -> TrialExecutor:
     """The search's trial executor: long-lived single-node workers (np None), or one
     runner job of np ranks per trial."""
     if np is None:
@@ -136,8 +149,9 @@ def _executor(cluster, objective, service: TrialService, ledger: Ledger, at_once
     # concurrent mpirun jobs on one host can collide ("orte_session_dir failed");
     # launcher="mpi" in runner_options for code that needs MPI.
     options = {"launcher": "direct", **(runner_options or {})}
-    return DistributedTrials(cluster, objective, service, ledger, at_once, np, options,
-                             report_metric)  # fmt: skip
+    return DistributedTrials(
+        cluster, objective, service, ledger, at_once, np, options, report_metric
+    )
 
 
 def _run(trials: TrialExecutor, ledger: Ledger) -> None:
@@ -146,8 +160,9 @@ def _run(trials: TrialExecutor, ledger: Ledger) -> None:
     try:
         trials.run()
     except KeyboardInterrupt:
-        logger.warning("sparkdist.tune: interrupted; cancelling %d running trials",
-                       len(ledger.running))  # fmt: skip
+        logger.warning(
+            "sparkdist.tune: interrupted; cancelling %d running trials", len(ledger.running)
+        )
     finally:
         ledger.stop()
         trials.cancel()

@@ -50,8 +50,7 @@ class TrialService:
         self._secret = wire.new_secret()
         self._watches: set[wire.Channel] = set()
         self._watches_lock = threading.Lock()
-        self._server = wire.Server(self._secret, self._serve, host=bind_host,
-                                   name="sparkdist-tune")  # fmt: skip
+        self._server = wire.Server(self._secret, self._serve, host=bind_host, name="sparkdist-tune")
         self.address = (advertise_host, self._server.address[1])
 
     @property

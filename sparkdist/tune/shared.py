@@ -190,7 +190,8 @@ def _referenced(fn: Any) -> list[tuple[str, Any]]:
 def hint_for(traceback: str | None) -> str | None:
     """A failed trial's traceback, with `HINT` added when it failed for reaching to the
     SparkContext or a broadcast variable where there is none."""
-    if traceback and ("JVM_ATTRIBUTE_NOT_SUPPORTED" in traceback or
-                      "Broadcast variable" in traceback):  # fmt: skip
+    if traceback and (
+        "JVM_ATTRIBUTE_NOT_SUPPORTED" in traceback or "Broadcast variable" in traceback
+    ):
         return f"{traceback.rstrip()}\n\nsparkdist.tune: {HINT}"
     return traceback

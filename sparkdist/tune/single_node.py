@@ -67,8 +67,11 @@ class SingleNodeTrials(TrialExecutor):
         summary = spark_error_summary(self._error)
         if self.ledger.finished == self._finished_before:
             raise SparkdistError(f"the Spark job running the trials failed: {summary}")
-        logger.warning("sparkdist.tune: the trials' Spark job failed (%s); a new job "
-                       "runs the remaining trials", summary)  # fmt: skip
+        logger.warning(
+            "sparkdist.tune: the trials' Spark job failed (%s); a new job "
+            "runs the remaining trials",
+            summary,
+        )
         return True
 
     def _start_job(self, workers: int) -> None:

@@ -46,8 +46,10 @@ class SearchTracking:
                 for step, v in sorted(frozen.intermediate_values.items())
             ]
             if frozen.values is not None:
-                metrics += [Metric("value" if i == 0 else f"value_{i}", float(v), now, 0)
-                            for i, v in enumerate(frozen.values)]  # fmt: skip
+                metrics += [
+                    Metric("value" if i == 0 else f"value_{i}", float(v), now, 0)
+                    for i, v in enumerate(frozen.values)
+                ]
             client.log_batch(
                 run.info.run_id,
                 metrics=metrics,
@@ -55,8 +57,9 @@ class SearchTracking:
             )
             client.set_terminated(run.info.run_id, _STATUS.get(frozen.state.name, "FINISHED"))
         except Exception as error:  # noqa: BLE001 - tracking must not fail the search
-            logger.warning("sparkdist.tune: could not log trial %d to MLflow: %s",
-                           frozen.number, error)  # fmt: skip
+            logger.warning(
+                "sparkdist.tune: could not log trial %d to MLflow: %s", frozen.number, error
+            )
 
     def log_search(self, study) -> None:
         """The best trial so far, on the parent run."""

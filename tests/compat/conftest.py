@@ -24,7 +24,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 ROOT = Path(__file__).resolve().parents[2]
-
+# The tests' shared helpers (tests/helpers.py); the main conftest stays out of this run.
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import build_spark  # noqa: E402
 
 RUNTIME = os.environ.get("SPARKDIST_RUNTIME", "")
 RUNTIME_FILE = ROOT / "requirements" / "runtimes" / f"{RUNTIME}.txt"
@@ -59,13 +61,7 @@ collect_ignore = [] if "torch" in runtime_requirements() else ["test_compat_torc
 
 @pytest.fixture(scope="session")
 def spark():
-    from sparkdist.spark.session import embedded_spark
-
-    session = embedded_spark(
-        app_name="sparkdist-compat",
-        master="local-cluster[2,1,1024]",
-        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
-    )
+    session = build_spark(master="local-cluster[2,1,1024]", app_name="sparkdist-compat")
     yield session
     session.stop()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import pipeline_saved_and_loaded
 from sklearn.datasets import load_breast_cancer
 from sklearn.tree import DecisionTreeClassifier
 
@@ -53,7 +54,7 @@ def test_fit_predict_on_spark_save_and_load(spark, cancer, tmp_path):
 
 
 def test_spark_ml_pipeline_fit_save_load(spark, cancer, tmp_path):
-    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
 
     data, _ = cancer
@@ -73,13 +74,4 @@ def test_spark_ml_pipeline_fit_save_load(spark, cancer, tmp_path):
     before = fitted.transform(df).select("label", "prediction", "p").toPandas()
     assert (before["prediction"] == before["label"]).mean() > 0.9
 
-    fitted.save(str(tmp_path / "fitted"))
-    loaded = PipelineModel.load(str(tmp_path / "fitted"))
-    assert isinstance(loaded.stages[1], SparkPartitionEnsembleModel)
-    assert loaded.stages[1].getProbabilityCol() == "p"
-    after = loaded.transform(df).select("label", "prediction", "p").toPandas()
-    np.testing.assert_array_equal(after["prediction"], before["prediction"])
-    np.testing.assert_allclose(
-        np.stack([v.toArray() for v in after["p"]]),
-        np.stack([v.toArray() for v in before["p"]]),
-    )
+    pipeline_saved_and_loaded(fitted, df, before, tmp_path / "fitted")

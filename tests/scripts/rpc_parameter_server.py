@@ -138,7 +138,7 @@ def train(epochs: int = 10, trainer_timeout: float = 300.0) -> dict:
     steps of each trainer and the updates it applied; trainers return their steps."""
     import os
 
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

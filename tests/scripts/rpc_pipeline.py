@@ -3,7 +3,7 @@ pipeline whose first stage lives on rank 0 and whose every further stage is a
 `RemoteModule` on the next rank, trained with distributed autograd and
 `DistributedOptimizer`. The ranks also join a Gloo process group on the same
 MASTER_ADDR/MASTER_PORT (rank 0's TCPStore then serves both). RPC starts and stops
-through `sparkdist.backends.torch_rpc`.
+through `sparkdist.torch_rpc`.
 
 Rank 0 returns the losses, where the remote stages live, and the largest difference
 between the trained weights and the same model trained in one process; every rank
@@ -113,7 +113,7 @@ def pipeline(steps: int = 30) -> dict:
     import torch
     import torch.distributed as dist
 
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

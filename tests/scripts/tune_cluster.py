@@ -17,7 +17,7 @@ import time
 import optuna
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import build_spark  # noqa: E402
+from helpers import build_spark  # noqa: E402
 
 import sparkdist.tune  # noqa: E402
 

@@ -138,9 +138,11 @@ class HeldLines:
         while stack:
             top = stack[-1]
             earlier = {
-                e for r in self._held[top].ranks for e in self._before(r, top)
+                e
+                for r in self._held[top].ranks
+                for e in self._before(r, top)
                 if e in self._held and e not in stack
-            }  # fmt: skip
+            }
             if earlier:
                 stack.extend(sorted(earlier, reverse=True))  # the oldest first
                 continue

@@ -64,7 +64,7 @@ MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably st
 
 class WorldResize(Exception):
     """Not a failure: an elastic job's rank 0 stopped at a checkpoint so that the job
-    can relaunch with more ranks (`runner/driver/launch/elastic.py`), or without an
+    can relaunch with more ranks (`runner/driver/launch/gang_kind.py`), or without an
     executor being decommissioned (`left`, `notices.py`)."""
 
     def __init__(self, reason: str, left: bool = False):
@@ -102,9 +102,15 @@ class Losses:
     """Records how a rank, a task or the launcher ended, and tells the failure tracker
     when that fails the job."""
 
-    def __init__(self, job: JobSpec, ranks: RankRecords, tasks: SparkTasks,
-                 processes: Processes, failures: FailureTracker,
-                 membership: Membership):  # fmt: skip
+    def __init__(
+        self,
+        job: JobSpec,
+        ranks: RankRecords,
+        tasks: SparkTasks,
+        processes: Processes,
+        failures: FailureTracker,
+        membership: Membership,
+    ):
         self._job = job
         self._ranks = ranks
         self._tasks = tasks
@@ -187,8 +193,12 @@ class Losses:
         if left > 0:
             logger.warning(
                 "sparkdist job %s: worker rank %d %s; the chief's coordinator runs its steps "
-                "on the %d worker(s) left", self._job.job_id, rank, how, left,
-            )  # fmt: skip
+                "on the %d worker(s) left",
+                self._job.job_id,
+                rank,
+                how,
+                left,
+            )
             return
         self._failures.notice(
             rank,
@@ -407,9 +417,13 @@ class FailureTracker:
             printed = set(state.traceback.splitlines())
             tail = [line for line in tail if line not in printed]
         return RankFailedError(
-            rank=state.rank, host=state.host, exit_code=state.exit_code,
-            traceback=state.traceback, output_tail=tail, reason=reason,
-        )  # fmt: skip
+            rank=state.rank,
+            host=state.host,
+            exit_code=state.exit_code,
+            traceback=state.traceback,
+            output_tail=tail,
+            reason=reason,
+        )
 
 
 def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:

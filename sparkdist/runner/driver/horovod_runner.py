@@ -19,7 +19,8 @@ from typing import Any
 
 from sparkdist.protocol import payload
 from sparkdist.protocol.script import ScriptMain
-from sparkdist.runner.driver.job import JobReport, run_job
+from sparkdist.runner.driver.job import run_job
+from sparkdist.runner.driver.launch.api import JobReport
 from sparkdist.runner.driver.options import RunnerOptions
 
 logger = logging.getLogger(__name__)
@@ -84,14 +85,14 @@ class HorovodRunner:
             `{"chief": 1, "worker": 2, "ps": 1}` (they must add up to np). Rank 0 is
             the chief and runs `main` (the coordinator); the worker and ps ranks run
             TensorFlow servers, stopped when the chief returns. See "Parameter servers"
-            in the README.
+            in docs/parameter-servers.md.
         min_np, max_np: make the job elastic (either one, the other defaults to np): it
             starts as soon as min_np ranks' slots are free, with as many ranks as the
             cluster holds up to max_np; after a lost executor it goes on at once with the
             ranks the remaining slots hold (counted by `max_failures`, no limit by
             default), and when more slots stay free it grows at rank 0's next
             `sparkdist.checkpoint.save`. Runs where Spark's dynamic allocation is on.
-            See "Elastic training" in the README.
+            See "Elastic training" in docs/elastic.md.
         report_ranks: whose `sparkdist.report` metrics the driver shows and logs to its
             active MLflow run: "rank0" (rank 0's, under their own names) or "all" (every
             rank's, named `rank<k>/<metric>` in MLflow). `last_job.reported` keeps all.
@@ -101,48 +102,30 @@ class HorovodRunner:
         self,
         *,
         np: int,
-        driver_log_verbosity: str = "all",
-        launcher: str = "auto",
-        start_timeout: float = 600.0,
-        timeout: float | None = None,
-        stall_warning: float | None = 300.0,
-        stall_timeout: float | None = None,
+        driver_log_verbosity: str = RunnerOptions.driver_log_verbosity,
+        launcher: str = RunnerOptions.launcher,
+        start_timeout: float = RunnerOptions.start_timeout,
+        timeout: float | None = RunnerOptions.timeout,
+        stall_warning: float | None = RunnerOptions.stall_warning,
+        stall_timeout: float | None = RunnerOptions.stall_timeout,
         env: Mapping[str, str] | None = None,
-        mpi_args: Sequence[str] = (),
-        network_interface: str | None = None,
-        timeline: str | os.PathLike | None = None,
-        max_failures: int | None = None,
-        retry_on_exception: bool = False,
-        checkpoint_dir: str | os.PathLike | None = None,
-        checkpoint_keep: int = 2,
-        ranks_per_task: int = 1,
-        roles: Mapping[str, int] | str | None = None,
-        min_np: int | None = None,
-        max_np: int | None = None,
-        report_ranks: str = "rank0",
+        mpi_args: Sequence[str] = RunnerOptions.mpi_args,
+        network_interface: str | None = RunnerOptions.network_interface,
+        timeline: str | os.PathLike | None = RunnerOptions.timeline,
+        max_failures: int | None = RunnerOptions.max_failures,
+        retry_on_exception: bool = RunnerOptions.retry_on_exception,
+        checkpoint_dir: str | os.PathLike | None = RunnerOptions.checkpoint_dir,
+        checkpoint_keep: int = RunnerOptions.checkpoint_keep,
+        ranks_per_task: int = RunnerOptions.ranks_per_task,
+        roles: Mapping[str, int] | str | None = RunnerOptions.roles,
+        min_np: int | None = RunnerOptions.min_np,
+        max_np: int | None = RunnerOptions.max_np,
+        report_ranks: str = RunnerOptions.report_ranks,
     ):
-        self.options = RunnerOptions(
-            np=np,
-            driver_log_verbosity=driver_log_verbosity,
-            launcher=launcher,
-            start_timeout=start_timeout,
-            timeout=timeout,
-            stall_warning=stall_warning,
-            stall_timeout=stall_timeout,
-            env=env or {},
-            mpi_args=mpi_args,
-            network_interface=network_interface,
-            timeline=timeline,
-            max_failures=max_failures,
-            retry_on_exception=retry_on_exception,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_keep=checkpoint_keep,
-            ranks_per_task=ranks_per_task,
-            roles=roles,
-            min_np=min_np,
-            max_np=max_np,
-            report_ranks=report_ranks,
-        )
+        # The defaults are RunnerOptions' (its dataclass fields are class attributes), so
+        # they are stated once; the keywords stay spelled out for editors and help().
+        given = {name: value for name, value in locals().items() if name != "self"}
+        self.options = RunnerOptions(**{**given, "env": env or {}})
         self.last_job: JobReport | None = None
 
     def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
@@ -164,8 +147,13 @@ class HorovodRunner:
         with converted_dataframes(kwargs) as arguments:
             blob = payload.pack(main, arguments)
             opts = self.options
-            self.last_job = JobReport(job_id="", np=opts.np, launcher=opts.resolved_launcher(),
-                                      name=_name_of(main), payload_bytes=len(blob))  # fmt: skip
+            self.last_job = JobReport(
+                job_id="",
+                np=opts.np,
+                launcher=opts.resolved_launcher(),
+                name=_name_of(main),
+                payload_bytes=len(blob),
+            )
             return run_job(opts, blob, all_results, self.last_job)
 
 

@@ -24,7 +24,6 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -34,14 +33,13 @@ from sparkdist.backends.timeline import DYNAMIC, FILE_NAME
 from sparkdist.checkpoint.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages, wire
-from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.failures import RelaunchBudget, WorldChange, WorldResize
-from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
+from sparkdist.runner.driver.launch.api import AttemptPlan, JobReport, LaunchKind, Outcome, World
 from sparkdist.runner.driver.launch.barrier import BarrierKind
-from sparkdist.runner.driver.launch.elastic import GangKind
+from sparkdist.runner.driver.launch.gang_kind import GangKind
 from sparkdist.runner.driver.launch.local import DriverLocalKind
 from sparkdist.runner.driver.launch.relayed import RelayedKind
-from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
+from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.service import DriverService
@@ -51,61 +49,12 @@ from sparkdist.spark import active_cluster
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class JobReport:
-    """What the last job did: kept on the runner as `runner.last_job`."""
-
-    job_id: str
-    np: int
-    launcher: str
-    name: str = "job"
-    """What runs: the function's (or script's) name."""
-    outcome: str = "running"
-    wall_time_s: float = 0.0
-    processes: list[ProcessRecord] = field(default_factory=list)
-    files: dict[str, bytes] = field(default_factory=dict)
-    frameworks: list[str] = field(default_factory=list)
-    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
-    attempts: int = 1
-    """How many times the job was launched (more than 1 after relaunches)."""
-    failures: list[str] = field(default_factory=list)
-    """Why each relaunched attempt failed, in order."""
-    reformed: list[str] = field(default_factory=list)
-    """Why an in-process elastic world re-formed without a relaunch, in order (a grow's
-    entry starts with `grew:`)."""
-    reported: list[Reported] = field(default_factory=list)
-    """Every `sparkdist.report` call of the ranks, in the order the driver got them
-    (filled while the job runs)."""
-    payload_bytes: int = 0
-    """The size of the pickled `main` and its arguments."""
-    driver_connections_max: int = 0
-    """The most connections the driver's service held at once in the last attempt: one
-    per Spark task (its ranks and supervisors come through the task's relay)."""
-    payload_bytes_sent: int = 0
-    """Bytes of payload the driver's service sent in the last attempt: once per task."""
-    rank_logs: str | None = None
-    """The directory of the last attempt's `rank-N.log` files on the driver (None: no
-    rank line reached the driver)."""
-    stragglers: list[str] = field(default_factory=list)
-    """What the driver said of slow ranks in the last attempt (named, then recovered),
-    in order (`stragglers.py`)."""
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """Rank 0's last reported value of each metric."""
-        return self.metrics_by_rank.get(0, {})
-
-    @property
-    def metrics_by_rank(self) -> dict[int, dict[str, float]]:
-        """Each rank's last reported value of each metric."""
-        return last_by_rank(list(self.reported))
-
-
 def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
     allow; return every rank's (unpickled) result of the last attempt."""
-    metrics = ReportedMetrics(report.reported, options.report_ranks, live=True,
-                              label=f"sparkdist {report.name}")  # fmt: skip
+    metrics = ReportedMetrics(
+        report.reported, options.report_ranks, live=True, label=f"sparkdist {report.name}"
+    )
     try:
         kind = choose_kind(options)
         checkpoints = open_checkpoints(options, kind)
@@ -182,9 +131,15 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
 class Attempt:
     """Launch the job once, in any kind: form, launch, wait, collect."""
 
-    def __init__(self, options: RunnerOptions, report: JobReport, blob: bytes,
-                 all_results: bool, metrics: ReportedMetrics,
-                 checkpoints: CheckpointStore | NoStore):  # fmt: skip
+    def __init__(
+        self,
+        options: RunnerOptions,
+        report: JobReport,
+        blob: bytes,
+        all_results: bool,
+        metrics: ReportedMetrics,
+        checkpoints: CheckpointStore | NoStore,
+    ):
         self.options = options
         self.report = report
         self.blob = blob
@@ -204,13 +159,22 @@ class Attempt:
         report = self.report
         self.world = None
         report.job_id = uuid.uuid4().hex[:12]
-        report.outcome = "running"
+        report.outcome = Outcome.RUNNING
         plan = AttemptPlan(
-            self.options, number, report.job_id, wire.new_secret(),
-            _timeline_path(self.options.timeline, os.environ), report.name, report.launcher,
-            self.blob, self.all_results, self.metrics, self.credentials, self.checkpoints,
+            self.options,
+            number,
+            report.job_id,
+            wire.new_secret(),
+            _timeline_path(self.options.timeline, os.environ),
+            report.name,
+            report.launcher,
+            self.blob,
+            self.all_results,
+            self.metrics,
+            self.credentials,
+            self.checkpoints,
             self.rank_logs,
-        )  # fmt: skip
+        )
         try:
             self.world = kind.form(plan, why)
         except BaseException as exc:
@@ -249,7 +213,7 @@ class Attempt:
                     launcher_expected=report.launcher == "mpi",
                 )
             state.stop("finish", "done")
-            report.outcome = "succeeded"
+            report.outcome = Outcome.SUCCEEDED
         except WorldChange:
             raise  # not an end: the world runs on
         except BaseException as exc:
@@ -262,7 +226,7 @@ class Attempt:
         """Stop what the job started, and record what it did (report, MLflow, timeline)."""
         report, state = self.report, world.state
         state.metrics.close()  # the progress line ends before the job's last log lines
-        leftovers = world.launch.stop(finished=report.outcome == "succeeded")
+        leftovers = world.launch.stop(finished=report.outcome == Outcome.SUCCEEDED)
         world.service.close()
         if isinstance(world.service, DriverService):
             report.driver_connections_max = world.service.connections_max
@@ -287,10 +251,12 @@ class Attempt:
         except OSError as exc:
             logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
         if leftovers:
-            logger.warning("processes of job %s still alive after stop: %s", report.job_id,
-                           leftovers)  # fmt: skip
-        logger.info("sparkdist job %s %s in %.1fs", report.job_id, report.outcome,
-                    report.wall_time_s)  # fmt: skip
+            logger.warning(
+                "processes of job %s still alive after stop: %s", report.job_id, leftovers
+            )
+        logger.info(
+            "sparkdist job %s %s in %.1fs", report.job_id, report.outcome, report.wall_time_s
+        )
 
 
 def _announce(text: str) -> None:
@@ -318,10 +284,10 @@ def _save_timeline(files: Mapping[str, bytes], path: str | None) -> str | None:
     return path
 
 
-def _outcome(exc: BaseException) -> str:
+def _outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    return "resized" if isinstance(exc, WorldResize) else "failed"
+        return Outcome.INTERRUPTED
+    return Outcome.RESIZED if isinstance(exc, WorldResize) else Outcome.FAILED
 
 
 def _load_result(rank: int, blob: bytes | None) -> Any:

@@ -68,10 +68,18 @@ class JobState:
         self.growth = Growth(cond)
         self.peers = Peers(cond)
         self.membership = Membership(cond, self.rank_records, job.in_process_min_np)
-        self.failures = FailureTracker(cond, self.rank_records, self.tasks, self.processes,
-                                       self.growth, self.membership, self.succeeded)  # fmt: skip
-        self.losses = Losses(job, self.rank_records, self.tasks, self.processes, self.failures,
-                             self.membership)  # fmt: skip
+        self.failures = FailureTracker(
+            cond,
+            self.rank_records,
+            self.tasks,
+            self.processes,
+            self.growth,
+            self.membership,
+            self.succeeded,
+        )
+        self.losses = Losses(
+            job, self.rank_records, self.tasks, self.processes, self.failures, self.membership
+        )
         self.stacks = StackRequests(cond, self.peers, self.rank_records)
         """The driver's requests for its ranks' stacks (`stalls.py`)."""
         self.life = SignsOfLife()

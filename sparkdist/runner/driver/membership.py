@@ -28,26 +28,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sparkdist.protocol import messages
+from sparkdist.protocol.messages import Generation
 from sparkdist.runner.driver.records import RankRecords
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One formed world: its number, its members (launch ranks in world-rank order), why."""
-
-    number: int
-    members: tuple[int, ...]
-    reason: str
-    planned: bool = False
-    """Formed for members that leave at their next commit (a decommission notice): the
-    ones left out are alive, and nobody's collective is to be aborted."""
-
-    def to_wire(self) -> dict:
-        """The `Ok` value of an `ElasticWorld` answer."""
-        found = {"generation": self.number, "members": list(self.members), "reason": self.reason}
-        return {**found, "planned": True} if self.planned else found
 
 
 @dataclass(frozen=True)
@@ -110,7 +94,7 @@ class Membership:
         if self._closed is not None:
             return messages.Failed(self._closed)
         if self.generation.number > after and rank not in self.joining:
-            return messages.Ok(self.generation.to_wire())
+            return messages.Ok(self.generation)
         return None
 
     # --- what the losses and the loop of attempts ask and decide ------------------------
@@ -121,9 +105,8 @@ class Membership:
         with self.cond:
             if self.min_np is None:
                 return False
-            lost = set(lost)
-            alive = [r for r in self.generation.members if r not in self.pending and
-                     (r in lost or not self._ranks.by_rank[r].exited)]  # fmt: skip
+            lost, records = set(lost), self._ranks.by_rank
+            alive = [r for r in self.survivors() if r in lost or not records[r].exited]
             return all(r in self.entered for r in alive)
 
     def lose(self, rank: int, reason: str, outside_user_code: bool) -> bool:
@@ -243,8 +226,8 @@ class Membership:
         """Make `members` the next generation and answer every rank waiting for it."""
         with self.cond:
             before = len(self.generation.members)
-            self.generation = Generation(self.generation.number + 1, tuple(members), reason,
-                                         planned)  # fmt: skip
+            number = self.generation.number + 1
+            self.generation = Generation(number, tuple(members), reason, planned)
             ready, still = [], []
             for rank, after, reply in self._waiting:
                 answer = self._answer(rank, after)
@@ -254,7 +237,11 @@ class Membership:
                     ready.append((reply, answer))
             self._waiting = still
             self.cond.notify_all()
-        logger.warning("sparkdist elastic job: world %d -> %d ranks in process: %s",
-                       before, len(members), reason)  # fmt: skip
+        logger.warning(
+            "sparkdist elastic job: world %d -> %d ranks in process: %s",
+            before,
+            len(members),
+            reason,
+        )
         for reply, answer in ready:
             reply(answer)

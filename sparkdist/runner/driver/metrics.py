@@ -52,8 +52,13 @@ class ReportedMetrics:
     """A job's reports: kept, and (when `live`, on the user's driver) shown, logged to
     MLflow and fed to a tune trial. Safe across the driver's handler threads."""
 
-    def __init__(self, reported: list[Reported] | None = None, report_ranks: str = "rank0",
-                 live: bool = False, label: str = "sparkdist job"):  # fmt: skip
+    def __init__(
+        self,
+        reported: list[Reported] | None = None,
+        report_ranks: str = "rank0",
+        live: bool = False,
+        label: str = "sparkdist job",
+    ):
         self.reported = reported if reported is not None else []
         self.report_ranks = report_ranks
         self.label = label

@@ -67,8 +67,9 @@ class NoticeWatcher:
             if notice is None or notice.executor_id in self.seen:
                 continue
             ranks = fresh.setdefault(notice.executor_id, (notice, []))[1]
-            ranks.extend(r for r in range(index * per_task, (index + 1) * per_task)
-                         if r in self.state.ranks)  # fmt: skip
+            ranks.extend(
+                r for r in range(index * per_task, (index + 1) * per_task) if r in self.state.ranks
+            )
         for executor, (notice, ranks) in fresh.items():
             try:
                 if self.act(notice, ranks):
@@ -99,8 +100,11 @@ def fixed_size(np: int) -> Act:
             "it from its last checkpoint). An elastic job leaves such a host at the notice "
             "with nothing lost: HorovodRunner(min_np=..., max_np=%d) with "
             "checkpoint.save(state, step, every=N), or sparkdist.elastic.run",
-            notice.describe(), ranks, np, np,
-        )  # fmt: skip
+            notice.describe(),
+            ranks,
+            np,
+            np,
+        )
         return True
 
     return act
@@ -118,8 +122,9 @@ def elastic(state: JobState) -> Act:
                 logger.warning(
                     "sparkdist elastic job: %s; without them the world would be smaller "
                     "than min_np=%s, so it stays until the host goes (then a loss as any)",
-                    reason, membership.min_np,
-                )  # fmt: skip
+                    reason,
+                    membership.min_np,
+                )
             return True
         entering = membership.min_np is not None and (
             membership.entered or not state.rank_records.all_started()
@@ -127,8 +132,11 @@ def elastic(state: JobState) -> Act:
         if entering:  # ranks may still enter elastic.run: in process once all have
             return False
         state.growth.request(reason, leave=True)
-        logger.info("sparkdist elastic job: %s: rank 0's next checkpoint.save stores its "
-                    "step, and the job relaunches without it", reason)  # fmt: skip
+        logger.info(
+            "sparkdist elastic job: %s: rank 0's next checkpoint.save stores its "
+            "step, and the job relaunches without it",
+            reason,
+        )
         return True
 
     return act

@@ -72,8 +72,14 @@ class RankFiles:
     With `run`, the attempt locks that run directory while it writes and removes the
     oldest of its siblings beyond `keep_runs`; `close` copies the files to `copy_to`."""
 
-    def __init__(self, directory: str | Path, *, run: Path | None = None,
-                 keep_runs: int = KEEP_RUNS, copy_to: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        run: Path | None = None,
+        keep_runs: int = KEEP_RUNS,
+        copy_to: str | None = None,
+    ):
         self.directory = Path(directory)
         self._run, self._keep_runs, self._copy_to = run, keep_runs, copy_to
         self._files: OrderedDict[int, TextIO] = OrderedDict()  # open, least recent first
@@ -130,11 +136,16 @@ class RankFiles:
         try:
             filesystem, path = open_directory(self._copy_to)
             filesystem.create_dir(path, recursive=True)
-            pafs.copy_files(str(self.directory), path, source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=filesystem)  # fmt: skip
+            pafs.copy_files(
+                str(self.directory),
+                path,
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=filesystem,
+            )
         except Exception as exc:  # noqa: BLE001 - the files stay on the driver
-            logger.warning("could not copy the rank logs %s to %s: %s", self.directory,
-                           self._copy_to, exc)  # fmt: skip
+            logger.warning(
+                "could not copy the rank logs %s to %s: %s", self.directory, self._copy_to, exc
+            )
             return None
         return self._copy_to
 

@@ -313,7 +313,7 @@ def send(channels: Iterable[Link], order: NamedTuple) -> None:
 
 
 class Growth:
-    """An elastic job's growth: when more slots stay free (`launch/elastic.py` decides),
+    """An elastic job's growth: when more slots stay free (`launch/gang_kind.py` decides),
     rank 0 is asked to stop at its next checkpoint, so that the job relaunches larger
     and resumes from there (`failures.WorldResize` ends the attempt); an in-process
     world takes the request instead and grows as it runs (`failures.WorldChange`)."""

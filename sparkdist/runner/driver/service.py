@@ -42,8 +42,8 @@ import logging
 
 from sparkdist.checkpoint.store import REQUESTS as CHECKPOINT_REQUESTS
 from sparkdist.protocol import messages, wire
-from sparkdist.protocol.event_server import EventChannel, EventServer
 from sparkdist.protocol.messages import MalformedMessage
+from sparkdist.runner.driver.event_server import EventChannel, EventServer
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.records import Link
 from sparkdist.runner.driver.stalls import where
@@ -465,8 +465,11 @@ class _RankPeer(_Peer):
         return (self.state.job.job_id, self.rank)
 
     def _report(self, step: int, metrics: dict) -> tuple:
-        bad = [k for k, v in metrics.items() if not isinstance(k, str) or
-               isinstance(v, bool) or not isinstance(v, (int, float))]  # fmt: skip
+        bad = [
+            k
+            for k, v in metrics.items()
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))
+        ]
         if bad:
             return messages.Failed(f"metrics must map names to numbers; bad: {bad}")
         self.state.life.seen(self.rank, step + 1, "report")

@@ -1,5 +1,6 @@
 """Runs in the processes of one rank: its `supervisor` (started by orted or by the task;
 it streams the rank's output and reports its exit) and the rank itself (`main`: fetch
-the payload, prepare the backends, run the user's function), with `channel`, the
-rank's link to the job's service (`sparkdist.log_to_driver`, checkpoints).
+the payload, prepare the backends, run the user's function), with
+`sparkdist.protocol.driver_channel`, the rank's link to the job's service
+(`sparkdist.log_to_driver`, checkpoints).
 """

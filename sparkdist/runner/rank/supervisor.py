@@ -77,7 +77,7 @@ class Supervisor:
         """A server rank (parameter-server job) that the driver stopped: its chief is done."""
         self.role = roles.rank_role({**self.env, **self.layout})
         self.child = None
-        self.stacks = StackTaker()
+        self.stacks = StackTaker(self.env)
         """Where the rank answers the driver's requests for its stacks."""
         self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
         self._cut_lock = threading.Lock()

@@ -20,10 +20,19 @@ PAYLOAD_BUDGET = 4 << 30
 under this (100 MB to 1,024 ranks, one copy each, is 100 GB through one Python process)."""
 LINES_PER_RANK = 1000
 COLUMNS = (
-    "ranks", "hosts", "form s", "1 MB payload s", "100 MB payload s", "1,000 lines/rank s",
-    "collect s", "driver CPU s", "CPU ms per rank", "driver RSS MB", "driver threads",
+    "ranks",
+    "hosts",
+    "form s",
+    "1 MB payload s",
+    "100 MB payload s",
+    "1,000 lines/rank s",
+    "collect s",
+    "driver CPU s",
+    "CPU ms per rank",
+    "driver RSS MB",
+    "driver threads",
     "driver MB sent",
-)  # fmt: skip
+)
 
 
 def curve(
@@ -42,12 +51,18 @@ def row_cells(row: Measurement) -> list[str]:
     """A measurement as the table's cells (`-`: a payload over the budget)."""
     payloads = [row.payload_s.get(size) for size in PAYLOADS]
     return [
-        str(row.ranks), str(row.hosts), f"{row.form_s:.2f}",
+        str(row.ranks),
+        str(row.hosts),
+        f"{row.form_s:.2f}",
         *("-" if s is None else f"{s:.2f}" for s in payloads),
-        f"{row.lines_s:.2f}", f"{row.collect_s:.2f}", f"{row.cpu_s:.2f}",
-        f"{row.cpu_ms_per_rank:.1f}", f"{row.rss_mb:.0f}", str(row.threads),
+        f"{row.lines_s:.2f}",
+        f"{row.collect_s:.2f}",
+        f"{row.cpu_s:.2f}",
+        f"{row.cpu_ms_per_rank:.1f}",
+        f"{row.rss_mb:.0f}",
+        str(row.threads),
         f"{row.sent_bytes / 1e6:.0f}",
-    ]  # fmt: skip
+    ]
 
 
 def print_table(rows: Iterable[Measurement], out: TextIO | None = None) -> None:

@@ -145,8 +145,9 @@ class Simulation:
         self.console = CountingConsole(sink, stderr or sink, os.path.join(self.log_dir, "ranks"))
         secret = wire.new_secret(tls)
         self.payload = payload
-        job = JobSpec(uuid.uuid4().hex[:12], ranks, b"p" * payload, True, "all",
-                      ranks_per_task=ranks // hosts)  # fmt: skip
+        job = JobSpec(
+            uuid.uuid4().hex[:12], ranks, b"p" * payload, True, "all", ranks_per_task=ranks // hosts
+        )
         self.state = JobState(job, console=self.console)
         self.service = DriverService(self.state, secret, LOCAL_HOST, LOCAL_HOST)
         self.sent_bytes = 0
@@ -165,8 +166,9 @@ class Simulation:
             hosts = tuple(range(shard, self.hosts, count))
             plan = WorkerPlan(self.service.address, secret, hosts, per_host)
             ours, theirs = context.Pipe()
-            process = context.Process(target=serve, args=(theirs, plan), daemon=True,
-                                      name=f"simulated-hosts-{shard}")  # fmt: skip
+            process = context.Process(
+                target=serve, args=(theirs, plan), daemon=True, name=f"simulated-hosts-{shard}"
+            )
             process.start()
             workers.append((process, ours))
         for process, conn in workers:

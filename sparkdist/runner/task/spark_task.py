@@ -131,8 +131,9 @@ class TaskRun:
             while True:
                 order = messages.decode(self.channel.recv(), messages.TASK_ORDERS)
                 if isinstance(order, messages.Rejected):
-                    logger.warning("the driver rejected a report of task %d: %s", self.index,
-                                   order.reason)  # fmt: skip
+                    logger.warning(
+                        "the driver rejected a report of task %d: %s", self.index, order.reason
+                    )
                 elif isinstance(order, messages.RELAY_FRAMES):
                     self.relay.deliver(order)
                 elif isinstance(order, messages.AgentPlaces):

@@ -9,7 +9,7 @@ did, the same way for every kind. The kinds (`job.choose_kind` picks one per job
 * `barrier.BarrierKind`: one Spark barrier stage, served from the driver;
 * `relayed.RelayedKind`: a barrier stage whose task 0 serves the job, for a Spark
   Connect client the executors cannot reach;
-* `elastic.GangKind`: plain Spark tasks that check in with a gang; the world is formed
+* `gang_kind.GangKind`: plain Spark tasks that check in with a gang; the world is formed
   from those that run (min_np..max_np) and grows or shrinks between attempts.
 
 As in torch.distributed.elastic, a failure and a membership change are both a relaunch
@@ -22,6 +22,7 @@ whose service hands it the ranks' checkpoint messages.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import time
@@ -34,16 +35,82 @@ from sparkdist.job_environment import JobEnvironment
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec
 from sparkdist.protocol.payload import driver_pythonpath
+from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.metrics import ReportedMetrics
+from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.spark import jobs
 
 logger = logging.getLogger(__name__)
+
+
+class Outcome(str, enum.Enum):
+    """How a job ended (`JobReport.outcome`, MLflow's `sparkdist.outcome` tag). Each is
+    equal to its text: `runner.last_job.outcome == "succeeded"`."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RESIZED = "resized"
+    """Stopped to relaunch with another number of ranks (an elastic job)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class JobReport:
+    """What the last job did: kept on the runner as `runner.last_job`."""
+
+    job_id: str
+    np: int
+    launcher: str
+    name: str = "job"
+    """What runs: the function's (or script's) name."""
+    outcome: Outcome = Outcome.RUNNING
+    wall_time_s: float = 0.0
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    frameworks: list[str] = field(default_factory=list)
+    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
+    attempts: int = 1
+    """How many times the job was launched (more than 1 after relaunches)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each relaunched attempt failed, in order."""
+    reformed: list[str] = field(default_factory=list)
+    """Why an in-process elastic world re-formed without a relaunch, in order (a grow's
+    entry starts with `grew:`)."""
+    reported: list[Reported] = field(default_factory=list)
+    """Every `sparkdist.report` call of the ranks, in the order the driver got them
+    (filled while the job runs)."""
+    payload_bytes: int = 0
+    """The size of the pickled `main` and its arguments."""
+    driver_connections_max: int = 0
+    """The most connections the driver's service held at once in the last attempt: one
+    per Spark task (its ranks and supervisors come through the task's relay)."""
+    payload_bytes_sent: int = 0
+    """Bytes of payload the driver's service sent in the last attempt: once per task."""
+    rank_logs: str | None = None
+    """The directory of the last attempt's `rank-N.log` files on the driver (None: no
+    rank line reached the driver)."""
+    stragglers: list[str] = field(default_factory=list)
+    """What the driver said of slow ranks in the last attempt (named, then recovered),
+    in order (`stragglers.py`)."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Rank 0's last reported value of each metric."""
+        return self.metrics_by_rank.get(0, {})
+
+    @property
+    def metrics_by_rank(self) -> dict[int, dict[str, float]]:
+        """Each rank's last reported value of each metric."""
+        return last_by_rank(list(self.reported))
 
 
 class Closeable(Protocol):
@@ -91,10 +158,16 @@ class AttemptPlan:
         world's: re-formed in process down to `in_process_min_np` ranks)."""
         opts = self.options
         job = JobSpec(
-            self.job_id, num_ranks, self.blob, self.all_results, opts.driver_log_verbosity,
-            opts.ranks_per_task, opts.roles, rank0_env=self.credentials,
+            self.job_id,
+            num_ranks,
+            self.blob,
+            self.all_results,
+            opts.driver_log_verbosity,
+            opts.ranks_per_task,
+            opts.roles,
+            rank0_env=self.credentials,
             in_process_min_np=in_process_min_np,
-        )  # fmt: skip
+        )
         console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
         return JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
 
@@ -102,9 +175,10 @@ class AttemptPlan:
         """What every task needs to start its part of this attempt."""
         opts = self.options
         rank_env = {
-            **tracking.rank_environment(), **opts.env,
+            **tracking.rank_environment(),
+            **opts.env,
             job_environment.ATTEMPT: str(self.number),
-        }  # fmt: skip
+        }
         if self.timeline_path:
             rank_env[job_environment.HOROVOD_TIMELINE] = self.timeline_path
         if opts.roles is not None:
@@ -173,12 +247,17 @@ class FixedSizeKind:
             logger.warning(
                 "sparkdist job %s: mpirun could not start its daemons before any rank "
                 "started; launching it once more. Open MPI said:\n%s",
-                job_id, "\n".join(relaunch.output_tail),
-            )  # fmt: skip
+                job_id,
+                "\n".join(relaunch.output_tail),
+            )
             return relaunch.reason
         logger.warning(
             "sparkdist job %s failed (%s); relaunching it (relaunch %d of at most %d), "
             "resuming from %s",
-            job_id, relaunch.reason, budget.used, budget.max_failures, resume_point,
-        )  # fmt: skip
+            job_id,
+            relaunch.reason,
+            budget.used,
+            budget.max_failures,
+            resume_point,
+        )
         return relaunch.reason

@@ -42,10 +42,13 @@ class BarrierKind(FixedSizeKind):
         self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         spec = plan.spec(opts.num_ranks, join_address(*service.address))
-        logger.info("sparkdist job %s: %d ranks, launcher %s, on the cluster",
-                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
-        stage = BarrierStage(self.cluster, spec, state, plan.description(spec.num_ranks,
-                                                                         "barrier"))  # fmt: skip
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, on the cluster",
+            plan.job_id,
+            spec.num_ranks,
+            plan.launcher,
+        )
+        stage = BarrierStage(self.cluster, spec, state, plan.description(spec.num_ranks, "barrier"))
         stage.notices = notices.watch(self.cluster, state, notices.fixed_size(opts.num_ranks))
         return World(state, service, stage)
 

@@ -43,8 +43,13 @@ class _Arrival:
 class Gang:
     """One attempt's check-ins, served on their own authenticated port."""
 
-    def __init__(self, secret: wire.JobSecret, bind: str, advertise: str,
-                 leaving: Callable[[int], bool] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        secret: wire.JobSecret,
+        bind: str,
+        advertise: str,
+        leaving: Callable[[int], bool] | None = None,
+    ):
         self._leaving = leaving
         """Whether a Spark task attempt runs on an executor being decommissioned: such a
         task is released, never seated (Spark starts no new task there, but one may have
@@ -108,8 +113,9 @@ class Gang:
                             "executors, or lower min_np."
                         )
                     self._cond.wait(min(remaining, 0.5))
-                    shown = shown or progress.bar(low, "sparkdist: waiting for task slots",
-                                                  unit="slots")  # fmt: skip
+                    shown = shown or progress.bar(
+                        low, "sparkdist: waiting for task slots", unit="slots"
+                    )
                     shown.set(len(self._waiting))
             finally:
                 if shown is not None:
@@ -150,8 +156,9 @@ class Gang:
             before(indexes)
             num_tasks = first + len(chosen)
             for index, arrival in zip(indexes, chosen, strict=True):
-                self._seat(arrival, messages.GangSeat(index, num_tasks, num_tasks * per_task,
-                                                      driver))  # fmt: skip
+                self._seat(
+                    arrival, messages.GangSeat(index, num_tasks, num_tasks * per_task, driver)
+                )
             return len(chosen)
 
     def _release_leaving(self) -> int:

@@ -43,8 +43,12 @@ class DriverLocalKind(FixedSizeKind):
         state = plan.new_state(self.options.num_ranks)
         service = DriverService(state, plan.secret, LOCAL_HOST, LOCAL_HOST)
         spec = plan.spec(state.job.num_ranks, join_address(*service.address))
-        logger.info("sparkdist job %s: %d ranks, launcher %s, on the driver",
-                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, on the driver",
+            plan.job_id,
+            spec.num_ranks,
+            plan.launcher,
+        )
         return World(state, service, LocalLaunch(spec, state))
 
 

@@ -93,8 +93,12 @@ class RelayedKind(FixedSizeKind):
             checkpoint_keep=opts.checkpoint_keep,
         )
         spec = plan.spec(opts.num_ranks, join_address(*service.address), relay)
-        logger.info("sparkdist job %s: %d ranks, launcher %s, on the cluster",
-                    plan.job_id, spec.num_ranks, plan.launcher)  # fmt: skip
+        logger.info(
+            "sparkdist job %s: %d ranks, launcher %s, on the cluster",
+            plan.job_id,
+            spec.num_ranks,
+            plan.launcher,
+        )
         description = plan.description(spec.num_ranks, "relayed barrier stage")
         return World(state, service, RelayedStage(self.cluster, spec, state, description))
 

@@ -130,9 +130,11 @@ class EventServer:
         self._thread.start()
         tls = secret.server_context() if secret.tls else None
         start = asyncio.start_server(
-            self._serve, sock=sock, ssl=tls,
+            self._serve,
+            sock=sock,
+            ssl=tls,
             ssl_handshake_timeout=wire.HANDSHAKE_TIMEOUT_S if tls else None,
-        )  # fmt: skip
+        )
         self._listener = asyncio.run_coroutine_threadsafe(start, self.loop).result()
 
     @property

@@ -87,8 +87,14 @@ class GangKind:
         template = plan.spec(max_np, "")
         kind = f"elastic gang of {max_np // per_task} tasks for {min_np}..{max_np}"
         started = time.monotonic()
-        tasks = _TaskJob(self.cluster, template, gang, max_np // per_task,
-                         job_tag(plan.job_id), plan.description(max_np, kind))  # fmt: skip
+        tasks = _TaskJob(
+            self.cluster,
+            template,
+            gang,
+            max_np // per_task,
+            job_tag(plan.job_id),
+            plan.description(max_np, kind),
+        )
         try:
             chosen = gang.form(
                 min_np // per_task, max_np // per_task, opts.start_timeout, min_np, max_np
@@ -98,8 +104,7 @@ class GangKind:
             tasks.stop()
             raise
         size = len(chosen) * per_task
-        logger.warning("sparkdist elastic job: world %d -> %d ranks: %s",
-                       self._size(), size, why)  # fmt: skip
+        logger.warning("sparkdist elastic job: world %d -> %d ranks: %s", self._size(), size, why)
         in_process = min_np if plan.launcher == "direct" else None
         state = self.state = plan.new_state(size, in_process_min_np=in_process)
         tasks.state = state
@@ -109,8 +114,15 @@ class GangKind:
         watcher = _GrowWatcher(gang, state, max_np, per_task)
         watcher.notices = notices.watch(self.cluster, state, notices.elastic(state))
         auto = " (auto: direct for an elastic job)" if opts.launcher == "auto" else ""
-        logger.info("sparkdist job %s: %d ranks (elastic %d..%d), launcher %s%s",
-                    plan.job_id, size, min_np, max_np, plan.launcher, auto)  # fmt: skip
+        logger.info(
+            "sparkdist job %s: %d ranks (elastic %d..%d), launcher %s%s",
+            plan.job_id,
+            size,
+            min_np,
+            max_np,
+            plan.launcher,
+            auto,
+        )
         seated = _SeatedWorld(tasks, gang, state, watcher, driver, len(chosen))
         return World(state, service, seated, started)
 
@@ -134,8 +146,11 @@ class GangKind:
         room = (self.options.size_range[1] - state.membership.size()) // self.options.ranks_per_task
         newcomers = seated.seat_more(room, change.reason)
         if newcomers:
-            logger.info("sparkdist elastic job: seated ranks %s into the running world: %s",
-                        newcomers, change.reason)  # fmt: skip
+            logger.info(
+                "sparkdist elastic job: seated ranks %s into the running world: %s",
+                newcomers,
+                change.reason,
+            )
         return bool(newcomers)
 
     def relaunching(
@@ -153,8 +168,9 @@ class GangKind:
 class _TaskJob:
     """The attempt's Spark job of plain tasks, run from a thread."""
 
-    def __init__(self, cluster: Cluster, template, gang: Gang, num_tasks: int, tag: str,
-                 description: str):  # fmt: skip
+    def __init__(
+        self, cluster: Cluster, template, gang: Gang, num_tasks: int, tag: str, description: str
+    ):
         self.description = description
         self.cluster = cluster
         self.tag = tag
@@ -175,8 +191,9 @@ class _TaskJob:
                 logger.debug("elastic tasks %s ended: %s", self.tag, spark_error_summary(exc))
                 return
             if self.state is None:  # the world has not formed yet
-                self.gang.fail(f"the Spark job of the elastic tasks failed: "
-                               f"{spark_error_summary(exc)}")  # fmt: skip
+                self.gang.fail(
+                    f"the Spark job of the elastic tasks failed: {spark_error_summary(exc)}"
+                )
                 return
             self.state.losses.fail(
                 f"the Spark job of the elastic tasks failed: {spark_error_summary(exc)}"
@@ -236,8 +253,15 @@ class _SeatedWorld:
     """A `launch.Launch` for a seated world: its tasks already run; stopping it lets them
     end, releases the tasks standing by, and cancels the ones Spark has not started."""
 
-    def __init__(self, tasks: _TaskJob, gang: Gang, state: JobState, watcher: _GrowWatcher,
-                 driver: str, num_tasks: int):  # fmt: skip
+    def __init__(
+        self,
+        tasks: _TaskJob,
+        gang: Gang,
+        state: JobState,
+        watcher: _GrowWatcher,
+        driver: str,
+        num_tasks: int,
+    ):
         self.tasks, self.gang, self.state, self.watcher = tasks, gang, state, watcher
         self.driver = driver
         self.num_tasks = num_tasks

@@ -14,7 +14,7 @@ from sparkdist.tracking import log_ensemble
 
 
 @pytest.fixture(scope="module")
-def cancer(spark):
+def named_cancer(spark):
     data = load_breast_cancer(as_frame=True)
     frame = data.frame.rename(columns=lambda c: c.replace(" ", "_"))
     features = [c for c in frame.columns if c != "target"]
@@ -24,11 +24,11 @@ def cancer(spark):
 @pytest.mark.parametrize(
     "estimator", [DecisionTreeClassifier(max_depth=4), XGBClassifier(n_estimators=20)]
 )
-def test_pyfunc_and_spark_udf_match_the_model(spark, cancer, driver_mlflow, estimator):
+def test_pyfunc_and_spark_udf_match_the_model(spark, named_cancer, driver_mlflow, estimator):
     import mlflow
     from mlflow import MlflowClient
 
-    df, frame, features = cancer
+    df, frame, features = named_cancer
     model = PartitionEnsemble(estimator=estimator, n_estimators=2, random_state=0).fit(
         df, features_col=features, label_col="target"
     )

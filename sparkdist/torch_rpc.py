@@ -1,6 +1,6 @@
 """`torch.distributed.rpc` on the runner's ranks, started and stopped safely.
 
-    from sparkdist.backends import torch_rpc
+    from sparkdist import torch_rpc
 
     with torch_rpc.rpc_session() as name:  # "worker0", "worker1", ...
         ...  # rpc.rpc_sync(torch_rpc.worker_name(0), ...), RemoteModule, RRefs

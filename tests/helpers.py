@@ -1,0 +1,102 @@
+"""What the tests share: free ports, the Spark session they build, small converters, and
+the rank and trial functions that both an in-process test and the Spark Connect client
+(tests/connect_client.py) run.
+
+Importable from a test module, a conftest, a script under tests/scripts or a child process
+(tests/ on its path). Its functions travel to the executors by value (they cannot import
+this module), with sparkdist's cloudpickle and pyspark's own copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Iterator
+
+import cloudpickle
+from pyspark import cloudpickle as pyspark_cloudpickle
+
+SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_spark(master: str = SPARK_MASTER, app_name: str = "sparkdist-tests"):
+    """The tests' SparkSession: `local-cluster[2,1,1024]` (two executor JVMs) unless told."""
+    from sparkdist.spark.session import embedded_spark
+
+    return embedded_spark(app_name=app_name, master=master, conf=dict(SPARK_CONF))
+
+
+@contextlib.contextmanager
+def small_groups_converter(df, cache_dir) -> Iterator:
+    """A converter of ``df`` cached under ``cache_dir`` in small row groups (1 KiB, about
+    100 rows each), so a few hundred rows make many groups; deleted on exit."""
+    from sparkdist.data import make_spark_converter
+
+    made = make_spark_converter(
+        df, parquet_row_group_size_bytes=1024, cache_dir_url=cache_dir.as_uri()
+    )
+    try:
+        yield made
+    finally:
+        made.delete()
+
+
+def log_from_every_rank():
+    """Every rank logs a metric into the active MLflow run; returns the run's id."""
+    import os
+
+    import mlflow
+
+    rank = int(os.environ["RANK"])
+    mlflow.log_metric(f"from_rank_{rank}", rank + 1.0)
+    active = mlflow.active_run()
+    return active.info.run_id if active else None
+
+
+def sleeps_unless_first(trial):
+    """A trial objective: trial 0 returns at once, every later one runs for 10 minutes."""
+    import time
+
+    trial.suggest_float("x", 0, 1)
+    if trial.number == 0:
+        return 0.0
+    trial.set_user_attr("started", True)
+    time.sleep(600)
+    return 1.0
+
+
+for _pickler in (cloudpickle, pyspark_cloudpickle):
+    _pickler.register_pickle_by_value(sys.modules[__name__])
+
+
+def pipeline_saved_and_loaded(fitted, df, before, path):
+    """Save a fitted Spark ML pipeline whose stage 1 is a `SparkPartitionEnsembleModel`
+    (probabilities in column "p"), load it back, and check that it predicts ``df`` as
+    ``before`` (the fitted pipeline's label/prediction/p frame) did; the loaded pipeline
+    and its predictions."""
+    import numpy as np
+    from pyspark.ml import PipelineModel
+
+    from sparkdist.ensemble import SparkPartitionEnsembleModel
+
+    fitted.save(str(path))
+    loaded = PipelineModel.load(str(path))
+    assert isinstance(loaded.stages[1], SparkPartitionEnsembleModel)
+    assert loaded.stages[1].getProbabilityCol() == "p"
+    after = loaded.transform(df).select("label", "prediction", "p").toPandas()
+    np.testing.assert_array_equal(after["prediction"], before["prediction"])
+    np.testing.assert_allclose(
+        np.stack([v.toArray() for v in after["p"]]),
+        np.stack([v.toArray() for v in before["p"]]),
+    )
+    return loaded, after
