@@ -82,6 +82,9 @@ class Supervisor:
         self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
         self._cut_lock = threading.Lock()
         self._cut_thread: threading.Thread | None = None
+        self._leave_lock = threading.Lock()
+        """Held while the rank's stacks are taken and left: whichever path comes second
+        waits until they are on the host before it stops the rank and ends."""
         self._left = False  # this rank's stacks were left on the host
         self._rank_ended = threading.Event()
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
@@ -159,16 +162,23 @@ class Supervisor:
     def _leave_then_terminate(self) -> None:
         """A relayed job's rank told to stop while it runs: its stacks first (the client
         collects them if the stage was cancelled; stale ones go after an hour)."""
-        with self._cut_lock:
-            if self._left or self._rank_ended.is_set():
+        self._leave_stacks()
+        self._terminate()
+
+    def _leave_stacks(self) -> None:
+        """Take the rank's stacks and NCCL dump and leave them on this host for the
+        client, once: a SIGTERM, the parent's death and the channel's end may each come
+        first, and a later one waits here until the stacks are left (it then stops the
+        rank and ends this process, which would lose a half-taken dump)."""
+        with self._leave_lock:
+            if self._left or self.child is None or self._rank_ended.is_set():
                 return
             self._left = True
-        try:
-            text, nccl = self.stacks.take(self.child.pid, nccl=True)
-            left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
-        except OSError:
-            pass  # the client says which ranks left no stacks
-        self._terminate()
+            try:
+                text, nccl = self.stacks.take(self.child.pid, nccl=True)
+                left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
+            except OSError:
+                pass  # nothing to say it to: the client says which ranks left no stacks
 
     def _terminate(self) -> None:
         signal_group(self.child.pid, signal.SIGTERM)
@@ -244,14 +254,8 @@ class Supervisor:
         limit = threading.Timer(left_stacks.CUT_OFF_LIMIT_S, self._end_now)
         limit.daemon = True
         limit.start()
-        with self._cut_lock:
-            leave, self._left = not self._left, True  # once, whichever path comes first
         try:
-            if leave and self.child is not None and not self._rank_ended.is_set():
-                text, nccl = self.stacks.take(self.child.pid, nccl=True)
-                left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
-        except OSError:
-            pass  # nothing to say it to: the client says which ranks left no stacks
+            self._leave_stacks()
         finally:
             if self.child is not None:
                 stop_group(self.child, grace_s=1.0)

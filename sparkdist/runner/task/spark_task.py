@@ -209,19 +209,26 @@ class TaskRun:
             self.spec.mpi_args,
             rsh_agent=f"{sys.executable} -S -I {rsh.__file__}",
         )
+        if self.spec.relay is not None:
+            # orted, cut off from mpirun (task 0 cancelled), SIGTERMs each supervisor and
+            # SIGKILLs it 1 s later by default: it leaves its rank's stacks first.
+            limit = f"{left_stacks.CUT_OFF_LIMIT_S:.0f}"
+            argv[1:1] = ["--mca", "odls_base_sigkill_timeout", limit]
         self._start(argv, env, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
         if self.agent is not None:
             self.agent.close()
-        settle_s = 0.0
+        settle_s, grace_s = 0.0, 3.0
         if self.stop_reason == "finish":
             settle_s = 5.0
         elif self.stop_reason == "driver lost" and self.spec.relay is not None:
             settle_s = left_stacks.CUT_OFF_LIMIT_S  # its supervisors leave the stacks
+        if self.spec.relay is not None:
+            grace_s = left_stacks.CUT_OFF_LIMIT_S  # a SIGTERM'd supervisor leaves them first
         for proc in self._children:
-            stop_group(proc, settle_s=settle_s)
+            stop_group(proc, grace_s=grace_s, settle_s=settle_s)
         leftovers = [
             ProcessRecord.of(p.pid, "descendant", self.host)
             for p in psutil.Process().children(recursive=True)
