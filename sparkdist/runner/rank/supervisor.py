@@ -232,8 +232,9 @@ class Supervisor:
             if self.leave_prefix and not self._rank_ended.is_set():
                 self._cut_off_soon()  # ends this process
                 return
-        if self.child is not None:
-            stop_group(self.child, grace_s=1.0)
+        with self._leave_lock:  # a relayed job's stacks being left are left first
+            if self.child is not None:
+                stop_group(self.child, grace_s=1.0)
         self.stacks.close()
         os._exit(1)
 
