@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sparkdist import job_environment, native_logs, roles
 from sparkdist.errors import exit_status
@@ -82,9 +82,7 @@ class Supervisor:
         self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
         self._cut_lock = threading.Lock()
         self._cut_thread: threading.Thread | None = None
-        self._leave_lock = threading.Lock()
-        """Held while the rank's stacks are taken and left: whichever path comes second
-        waits until they are on the host before it stops the rank and ends."""
+        self._leave_lock = threading.Lock()  # held while the rank's stacks are left
         self._left = False  # this rank's stacks were left on the host
         self._rank_ended = threading.Event()
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
@@ -122,7 +120,8 @@ class Supervisor:
         ]
         for reader in readers:
             reader.start()
-        sender = threading.Thread(target=self._send_output, daemon=True)
+        send = self._send_output
+        sender = threading.Thread(target=send_in_batches, args=(self.lines, send), daemon=True)
         sender.start()
 
         exit_code = self.child.wait()
@@ -146,6 +145,9 @@ class Supervisor:
             # another worker is left); a non-zero exit here would make mpirun end it.
             return 0
         return exit_status(exit_code)
+
+    def _send_output(self, batch: list) -> None:
+        self._send(messages.RankOutput(batch))
 
     def _pass_on_sigterm(self, signum, frame) -> None:
         """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
@@ -192,24 +194,6 @@ class Supervisor:
             self.tail.append(line)
             if self.stream_output and not (stream == "stderr" and self.quiet(line)):
                 self.lines.put((stream, line))
-
-    def _send_output(self) -> None:
-        """Send output lines in batches, in the order they were read."""
-        while True:
-            item = self.lines.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < BATCH_LINES:
-                try:
-                    item = self.lines.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._send(messages.RankOutput(batch))
-                    return
-                batch.append(item)
-            self._send(messages.RankOutput(batch))
 
     def _listen(self) -> None:
         """An abort from the driver, or the driver's loss, ends the rank."""
@@ -275,6 +259,26 @@ class Supervisor:
             self._send(messages.RankStacks(order.request, text, nccl))
         except OSError:
             pass  # the driver is gone
+
+
+def send_in_batches(lines: queue.Queue, send: Callable[[list], None]) -> None:
+    """Send the queued output lines in batches of up to `BATCH_LINES`, in the order they
+    were read, until None comes."""
+    while True:
+        item = lines.get()
+        if item is None:
+            return
+        batch = [item]
+        while len(batch) < BATCH_LINES:
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                send(batch)
+                return
+            batch.append(item)
+        send(batch)
 
 
 def main() -> None:
