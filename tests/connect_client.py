@@ -374,6 +374,7 @@ def scenario_relay_stall(spark):
             "stacks": exc.stacks,
             "seconds": time.monotonic() - started,
             "alive": alive(runner),
+            "job_id": runner.last_job.job_id,
         }
     return {"error": None}
 

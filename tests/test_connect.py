@@ -343,6 +343,7 @@ def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
     assert "waits_in_silence (connect_client.py:" in result["stacks"], result
     assert "[sparkdist] sparkdist job" in output and "stall_warning=4" in output, output[-3000:]
     assert result["alive"] == []
+    assert _left_behind(result["job_id"]) == []  # no stacks left for a client to collect
 
 
 def _pids(directory: Path) -> list[int]:

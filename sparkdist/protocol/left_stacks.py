@@ -48,6 +48,12 @@ def leave(prefix: str, rank: int, host: str, text: str, nccl: bytes) -> None:
     os.replace(partial, path)
 
 
+def remove(prefix: str, rank: int) -> None:
+    """Remove rank `rank`'s file, if it left one: the job's service, alive, stopped it."""
+    with contextlib.suppress(OSError):
+        os.unlink(f"{prefix}rank{rank}")
+
+
 def collect(job_id: str) -> bytes:
     """A plain Spark task's: the job's files on this host (a JSON list of entries), each
     removed once read; a file another task claimed first is that task's."""

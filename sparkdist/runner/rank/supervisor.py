@@ -159,13 +159,13 @@ class Supervisor:
         if self.leave_prefix:  # relay mode: the stage may be ending (cancelled, orted)
             threading.Thread(target=self._leave_then_terminate, name="sparkdist-term").start()
             return
-        self._terminate()
+        terminate_group(self.child.pid)
 
     def _leave_then_terminate(self) -> None:
         """A relayed job's rank told to stop while it runs: its stacks first (the client
         collects them if the stage was cancelled; stale ones go after an hour)."""
         self._leave_stacks()
-        self._terminate()
+        terminate_group(self.child.pid)
 
     def _leave_stacks(self) -> None:
         """Take the rank's stacks and NCCL dump and leave them on this host for the
@@ -182,12 +182,6 @@ class Supervisor:
             except OSError:
                 pass  # nothing to say it to: the client says which ranks left no stacks
 
-    def _terminate(self) -> None:
-        signal_group(self.child.pid, signal.SIGTERM)
-        timer = threading.Timer(TERM_GRACE_S, signal_group, (self.child.pid, signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
-
     def _read(self, pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
@@ -197,6 +191,7 @@ class Supervisor:
 
     def _listen(self) -> None:
         """An abort from the driver, or the driver's loss, ends the rank."""
+        aborted = False
         try:
             while True:
                 order = messages.decode(self.channel.recv(), messages.ORDERS)
@@ -204,6 +199,7 @@ class Supervisor:
                     self.bye.set()
                     return
                 if isinstance(order, messages.Abort):
+                    aborted = True
                     break
                 if isinstance(order, messages.Finish) and self.child is not None:
                     self.finished.set()
@@ -217,6 +213,9 @@ class Supervisor:
                 self._cut_off_soon()  # ends this process
                 return
         with self._leave_lock:  # a relayed job's stacks being left are left first
+            if aborted and self.leave_prefix:  # the driver, alive, stops the job itself:
+                self._left = True  # no client collects stacks (its task's SIGTERM left)
+                left_stacks.remove(self.leave_prefix, self.rank)
             if self.child is not None:
                 stop_group(self.child, grace_s=1.0)
         self.stacks.close()
@@ -259,6 +258,14 @@ class Supervisor:
             self._send(messages.RankStacks(order.request, text, nccl))
         except OSError:
             pass  # the driver is gone
+
+
+def terminate_group(pgid: int) -> None:
+    """SIGTERM to the rank's group, SIGKILL `TERM_GRACE_S` later if it is still there."""
+    signal_group(pgid, signal.SIGTERM)
+    timer = threading.Timer(TERM_GRACE_S, signal_group, (pgid, signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
 
 
 def send_in_batches(lines: queue.Queue, send: Callable[[list], None]) -> None:
