@@ -10,8 +10,9 @@ cancelled, runs plain Spark tasks (its slots are free again) that `collect` the 
 files on their hosts and return them.
 
 The files hold no secret, are readable by their user only, are removed by the task that
-reads them, and any left older than `STALE_S` (a job whose client never asked) is
-removed by the next one that leaves or collects on that host.
+reads them (or by their supervisor when the job's service, alive, aborts the job: its
+error carries the stacks), and any left older than `STALE_S` (a job whose client never
+asked) is removed by the next one that leaves or collects on that host.
 """
 
 from __future__ import annotations
