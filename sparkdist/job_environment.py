@@ -54,6 +54,9 @@ ROLES = "SPARKDIST_ROLES"
 STACKS = "SPARKDIST_STACKS"
 """A rank's: the directory where its supervisor asks it for its stacks
 (`protocol/stack_dumps.py`: the faulthandler file, the NCCL trace request and dump)."""
+LEFT_STACKS = "SPARKDIST_LEFT_STACKS"
+"""A relayed job's supervisors': where a supervisor cut off from its task leaves its
+rank's stacks before stopping it (`protocol/left_stacks.py`)."""
 # torch's, set for the ranks unless the user set them.
 NCCL_TRACE_BUFFER = "TORCH_FR_BUFFER_SIZE"
 """How many of its last collectives each rank's NCCL flight recorder keeps (torch 2.9+;

@@ -379,6 +379,7 @@ def scenario_relay_stall(spark):
             "stacks": exc.stacks,
             "seconds": time.monotonic() - started,
             "alive": alive(runner),
+            "job_id": runner.last_job.job_id,
         }
     return {"error": None}
 
@@ -386,16 +387,17 @@ def scenario_relay_stall(spark):
 def scenario_relay_interrupt(spark):
     """A relay-mode job stuck in user code until the test sends SIGINT (its ranks note
     their pids in RANKS_DIR). RANKS_PER_TASK=2: one task holds both ranks, the other
-    slot is free for the task that asks where they are; 1: no slot is free."""
+    slot is free; 1: the job holds every slot. LAUNCHER: direct (default) or mpi."""
     from sparkdist import HorovodRunner
 
     per_task = int(os.environ["RANKS_PER_TASK"])
-    runner = HorovodRunner(np=2, ranks_per_task=per_task, launcher="direct")
+    launcher = os.environ.get("LAUNCHER", "direct")
+    runner = HorovodRunner(np=2, ranks_per_task=per_task, launcher=launcher)
     try:
         runner.run(hang_forever, path=os.environ["RANKS_DIR"])
     except KeyboardInterrupt:
         pass
-    return {"outcome": runner.last_job.outcome}
+    return {"outcome": runner.last_job.outcome, "job_id": runner.last_job.job_id}
 
 
 def tune_objective(trial):

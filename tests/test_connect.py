@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -362,6 +364,7 @@ def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
     assert "waits_in_silence (connect_client.py:" in result["stacks"], result
     assert "[sparkdist] sparkdist job" in output and "stall_warning=4" in output, output[-3000:]
     assert result["alive"] == []
+    assert _left_behind(result["job_id"]) == []  # no stacks left for a client to collect
 
 
 def _pids(directory: Path) -> list[int]:
@@ -377,13 +380,15 @@ def _until(condition, timeout_s: float) -> bool:
     return condition()
 
 
-def _interrupt_relay_client(url: str, ranks_dir: Path, ranks_per_task: int) -> tuple[str, list]:
-    """Run the relay_interrupt scenario, SIGINT it once both ranks run; its output and
-    the ranks' pids."""
+def _interrupt_relay_client(
+    url: str, ranks_dir: Path, ranks_per_task: int, launcher: str = "direct"
+) -> tuple[str, list, str]:
+    """Run the relay_interrupt scenario, SIGINT it once both ranks run; its output, the
+    ranks' pids and the job's id."""
     env = {**client_env(url), "SPARKDIST_CONNECT_RELAY": "always", "RANKS_DIR": str(ranks_dir)}
     proc = subprocess.Popen(
         [sys.executable, str(CLIENT), "relay_interrupt"],
-        env={**env, "RANKS_PER_TASK": str(ranks_per_task)},
+        env={**env, "RANKS_PER_TASK": str(ranks_per_task), "LAUNCHER": launcher},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -399,24 +404,75 @@ def _interrupt_relay_client(url: str, ranks_dir: Path, ranks_per_task: int) -> t
             proc.kill()
     lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
     assert lines, output[-4000:]
-    assert json.loads(lines[-1][len("RESULT ") :])["outcome"] == "interrupted"
-    return output, pids
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["outcome"] == "interrupted"
+    return output, pids, result["job_id"]
+
+
+def _left_behind(job_id: str) -> list[str]:
+    """What of job `job_id` is in /tmp on this (every executor's) host: its supervisors'
+    stacks, its tasks' directories."""
+    assert job_id
+    return [name for name in os.listdir(tempfile.gettempdir()) if job_id in name]
 
 
 def test_an_interrupt_in_relay_mode_shows_the_stacks_then_stops_the_ranks(connect_url, tmp_path):
-    """Issue 48: a Ctrl-C on a relay-mode client (whose ranks it cannot reach) shows
-    where each rank was, asked of task 0's service by a plain Spark task, before the
-    stage is cancelled; no rank is left running."""
-    output, pids = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=2)
+    """Issue 48: a Ctrl-C on a relay-mode client (whose ranks it cannot reach) cancels
+    the stage; each rank's supervisor leaves its rank's stacks on its host before it
+    stops the rank, and plain Spark tasks bring them to the client, which shows them
+    grouped. No rank is left running, no file is left in /tmp."""
+    output, pids, job_id = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=2)
     assert "Where each rank was (interrupted" in output, output[-4000:]
     assert "ranks 0-1 (host " in output and "hang_forever (connect_client.py:" in output, output
     assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
+    assert _left_behind(job_id) == []
 
 
-def test_an_interrupt_in_relay_mode_without_a_free_slot_says_so_and_stops(connect_url, tmp_path):
-    """Both slots hold the job: the task that would ask where the ranks are cannot
-    start; the client says so in one line after a bounded wait, and still stops it all."""
-    output, pids = _interrupt_relay_client(connect_url, tmp_path, ranks_per_task=1)
-    assert "interrupted; where each rank was is unknown: no answer within" in output, output
-    assert "Where each rank was" not in output
+@pytest.mark.parametrize("launcher", ["direct", "mpi"])
+def test_an_interrupt_in_relay_mode_with_every_slot_held_shows_the_stacks(
+    connect_url, tmp_path, launcher
+):
+    """The stage holds every slot (one task per rank, two executors): nothing can ask
+    the ranks while it runs, yet the stacks they left when it was cancelled show."""
+    output, pids, job_id = _interrupt_relay_client(connect_url, tmp_path, 1, launcher)
+    assert "Where each rank was (interrupted" in output, output[-4000:]
+    assert "ranks 0-1 (host " in output and "hang_forever (connect_client.py:" in output, output
+    assert "is unknown" not in output and "left no stacks" not in output, output[-4000:]
     assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
+    assert _left_behind(job_id) == []
+
+
+def test_sigterm_to_sparkdist_run_in_relay_mode_shows_the_stacks(connect_url, tmp_path):
+    """Issue 48: SIGTERM to `sparkdist run --remote` (a scheduler, `kill`) in relay mode,
+    every slot held: the stacks show, the ranks are gone, nothing is left in /tmp."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "def wait_here():\n"
+        "    while True:\n"
+        "        time.sleep(1)\n"
+        "with open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK'] + '.pid'), 'w') as f:\n"
+        "    f.write(str(os.getpid()))\n"
+        "wait_here()\n"
+    )
+    env = {**client_env(connect_url), "SPARKDIST_CONNECT_RELAY": "always"}
+    argv = [sys.executable, "-m", "sparkdist", "run", "--np", "2", str(script), str(tmp_path)]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        started = _until(lambda: len(_pids(tmp_path)) == 2 or proc.poll() is not None, 240)
+        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
+        pids = _pids(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Where each rank was (interrupted" in output, output[-4000:]
+    assert "ranks 0-1 (host " in output and "wait_here (train.py:" in output, output[-4000:]
+    assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
+    job_id = re.search(r"sparkdist-ranks/[0-9-]+-([0-9a-f]+)/", output)  # its rank logs
+    assert job_id, output[-4000:]
+    assert _left_behind(job_id[1]) == []

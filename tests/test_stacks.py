@@ -7,6 +7,7 @@ tests/test_stalls_cluster.py; Spark Connect's relay mode in tests/test_connect.p
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -22,9 +24,9 @@ from pathlib import Path
 import pytest
 import stall_jobs
 
-from sparkdist import HorovodRunner
+from sparkdist import HorovodRunner, job_environment
 from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
-from sparkdist.protocol import stack_dumps
+from sparkdist.protocol import left_stacks, stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
@@ -161,6 +163,63 @@ def test_a_rank_gone_or_not_listening_gives_nothing_at_once():
         assert taker.rank_env({})["TORCH_FR_BUFFER_SIZE"] == "2000"
     finally:
         taker.close()
+
+
+def test_left_stacks_are_the_users_only_read_once_and_stale_ones_go(tmp_path, monkeypatch):
+    """Relay mode: what a cut-off supervisor leaves on its host for the client."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = left_stacks.job_prefix("job1")
+    left_stacks.leave(prefix, 1, "h1", "stacks of 1", b"nccl")
+    left_stacks.leave(prefix, 0, "h0", "", b"")
+    other = left_stacks.job_prefix("job2") + "rank0"
+    left_stacks.leave(left_stacks.job_prefix("job2"), 0, "h", "x", b"")
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o600}
+    found = sorted(left_stacks.entries(left_stacks.collect("job1")))
+    assert found == [(0, "h0", "", b""), (1, "h1", "stacks of 1", b"nccl")]
+    assert left_stacks.entries(left_stacks.collect("job1")) == []
+    assert os.listdir(tmp_path) == [os.path.basename(other)]
+    left_stacks.remove_stale(time.time() + left_stacks.STALE_S / 2)
+    assert os.path.exists(other)
+    left_stacks.remove_stale(time.time() + left_stacks.STALE_S + 1)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_relayed_supervisor_cut_off_twice_leaves_the_stacks_before_it_stops(
+    tmp_path, monkeypatch
+):
+    """Relay mode: a cancelled stage cuts a supervisor off several ways at once, e.g.
+    a SIGTERM (its task or orted stopping it), then its parent's death (SIGHUP) while
+    it is still taking the stacks. The second waits for them: they are left on the
+    host before the rank is stopped, and nothing is left running."""
+    prefix = str(tmp_path / "left-")
+    monkeypatch.setenv(job_environment.LEFT_STACKS, prefix)
+    note = tmp_path / "note"
+    runner = HorovodRunner(np=-1, launcher="direct")
+    job = threading.Thread(target=_run_failing, args=(runner, str(note)), daemon=True)
+    job.start()
+    assert _until(note.exists, 120)
+    supervisor, directory = note.read_text().split(" ", 1)
+    answers = Path(directory, stack_dumps.STACK_FILE)
+    os.kill(int(supervisor), signal.SIGTERM)
+    assert _until(lambda: answers.stat().st_size > 0, 30)  # the rank answered: taking
+    os.kill(int(supervisor), signal.SIGHUP)
+    job.join(120)
+    assert not job.is_alive()
+    left = json.loads(Path(f"{prefix}rank0").read_text())
+    assert re.search(r"stall_jobs.py\", line \d+ in wait_noting_supervisor", left["text"]), left
+    _assert_gone(runner)
+
+
+def _run_failing(runner, note: str) -> None:
+    with pytest.raises(Exception):  # noqa: B017, PT011 - its supervisor was cut off
+        runner.run(stall_jobs.wait_noting_supervisor, note_file=note)
+
+
+def _until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
 
 
 def test_library_frames_fold_and_user_frames_come_first():

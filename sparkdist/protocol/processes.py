@@ -63,15 +63,15 @@ class ProcessRecord:
             return False
 
 
-def die_with_parent(expected_parent: int | None = None) -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits.
+def die_with_parent(expected_parent: int | None = None, signum: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send this process `signum` (SIGKILL) when its parent exits.
 
     If the parent already exited before we asked (the race the man page warns of),
     exit now.
     """
     if _libc is None:
         return
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _libc.prctl(_PR_SET_PDEATHSIG, signum)
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(70)
 

@@ -104,13 +104,21 @@ def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> st
     answers, dumps = state.stacks.ask(nccl=nccl)
     if only_answers:  # ranks that ended meanwhile say nothing
         answers = {rank: answer for rank, answer in answers.items() if answer.text}
+    return shown(state, why, answers, dumps, f"stacks taken in {time.monotonic() - started:.1f}s")
+
+
+def shown(
+    state, why: str, answers: dict[int, RankStacks], dumps: dict[int, bytes], when: str
+) -> str:
+    """The grouped stacks of `answers`, headed by `why` and `when`; each full dump goes
+    to its rank log, NCCL dumps beside them; "" without answers."""
     if not answers:
         return ""
     for rank, answer in answers.items():
         if answer.text:
             state.console.keep(rank, [f"[sparkdist] stacks ({why}):", *answer.text.splitlines()])
     entries = group(answers, WAIT_S)
-    text = f"Where each rank was ({why}; stacks taken in {time.monotonic() - started:.1f}s):"
+    text = f"Where each rank was ({why}; {when}):"
     text += "".join(f"\n  {entry}" for entry in entries)
     if dumps:
         directory = state.console.save_files(

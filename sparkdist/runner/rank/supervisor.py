@@ -3,6 +3,9 @@
 It starts the rank's Python process, streams the rank's stdout and stderr to the
 driver line by line, and reports how the rank ended, even when it was killed by a
 signal and could report nothing itself. A SIGTERM it receives goes on to the rank.
+In a relayed job, cut off from its task (its parent gone, or the channel), it leaves
+its rank's stacks on its host for the client before it stops the rank
+(`protocol/left_stacks.py`).
 It stays small (no framework imports) so that it starts in milliseconds.
 
 Run as `python -m sparkdist.runner.rank.supervisor`; everything it needs comes in the
@@ -19,13 +22,13 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sparkdist import job_environment, native_logs, roles
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import TaskEnvironment, rank_layout, take_secret
 from sparkdist.network import split_address
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import left_stacks, messages, wire
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import (
     ProcessRecord,
@@ -37,6 +40,9 @@ from sparkdist.protocol.processes import (
 from sparkdist.protocol.stack_dumps import StackTaker
 
 BATCH_LINES = 500
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+"""A relayed job's supervisor's parent-death signal (SIGKILL otherwise): it is caught
+once the rank runs (until then it ends the supervisor, as SIGKILL would)."""
 TERM_GRACE_S = 10.0
 
 
@@ -73,6 +79,12 @@ class Supervisor:
         self.child = None
         self.stacks = StackTaker(self.env)
         """Where the rank answers the driver's requests for its stacks."""
+        self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
+        self._cut_lock = threading.Lock()
+        self._cut_thread: threading.Thread | None = None
+        self._leave_lock = threading.Lock()  # held while the rank's stacks are left
+        self._left = False  # this rank's stacks were left on the host
+        self._rank_ended = threading.Event()
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
     def _send(self, message) -> None:
@@ -99,6 +111,8 @@ class Supervisor:
             stderr=subprocess.PIPE,
         )
         signal.signal(signal.SIGTERM, self._pass_on_sigterm)
+        if self.leave_prefix:
+            signal.signal(PARENT_DEATH_SIGNAL, self._on_parent_death)
         self._send(messages.ProcessStarted(ProcessRecord.of(self.child.pid, "rank", self.host)))
         readers = [
             threading.Thread(target=self._read, args=(self.child.stdout, "stdout"), daemon=True),
@@ -106,10 +120,14 @@ class Supervisor:
         ]
         for reader in readers:
             reader.start()
-        sender = threading.Thread(target=self._send_output, daemon=True)
+        send = self._send_output
+        sender = threading.Thread(target=send_in_batches, args=(self.lines, send), daemon=True)
         sender.start()
 
         exit_code = self.child.wait()
+        self._rank_ended.set()
+        if self._cut_thread is not None:
+            self._cut_thread.join()  # it ends this process
         # Whatever the rank left behind in its process group goes with it.
         stop_group(self.child, grace_s=1.0)
         if self.finished.is_set():
@@ -128,15 +146,41 @@ class Supervisor:
             return 0
         return exit_status(exit_code)
 
+    def _send_output(self, batch: list) -> None:
+        self._send(messages.RankOutput(batch))
+
     def _pass_on_sigterm(self, signum, frame) -> None:
         """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
         to the rank, which may stop cleanly, e.g. save a checkpoint; its end is then
         reported like any other, so the driver knows the rank died of a signal, not of
         its code. A rank still running TERM_GRACE_S later is killed."""
-        signal_group(self.child.pid, signal.SIGTERM)
-        timer = threading.Timer(TERM_GRACE_S, signal_group, (self.child.pid, signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
+        if self._cut_thread is not None:
+            return  # cut off already: the rank stops once its stacks are taken
+        if self.leave_prefix:  # relay mode: the stage may be ending (cancelled, orted)
+            threading.Thread(target=self._leave_then_terminate, name="sparkdist-term").start()
+            return
+        terminate_group(self.child.pid)
+
+    def _leave_then_terminate(self) -> None:
+        """A relayed job's rank told to stop while it runs: its stacks first (the client
+        collects them if the stage was cancelled; stale ones go after an hour)."""
+        self._leave_stacks()
+        terminate_group(self.child.pid)
+
+    def _leave_stacks(self) -> None:
+        """Take the rank's stacks and NCCL dump and leave them on this host for the
+        client, once: a SIGTERM, the parent's death and the channel's end may each come
+        first, and a later one waits here until the stacks are left (it then stops the
+        rank and ends this process, which would lose a half-taken dump)."""
+        with self._leave_lock:
+            if self._left or self.child is None or self._rank_ended.is_set():
+                return
+            self._left = True
+            try:
+                text, nccl = self.stacks.take(self.child.pid, nccl=True)
+                left_stacks.leave(self.leave_prefix, self.rank, self.host, text, nccl)
+            except OSError:
+                pass  # nothing to say it to: the client says which ranks left no stacks
 
     def _read(self, pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
@@ -145,26 +189,9 @@ class Supervisor:
             if self.stream_output and not (stream == "stderr" and self.quiet(line)):
                 self.lines.put((stream, line))
 
-    def _send_output(self) -> None:
-        """Send output lines in batches, in the order they were read."""
-        while True:
-            item = self.lines.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < BATCH_LINES:
-                try:
-                    item = self.lines.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._send(messages.RankOutput(batch))
-                    return
-                batch.append(item)
-            self._send(messages.RankOutput(batch))
-
     def _listen(self) -> None:
         """An abort from the driver, or the driver's loss, ends the rank."""
+        aborted = False
         try:
             while True:
                 order = messages.decode(self.channel.recv(), messages.ORDERS)
@@ -172,6 +199,7 @@ class Supervisor:
                     self.bye.set()
                     return
                 if isinstance(order, messages.Abort):
+                    aborted = True
                     break
                 if isinstance(order, messages.Finish) and self.child is not None:
                     self.finished.set()
@@ -181,9 +209,45 @@ class Supervisor:
                 if isinstance(order, messages.Rejected):
                     sys.stderr.write(f"sparkdist supervisor: the driver rejected: {order}\n")
         except (EOFError, OSError, messages.MalformedMessage):
-            pass
+            if self.leave_prefix and not self._rank_ended.is_set():
+                self._cut_off_soon()  # ends this process
+                return
+        with self._leave_lock:  # a relayed job's stacks being left are left first
+            if aborted and self.leave_prefix:  # the driver, alive, stops the job itself:
+                self._left = True  # no client collects stacks (its task's SIGTERM left)
+                left_stacks.remove(self.leave_prefix, self.rank)
+            if self.child is not None:
+                stop_group(self.child, grace_s=1.0)
+        self.stacks.close()
+        os._exit(1)
+
+    def _on_parent_death(self, _signum, _frame) -> None:
+        """A signal handler may interrupt itself (a second SIGHUP): it takes no lock."""
+        threading.Thread(target=self._cut_off_soon, name="sparkdist-parent-death").start()
+
+    def _cut_off_soon(self) -> None:
+        """A relayed job's supervisor lost its task: start `_cut_off` (once)."""
+        with self._cut_lock:
+            if self._cut_thread is None:
+                self._cut_thread = threading.Thread(target=self._cut_off, name="sparkdist-cut")
+                self._cut_thread.start()
+
+    def _cut_off(self) -> None:
+        """Take the rank's stacks and NCCL dump, leave them on this host for the client
+        (which reaches no rank), then stop the rank and end, within CUT_OFF_LIMIT_S."""
+        limit = threading.Timer(left_stacks.CUT_OFF_LIMIT_S, self._end_now)
+        limit.daemon = True
+        limit.start()
+        try:
+            self._leave_stacks()
+        finally:
+            if self.child is not None:
+                stop_group(self.child, grace_s=1.0)
+            self._end_now()
+
+    def _end_now(self) -> None:
         if self.child is not None:
-            stop_group(self.child, grace_s=1.0)
+            signal_group(self.child.pid, signal.SIGKILL)
         self.stacks.close()
         os._exit(1)
 
@@ -196,8 +260,38 @@ class Supervisor:
             pass  # the driver is gone
 
 
+def terminate_group(pgid: int) -> None:
+    """SIGTERM to the rank's group, SIGKILL `TERM_GRACE_S` later if it is still there."""
+    signal_group(pgid, signal.SIGTERM)
+    timer = threading.Timer(TERM_GRACE_S, signal_group, (pgid, signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
+
+
+def send_in_batches(lines: queue.Queue, send: Callable[[list], None]) -> None:
+    """Send the queued output lines in batches of up to `BATCH_LINES`, in the order they
+    were read, until None comes."""
+    while True:
+        item = lines.get()
+        if item is None:
+            return
+        batch = [item]
+        while len(batch) < BATCH_LINES:
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                send(batch)
+                return
+            batch.append(item)
+        send(batch)
+
+
 def main() -> None:
-    die_with_parent()
+    # A relayed job's supervisor outlives its task long enough to leave its rank's stacks.
+    relayed = job_environment.LEFT_STACKS in os.environ
+    die_with_parent(signum=PARENT_DEATH_SIGNAL if relayed else signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(70)
     sys.exit(Supervisor(os.environ).run())

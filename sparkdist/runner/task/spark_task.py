@@ -15,18 +15,19 @@ whose tasks check for the answer once a second: a second or more per job.
 
 In relay mode task 0 first starts the job's service (a thread of its Python worker)
 and tells the other tasks its address with the one `allGather` of the job; everything
-else is the same. Each task also writes that address in a file on its host
-(`service_file`): a plain Spark task the client runs when it is interrupted finds the
-service there, to ask where the ranks are. What serves the job there is the driver's
-business: it comes in the spec (`LaunchSpec.relay`, a `ServiceHost`), so this module
-imports nothing of the driver's (the relayed kind's plan is unpickled in task 0 only in
-relay mode).
+else is the same. Its supervisors get `LEFT_STACKS`: cut off from the task (the stage
+cancelled), each leaves its rank's stacks on its host for the client
+(`protocol/left_stacks.py`), and a task that lost task 0's service gives them the time
+to (`left_stacks.CUT_OFF_LIMIT_S`) before it stops them. What serves the job there is
+the driver's business: it comes in the spec (`LaunchSpec.relay`, a `ServiceHost`), so
+this module imports nothing of the driver's (the relayed kind's plan is unpickled in
+task 0 only in relay mode).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -42,7 +43,7 @@ import psutil
 from sparkdist import job_environment
 from sparkdist.job_environment import DirectRank, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import left_stacks, messages, wire
 from sparkdist.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
@@ -107,11 +108,13 @@ class TaskRun:
         threading.Thread(target=self._listen, name="sparkdist-task-listen", daemon=True).start()
         self.env = job_env(spec, os.environ, task_host=host, node_rank=index, num_nodes=num_tasks)
         self.env[job_environment.DRIVER] = self.relay.address  # orted's ranks inherit it
+        if spec.relay is not None:
+            self.env[job_environment.LEFT_STACKS] = left_stacks.job_prefix(spec.job.job_id)
         # Open MPI's session directory, per task: tasks of several jobs (or several
         # "hosts" sharing one /tmp, as executors on one machine do) otherwise share
         # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
         # creating its files there ("orte_session_dir failed").
-        self.tmpdir = tempfile.mkdtemp(prefix=f"sparkdist-{spec.job.job_id}-task{index}-")
+        self.tmpdir = tempfile.mkdtemp(prefix=f"{_dir_prefix(spec.job.job_id)}{index}-")
         self.env.setdefault(SESSION_DIR_BASE, self.tmpdir)
         self.mpirun_tmpdir: str | None = None
         self.agent: TaskAgent | None = None
@@ -196,7 +199,7 @@ class TaskRun:
             # clears its session tree "in case there are stale directories" (Open MPI's
             # orte_session_dir_cleanup), which would wipe mpirun's live one and race
             # its files ("orte_session_dir failed ... unable to reliably start").
-            prefix = f"sparkdist-{self.spec.job.job_id}-task{self.index}-mpirun-"
+            prefix = f"{_dir_prefix(self.spec.job.job_id)}{self.index}-mpirun-"
             self.mpirun_tmpdir = env[SESSION_DIR_BASE] = tempfile.mkdtemp(prefix=prefix)
         argv = mpirun_argv(
             sys.executable,
@@ -206,15 +209,26 @@ class TaskRun:
             self.spec.mpi_args,
             rsh_agent=f"{sys.executable} -S -I {rsh.__file__}",
         )
+        if self.spec.relay is not None:
+            # orted, cut off from mpirun (task 0 cancelled), SIGTERMs each supervisor and
+            # SIGKILLs it 1 s later by default: it leaves its rank's stacks first.
+            limit = f"{left_stacks.CUT_OFF_LIMIT_S:.0f}"
+            argv[1:1] = ["--mca", "odls_base_sigkill_timeout", limit]
         self._start(argv, env, "mpirun", "mpirun")
 
     def close(self) -> None:
         """Stop every process this task started, then tell the driver it is done."""
         if self.agent is not None:
             self.agent.close()
-        finished = self.stop_reason == "finish"
+        settle_s, grace_s = 0.0, 3.0
+        if self.stop_reason == "finish":
+            settle_s = 5.0
+        elif self.stop_reason == "driver lost" and self.spec.relay is not None:
+            settle_s = left_stacks.CUT_OFF_LIMIT_S  # its supervisors leave the stacks
+        if self.spec.relay is not None:
+            grace_s = left_stacks.CUT_OFF_LIMIT_S  # a SIGTERM'd supervisor leaves them first
         for proc in self._children:
-            stop_group(proc, settle_s=5.0 if finished else 0.0)
+            stop_group(proc, grace_s=grace_s, settle_s=settle_s)
         leftovers = [
             ProcessRecord.of(p.pid, "descendant", self.host)
             for p in psutil.Process().children(recursive=True)
@@ -241,16 +255,16 @@ def task_host(spec: LaunchSpec, executor_address: str) -> str:
     return resolve(split_address(executor_address)[0])
 
 
-def service_file(job_id: str) -> str:
-    """Where a relayed job's tasks note its service's address on their host."""
-    return os.path.join(tempfile.gettempdir(), f"sparkdist-service-{job_id}")
+def _dir_prefix(job_id: str) -> str:
+    return f"sparkdist-{job_id}-task"
 
 
-def _note_service(job_id: str, address: str) -> None:
-    path = service_file(job_id)
-    with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as f:
-        f.write(address)
-    os.replace(f"{path}.{os.getpid()}", path)
+def remove_task_dirs(job_id: str) -> None:
+    """Remove the directories of a job's tasks on this host: those of a task whose
+    Python worker was killed (a cancelled stage) stay behind otherwise."""
+    pattern = os.path.join(glob.escape(tempfile.gettempdir()), f"{_dir_prefix(job_id)}*")
+    for path in glob.glob(pattern):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
@@ -267,7 +281,6 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
             hosted = relay.host(spec.job.secret, host)
         service = ctx.allGather(hosted.address if hosted else "")[0]
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, driver=service))
-        _note_service(spec.job.job_id, service)
     try:
         task = TaskRun(spec, index, len(infos), host)
         try:
@@ -278,10 +291,6 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
         if hosted is not None:
             hosted.abort("barrier task 0 failed")
         raise
-    finally:
-        if spec.relay is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(service_file(spec.job.job_id))
     yield hosted.finish(len(infos)) if hosted is not None else b""
 
 

@@ -9,11 +9,15 @@ rank's result, the first failure, processes, files, reported metrics) as the sta
 output row. The
 client replays it: prints the lines, returns the results or raises the same error.
 
-A cancelled stage returns no row, so when the client is interrupted (Ctrl-C) it first
-runs one plain Spark task (the executors reach task 0, the client does not) that finds
-task 0's service on its host (`spark_task.service_file`), asks it where each rank is
-(`messages.WhereHello`, with the job's secret) and returns that; the client shows it,
-then cancels the stage. Each wait is bounded (`WHERE_WAIT_S`).
+A cancelled stage returns no row, and while the stage runs it may hold every task slot
+(no Spark job of the client's could reach the ranks). So when the client is interrupted
+(Ctrl-C, SIGTERM to `sparkdist run`) it cancels the stage first: each rank's
+supervisor, cut off from its task, takes its rank's stacks (and NCCL dump), leaves them
+on its host and only then stops the rank (`protocol/left_stacks.py`). In the slots the
+stage freed, the client then runs plain Spark tasks, as many as the stage had (the
+scheduler spreads them over the executors), that collect those files, in rounds until
+every rank's is in or `LEFT_WAIT_S` ran out, and shows them grouped; ranks whose stacks
+were not found are named in one line.
 
 Whether the executors reach the client is the Spark layer's call
 (`sparkdist.spark.Cluster.service_place`).
@@ -36,26 +40,30 @@ import cloudpickle
 
 from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
-from sparkdist.network import join_address, split_address
-from sparkdist.protocol import messages, wire
+from sparkdist.network import join_address
+from sparkdist.protocol import left_stacks, wire
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.runner.driver.console import RecordingConsole
+from sparkdist.runner.driver.console import RecordingConsole, spans
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
-from sparkdist.runner.driver.stalls import FULL_STACKS, StallWatch, show_where
-from sparkdist.runner.task.spark_task import service_file
+from sparkdist.runner.driver.stacks import RankStacks
+from sparkdist.runner.driver.stalls import StallWatch, show_where, shown
+from sparkdist.runner.task.spark_task import remove_task_dirs
 from sparkdist.spark import Cluster, ServicePlace
 
 logger = logging.getLogger(__name__)
 
 TASKS_DONE_GRACE_S = 10.0
-WHERE_WAIT_S = 15.0
-"""How long an interrupted client waits for the ranks' stacks: a Spark job of one
-task (seconds to schedule), and task 0's service waits for the ranks a few seconds."""
+LEFT_WAIT_S = 30.0
+"""How long an interrupted client looks for the stacks its ranks left: the cancelled
+tasks' Python workers are killed (`spark.python.task.killTimeout`, 2 s by default), each
+supervisor takes its rank's stacks (`stack_dumps.WAIT_S`), and a Spark job collects them."""
+ROUND_PAUSE_S = 0.5
+"""Between two rounds of collecting tasks that did not find every rank's stacks."""
 
 
 class RelayedKind(FixedSizeKind):
@@ -126,7 +134,10 @@ class RelayedStage(BarrierStage):
         try:
             self._thread.join(timeout=limit)
         except KeyboardInterrupt:
-            logger.warning("%s", self.where())  # before the stage is cancelled
+            interrupted = time.monotonic()
+            logger.info("cancelling Spark operations tagged %s", self.group)
+            self.spark.cancel(self.group)  # each supervisor leaves its rank's stacks
+            logger.warning("%s", self.where(interrupted))
             raise
         if self._thread.is_alive():
             raise JobTimeoutError(
@@ -139,31 +150,52 @@ class RelayedStage(BarrierStage):
             return
         replay(cloudpickle.loads(self.outputs[0]), self.state)
 
-    def where(self) -> str:
-        """Where each rank is, asked of task 0's service by a plain Spark task; or why
-        that could not be had within `WHERE_WAIT_S`."""
-        job, tag, answer = self.spec.job, f"{self.group}-where", []
-        ask = functools.partial(ask_where, job.job_id, job.secret)
+    def where(self, interrupted: float) -> str:
+        """Where each rank was, from the stacks its supervisor left when the cancelled
+        stage cut it off (the full ones go to the rank logs); or why not, in one line."""
+        job, found, problem = self.spec.job, {}, ""
+        deadline = interrupted + LEFT_WAIT_S
+        while len(found) < self.spec.num_ranks and time.monotonic() < deadline:
+            if problem:
+                time.sleep(ROUND_PAUSE_S)
+            raws, problem = self._collect(deadline)
+            for rank, host, text, nccl in (e for raw in raws for e in left_stacks.entries(raw)):
+                found[rank] = (host, text, nccl)
+            problem = problem or "the collecting tasks found none on their hosts"
+        if not found:
+            return (
+                f"sparkdist job {job.job_id}: interrupted; where each rank was is unknown: no "
+                f"rank's stacks were found within {LEFT_WAIT_S:g}s ({problem})"
+            )
+        answers = {rank: RankStacks(host, text) for rank, (host, text, _) in found.items()}
+        dumps = {rank: nccl for rank, (_, _, nccl) in found.items() if nccl}
+        after = f"shown {time.monotonic() - interrupted:.1f}s after the interrupt"
+        text = shown(self.state, "interrupted", answers, dumps, after)
+        missing = sorted(set(range(self.spec.num_ranks)) - set(found))
+        if missing:
+            text += f"\nRanks {spans(missing)} left no stacks within {LEFT_WAIT_S:g}s ({problem})."
+        return text
+
+    def _collect(self, deadline: float) -> tuple[list[bytes], str]:
+        """One round: as many plain tasks as the stage had collect the job's stacks on
+        their hosts; what they returned, or why nothing."""
+        tag, raws, problem = f"{self.group}-where", [], []
+        collect = functools.partial(collect_left, self.spec.job.job_id)
 
         def run() -> None:
             try:
-                answer.extend(self.spark.run_tasks(1, ask, tag, "sparkdist: where each rank is"))
-            except Exception as exc:  # noqa: BLE001 - said in the one line below
-                answer.append(f"its Spark job failed: {type(exc).__name__}".encode())
+                description = "sparkdist: where each rank was"
+                raws.extend(self.spark.run_tasks(self.spec.num_tasks, collect, tag, description))
+            except Exception as exc:  # noqa: BLE001 - said in the one line of `where`
+                problem.append(f"the Spark job collecting them failed: {type(exc).__name__}")
 
         thread = threading.Thread(target=run, name=tag, daemon=True)
         thread.start()
-        try:
-            thread.join(WHERE_WAIT_S)
-        finally:
-            if thread.is_alive():
-                self.spark.cancel(tag)
-        if not answer:
-            answer.append(f"no answer within {WHERE_WAIT_S:g}s (no free task slot?)".encode())
-        text = answer[0].decode()
-        if text.startswith("Where each rank was"):  # the ranks' logs end with the stage
-            return text.removesuffix(f"\n{FULL_STACKS}")
-        return f"sparkdist job {job.job_id}: interrupted; where each rank was is unknown: {text}"
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            self.spark.cancel(tag)
+            return [], "the last Spark job collecting them did not end in time (no free task slot?)"
+        return raws, problem[0] if problem else ""
 
     def stop(self, finished: bool) -> list[ProcessRecord]:
         if self._thread.is_alive():
@@ -173,27 +205,12 @@ class RelayedStage(BarrierStage):
         return self._wait_local_gone()
 
 
-def ask_where(job_id: str, secret: wire.JobSecret, _index: int) -> bytes:
-    """A plain Spark task's: ask the job's service (found on this host) where each rank
-    is; the grouped stacks, else why not, in one line."""
-    try:
-        with open(service_file(job_id), encoding="utf-8") as f:
-            address = f.read()
-    except OSError:
-        return b"no task of the job runs on the host of the Spark task that asked"
-    try:
-        channel = wire.connect(split_address(address), secret, timeout=WHERE_WAIT_S)
-        try:
-            channel.sock.settimeout(WHERE_WAIT_S)
-            raw = channel.request(messages.encode(messages.WhereHello("interrupted")))
-        finally:
-            channel.close()
-        reply = messages.decode(raw, (messages.Ok, messages.Failed, messages.Rejected))
-    except (OSError, EOFError, messages.MalformedMessage) as exc:
-        return f"the job's service did not answer: {exc}".encode()
-    if not isinstance(reply, messages.Ok):
-        return f"the job's service refused: {reply}".encode()
-    return (reply.value or "no rank runs").encode()
+def collect_left(job_id: str, _index: int) -> bytes:
+    """A plain Spark task's, after the job's stage was cancelled: the stacks the job's
+    supervisors left on this host (`left_stacks.collect`); the directories its killed
+    tasks left go."""
+    remove_task_dirs(job_id)
+    return left_stacks.collect(job_id)
 
 
 @dataclass(frozen=True)
