@@ -114,7 +114,7 @@ def test_a_rank_blocked_on_a_lock_gives_every_threads_stack(blocked):
     text, nccl = blocked_in(taker, pid, "stuck", nccl=True)
     assert nccl == b""  # no NCCL communicator: nothing to dump, and no wait for one
     threads = stacks.parse(text)
-    assert len(threads) == 5  # main, 3 idle helpers, the NCCL dump thread (folded)
+    assert len(threads) == 6  # main, 3 idle helpers, the stacks and NCCL threads (folded)
     lines = BLOCKED.splitlines()
     acquire = lines.index("    lock.acquire()", lines.index("def stuck(lock):")) + 1
     call = lines.index("    stuck(lock)") + 1
@@ -149,6 +149,80 @@ def test_identical_stacks_show_once_with_their_ranks_and_hosts(blocked):
     assert lines[1] == "    " + stacks.summary(queue_text)[1]
     assert lines[2].startswith("rank 1 (host b): stuck (blocked.py:")
     assert lines[3].startswith("rank 3 (host d): (no stacks within 4 s")
+
+
+# A rank that keeps its frames moving (starting threads, importing), and one that holds the
+# GIL in C (a regular expression that backtracks for ever).
+BUSY = textwrap.dedent(
+    """
+    import importlib, json.decoder, os, re, sys, threading
+    from sparkdist.protocol import stack_dumps
+
+    def churn():
+        while True:
+            threads = [threading.Thread(target=importlib.reload, args=(json.decoder,))
+                       for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+    def backtrack():
+        re.match(r"(a+)+$", "a" * 60 + "b")
+
+    stack_dumps.listen(os.environ, 0)
+    print("ready", flush=True)
+    churn() if sys.argv[1] == "churn" else backtrack()
+    """
+)
+
+
+def test_stacks_come_from_the_ranks_thread_not_a_signal(tmp_path):
+    """A rank whose frames keep changing (threads starting, modules reloading) answers
+    50 requests in a row from its stacks thread, holding the GIL: no signal is sent, so
+    none can catch faulthandler mid-frame (CPython gh-116008), and the rank lives on."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    taker = stack_dumps.StackTaker()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **taker.rank_env(os.environ)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "churn"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        for _ in range(50):
+            text, _ = blocked_in(taker, proc.pid, "churn")
+            current = text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
+            assert "in _serve_stacks" in current, text  # written by the stacks thread
+            assert " in churn\n" in text
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        taker.close()
+
+
+def test_a_rank_holding_the_gil_in_c_answers_by_signal(tmp_path):
+    """The stacks thread cannot run while the main thread holds the GIL in C: after
+    `GIL_WAIT_S` the supervisor signals, and faulthandler's handler answers in time."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    taker = stack_dumps.StackTaker()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **taker.rank_env(os.environ)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "backtrack"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        text, _ = blocked_in(taker, proc.pid, "backtrack")
+        assert " in backtrack\n" in text and time.monotonic() - started < 30
+        current = text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
+        assert " in backtrack\n" in current  # the main thread wrote it: the signal's
+    finally:
+        proc.kill()
+        proc.wait()
+        taker.close()
 
 
 def test_a_rank_gone_or_not_listening_gives_nothing_at_once():

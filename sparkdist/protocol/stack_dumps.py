@@ -1,11 +1,20 @@
 """A rank's stacks on its supervisor's request: the contract between the two processes.
 
-The rank (`listen`) registers `faulthandler` for `STACK_SIGNAL` on a file in the
-directory its supervisor names (`SPARKDIST_STACKS`). faulthandler writes every
-thread's Python stack from a C signal handler, without the GIL, so a rank answers even
-while its main thread is blocked in a collective, a lock or I/O. The supervisor
-(`StackTaker.take`) sends the signal and reads what was appended, waiting a bounded
-time: a rank whose handler was replaced, or that is gone, gives nothing. Where py-spy
+The rank (`listen`) answers in a file of the directory its supervisor names
+(`SPARKDIST_STACKS`), two ways:
+
+* a thread of the rank waits on a FIFO there; asked, it writes every thread's Python
+  stack (`faulthandler.dump_traceback`) holding the GIL. A main thread blocked in a
+  collective, a lock or I/O has released the GIL, so this answers at once, and no other
+  thread's frames change while they are read;
+* `faulthandler` is also registered for `STACK_SIGNAL`, and the supervisor signals when
+  the thread gave nothing within `GIL_WAIT_S` (a rank that holds the GIL in C code).
+  faulthandler then writes from a C signal handler, without the GIL. That is the last
+  resort, not the first: a dump taken while the rank's frames change (a rank importing,
+  starting threads) can crash it (CPython gh-116008).
+
+The supervisor (`StackTaker.take`) reads what was appended, waiting a bounded time: a
+rank whose handler was replaced, or that is gone, gives nothing. Where py-spy
 is installed (optional; `find_py_spy`) its native stacks (gloo, NCCL frames) are added:
 the rank lets its supervisor's children trace it (`processes.allow_tracer`).
 
@@ -34,6 +43,8 @@ from sparkdist import job_environment
 from sparkdist.protocol.processes import allow_tracer
 
 STACK_SIGNAL = signal.SIGUSR2
+STACK_FIFO = "stacks-request"
+"""Written by the supervisor to ask the rank's stacks thread for a dump."""
 STACK_FILE = "stacks.txt"
 """Made by the rank once its handler is registered: the supervisor signals only then
 (SIGUSR2's default action would end the rank)."""
@@ -42,6 +53,8 @@ NCCL_PREFIX = "nccl_trace_rank_"
 """torch's own name for a flight recorder dump (`TORCH_FR_DUMP_TEMP_FILE`'s default)."""
 WAIT_S = 3.0
 """How long the supervisor waits for a rank's stacks, and again for its NCCL dump."""
+GIL_WAIT_S = 1.5
+"""How long the supervisor waits for the rank's stacks thread before it signals."""
 QUIET_S = 0.1
 """A dump that has not grown for this long is complete."""
 PY_SPY = "py-spy"
@@ -67,12 +80,24 @@ def listen(env: Mapping[str, str], rank: int) -> None:
     partial = os.path.join(directory, STACK_FILE + ".partial")
     _file = open(partial, "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
     faulthandler.register(STACK_SIGNAL, file=_file, all_threads=True, chain=False)
+    if os.path.exists(os.path.join(directory, STACK_FIFO)):
+        threading.Thread(
+            target=_serve_stacks, args=(directory,), daemon=True, name="sparkdist-stacks"
+        ).start()
     os.rename(partial, os.path.join(directory, STACK_FILE))
     fifo = os.path.join(directory, NCCL_FIFO)
     if os.path.exists(fifo):
         threading.Thread(
             target=_serve_nccl, args=(directory, rank), daemon=True, name="sparkdist-nccl-dump"
         ).start()
+
+
+def _serve_stacks(directory: str) -> None:
+    """Dump every thread's stack, holding the GIL, each time the supervisor asks."""
+    while True:
+        with open(os.path.join(directory, STACK_FIFO), "rb") as request:  # blocks, GIL free
+            request.read()
+        faulthandler.dump_traceback(file=_file, all_threads=True)
 
 
 def _serve_nccl(directory: str, rank: int) -> None:
@@ -112,6 +137,7 @@ class StackTaker:
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="sparkdist-stacks-")
+        os.mkfifo(os.path.join(self.directory, STACK_FIFO))
         os.mkfifo(os.path.join(self.directory, NCCL_FIFO))
         self.py_spy = find_py_spy(os.environ if env is None else env)
         """py-spy's path, looked up once (None: not installed, or turned off)."""
@@ -133,11 +159,16 @@ class StackTaker:
         if not os.path.exists(path):
             return "", b""  # not listening yet
         before, started = os.path.getsize(path), time.monotonic()
-        try:
-            os.kill(pid, STACK_SIGNAL)
-        except ProcessLookupError:
-            return "", b""
-        text = _appended(path, before, WAIT_S, pid)
+        fifo = os.path.join(self.directory, STACK_FIFO)
+        text = ""
+        if _ask(fifo, GIL_WAIT_S):  # the rank's thread answers, holding the GIL
+            text = _appended(path, before, started + GIL_WAIT_S - time.monotonic(), pid)
+        if not text:  # no thread, or it never got the GIL: the signal handler answers
+            try:
+                os.kill(pid, STACK_SIGNAL)
+            except ProcessLookupError:
+                return "", b""
+            text = _appended(path, before, started + WAIT_S - time.monotonic(), pid)
         left_s = max(PY_SPY_MIN_S, started + WAIT_S - time.monotonic())
         native = py_spy_dump(self.py_spy, pid, left_s) if self.py_spy else ""
         if native:
@@ -145,12 +176,8 @@ class StackTaker:
         return text, self._nccl() if nccl else b""
 
     def _nccl(self) -> bytes:
-        try:
-            fd = os.open(os.path.join(self.directory, NCCL_FIFO), os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
+        if not _ask(os.path.join(self.directory, NCCL_FIFO), 0.0):
             return b""  # no rank thread reads it
-        os.write(fd, b"1")
-        os.close(fd)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             for name in os.listdir(self.directory):
@@ -164,6 +191,23 @@ class StackTaker:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _ask(fifo: str, wait_s: float) -> bool:
+    """Write a request to `fifo`; False if no thread has it open within `wait_s` (it
+    reopens it after each answer)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader now
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+            continue
+        os.write(fd, b"1")
+        os.close(fd)
+        return True
 
 
 def _appended(path: str, before: int, wait_s: float, pid: int) -> str:
