@@ -35,10 +35,12 @@ from sparkdist.runner.driver.stragglers import SUSTAIN_S, WINDOW_S, Stragglers
 ROOT = Path(__file__).resolve().parents[1]
 
 # A process like a rank: it listens for stack requests, then blocks in the user's code
-# (a lock, or a queue a reader thread never fills), with helper threads around.
+# (a lock, or a queue a reader thread never fills), with helper threads around; or keeps
+# its frames moving (starting threads, reloading a module), or holds the GIL in C (a
+# regular expression that backtracks for ever).
 BLOCKED = textwrap.dedent(
     """
-    import os, queue, sys, threading
+    import importlib, json.decoder, os, queue, re, sys, threading
     from sparkdist.protocol import stack_dumps
 
     def stuck(lock):
@@ -53,6 +55,18 @@ BLOCKED = textwrap.dedent(
     def idle(event):
         event.wait()
 
+    def churn():
+        while True:
+            threads = [threading.Thread(target=importlib.reload, args=(json.decoder,))
+                       for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+    def backtrack():
+        re.match(r"(a+)+$", "a" * 60 + "b")
+
     stack_dumps.listen(os.environ, 0)
     how = sys.argv[1]
     for _ in range(int(sys.argv[2])):
@@ -62,6 +76,9 @@ BLOCKED = textwrap.dedent(
         lock.acquire()
         print("ready", flush=True)
         stuck(lock)
+    elif how in ("churn", "backtrack"):
+        print("ready", flush=True)
+        churn() if how == "churn" else backtrack()
     else:
         threading.Thread(target=reader_never_returns, args=(threading.Event(),),
                          daemon=True).start()
@@ -73,7 +90,7 @@ BLOCKED = textwrap.dedent(
 
 @pytest.fixture
 def blocked(tmp_path):
-    """Start a blocked process (`how`, with `threads` idle helper threads); yield its
+    """Start a process like a rank (`how`, with `threads` idle helper threads); yield its
     pid and the supervisor's half; kill it afterwards."""
     script = tmp_path / "blocked.py"
     script.write_text(BLOCKED)
@@ -151,78 +168,31 @@ def test_identical_stacks_show_once_with_their_ranks_and_hosts(blocked):
     assert lines[3].startswith("rank 3 (host d): (no stacks within 4 s")
 
 
-# A rank that keeps its frames moving (starting threads, importing), and one that holds the
-# GIL in C (a regular expression that backtracks for ever).
-BUSY = textwrap.dedent(
-    """
-    import importlib, json.decoder, os, re, sys, threading
-    from sparkdist.protocol import stack_dumps
-
-    def churn():
-        while True:
-            threads = [threading.Thread(target=importlib.reload, args=(json.decoder,))
-                       for _ in range(4)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-
-    def backtrack():
-        re.match(r"(a+)+$", "a" * 60 + "b")
-
-    stack_dumps.listen(os.environ, 0)
-    print("ready", flush=True)
-    churn() if sys.argv[1] == "churn" else backtrack()
-    """
-)
+def _current_thread(text: str) -> str:
+    """The dump's thread that wrote it (faulthandler's "Current thread")."""
+    return text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
 
 
-def test_stacks_come_from_the_ranks_thread_not_a_signal(tmp_path):
+def test_stacks_come_from_the_ranks_thread_not_a_signal(blocked):
     """A rank whose frames keep changing (threads starting, modules reloading) answers
     50 requests in a row from its stacks thread, holding the GIL: no signal is sent, so
     none can catch faulthandler mid-frame (CPython gh-116008), and the rank lives on."""
-    script = tmp_path / "busy.py"
-    script.write_text(BUSY)
-    taker = stack_dumps.StackTaker()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **taker.rank_env(os.environ)}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), "churn"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        for _ in range(50):
-            text, _ = blocked_in(taker, proc.pid, "churn")
-            current = text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
-            assert "in _serve_stacks" in current, text  # written by the stacks thread
-            assert " in churn\n" in text
-        assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-        taker.close()
+    pid, taker = blocked("churn")
+    for _ in range(50):
+        text, _ = blocked_in(taker, pid, "churn")
+        assert "in _serve_stacks" in _current_thread(text), text  # the stacks thread's
+        assert " in churn\n" in text
+    assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still running
 
 
-def test_a_rank_holding_the_gil_in_c_answers_by_signal(tmp_path):
+def test_a_rank_holding_the_gil_in_c_answers_by_signal(blocked):
     """The stacks thread cannot run while the main thread holds the GIL in C: after
     `GIL_WAIT_S` the supervisor signals, and faulthandler's handler answers in time."""
-    script = tmp_path / "busy.py"
-    script.write_text(BUSY)
-    taker = stack_dumps.StackTaker()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **taker.rank_env(os.environ)}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), "backtrack"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        started = time.monotonic()
-        text, _ = blocked_in(taker, proc.pid, "backtrack")
-        assert " in backtrack\n" in text and time.monotonic() - started < 30
-        current = text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
-        assert " in backtrack\n" in current  # the main thread wrote it: the signal's
-    finally:
-        proc.kill()
-        proc.wait()
-        taker.close()
+    pid, taker = blocked("backtrack")
+    started = time.monotonic()
+    text, _ = blocked_in(taker, pid, "backtrack")
+    assert " in backtrack\n" in text and time.monotonic() - started < 30
+    assert " in backtrack\n" in _current_thread(text)  # the main thread wrote it: the signal's
 
 
 def test_a_rank_gone_or_not_listening_gives_nothing_at_once():
