@@ -69,21 +69,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _run_args(out) -> list[str]:
+    """`sparkdist run` of the training script on 2 ranks, its result written to `out`."""
+    return ["run", "--np", "2", str(SCRIPT), "--", "--epochs", "8", "--out", str(out)]
+
+
 def test_sparkdist_run_command(tmp_path):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [
-            VENV_BIN / "sparkdist",
-            "run",
-            "--np",
-            "2",
-            str(SCRIPT),
-            "--",
-            "--epochs",
-            "8",
-            "--out",
-            str(out),
-        ],
+        [VENV_BIN / "sparkdist", *_run_args(out)],
         env=_env(),
         capture_output=True,
         text=True,
@@ -114,15 +108,7 @@ def test_spark_submit(tmp_path):
             "--conf",
             "spark.ui.enabled=false",
             entry,
-            "run",
-            "--np",
-            "2",
-            str(SCRIPT),
-            "--",
-            "--epochs",
-            "8",
-            "--out",
-            str(out),
+            *_run_args(out),
         ],
         env=_env(),
         capture_output=True,
