@@ -1,6 +1,6 @@
-"""What the tests share: free ports, the Spark session they build, small converters, and
-the rank and trial functions that both an in-process test and the Spark Connect client
-(tests/connect_client.py) run.
+"""What the tests share: free ports, the Spark session they build, small converters, a
+`sparkdist run` that must refuse its options, and the rank and trial functions that both an
+in-process test and the Spark Connect client (tests/connect_client.py) run.
 
 Importable from a test module, a conftest, a script under tests/scripts or a child process
 (tests/ on its path). Its functions travel to the executors by value (they cannot import
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -100,3 +101,19 @@ def pipeline_saved_and_loaded(fitted, df, before, path):
         np.stack([v.toArray() for v in before["p"]]),
     )
     return loaded, after
+
+
+def refused_by_sparkdist_run(tmp_path, *options: str) -> str:
+    """`sparkdist run` with `options` must refuse them (exit status 2) before it reaches
+    Spark (its master is an address nothing listens on) or runs the script; its stderr."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    command = [sys.executable, "-m", "sparkdist.cli", "run", *options]
+    done = subprocess.run(
+        [*command, "--master", "spark://127.0.0.1:9", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import refused_by_sparkdist_run
 
 import sparkdist
 from sparkdist import checkpoint
@@ -260,33 +261,8 @@ def test_torch_distributor_takes_the_elastic_keywords(sc):
 
 def test_sparkdist_run_takes_the_elastic_flags(tmp_path):
     """`sparkdist run --min-np/--max-np` checks them like the runner, before Spark."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "train.py"
-    script.write_text("raise SystemExit('must not run')\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sparkdist.cli",
-            "run",
-            "--np",
-            "3",
-            "--min-np",
-            "1",
-            "--max-np",
-            "2",
-            "--master",
-            "spark://127.0.0.1:9",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "np=3 must lie between min_np=1 and max_np=2" in done.stderr
+    stderr = refused_by_sparkdist_run(tmp_path, "--np", "3", "--min-np", "1", "--max-np", "2")
+    assert "np=3 must lie between min_np=1 and max_np=2" in stderr
 
 
 def frameworks_main(progress: str, release: str) -> dict:

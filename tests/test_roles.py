@@ -3,10 +3,8 @@ a fixed order, and written into every rank's TF_CONFIG."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import refused_by_sparkdist_run
 
 import sparkdist
 from sparkdist.backends.tensorflow import roles_tf_config
@@ -55,25 +53,5 @@ def test_bad_roles_are_refused_by_the_runner(np, roles, message):
 
 
 def test_bad_roles_are_refused_by_the_command_before_spark_starts(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("raise SystemExit('must not run')\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sparkdist.cli",
-            "run",
-            "--np",
-            "3",
-            "--roles",
-            "chief=1,worker=2",
-            "--master",
-            "spark://127.0.0.1:9",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "no 'ps' role" in done.stderr
+    stderr = refused_by_sparkdist_run(tmp_path, "--np", "3", "--roles", "chief=1,worker=2")
+    assert "no 'ps' role" in stderr
