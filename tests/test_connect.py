@@ -380,28 +380,35 @@ def _until(condition, timeout_s: float) -> bool:
     return condition()
 
 
+def _signalled_once_both_ranks_run(
+    argv: list[str], env: dict[str, str], ranks_dir: Path, signum: int
+) -> tuple[int, str, list[int]]:
+    """Start `argv`, send it `signum` once both ranks noted their pids in `ranks_dir`
+    (`rank<N>.pid`); its exit status, its output and the ranks' pids."""
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        started = _until(lambda: len(_pids(ranks_dir)) == 2 or proc.poll() is not None, 240)
+        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
+        pids = _pids(ranks_dir)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, output, pids
+
+
 def _interrupt_relay_client(
     url: str, ranks_dir: Path, ranks_per_task: int, launcher: str = "direct"
 ) -> tuple[str, list, str]:
     """Run the relay_interrupt scenario, SIGINT it once both ranks run; its output, the
     ranks' pids and the job's id."""
     env = {**client_env(url), "SPARKDIST_CONNECT_RELAY": "always", "RANKS_DIR": str(ranks_dir)}
-    proc = subprocess.Popen(
-        [sys.executable, str(CLIENT), "relay_interrupt"],
-        env={**env, "RANKS_PER_TASK": str(ranks_per_task), "LAUNCHER": launcher},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        started = _until(lambda: len(_pids(ranks_dir)) == 2 or proc.poll() is not None, 240)
-        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
-        pids = _pids(ranks_dir)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    argv = [sys.executable, str(CLIENT), "relay_interrupt"]
+    env = {**env, "RANKS_PER_TASK": str(ranks_per_task), "LAUNCHER": launcher}
+    _, output, pids = _signalled_once_both_ranks_run(argv, env, ranks_dir, signal.SIGINT)
     lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
     assert lines, output[-4000:]
     result = json.loads(lines[-1][len("RESULT ") :])
@@ -457,19 +464,8 @@ def test_sigterm_to_sparkdist_run_in_relay_mode_shows_the_stacks(connect_url, tm
     )
     env = {**client_env(connect_url), "SPARKDIST_CONNECT_RELAY": "always"}
     argv = [sys.executable, "-m", "sparkdist", "run", "--np", "2", str(script), str(tmp_path)]
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        started = _until(lambda: len(_pids(tmp_path)) == 2 or proc.poll() is not None, 240)
-        assert started and proc.poll() is None, proc.communicate(timeout=60)[0][-4000:]
-        pids = _pids(tmp_path)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    returncode, output, pids = _signalled_once_both_ranks_run(argv, env, tmp_path, signal.SIGTERM)
+    assert returncode != 0
     assert "Where each rank was (interrupted" in output, output[-4000:]
     assert "ranks 0-1 (host " in output and "wait_here (train.py:" in output, output[-4000:]
     assert _until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60), pids
