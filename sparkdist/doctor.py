@@ -266,6 +266,20 @@ def _spark_gpu_conf() -> str:
     return ", ".join(f"{k}={v}" for k, v in found.items())
 
 
+def check_warm_worlds() -> Check:
+    """Warm worlds (`keep_warm`) hold cluster slots while idle: say whose, on this machine."""
+    from sparkdist.runner.driver.warm import listed
+
+    worlds = listed()
+    if not worlds:
+        return Check("Warm worlds", True, "none kept on this machine", required=False)
+    held = "; ".join(
+        f"driver pid {w['pid']}: np={w['np']}, {w['launcher']}, keep_warm={w['keep_warm']:g}s"
+        for w in worlds
+    )
+    return Check("Warm worlds", True, f"{len(worlds)} kept ({held})", required=False)
+
+
 def run_checks() -> list[Check]:
     return [
         check_java(),
@@ -279,6 +293,7 @@ def run_checks() -> list[Check]:
         else check_framework("tensorflow", "TensorFlow", "tensorflow"),
         check_framework("optuna", "Optuna (sparkdist.tune)", "optuna"),
         check_gpus(),
+        check_warm_worlds(),
     ]
 
 

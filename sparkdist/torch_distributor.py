@@ -118,7 +118,9 @@ class TorchDistributor:
     `input_params` holds the inputs as pyspark's has them: `num_processes`,
     `local_mode`, `use_gpu` and `num_tasks`. Keyword-only `min_processes` /
     `max_processes` make the job elastic (on the cluster), as `HorovodRunner`'s
-    `min_np`/`max_np`; other keywords go to `HorovodRunner`.
+    `min_np`/`max_np`; other keywords go to `HorovodRunner`: `keep_warm=S` keeps the
+    ranks for the next `run` (docs/warm-worlds.md), released by `close()` or at the end
+    of a `with TorchDistributor(...)` block.
     """
 
     _ssl_conf = "pytorch.spark.distributor.ignoreSsl"
@@ -156,6 +158,19 @@ class TorchDistributor:
             raise ValueError("num_processes has to be a positive integer")
         self.input_params = self._input_params()
         self._runner()  # sparkdist's own options: a bad one fails here, not at run
+        self._last_runner = None
+
+    def __enter__(self) -> TorchDistributor:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the warm world of this distributor's runs (`keep_warm`), if any."""
+        runner, self._last_runner = self._last_runner, None
+        if runner is not None:
+            runner.close()
 
     def _input_params(self) -> dict[str, Any]:
         return {
@@ -273,7 +288,8 @@ class TorchDistributor:
         if not self.local_mode:
             self._check_encryption()
         main = _RankMain(fn, args, kwargs, self._devices(), self._deepspeed())
-        return self._runner().run(main)
+        self._last_runner = runner = self._runner()
+        return runner.run(main)
 
     _script_kwargs_error = "Running pytorch file does not support key-word type arguments."
 

@@ -544,7 +544,7 @@ def test_the_docstring_checks_catch_stale_words():
     protocol = ROOT / "sparkdist" / "protocol" / "__init__.py"
     assert len(_listing_problems(protocol, package, old)) == 4  # and left_stacks
     rank = ROOT / "sparkdist" / "runner" / "rank" / "__init__.py"
-    assert _listing_problems(rank, package, "`supervisor`, `main`, with `channel`") == [
+    assert _listing_problems(rank, package, "`supervisor`, `main`, `warm`, with `channel`") == [
         "sparkdist/runner/rank/__init__.py names `channel`, no module of it"
     ]
     refs = _section_references('See "Elastic training"\n    in the README. (docs/data.md, "Codec")')

@@ -30,7 +30,7 @@ from sparkdist.protocol import left_stacks, stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
-from sparkdist.runner.driver.stragglers import SUSTAIN_S, WINDOW_S, Stragglers
+from sparkdist.runner.driver.stalls import SUSTAIN_S, WINDOW_S, Stragglers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,6 +24,8 @@ class DriverClient:
     def __init__(self, address: str, secret: wire.JobSecret):
         self._channel = wire.connect(split_address(address), secret)
         self._lock = threading.Lock()
+        self.secret = secret
+        """The job's secret: a warm world's rank checks each run's payload with it."""
 
     def request(self, message: Any) -> Any:
         """Send one `messages` record; its reply (`Ok`, `Missing`, `Failed`, `Welcome`).

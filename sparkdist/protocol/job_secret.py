@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import hmac
 import os
 import ssl
 import tempfile
@@ -67,6 +68,17 @@ class JobSecret:
     def from_text(cls, text: str) -> JobSecret:
         key, _, pin = text.partition(":")
         return cls(bytes.fromhex(key), bytes.fromhex(pin) if pin else None)
+
+    def run_tag(self, job_id: str, payload: bytes) -> bytes:
+        """A warm world's run payload signed with that run's own key: an HMAC key made
+        from this (the world's) key and the run's job id, so no run key ever travels,
+        and a payload signed for another run does not verify as this one's."""
+        run_key = hmac.new(self.hmac_key, b"sparkdist-run:" + job_id.encode(), hashlib.sha256)
+        return hmac.new(run_key.digest(), payload, hashlib.sha256).digest()
+
+    def verify_run(self, job_id: str, payload: bytes, tag: bytes) -> bool:
+        """Whether `tag` is `run_tag(job_id, payload)` (compared in constant time)."""
+        return hmac.compare_digest(self.run_tag(job_id, payload), tag)
 
     def server_context(self) -> ssl.SSLContext:
         if self.certificate is None or self.private_key is None:

@@ -14,7 +14,9 @@ The channels (see docs/architecture.md):
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
-  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank. A task's
+  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank. A warm
+  world's rank asks for its next run (`WarmNext`, answered by `WarmRun` or
+  `WarmRelease`) and says when it finished one (`WarmDone`). A task's
   supervisors and ranks reach the driver through their task's relay: each one's frames
   are a stream of `Relayed` frames on the task's channel, ended by `RelayClosed`;
 * an elastic job's plain task to its gang: `GangCheckIn`, answered by `GangSeat` (then
@@ -210,6 +212,44 @@ class Welcome(NamedTuple):
     job_id: str
     env: dict = SecretEnv()
     """Credentials for this rank only (rank 0's tracking credentials), set before `main`."""
+
+
+# --- a warm world's runs (`runner/driver/warm.py`, `runner/rank/warm.py`) ------------
+
+
+@register("warm_next")
+class WarmNext(NamedTuple):
+    """A warm world's idle rank asks for the run after run `after` (0: the first); the
+    driver answers when one comes (`WarmRun`) or the world is released (`WarmRelease`)."""
+
+    after: int
+
+
+@register("warm_run")
+class WarmRun(NamedTuple):
+    run: int
+    """1 for the world's first run, then 2, 3...: a rank takes only the next one."""
+    job_id: str
+    payload: bytes
+    signature: bytes
+    """The payload's HMAC under this run's own key (`JobSecret.run_tag`)."""
+    send_result: bool
+    env: dict = SecretEnv()
+
+
+@register("warm_release")
+class WarmRelease(NamedTuple):
+    reason: str
+
+
+@register("warm_done")
+class WarmDone(NamedTuple):
+    """A rank finished run `run`: its pickled value when it sends one (`has_value`)."""
+
+    run: int
+    value: bytes
+    has_value: bool
+    frameworks: list
 
 
 # --- a rank's requests --------------------------------------------------------------
@@ -469,10 +509,12 @@ RANK_REQUESTS = (
     Report,
     ElasticWorld,
     Alive,
+    WarmNext,
+    WarmDone,
 )
 ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
-RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected)
+RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected, WarmRun, WarmRelease)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)
 GANG_ORDERS = (GangSeat, GangRelease, Rejected)
 

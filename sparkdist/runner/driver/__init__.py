@@ -6,5 +6,6 @@ driver-local, barrier stage, relayed stage, elastic gang; the job's authenticate
 `service.DriverService` filling a `job_state.JobState`, whose parts are `records`),
 waits for it and relaunches it when `failures` allows or its world is resized, and
 collects what it left (timeline, MLflow). The job's checkpoint store is
-`sparkdist.checkpoint.driver.store`'s, opened once per job.
+`sparkdist.checkpoint.driver.store`'s, opened once per job. A warm world (`warm`) is
+one such job, run from a thread, whose ranks take one run after another.
 """

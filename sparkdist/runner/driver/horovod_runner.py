@@ -19,6 +19,7 @@ from typing import Any
 
 from sparkdist.protocol import payload
 from sparkdist.protocol.script import ScriptMain
+from sparkdist.runner.driver import warm
 from sparkdist.runner.driver.job import run_job
 from sparkdist.runner.driver.launch.api import JobReport
 from sparkdist.runner.driver.options import RunnerOptions
@@ -96,6 +97,13 @@ class HorovodRunner:
         report_ranks: whose `sparkdist.report` metrics the driver shows and logs to its
             active MLflow run: "rank0" (rank 0's, under their own names) or "all" (every
             rank's, named `rank<k>/<metric>` in MLflow). `last_job.reported` keeps all.
+        keep_warm: seconds the ranks stay, idle, after a run (default None: they end with
+            it). The next run of the same shape (np, ranks_per_task, launcher, env...),
+            from this runner or a new one in the same driver process, runs in the same
+            processes: what earlier runs imported or loaded into a module is still there.
+            The world holds its cluster slots until it is idle that long, `close()` is
+            called (or the `with` block ends), a run of another shape comes, a run fails,
+            or the driver exits. See "Warm worlds" in docs/warm-worlds.md.
     """
 
     def __init__(
@@ -121,12 +129,26 @@ class HorovodRunner:
         min_np: int | None = RunnerOptions.min_np,
         max_np: int | None = RunnerOptions.max_np,
         report_ranks: str = RunnerOptions.report_ranks,
+        keep_warm: float | None = RunnerOptions.keep_warm,
     ):
         # The defaults are RunnerOptions' (its dataclass fields are class attributes), so
         # they are stated once; the keywords stay spelled out for editors and help().
         given = {name: value for name, value in locals().items() if name != "self"}
         self.options = RunnerOptions(**{**given, "env": env or {}})
         self.last_job: JobReport | None = None
+        self._warm_world: warm.WarmWorld | None = None
+
+    def __enter__(self) -> HorovodRunner:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the warm world this runner's runs used (`keep_warm`): its ranks end
+        and its cluster slots come back. Nothing to do without one."""
+        world, self._warm_world = self._warm_world, None
+        warm.release(world, "the runner was closed")
 
     def run(self, main: Callable[..., Any] | str | os.PathLike, **kwargs: Any) -> Any:
         """Run `main(**kwargs)` on every rank; return rank 0's return value.
@@ -154,7 +176,10 @@ class HorovodRunner:
                 name=_name_of(main),
                 payload_bytes=len(blob),
             )
-            return run_job(opts, blob, all_results, self.last_job)
+            if opts.keep_warm is None:
+                return run_job(opts, blob, all_results, self.last_job)
+            self._warm_world, results = warm.run_warm(opts, blob, all_results, self.last_job)
+            return results
 
 
 def _name_of(main: Callable) -> str:

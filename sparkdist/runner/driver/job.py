@@ -49,9 +49,12 @@ from sparkdist.spark import active_cluster
 logger = logging.getLogger(__name__)
 
 
-def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport) -> list[Any]:
+def run_job(
+    options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport, warm=None
+) -> list[Any]:
     """Run the pickled `(main, kwargs)` on the job's ranks, relaunching as the options
-    allow; return every rank's (unpickled) result of the last attempt."""
+    allow; return every rank's (unpickled) result of the last attempt. `warm`: the
+    job is a warm world's (`warm.WarmWorld`), whose ranks take runs from that dispatch."""
     metrics = ReportedMetrics(
         report.reported, options.report_ranks, live=True, label=f"sparkdist {report.name}"
     )
@@ -59,7 +62,7 @@ def run_job(options: RunnerOptions, blob: bytes, all_results: bool, report: JobR
         kind = choose_kind(options)
         checkpoints = open_checkpoints(options, kind)
         try:
-            attempt = Attempt(options, report, blob, all_results, metrics, checkpoints)
+            attempt = Attempt(options, report, blob, all_results, metrics, checkpoints, warm)
             return _attempts(options, kind, attempt)
         finally:
             checkpoints.close()
@@ -139,8 +142,10 @@ class Attempt:
         all_results: bool,
         metrics: ReportedMetrics,
         checkpoints: CheckpointStore | NoStore,
+        warm=None,
     ):
         self.options = options
+        self.warm = warm
         self.report = report
         self.blob = blob
         self.all_results = all_results
@@ -174,6 +179,7 @@ class Attempt:
             self.credentials,
             self.checkpoints,
             self.rank_logs,
+            self.warm,
         )
         try:
             self.world = kind.form(plan, why)
@@ -239,13 +245,14 @@ class Attempt:
         report.files = dict(state.files)
         report.frameworks = list(state.rank_records.frameworks)
         report.stragglers = list(state.life.stragglers.notes)
-        tracking.log_job(
-            np=self.options.np,
-            launcher=report.launcher,
-            backend=",".join(report.frameworks) or "none",
-            wall_time_s=report.wall_time_s,
-            outcome=report.outcome,
-        )
+        if self.warm is None:  # a warm world's runs are logged each (`warm.py`)
+            tracking.log_job(
+                np=self.options.np,
+                launcher=report.launcher,
+                backend=",".join(report.frameworks) or "none",
+                wall_time_s=report.wall_time_s,
+                outcome=report.outcome,
+            )
         try:
             _save_timeline(report.files, timeline_path)
         except OSError as exc:

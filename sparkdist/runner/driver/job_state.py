@@ -84,6 +84,8 @@ class JobState:
         """The driver's requests for its ranks' stacks (`stalls.py`)."""
         self.life = SignsOfLife()
         """When the ranks last showed a sign of life, and their step rates."""
+        self.warm = None
+        """A warm world's `warm.WarmDispatch`: its idle ranks' next runs; else None."""
 
     def connected(self, kind: str, number: int, channel: Link) -> str | None:
         """A task or supervisor connected; returns why the job is stopping, if it is

@@ -150,6 +150,13 @@ class RunnerOptions:
             choices=REPORT_RANKS,
         ),
     )
+    keep_warm: float | None = field(
+        default=None,
+        metadata=_off_flag(
+            "seconds the ranks stay, idle, after a run, for this process's next run of the "
+            "same shape (notebooks); default off"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_np(self.np)
@@ -164,19 +171,10 @@ class RunnerOptions:
             if choices is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {choices}, got {value!r}")
         _check_launcher(self.launcher)
-        for name in ("start_timeout", "timeout", "stall_warning", "stall_timeout"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        env = dict(self.env or {})
-        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise ValueError(f"env must map str to str; bad entries: {bad}")
-        mpi_args = self.mpi_args
-        if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
-            raise ValueError(
-                "mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']"
-            )
+        _check_keep_warm(self.keep_warm, self.min_np, self.max_np, self.roles)
+        _check_seconds(self)
+        env = _checked_env(self.env)
+        mpi_args = _checked_mpi_args(self.mpi_args)
         failures = self.max_failures
         if failures is not None and (
             isinstance(failures, bool) or not isinstance(failures, int) or failures < 0
@@ -250,6 +248,43 @@ def _check_np(np: int) -> None:
         raise ValueError(
             "np must not be 0: use np > 0 for that many ranks on the cluster, or np < 0 "
             "for -np ranks on the driver"
+        )
+
+
+def _check_seconds(options: RunnerOptions) -> None:
+    for name in ("start_timeout", "timeout", "stall_warning", "stall_timeout", "keep_warm"):
+        value = getattr(options, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _checked_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(env or {})
+    bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad:
+        raise ValueError(f"env must map str to str; bad entries: {bad}")
+    return env
+
+
+def _checked_mpi_args(mpi_args) -> Any:
+    if isinstance(mpi_args, str) or not all(isinstance(a, str) for a in mpi_args):
+        raise ValueError("mpi_args must be a list of strings, e.g. ['--mca', 'btl_tcp_links', '2']")
+    return mpi_args
+
+
+def _check_keep_warm(keep_warm, min_np, max_np, roles) -> None:
+    """A warm world is a fixed world of ranks that all return from each run."""
+    if keep_warm is None:
+        return
+    if min_np is not None or max_np is not None:
+        raise ValueError(
+            "keep_warm keeps a fixed-size world: drop min_np/max_np, or keep_warm (an "
+            "elastic job's world changes between its attempts)"
+        )
+    if roles is not None:
+        raise ValueError(
+            "keep_warm keeps ranks that each return from every run; a parameter-server "
+            "job's servers never return: drop roles, or keep_warm"
         )
 
 

@@ -383,6 +383,8 @@ class _RankPeer(_Peer):
             self._when_put(request.key, request.timeout_s)
         elif isinstance(request, messages.ElasticWorld):
             self._when_formed(request)
+        elif isinstance(request, messages.WarmNext):
+            self._when_run(request.after)
         else:
             self._reply(self._answer(request))
         return False
@@ -436,6 +438,14 @@ class _RankPeer(_Peer):
         if now is not None:
             answer(now)
 
+    def _when_run(self, after: int) -> None:
+        """A warm world's idle rank: answered with its next run when one comes."""
+        warm = self.state.warm
+        if warm is None:
+            self._reply(messages.Rejected("this job is not a warm world"))
+            return
+        warm.next(self.rank, after, functools.partial(self.service.on_loop, self._reply))
+
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank
         match request:
@@ -455,6 +465,9 @@ class _RankPeer(_Peer):
                 return self._report(step, metrics)
             case messages.CheckpointDue():
                 return messages.Ok(state.checkpoint_due())
+            case messages.WarmDone() if state.warm is not None:
+                state.life.seen(rank)
+                state.warm.done(rank, request)
             case messages.Alive(counts):
                 for kind, count in counts.items():
                     state.life.seen(rank, count, kind)

@@ -12,40 +12,12 @@ import sys
 import traceback
 
 from sparkdist import checkpoint, job_environment, roles, tracking
-from sparkdist.backends import RankContext, prepare_rank, tensorflow
+from sparkdist.backends import frameworks_in_use, prepare_rank, rank_context, tensorflow
 from sparkdist.job_environment import TaskEnvironment
 from sparkdist.protocol import driver_channel, messages, payload, stack_dumps
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
-
-
-def rank_context(client: driver_channel.DriverClient, place: TaskEnvironment, env) -> RankContext:
-    """This rank's place in the job, from the variables its supervisor set."""
-    return RankContext(
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
-        local_rank=int(env["LOCAL_RANK"]),
-        local_world_size=int(env["LOCAL_WORLD_SIZE"]),
-        node_rank=int(env["NODE_RANK"]),
-        num_nodes=place.num_nodes,
-        host=place.task_host,
-        launcher=place.job.launcher,
-        rendezvous=client,
-        env=env,
-    )
-
-
-FRAMEWORKS = {
-    "horovod": ("horovod.torch", "horovod.tensorflow", "horovod.keras"),
-    "torch": ("torch.distributed",),
-    "tensorflow": ("tensorflow",),
-    "mpi4py": ("mpi4py.MPI",),
-}
-
-
-def frameworks_in_use() -> list[str]:
-    """Which distributed frameworks `main` imported (reported for the job's record)."""
-    return [name for name, modules in FRAMEWORKS.items() if any(m in sys.modules for m in modules)]
+from sparkdist.runner.rank import warm
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -64,6 +36,7 @@ def main() -> None:
     client = driver_channel.connect(place.job.driver, secret)
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
     os.environ.update(job.env)  # rank 0's tracking credentials; nothing for the others
+    warm.remember_start(os.environ, place)  # a warm world's runs each start from here
 
     try:
         import cloudpickle

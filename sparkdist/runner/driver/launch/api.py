@@ -100,7 +100,7 @@ class JobReport:
     rank line reached the driver)."""
     stragglers: list[str] = field(default_factory=list)
     """What the driver said of slow ranks in the last attempt (named, then recovered),
-    in order (`stragglers.py`)."""
+    in order (`stalls.Stragglers`)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -152,6 +152,8 @@ class AttemptPlan:
     """The job's one store, opened before its first attempt (`job.run_job`)."""
     rank_logs: RunLogs = field(default_factory=RunLogs)
     """Where the run's per-rank files go: a directory per attempt (`rank_logs.py`)."""
+    warm: object | None = None
+    """A warm world's `warm.WarmDispatch` (its ranks run one payload after another)."""
 
     def new_state(self, num_ranks: int, in_process_min_np: int | None = None) -> JobState:
         """The state of this attempt's world of `num_ranks` ranks (an in-process elastic
@@ -169,7 +171,11 @@ class AttemptPlan:
             in_process_min_np=in_process_min_np,
         )
         console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
-        return JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
+        state = JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
+        if self.warm is not None:
+            state.warm = self.warm
+            self.warm.attach(state, self.secret)
+        return state
 
     def spec(self, num_ranks: int, driver: str, relay=None) -> LaunchSpec:
         """What every task needs to start its part of this attempt."""
@@ -204,6 +210,8 @@ class AttemptPlan:
 
     def description(self, num_ranks: int, kind: str) -> str:
         """What the attempt's Spark job is called in the Spark UI."""
+        if self.warm is not None:
+            kind = f"{kind}, kept warm (keep_warm={self.options.keep_warm:g}s)"
         return (
             f"sparkdist {self.name}: {num_ranks} ranks, {kind}, attempt {self.number + 1} "
             f"(job {self.job_id}){jobs.purpose_suffix()}"

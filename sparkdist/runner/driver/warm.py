@@ -1,0 +1,430 @@
+"""Warm worlds (`HorovodRunner(keep_warm=S)`): ranks kept between runs, so that the next
+run of the same shape starts in the processes of the last, with their imports, models
+and process state, instead of paying the whole start-up again.
+
+A warm world is one job, run from a driver thread by the ordinary loop (`job.run_job`),
+whose `main` is the ranks' run loop (`runner/rank/warm.py`). Each user run is handed to
+its idle ranks through the job's service (`WarmDispatch`, answered on the service's
+loop): a fresh job id, the payload signed with that run's own key, and the run is done
+when every rank said so. The world's processes, Spark tasks and slots stay between runs.
+
+A world is released (its ranks return, its job ends, its slots come back) when it has
+been idle `keep_warm` seconds, when the runner is closed, when a run of another shape
+comes (one line in the log says so), or when the driver process exits. A run that fails
+ends its world with it, as a job's failure does: the next run starts a new one. One
+world is kept per driver process (`current`), whichever runner made it, so that a
+notebook cell that builds a new runner of the same shape finds the last cell's ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import cloudpickle
+
+from sparkdist import tracking
+from sparkdist.errors import JobTimeoutError, SparkdistError
+from sparkdist.protocol import messages, payload
+from sparkdist.runner.driver.launch.api import JobReport, Outcome
+from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.stalls import StallWatch
+from sparkdist.runner.rank import warm as rank_loop
+
+logger = logging.getLogger(__name__)
+
+PER_RUN = (
+    "start_timeout",
+    "timeout",
+    "stall_warning",
+    "stall_timeout",
+    "max_failures",
+    "retry_on_exception",
+    "checkpoint_keep",
+    "report_ranks",
+    "timeline",
+    "keep_warm",
+)
+"""Options a run may change on a warm world; every other one is the world's shape."""
+
+
+def shape(options: RunnerOptions) -> dict[str, Any]:
+    """What a warm world must have in common with a run to take it: np, ranks per task,
+    launcher, environment, where the ranks run..."""
+    fields = dataclasses.fields(options)
+    return {
+        **{f.name: getattr(options, f.name) for f in fields if f.name not in PER_RUN},
+        "launcher": options.resolved_launcher(),
+    }
+
+
+class WarmDispatch:
+    """The world's side of its ranks' run loop, kept by the job's state (`state.warm`):
+    idle ranks wait here for the next run (`next`, on the service's loop), each says
+    when it finished one (`done`), and the driver's run waits for all of them (`wait`)."""
+
+    def __init__(self, num_ranks: int):
+        self.num_ranks = num_ranks
+        self.cond = threading.Condition()
+        self.state = None
+        """The world job's `JobState`, once formed."""
+        self.secret = None
+        self.order: messages.WarmRun | None = None
+        self.rank0_env = messages.SecretEnv()
+        self.waiting: dict[int, Any] = {}
+        self.finished: dict[int, messages.WarmDone] = {}
+        self.released: str | None = None
+        self.ended: BaseException | None = None
+        self.over = False
+        """The world job ended (`ended`: its error, if it failed)."""
+
+    def attach(self, state, secret) -> None:
+        """The world job formed its state (`launch.api.AttemptPlan.new_state`)."""
+        with self.cond:
+            self.state, self.secret = state, secret
+            self.cond.notify_all()
+
+    def next(self, rank: int, after: int, reply) -> None:
+        """Rank `rank` is idle after run `after`: answer it with the next run, now or
+        when it comes, or with the release."""
+        with self.cond:
+            if self.released is not None:
+                reply(messages.WarmRelease(self.released))
+            elif self.order is not None and self.order.run > after:
+                reply(self._for_rank(rank))
+            else:
+                self.waiting[rank] = reply
+
+    def done(self, rank: int, report: messages.WarmDone) -> None:
+        with self.cond:
+            if self.order is not None and report.run == self.order.run:
+                self.finished[rank] = report
+                self.cond.notify_all()
+
+    def submit(self, job_id: str, blob: bytes, all_results: bool, rank0_env) -> int:
+        """Hand the idle ranks a new run; its number."""
+        with self.cond:
+            while self.secret is None and not self.over:
+                self.cond.wait(0.2)
+            if self.over:
+                raise self._gone()
+            number = 1 if self.order is None else self.order.run + 1
+            signature = self.secret.run_tag(job_id, blob)
+            self.order = messages.WarmRun(number, job_id, blob, signature, all_results)
+            self.rank0_env = rank0_env
+            self.finished = {}
+            waiting, self.waiting = self.waiting, {}
+            for rank, reply in waiting.items():
+                reply(self._for_rank(rank))
+            return number
+
+    def _for_rank(self, rank: int) -> messages.WarmRun:
+        order = self.order
+        send = order.send_result or rank == 0
+        env = self.rank0_env if rank == 0 else messages.SecretEnv()
+        return order._replace(send_result=send, env=env)
+
+    def wait(self, deadline: float | None) -> list[messages.WarmDone]:
+        """Until every rank finished the run (their reports, in rank order); raises the
+        world's error if it ended first, `JobTimeoutError` at `deadline`."""
+        with self.cond:
+            while len(self.finished) < self.num_ranks:
+                if self.over:
+                    raise self._gone()
+                if deadline is not None and time.monotonic() > deadline:
+                    running = sorted(set(range(self.num_ranks)) - set(self.finished))
+                    raise JobTimeoutError(
+                        f"timeout: ranks {running} were still running when the run's time "
+                        "limit ran out; the warm world was stopped."
+                    )
+                self.cond.wait(0.2)
+            return [self.finished[r] for r in range(self.num_ranks)]
+
+    def release(self, reason: str) -> None:
+        with self.cond:
+            if self.released is None:
+                self.released = reason
+            waiting, self.waiting = self.waiting, {}
+        for reply in waiting.values():
+            reply(messages.WarmRelease(reason))
+
+    def world_ended(self, error: BaseException | None) -> None:
+        with self.cond:
+            self.over, self.ended = True, error
+            self.cond.notify_all()
+
+    def _gone(self) -> BaseException:
+        if self.ended is not None:
+            return self.ended
+        return SparkdistError(f"the warm world ended ({self.released or 'its job ended'})")
+
+
+class WarmWorld:
+    """One warm world: its job's thread, its dispatch, and its idle timer."""
+
+    def __init__(self, options: RunnerOptions):
+        self.options = options
+        self.shape = shape(options)
+        self.keep_warm = float(options.keep_warm)
+        self.dispatch = WarmDispatch(options.num_ranks)
+        self.report = JobReport(
+            job_id="", np=options.np, launcher=options.resolved_launcher(), name="warm world"
+        )
+        self.runs = 0
+        self.started = time.monotonic()
+        self.idle_since = self.started
+        self._run_lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        world_options = dataclasses.replace(
+            options, timeout=None, stall_warning=None, stall_timeout=None, max_failures=0
+        )
+        self._thread = threading.Thread(
+            target=self._serve, args=(world_options,), name="sparkdist-warm-world", daemon=True
+        )
+
+    def start(self) -> None:
+        self.listing = _list(self)
+        self._thread.start()
+
+    def entry(self) -> dict[str, Any]:
+        """What `sparkdist doctor` shows of this world, from any process of the machine."""
+        return {
+            "pid": os.getpid(),
+            "np": self.options.np,
+            "launcher": self.report.launcher,
+            "keep_warm": self.keep_warm,
+            "since": time.time() - (time.monotonic() - self.started),
+        }
+
+    def _serve(self, options: RunnerOptions) -> None:
+        from sparkdist.runner.driver.job import run_job
+
+        error: BaseException | None = None
+        try:
+            blob = payload.pack(rank_loop.serve, {})
+            run_job(options, blob, False, self.report, warm=self.dispatch)
+        except BaseException as exc:  # noqa: BLE001 - the run waiting on it raises it
+            error = exc
+        finally:
+            self.dispatch.world_ended(error)
+            _unlist(getattr(self, "listing", None))
+
+    @property
+    def usable(self) -> bool:
+        d = self.dispatch
+        return not d.over and d.released is None
+
+    def describe(self) -> str:
+        """One line for `sparkdist doctor` and the log."""
+        idle = time.monotonic() - self.idle_since
+        return (
+            f"warm world of job {self.report.job_id or '(starting)'}: np={self.options.np}, "
+            f"launcher {self.report.launcher}, {self.runs} runs, idle {idle:.0f}s of "
+            f"keep_warm={self.keep_warm:g}s"
+        )
+
+    def run(
+        self, options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport
+    ) -> list[Any]:
+        """Run `blob` on the world's ranks; every rank's (unpickled) result."""
+        with self._run_lock:
+            self._cancel_timer()
+            try:
+                return self._run(options, blob, all_results, report)
+            finally:
+                self.idle_since = time.monotonic()
+                if self.usable:
+                    self._arm_timer()
+
+    def _run(self, options, blob, all_results, report) -> list[Any]:
+        d = self.dispatch
+        report.job_id = uuid.uuid4().hex[:12]
+        report.outcome = Outcome.RUNNING
+        started = time.monotonic()
+        first_reported = len(self.report.reported)
+        credentials = messages.SecretEnv(tracking.rank0_credentials())
+        try:
+            d.submit(report.job_id, blob, all_results, credentials)
+            self.runs += 1
+            state = d.state
+            for rank in range(d.num_ranks):
+                state.life.seen(rank)  # idle time before the run is no stall
+            deadline = started + options.timeout if options.timeout else None
+            with StallWatch(state, options, report.job_id, logger.warning):
+                done = self._wait(deadline)
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            report.outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
+            raise
+        finally:
+            self._fill(report, started, first_reported)
+        report.outcome = Outcome.SUCCEEDED
+        report.frameworks = sorted({f for r in done for f in r.frameworks})
+        tracking.log_job(
+            np=options.np,
+            launcher=report.launcher,
+            backend=",".join(report.frameworks) or "none",
+            wall_time_s=report.wall_time_s,
+            outcome=report.outcome,
+        )
+        return [cloudpickle.loads(r.value) if r.has_value else None for r in done]
+
+    def _wait(self, deadline: float | None) -> list[messages.WarmDone]:
+        """The run's end; a time limit, an interrupt or the world's failure end the world
+        (its job says where each rank was), and the run raises the world's error."""
+        d = self.dispatch
+        try:
+            return d.wait(deadline)
+        except JobTimeoutError as exc:
+            d.state.failures.fail_now(exc)
+        except KeyboardInterrupt:
+            d.state.failures.fail_now(KeyboardInterrupt())
+            self._thread.join()
+            raise
+        self._thread.join()
+        raise d._gone()
+
+    def _fill(self, report: JobReport, started: float, first_reported: int) -> None:
+        state = self.dispatch.state
+        report.wall_time_s = time.monotonic() - started
+        report.reported[:] = self.report.reported[first_reported:]
+        if state is not None:
+            report.processes = list(state.processes.started())
+            if state.console.log_dir is not None:
+                report.rank_logs = str(state.console.log_dir)
+
+    def release(self, reason: str, wait: bool = True) -> None:
+        """Let the ranks return and the world's job end (wait: until it did)."""
+        self._cancel_timer()
+        if self.usable:
+            logger.info("sparkdist: releasing the %s: %s", self.describe(), reason)
+        self.dispatch.release(reason)
+        if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _arm_timer(self) -> None:
+        self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.runs,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, runs: int) -> None:
+        if runs == self.runs and not self._run_lock.locked():
+            self.release(f"idle for keep_warm={self.keep_warm:g}s")
+
+
+_lock = threading.Lock()
+_current: WarmWorld | None = None
+
+
+def current() -> WarmWorld | None:
+    """This driver process's warm world, if one is kept."""
+    world = _current
+    return world if world is not None and world.usable else None
+
+
+def run_warm(
+    options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport
+) -> tuple[WarmWorld, list[Any]]:
+    """Run on this process's warm world of `options`' shape, started if there is none
+    (an unusable one, or one of another shape, is released first)."""
+    global _current
+    with _lock:
+        world = _current
+        if world is not None and world.usable and world.shape != shape(options):
+            logger.warning(
+                "sparkdist: a run of another shape (np=%s, launcher %s): releasing the %s",
+                options.np,
+                options.resolved_launcher(),
+                world.describe(),
+            )
+            world.release("a run of another shape")
+        if world is None or not world.usable:
+            _check_reachable(options)
+            world = _current = WarmWorld(options)
+            world.start()
+    return world, world.run(options, blob, all_results, report)
+
+
+def _check_reachable(options: RunnerOptions) -> None:
+    """A warm world's runs are handed to its ranks by this driver's service: the
+    executors must reach it (not a relayed Spark Connect job, served from a task)."""
+    if options.on_driver:
+        return
+    from sparkdist.spark import active_cluster
+
+    if active_cluster().service_place().in_stage:
+        raise SparkdistError(
+            "keep_warm needs executors that reach this client; this Spark Connect "
+            "session's jobs are served from a Spark task (relay mode). Run without "
+            "keep_warm, or from a client the executors reach."
+        )
+
+
+def release(world: WarmWorld | None, reason: str) -> None:
+    """Release `world` (a runner's `close`); nothing if it is gone already."""
+    if world is not None:
+        world.release(reason)
+
+
+LISTING_DIR = os.path.join(tempfile.gettempdir(), f"sparkdist-warm-worlds-{os.getuid()}")
+"""Where each driver process of this machine lists the warm world it keeps, for
+`sparkdist doctor` (a file per world, removed when the world ends)."""
+
+
+def _list(world: WarmWorld) -> str | None:
+    try:
+        os.makedirs(LISTING_DIR, mode=0o700, exist_ok=True)
+        path = os.path.join(LISTING_DIR, f"{os.getpid()}-{id(world)}.json")
+        with open(path, "w") as f:
+            json.dump(world.entry(), f)
+        return path
+    except OSError as exc:
+        logger.debug("could not list the warm world for sparkdist doctor: %s", exc)
+        return None
+
+
+def _unlist(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def listed() -> list[dict[str, Any]]:
+    """The warm worlds the driver processes of this machine keep (a killed driver's
+    listing is left out: its process is gone, and so are its world's ranks)."""
+    worlds = []
+    try:
+        names = sorted(os.listdir(LISTING_DIR))
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(LISTING_DIR, name)) as f:
+                entry = json.load(f)
+            os.kill(entry["pid"], 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        worlds.append(entry)
+    return worlds
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    world = current()
+    if world is not None:
+        world.release("the driver process exits")

@@ -1,0 +1,239 @@
+"""Warm worlds (`HorovodRunner(keep_warm=...)`): real Spark (local-cluster, two
+executors), real ranks, real torch.distributed over Gloo, kept between runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from sparkdist import HorovodRunner, RankFailedError
+from sparkdist.protocol import messages, wire
+from sparkdist.runner.driver import warm
+from sparkdist.runner.rank.warm import RefusedRun, check_order
+
+MODULE = "xml.dom.minidom"
+"""A module neither sparkdist nor torch imports: the first run does."""
+
+
+def where_am_i(x, import_it=False):
+    """Each rank's pid, its argument, whether MODULE was imported before this run, and
+    an allreduce over a process group the run leaves up (the world takes it down)."""
+    import importlib
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    had = MODULE in sys.modules
+    if import_it:
+        importlib.import_module(MODULE)
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    return {
+        "pid": os.getpid(),
+        "x": x,
+        "had": had,
+        "sum": value.item(),
+        "job": os.environ["SPARKDIST_JOB_ID"],
+        "port": os.environ["MASTER_PORT"],
+    }
+
+
+def fails():
+    raise ValueError("this run fails")
+
+
+def pid():
+    import os
+
+    return os.getpid()
+
+
+def _gone(pids, timeout_s=30.0) -> list[int]:
+    """Those of `pids` still alive after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.1)
+    return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_released(world: warm.WarmWorld, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while world.usable or world._thread.is_alive():
+        assert time.monotonic() < deadline, world.describe()
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "np_, launcher", [(-2, "direct"), (2, "direct"), (2, "mpi")], ids=["driver", "direct", "mpi"]
+)
+def test_two_runs_on_one_warm_world_share_their_processes(sc, np_, launcher):
+    with HorovodRunner(np=np_, launcher=launcher, keep_warm=120, start_timeout=120) as runner:
+        first = runner.run_all(where_am_i, x=1, import_it=True)
+        first_job = runner.last_job
+        second = HorovodRunner(np=np_, launcher=launcher, keep_warm=120).run_all(where_am_i, x=2)
+        assert [r["x"] for r in first] == [1, 1] and [r["x"] for r in second] == [2, 2]
+        assert [r["sum"] for r in first + second] == [3.0] * 4
+        # The same processes, with what the first run imported, in a new job environment.
+        assert [r["pid"] for r in second] == [r["pid"] for r in first]
+        assert [r["had"] for r in first] == [False, False]
+        assert [r["had"] for r in second] == [True, True]
+        assert first[0]["job"] != second[0]["job"]
+        assert first[0]["port"] != second[0]["port"]
+        assert first_job.outcome == "succeeded"
+        pids = [r["pid"] for r in first]
+    assert _gone(pids) == []  # closed: the ranks end
+
+
+def test_a_failed_run_ends_its_world_and_the_next_starts_afresh(sc):
+    runner = HorovodRunner(np=2, keep_warm=120, start_timeout=120)
+    try:
+        before = runner.run_all(pid)
+        with pytest.raises(RankFailedError) as failed:
+            runner.run(fails)
+        assert "ValueError: this run fails" in str(failed.value)
+        assert "Traceback" in str(failed.value)
+        assert _gone(before) == []
+        after = runner.run_all(pid)
+        assert set(after).isdisjoint(before)
+    finally:
+        runner.close()
+
+
+def test_idle_world_releases_its_slots_for_the_next_job(sc):
+    runner = HorovodRunner(np=2, keep_warm=3, start_timeout=120)
+    pids = runner.run_all(pid)
+    world = warm.current()
+    assert world is not None
+    _wait_released(world)
+    assert _gone(pids) == []
+    # Both of the cluster's two slots are free again: a plain job of two ranks gets them.
+    assert HorovodRunner(np=2, start_timeout=60).run_all(pid) != pids
+
+
+def test_a_run_of_another_shape_releases_the_world(sc, caplog):
+    with HorovodRunner(np=-2, keep_warm=120) as two:
+        pids = two.run_all(pid)
+        with caplog.at_level(logging.WARNING, logger="sparkdist"):
+            with HorovodRunner(np=-1, keep_warm=120) as one:
+                other = one.run_all(pid)
+        assert "a run of another shape" in caplog.text
+        assert _gone(pids) == []
+        assert set(other).isdisjoint(pids)
+
+
+def test_a_payload_signed_for_another_run_is_refused():
+    secret = wire.new_secret()
+    signed = secret.run_tag("job-1", b"payload")
+    first = messages.WarmRun(1, "job-1", b"payload", signed, True)
+    check_order(first, 0, secret)  # the run's own signature
+    with pytest.raises(RefusedRun, match="not signed"):
+        check_order(messages.WarmRun(2, "job-2", b"payload", signed, True), 1, secret)
+    with pytest.raises(RefusedRun, match="next run is 2"):
+        check_order(first, 1, secret)  # an earlier run's order again
+    with pytest.raises(RefusedRun, match="not signed"):
+        check_order(first, 0, wire.new_secret())  # another world's key
+
+
+def test_a_rank_refuses_a_run_signed_with_an_earlier_runs_key(monkeypatch):
+    with HorovodRunner(np=-1, keep_warm=120) as runner:
+        first = runner.run(pid)
+        dispatch = warm.current().dispatch
+        earlier = runner.last_job.job_id
+        key = dispatch.secret
+
+        class EarlierKey:  # signs every later run with the first run's key
+            def run_tag(self, job_id, blob):
+                return key.run_tag(earlier, blob)
+
+        monkeypatch.setattr(dispatch, "secret", EarlierKey())
+        with pytest.raises(RankFailedError, match="RefusedRun"):
+            runner.run(pid)
+        assert _gone([first]) == []
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    from pyspark.sql import SparkSession
+    from sparkdist import HorovodRunner
+
+    def pid():
+        import os
+        return os.getpid()
+
+    spark = SparkSession.builder.master("local-cluster[2,1,1024]").getOrCreate()
+    runner = HorovodRunner(np=2, keep_warm=600, start_timeout=120)
+    runner.run_all(pid)
+    print(" ".join(str(p.pid) for p in runner.last_job.processes), flush=True)
+    sys.stdin.read()  # until the test kills this driver
+    """
+)
+
+
+def test_a_killed_driver_leaves_no_rank_or_task(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    driver = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    try:
+        line = driver.stdout.readline().decode()
+        pids = [int(p) for p in line.split()]
+        assert pids, "the driver's warm run recorded no process"
+        assert [p for p in pids if _alive(p)] == pids  # warm: still there after the run
+        # Its Spark (the JVM, executors, Python workers) and their tasks too.
+        pids += [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    left = _gone(pids, timeout_s=30.0)
+    for pid_ in left:  # ours: started by this test
+        os.kill(pid_, signal.SIGKILL)
+    assert left == []
+
+
+def test_torch_distributor_keeps_its_world_until_closed(sc):
+    from sparkdist import TorchDistributor
+
+    with TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, keep_warm=120) as dist:
+        first = dist.run(pid)
+        assert dist.run(pid) == first
+    assert _gone([first]) == []
+
+
+LISTED = "from sparkdist.doctor import check_warm_worlds; print(check_warm_worlds().detail)"
+
+
+def test_doctor_lists_the_warm_worlds_of_this_machine():
+    with HorovodRunner(np=-1, launcher="direct", keep_warm=120) as runner:
+        runner.run(pid)
+        # Another process of this machine (`sparkdist doctor` in a terminal) sees it.
+        seen = subprocess.run([sys.executable, "-c", LISTED], capture_output=True, text=True)
+        assert f"driver pid {os.getpid()}: np=-1, direct, keep_warm=120s" in seen.stdout
+    seen = subprocess.run([sys.executable, "-c", LISTED], capture_output=True, text=True)
+    assert f"driver pid {os.getpid()}" not in seen.stdout  # released: no longer listed
