@@ -16,7 +16,10 @@ initialises the process group, does one allreduce and returns a float, with:
 Prints the median and min per launcher and the ratio to TorchDistributor(local_mode=False)
 of the same kind of session, and how far sparkdist.TorchDistributor is from the
 HorovodRunner it runs on. Then a second table: a short PyTorch Lightning fit (2 ranks, DDP)
-through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each.
+through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each. Then the warm
+worlds' table (`keep_warm`): for each world (np=2 and np=8, direct and mpi), run 1, which
+starts it, and the median of runs 2 to REPEAT on it, beside the cold rows; and a job whose
+ranks hold a 1 GB model (`--model-mb`) loaded by its first run, warm against cold.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--lightning-repeat 3]
         [--no-connect] [--only REGEX]
@@ -84,6 +87,72 @@ def lightning_job() -> int:
     )
     trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=32))
     return trainer.world_size
+
+
+def model_job(path: str) -> float:
+    """Rank 0's sum of a model's weights, loaded from `path` by the first run on a warm
+    world and kept in a module of the rank's process for the next (docs/warm-worlds.md)."""
+    import sys
+    import types
+
+    import torch
+
+    kept = sys.modules.setdefault("bench_kept", types.ModuleType("bench_kept"))
+    if getattr(kept, "path", None) != path:
+        kept.model, kept.path = torch.load(path), path
+    return float(kept.model["weight"][:1000].sum())
+
+
+def warm_rows(repeat: int, only: str | None, model_mb: int) -> list[tuple[str, float, float]]:
+    """(name, run 1 s, median of runs 2..repeat s) for each warm world, each closed after."""
+    from sparkdist import HorovodRunner
+
+    worlds = [
+        ("warm direct np=2", dict(np=2, launcher="direct")),
+        ("warm mpi np=2", dict(np=2, launcher="mpi")),
+        ("warm direct np=8 (4 ranks per task)", dict(np=8, launcher="direct", ranks_per_task=4)),
+        ("warm mpi np=8 (4 ranks per task)", dict(np=8, launcher="mpi", ranks_per_task=4)),
+        ("warm direct np=-2", dict(np=-2, launcher="direct")),
+    ]
+    rows = []
+    for name, options in worlds:
+        if only and not re.search(only, name):
+            continue
+        expected = (float(sum(range(1, abs(options["np"]) + 1))),)
+        with HorovodRunner(keep_warm=600, start_timeout=300, **options) as runner:
+            times = [time_one(lambda: runner.run(torch_job), expected) for _ in range(repeat)]
+        rows.append((f"sparkdist {name}", times[0], statistics.median(times[1:])))
+        print(f"  measured {name}: run 1 {times[0]:.2f}s, then {times[1:]}", flush=True)
+    if model_mb and not only:
+        rows += model_rows(repeat, model_mb)
+    return rows
+
+
+def model_rows(repeat: int, model_mb: int) -> list[tuple[str, float, float]]:
+    """A job whose ranks load a `model_mb` MB model: cold (each run a new job that loads
+    it) and warm (loaded by run 1, kept for the next)."""
+    import tempfile
+
+    import torch
+
+    from sparkdist import HorovodRunner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.pt")
+        weight = torch.ones(model_mb * 2**20 // 4)
+        torch.save({"weight": weight}, path)
+        del weight
+        rows = []
+        for label, keep in (("cold", None), ("warm", 600)):
+            with HorovodRunner(np=2, launcher="direct", keep_warm=keep) as runner:
+                times = [
+                    time_one(lambda: runner.run(model_job, path=path), (1000.0,))
+                    for _ in range(repeat)
+                ]
+            name = f"sparkdist direct np=2, {model_mb} MB model, {label}"
+            rows.append((name, times[0], statistics.median(times[1:])))
+            print(f"  measured {name}: {times}", flush=True)
+    return rows
 
 
 def horovod_job() -> float:
@@ -256,6 +325,10 @@ def main() -> None:
     parser.add_argument(
         "--only", metavar="REGEX", help="only the rows whose name matches; no Lightning table"
     )
+    parser.add_argument(
+        "--model-mb", type=int, default=1024, help="the warm table's model size; 0: no model rows"
+    )
+    parser.add_argument("--warm-only", action="store_true", help="only the warm worlds' table")
     parser.add_argument("--connect-client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -267,7 +340,8 @@ def main() -> None:
 
     spark = embedded_spark(executors=2, app_name="sparkdist-bench")
     rows = []
-    for name, fn in contenders(spark):
+    warm = warm_rows(max(args.repeat, 2), args.only, args.model_mb)
+    for name, fn in contenders(spark) if not args.warm_only else ():
         if args.only and not re.search(args.only, name):
             continue
         if fn is None:
@@ -277,13 +351,13 @@ def main() -> None:
         rows.append((name, statistics.median(times), min(times)))
         print(f"  measured {name}: median {statistics.median(times):.2f}s", flush=True)
     lightning_rows = []
-    for name, fn in lightning_contenders() if not args.only else ():
+    for name, fn in lightning_contenders() if not (args.only or args.warm_only) else ():
         times = measure(fn, args.lightning_repeat, expected=(2,))
         lightning_rows.append((name, statistics.median(times), min(times)))
         print(f"  measured Lightning, {name}: median {statistics.median(times):.2f}s", flush=True)
 
     spark.stop()
-    if not args.no_connect:
+    if not (args.no_connect or args.warm_only):
         rows += connect_rows(args.repeat, args.only)
 
     medians = {n: m for n, m, _ in rows}
@@ -308,6 +382,7 @@ def main() -> None:
             f"{100 * (ours / medians[runner] - 1):+.1f}%"
         )
 
+    print_warm(warm, medians, max(args.repeat, 2))
     if not lightning_rows:
         return
     print()
@@ -319,6 +394,23 @@ def main() -> None:
     baseline = lightning_rows[-1][1]
     for name, median, best in lightning_rows:
         print(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
+
+
+def print_warm(warm: list, medians: dict, repeat: int) -> None:
+    """The warm worlds' table, beside the cold rows of the same launcher and pyspark's."""
+    if not warm:
+        return
+    print()
+    print(f"Warm worlds (keep_warm): run 1 starts the world, runs 2-{repeat} reuse it")
+    print(f"{'world':<52} {'run 1 s':>8} {'runs 2+ s':>10} {'x cold':>8}")
+    baseline = medians.get("TorchDistributor local_mode=False")
+    for name, first, then in warm:
+        launcher = "mpi" if " mpi " in name else "direct"
+        cold = medians.get(f"sparkdist {launcher} np=2") if "np=2" in name else None
+        ratio = f"{then / cold:.3f}x" if cold else "n/a"
+        print(f"{name:<52} {first:>8.2f} {then:>10.3f} {ratio:>8}")
+    if baseline:
+        print(f"{'TorchDistributor local_mode=False (cold, every run)':<52} {baseline:>8.2f}")
 
 
 if __name__ == "__main__":

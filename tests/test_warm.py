@@ -237,3 +237,14 @@ def test_doctor_lists_the_warm_worlds_of_this_machine():
         assert f"driver pid {os.getpid()}: np=-1, direct, keep_warm=120s" in seen.stdout
     seen = subprocess.run([sys.executable, "-c", LISTED], capture_output=True, text=True)
     assert f"driver pid {os.getpid()}" not in seen.stdout  # released: no longer listed
+
+
+def test_a_warm_runs_payload_crosses_to_each_task_once(sc):
+    """Two tasks of two ranks each: each run's payload goes once per task (its relay
+    hands it to its second rank), and every rank runs it."""
+    options = dict(np=4, ranks_per_task=2, launcher="direct", keep_warm=120, start_timeout=120)
+    with HorovodRunner(**options) as runner:
+        for x in (1, 2):
+            assert [r["x"] for r in runner.run_all(where_am_i, x=x)] == [x] * 4
+            job = runner.last_job
+            assert job.payload_bytes_sent == 2 * job.payload_bytes

@@ -223,6 +223,8 @@ class _TaskStreams:
         self.ended: set[int] = set()
         self.payload_sent = False
         """The relay got the payload: later ranks through it get theirs from it."""
+        self.warm_payload_run = 0
+        """The last warm run whose payload the relay got (`warm.WarmDispatch`)."""
 
     def received(self, stream: int, body) -> None:
         if stream in self.ended:
@@ -444,7 +446,18 @@ class _RankPeer(_Peer):
         if warm is None:
             self._reply(messages.Rejected("this job is not a warm world"))
             return
-        warm.next(self.rank, after, functools.partial(self.service.on_loop, self._reply))
+        relay = self.link.relay if isinstance(self.link, _StreamLink) else None
+
+        def send(order) -> None:  # on the loop: the payload once per task's relay
+            if isinstance(order, messages.WarmRun):
+                if relay is not None and relay.warm_payload_run == order.run:
+                    order = order._replace(payload=b"")
+                elif relay is not None:
+                    relay.warm_payload_run = order.run
+                warm.payload_bytes_sent += len(order.payload)
+            self._reply(order)
+
+        warm.next(self.rank, after, functools.partial(self.service.on_loop, send))
 
     def _answer(self, request) -> tuple:
         state, rank = self.state, self.rank

@@ -85,6 +85,8 @@ class WarmDispatch:
         self.ended: BaseException | None = None
         self.over = False
         """The world job ended (`ended`: its error, if it failed)."""
+        self.payload_bytes_sent = 0
+        """Bytes of run payloads the service sent (once per task's relay and run)."""
 
     def attach(self, state, secret) -> None:
         """The world job formed its state (`launch.api.AttemptPlan.new_state`)."""
@@ -250,6 +252,7 @@ class WarmWorld:
         report.outcome = Outcome.RUNNING
         started = time.monotonic()
         first_reported = len(self.report.reported)
+        sent_before = d.payload_bytes_sent
         credentials = messages.SecretEnv(tracking.rank0_credentials())
         try:
             d.submit(report.job_id, blob, all_results, credentials)
@@ -266,6 +269,7 @@ class WarmWorld:
             raise
         finally:
             self._fill(report, started, first_reported)
+            report.payload_bytes_sent = d.payload_bytes_sent - sent_before
         report.outcome = Outcome.SUCCEEDED
         report.frameworks = sorted({f for r in done for f in r.frameworks})
         tracking.log_job(

@@ -11,7 +11,8 @@ that disconnects exactly as it sees a lost direct connection. The task's channel
 every local connection is closed.
 
 The payload crosses the driver's network once per task: the driver sends it in the first
-rank's `Welcome` through a relay and empty in the next ones, which the relay fills in.
+rank's `Welcome` through a relay and empty in the next ones, which the relay fills in; a
+warm world's runs (`WarmRun`) likewise, run by run.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class HostRelay:
         self._next_stream = 0
         self._lock = threading.Lock()
         self._payload = b""
+        self._warm_payload = (0, b"")
+        """The last warm run's number and payload."""
         self._server = wire.Server(secret, self._serve, host=LOCAL_HOST, name="sparkdist-relay")
         self.address = f"{LOCAL_HOST}:{self._server.address[1]}"
 
@@ -74,14 +77,24 @@ class HostRelay:
             pass  # its serving thread sees the end and reports it
 
     def _with_payload(self, body: Any) -> Any:
-        """A `Welcome` keeps its payload here once; an empty one gets that payload."""
-        if not (isinstance(body, tuple) and body and body[0] == messages.Welcome.tag):
-            return body
-        welcome = messages.decode(body, (messages.Welcome,))
-        if welcome.payload:
-            self._payload = welcome.payload
-            return body
-        return messages.encode(welcome._replace(payload=self._payload))
+        """A `Welcome` keeps its payload here once; an empty one gets that payload. A
+        warm run's order (`WarmRun`) likewise, for its run."""
+        tag = body[0] if isinstance(body, tuple) and body else None
+        if tag == messages.Welcome.tag:
+            welcome = messages.decode(body, (messages.Welcome,))
+            if welcome.payload:
+                self._payload = welcome.payload
+                return body
+            return messages.encode(welcome._replace(payload=self._payload))
+        if tag == messages.WarmRun.tag:
+            order = messages.decode(body, (messages.WarmRun,))
+            if order.payload:
+                self._warm_payload = (order.run, order.payload)
+                return body
+            run, payload = self._warm_payload
+            if run == order.run:
+                return messages.encode(order._replace(payload=payload))
+        return body
 
     def _forget(self, stream: int) -> wire.Channel | None:
         with self._lock:
