@@ -21,35 +21,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_elastic import SlotHolder, still_alive
+from helpers import SlotHolder, fsdp_model, still_alive, train_step
 
 import sparkdist
 from sparkdist import checkpoint
 from sparkdist.checkpoint.driver.store import CheckpointStore
 
 # --- what the ranks run -------------------------------------------------------------
-
-
-def fsdp_model():
-    """A small MLP sharded with FSDP2 (each Linear, then the whole), and its optimizer."""
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
-    fully_shard(model[0])
-    fully_shard(model[2])
-    fully_shard(model)
-    return model, torch.optim.Adam(model.parameters(), lr=0.01)
-
-
-def train_step(model, opt, step: int) -> None:
-    import torch
-
-    batch = torch.randn(8, 16, generator=torch.Generator().manual_seed(1000 + step))
-    model(batch).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
 
 
 def full_params(model) -> dict:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runner import assert_nothing_left
+from helpers import assert_nothing_left
 
 from sparkdist import HorovodRunner, RankFailedError
 from sparkdist.runner.driver.console import Console, spans

@@ -16,7 +16,7 @@ import signal
 import time
 
 import pytest
-from test_driver_service import _rank
+from driver_peers import rank_client
 
 from sparkdist import checkpoint
 from sparkdist.checkpoint.driver.store import CheckpointStore
@@ -41,7 +41,7 @@ def test_relaunch_path_saves_at_the_notice_and_resizes_without_a_failure(tmp_pat
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setattr(driver_channel, "_client", _rank(service, secret, 0))
+    monkeypatch.setattr(driver_channel, "_client", rank_client(service, secret, 0))
     try:
         assert checkpoint.save({"w": 1}, 10, every=10)  # a multiple: saved
         monkeypatch.setattr(driver_record, "_due_asked_at", float("-inf"))
@@ -104,7 +104,7 @@ def test_a_notice_during_a_sharded_save_stops_at_a_whole_checkpoint(tmp_path, mo
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setattr(driver_channel, "_client", _rank(service, secret, 0))
+    monkeypatch.setattr(driver_channel, "_client", rank_client(service, secret, 0))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     weights = {"w": torch.arange(4096.0)}
     try:

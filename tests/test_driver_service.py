@@ -8,35 +8,22 @@ import threading
 import time
 
 import pytest
+from driver_peers import REPLY_TIMEOUT_S, rank_client
 
 from sparkdist.errors import JobFailedError
-from sparkdist.protocol import driver_channel, messages, wire
+from sparkdist.protocol import messages, wire
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.relay import HostRelay
 
 PEERS = 200
-REPLY_TIMEOUT_S = 30
 
 
 def _service(num_ranks: int) -> tuple[JobState, wire.JobSecret, DriverService]:
     state = JobState(JobSpec("job", num_ranks, b"payload", False, "all"))
     secret = wire.new_secret()
     return state, secret, DriverService(state, secret, "127.0.0.1", "127.0.0.1")
-
-
-def _rank(
-    service, secret: wire.JobSecret, rank: int, payload=b"payload"
-) -> driver_channel.DriverClient:
-    address = (
-        service.address if isinstance(service.address, str) else "{}:{}".format(*service.address)
-    )
-    client = driver_channel.DriverClient(address, secret)
-    client._channel.sock.settimeout(REPLY_TIMEOUT_S)
-    welcome = client.request(messages.RankHello(rank, "127.0.0.1", os.getpid()))
-    assert welcome.payload == payload
-    return client
 
 
 class _Task:
@@ -67,7 +54,7 @@ def test_driver_threads_do_not_grow_with_connected_peers():
     state, secret, service = _service(PEERS)
     try:
         before = set(threading.enumerate())
-        clients = [_rank(service, secret, rank) for rank in range(PEERS)]
+        clients = [rank_client(service, secret, rank) for rank in range(PEERS)]
         for rank, client in enumerate(clients):  # every one is served, all connected
             client.put(f"k{rank}", rank)
         started = set(threading.enumerate()) - before  # (earlier tests' threads may end)
@@ -86,12 +73,12 @@ def test_waiting_rendezvous_reads_hold_no_thread():
     of a key never put ends at its own timeout with `Missing`."""
     _, secret, service = _service(PEERS)
     try:
-        readers = [_rank(service, secret, rank) for rank in range(1, 21)]
+        readers = [rank_client(service, secret, rank) for rank in range(1, 21)]
         before = set(threading.enumerate())
         for reader in readers:
             reader._channel.send(messages.encode(messages.KvGet("master", 60.0)))
         assert not set(threading.enumerate()) - before
-        _rank(service, secret, 0).put("master", ("host", 1234))
+        rank_client(service, secret, 0).put("master", ("host", 1234))
         for reader in readers:
             assert messages.decode(reader._channel.recv(), messages.RANK_REPLIES) == (
                 messages.Ok(("host", 1234))
@@ -112,7 +99,7 @@ def test_relays_fan_in_by_task_and_send_the_payload_once_per_task():
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     tasks = [_Task(service, secret, index) for index in range(2)]
     try:
-        ranks = [_rank(tasks[r // 4], secret, r, payload) for r in range(8)]
+        ranks = [rank_client(tasks[r // 4], secret, r, payload) for r in range(8)]
         ranks[5].put("k", 5)
         assert ranks[2].get("k", timeout_s=10) == 5
         ranks[7].send_file("big", payload)  # a large frame up: checked off the loop
@@ -163,7 +150,7 @@ def test_where_hello_is_answered_once_with_the_grouped_stacks():
         raw = channel.request(messages.encode(messages.WhereHello("interrupted")))
         assert messages.decode(raw, (messages.Ok,)) == messages.Ok("")
         channel.close()
-        _rank(service, secret, 0)._channel.close()
+        rank_client(service, secret, 0)._channel.close()
         assert state.ranks[0].started
     finally:
         service.close()

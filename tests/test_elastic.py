@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from pathlib import Path
 
 import pytest
-from helpers import refused_by_sparkdist_run
+from helpers import SlotHolder, refused_by_sparkdist_run, still_alive
 
 import sparkdist
 from sparkdist import checkpoint
@@ -50,68 +49,6 @@ def test_max_np_beyond_a_fixed_cluster_is_refused_before_any_spark_job(sc):
     assert "max_np=3 ranks need 3 task slots" in str(err.value)
     assert "has 2 task slots" in str(err.value)
     assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs_before
-
-
-class SlotHolder:
-    """A Spark job whose tasks each hold one slot until `release()`: the other work of a
-    shared cluster."""
-
-    def __init__(self, sc, tmp_path: Path, slots: int):
-        self.started = tmp_path / "holder-started"
-        self.released = tmp_path / "holder-released"
-        self.started.mkdir()
-        started, released = str(self.started), str(self.released)
-
-        def hold(rows):
-            import os
-            import time
-
-            Path(started, str(os.getpid())).touch()
-            while not os.path.exists(released):
-                time.sleep(0.05)
-            yield from rows
-
-        def run() -> None:
-            sc.setJobGroup("slot-holder", "holds slots for a test", True)
-            sc.parallelize(range(slots), slots).mapPartitions(hold).collect()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: len(list(self.started.iterdir())) == slots, "the holder's tasks")
-
-    def release_when(self, path: Path) -> None:
-        """Release the slots once `path` exists (the training code creates it)."""
-        threading.Thread(
-            target=lambda: (wait_for(path.exists, "the release", 300), self.release()),
-            daemon=True,
-        ).start()
-
-    def release(self) -> None:
-        self.released.touch()
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive()
-
-
-def still_alive(runner) -> list:
-    """The job's recorded processes (every attempt's) that are still running 15 s after
-    it ended (tasks stop theirs as they end, which may be just after the driver knows)."""
-    import time
-
-    running = [p for p in runner.last_job.processes if p.alive()]
-    deadline = time.monotonic() + 15
-    while running and time.monotonic() < deadline:
-        time.sleep(0.1)
-        running = [p for p in running if p.alive()]
-    return running
-
-
-def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def counting_main(progress: str, release: str, max_np: int, after_growth: int = 3) -> dict:

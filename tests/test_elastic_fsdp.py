@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import free_port
-from test_checkpoint_sharded import fsdp_model as build  # an MLP sharded over the world
-from test_checkpoint_sharded import train_step
+from helpers import free_port, train_step
+from helpers import fsdp_model as build  # an MLP sharded over the world
 
 from sparkdist import elastic, job_environment
 
@@ -100,10 +99,10 @@ def _worlds_rank(launch: int, world_size: int, address: str, secret: str, extra)
     """Launch ranks 0-2 form world 0 and commit 3 steps; rank 2 is lost (it ends); 0 and 1
     form world 1 (2 ranks) from memory and step once more; newcomer 3 joins them in world 2
     (3 ranks). Each world's state on entry, gathered whole, goes to `results`."""
-    from test_elastic_rank import _connect
+    from driver_peers import connect_rank
 
     ports, results = extra
-    _connect(launch, world_size, address, secret)  # the driver's record of checkpoints
+    connect_rank(launch, world_size, address, secret)  # the driver's record of checkpoints
     state = elastic.ShardedTorchState(build, save_every=1000, step=0)
     report = []
     if launch < 3:
@@ -134,10 +133,10 @@ def _worlds_rank(launch: int, world_size: int, address: str, secret: str, extra)
 
 
 def test_sharded_state_is_rebuilt_from_memory_as_the_world_shrinks_and_grows():
-    from test_elastic_rank import _Ranks
+    from driver_peers import SpawnedRanks
 
     results = multiprocessing.get_context("spawn").Queue()
-    ranks = _Ranks(4, _worlds_rank, ([free_port() for _ in range(3)], results))
+    ranks = SpawnedRanks(4, _worlds_rank, ([free_port() for _ in range(3)], results))
     try:
         got = {r: pickle.loads(v) for r, v in (results.get(timeout=START_S) for _ in range(4))}
         for proc in ranks.procs:
@@ -293,7 +292,7 @@ def test_fsdp_survivors_rebuild_the_sharded_state_when_a_rank_is_killed(
     the state comes back in its new layout equal to the commit's, from the neighbours'
     copies (at most one step redone) or, without them, from the sharded checkpoint (at most
     the steps since it redone)."""
-    from test_elastic import still_alive, wait_for
+    from helpers import still_alive, wait_for
 
     from sparkdist import HorovodRunner
 
@@ -369,7 +368,7 @@ def test_fsdp_world_grows_and_newcomers_get_their_shards_from_memory(sc, tmp_pat
     2 more ranks join. The running ranks stop at a commit (nothing redone) and keep their
     processes; every rank of the 4-rank world gets its new shards from the 2 ranks' memory,
     equal to the commit's, with no storage read."""
-    from test_elastic import SlotHolder, still_alive, wait_for
+    from helpers import SlotHolder, still_alive, wait_for
 
     from sparkdist import HorovodRunner
 

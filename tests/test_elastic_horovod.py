@@ -22,19 +22,18 @@ import threading
 import time
 
 import pytest
-from test_elastic import SlotHolder, still_alive, wait_for
-from test_elastic_rank import (
+from driver_peers import SpawnedRanks, connect_rank
+from elastic_worlds import (
     COLLECTIVE_FAILED,
     START_S,
-    _assert_grew_from_two_to_four,
-    _connect,
-    _events,
-    _flat,
-    _model,
-    _Ranks,
-    _step,
-    _world_change,
+    assert_grew_from_two_to_four,
+    flat_parameters,
+    launch_events,
+    small_model,
+    take_step,
+    world_change,
 )
+from helpers import SlotHolder, still_alive, wait_for
 
 from sparkdist import HorovodRunner, job_environment
 
@@ -60,7 +59,7 @@ def horovod_main(out: str) -> dict:
     hvd.init()  # as any Horovod script: elastic.run re-forms Horovod for each world
     launch, pid = int(os.environ["RANK"]), os.getpid()
     log = Path(out, f"log-{launch}.jsonl")
-    model, optimizer = _model(seed=launch)  # each rank starts different: the sync makes one
+    model, optimizer = small_model(seed=launch)  # each rank starts different: the sync makes one
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     state = elastic.HorovodState(model=model, optimizer=optimizer, step=0)
 
@@ -80,14 +79,14 @@ def horovod_main(out: str) -> dict:
         write(event="enter", step=state.step, rank=hvd.rank(), size=hvd.size())
         stop = None if state.generation == 0 else state.step + STEPS_AFTER
         while stop is None or state.step < stop:
-            _step(state.model, state.optimizer, seed=1000 * state.step + hvd.rank())
+            take_step(state.model, state.optimizer, seed=1000 * state.step + hvd.rank())
             state.step += 1
             write(event="stepped", step=state.step)
             state.commit()  # world 0's last step: raises WorldChanged (grow) or fails (loss)
             if state.generation == 0:
                 assert state.step < 3000, "the test never changed the world"
                 time.sleep(0.05)
-        mine = _flat(state).tolist()
+        mine = flat_parameters(state).tolist()
         equal = all(other == mine for other in hvd.allgather_object(mine))
         return {
             "launch": launch,
@@ -118,7 +117,7 @@ def _horovod_job(out, beside, **options):
 
 
 def _steps(out, launch: int) -> list[int]:
-    return [e["step"] for e in _events(out, launch) if e["event"] == "stepped"]
+    return [e["step"] for e in launch_events(out, launch) if e["event"] == "stepped"]
 
 
 def test_horovod_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_path):
@@ -128,13 +127,13 @@ def test_horovod_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_pa
 
     def kill_rank_0() -> None:
         wait_for(lambda: all(len(_steps(tmp_path, r)) >= 3 for r in range(4)), "3 steps")
-        os.kill(next(e["pid"] for e in _events(tmp_path, 0)), signal.SIGKILL)
+        os.kill(next(e["pid"] for e in launch_events(tmp_path, 0)), signal.SIGKILL)
         killed_at.append(time.time())
 
     killed_at: list[float] = []
     runner, result = _horovod_job(tmp_path, kill_rank_0, np=4, min_np=2, max_np=4)
 
-    entries, last_before = _world_change(tmp_path, launches=range(4))
+    entries, last_before = world_change(tmp_path, launches=range(4))
     assert [e["generation"] for e in entries[0]] == [0]
     for launch in (1, 2, 3):
         first, again = entries[launch]
@@ -150,7 +149,9 @@ def test_horovod_survivors_keep_their_processes_when_a_rank_is_killed(sc, tmp_pa
     assert "rank 0" in job.reformed[0]
     assert still_alive(runner) == []
     resumed = min(
-        e["time"] for e in _events(tmp_path, 1) if e["generation"] == 1 and e["event"] == "stepped"
+        e["time"]
+        for e in launch_events(tmp_path, 1)
+        if e["generation"] == 1 and e["event"] == "stepped"
     )
     recovery = resumed - killed_at[0]
     print(f"horovod in process: {recovery:.2f} s from the kill to world 1's first step")
@@ -171,8 +172,8 @@ def test_horovod_world_grows_at_a_commit_and_newcomers_get_the_state(sc, tmp_pat
 
     runner, result = _horovod_job(out, free_the_slot, np=2, min_np=2, max_np=4)
 
-    entries, last_before = _world_change(out, launches=range(4))
-    _assert_grew_from_two_to_four(entries, last_before)
+    entries, last_before = world_change(out, launches=range(4))
+    assert_grew_from_two_to_four(entries, last_before)
     assert result["launch"] == 0 and result["generation"] == 1 and result["size"] == 4
     assert result["equal"] and result["lr"] == LR * 4
     job = runner.last_job
@@ -196,7 +197,7 @@ def _late_or_killed_rank(rank, world_size, address, secret_text, extra) -> None:
     from sparkdist.protocol import driver_channel
 
     how, in_collective = extra
-    _connect(rank, world_size, address, secret_text)
+    connect_rank(rank, world_size, address, secret_text)
     client = driver_channel.driver_client()
     horovod_world.form(Generation(0, tuple(range(world_size))), rank, client, TIMEOUT_S)
     assert (hvd.rank(), hvd.size()) == (rank, world_size)
@@ -217,7 +218,7 @@ def test_a_horovod_collective_waits_for_a_late_peer_and_fails_on_a_lost_one(how)
 
     context = multiprocessing.get_context("spawn")
     in_collective = [context.Event() for _ in range(3)]
-    ranks = _Ranks(3, _late_or_killed_rank, (how, in_collective))
+    ranks = SpawnedRanks(3, _late_or_killed_rank, (how, in_collective))
     try:
         for event in in_collective:
             assert event.wait(START_S)

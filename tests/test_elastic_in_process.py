@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_elastic import SlotHolder, still_alive, wait_for
+from helpers import SlotHolder, still_alive, wait_for
 
 import sparkdist
 from sparkdist.errors import RankFailedError
@@ -261,7 +261,7 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
     """The protocol on a real `DriverService`, without Spark: entry, a poll, a waiter
     answered when the loop re-forms the world after a loss, a newcomer answered only
     with a generation that includes it, a rank no longer a member, the job's stop."""
-    from test_driver_service import _rank
+    from driver_peers import rank_client
 
     from sparkdist.protocol import messages, wire
     from sparkdist.runner.driver.job_state import JobState
@@ -272,7 +272,7 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
     secret = wire.new_secret()
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     try:
-        ranks = [_rank(service, secret, rank) for rank in range(3)]
+        ranks = [rank_client(service, secret, rank) for rank in range(3)]
         first = messages.Generation(0, (0, 1, 2), "start")
         for rank, client in enumerate(ranks):
             assert client.request(messages.ElasticWorld(rank, -1, 5.0)) == messages.Ok(first)
@@ -293,7 +293,7 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
         assert ranks[0].request(messages.ElasticWorld(0, 0, 0)).value.members == (1, 2)
         # A newcomer (launch rank 3) is answered only with a generation that has it.
         state.add_ranks([3], "1 more rank slot(s) free")
-        newcomer = _rank(service, secret, 3)
+        newcomer = rank_client(service, secret, 3)
         reply = newcomer.request(messages.ElasticWorld(3, -1, 5.0))
         assert reply.value.number == 2 and reply.value.members == (1, 2, 3)
         assert ranks[1].request(messages.ElasticWorld(1, 1, 0)) == reply

@@ -23,38 +23,22 @@ from collections import Counter
 
 import pytest
 import torch
+from driver_peers import ELASTIC_TIMEOUT_S, SpawnedRanks, connect_rank
+from elastic_worlds import (
+    COLLECTIVE_FAILED,
+    START_S,
+    assert_grew_from_two_to_four,
+    flat_parameters,
+    launch_events,
+    small_model,
+    take_step,
+    world_change,
+)
 
 from sparkdist import elastic, job_environment
 from sparkdist.elastic import torch_group
 from sparkdist.elastic.generations import Generation
-from sparkdist.protocol import driver_channel, messages, wire
-from sparkdist.protocol.job_secret import JobSecret
-from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
-from sparkdist.runner.driver.service import DriverService
-
-TIMEOUT_S = 3.0
-"""The elastic timeout the ranks of these tests run with."""
-COLLECTIVE_FAILED = 3
-START_S = 120
-
-
-def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    return model, torch.optim.Adam(model.parameters(), lr=0.01)
-
-
-def _step(model, optimizer, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    loss = model(torch.randn(16, 4, generator=generator)).pow(2).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-
-
-def _flat(state) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
+from sparkdist.protocol import driver_channel
 
 
 class _Follower:
@@ -74,22 +58,22 @@ class _Follower:
 
 
 def test_commit_and_restore_keep_and_bring_back_the_state():
-    model, optimizer = _model(0)
+    model, optimizer = small_model(0)
     follower = _Follower()
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0, history=[1], data=follower)
-    _step(model, optimizer, 1)
+    take_step(model, optimizer, 1)
     state.step, follower.position = 1, 16
     state.history.append(2)
     state.commit()  # outside elastic.run: a local commit, no world to check
-    committed = _flat(state).clone()
+    committed = flat_parameters(state).clone()
     moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
     for attempt in range(2):  # a restored state trained on must not change the commit
-        _step(model, optimizer, 2 + attempt)
+        take_step(model, optimizer, 2 + attempt)
         state.step, follower.position = 5, 99
         state.history.append(3)
-        assert not torch.equal(_flat(state), committed)
+        assert not torch.equal(flat_parameters(state), committed)
         state.restore()
-        assert torch.equal(_flat(state), committed)
+        assert torch.equal(flat_parameters(state), committed)
         assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moments)
         assert (state.step, state.history, follower.position) == (1, [1, 2], 16)
     assert state.data is follower  # a stateful value is loaded in place, not replaced
@@ -99,22 +83,22 @@ def test_commit_and_restore_keep_and_bring_back_the_state():
 
 
 def test_a_commit_overwrites_the_last_commits_tensors_instead_of_allocating():
-    model, optimizer = _model(0)
+    model, optimizer = small_model(0)
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
-    _step(model, optimizer, 1)
+    take_step(model, optimizer, 1)
     state.commit()  # the first commit with optimizer moments: new tensors
     weight = state._saved["model"]["0.weight"]
     moments = state._saved["optimizer"]["state"][0]["exp_avg"]
     buffers = weight.untyped_storage().data_ptr(), moments.untyped_storage().data_ptr()
-    _step(model, optimizer, 2)
+    take_step(model, optimizer, 2)
     state.step = 2
     state.commit()
     again = state._saved["model"]["0.weight"], state._saved["optimizer"]["state"][0]["exp_avg"]
     assert tuple(t.untyped_storage().data_ptr() for t in again) == buffers
-    committed = _flat(state).clone()
-    _step(model, optimizer, 3)
+    committed = flat_parameters(state).clone()
+    take_step(model, optimizer, 3)
     state.restore()  # the overwritten commit is the newest one, and a restore keeps it
-    assert torch.equal(_flat(state), committed) and state.step == 2
+    assert torch.equal(flat_parameters(state), committed) and state.step == 2
     assert not any(t.data_ptr() == p.data_ptr() for t in again for p in model.parameters())
 
 
@@ -135,41 +119,25 @@ def test_run_outside_a_rank_and_bad_settings_say_so(monkeypatch):
 # --- rank processes against a real driver service ------------------------------------
 
 
-def _connect(rank: int, world_size: int, address: str, secret_text: str) -> None:
-    """What `rank/main.py` does before the user's function, for a spawned test rank."""
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            job_environment.TASK_HOST: "127.0.0.1",
-            job_environment.ELASTIC_TIMEOUT_S: str(TIMEOUT_S),
-        }
-    )
-    client = driver_channel.connect(address, JobSecret.from_text(secret_text))
-    client.request(messages.RankHello(rank, "127.0.0.1", os.getpid()))
-
-
 def _train_rank(rank, world_size, address, secret_text, results) -> None:
     import torch.distributed as dist
 
-    _connect(rank, world_size, address, secret_text)
-    model, optimizer = _model(seed=rank)  # each rank starts different: sync makes them one
+    connect_rank(rank, world_size, address, secret_text)
+    model, optimizer = small_model(seed=rank)  # each rank starts different: sync makes them one
     follower = _Follower()
     state = elastic.TorchState(model, optimizer, step=0, owner=f"rank {rank}", data=follower)
 
     @elastic.run
     def train(state):
-        entered = _flat(state)
+        entered = flat_parameters(state)
         ddp = torch.nn.parallel.DistributedDataParallel(state.model)
         while state.step < 3:
-            _step(ddp, state.optimizer, seed=100 * state.step + state.rank)
+            take_step(ddp, state.optimizer, seed=100 * state.step + state.rank)
             state.step += 1
             follower.position += 16
             state.commit()
-        committed = _flat(state)
-        _step(state.model, state.optimizer, seed=7)  # a step past the commit, rolled back
+        committed = flat_parameters(state)
+        take_step(state.model, state.optimizer, seed=7)  # a step past the commit, rolled back
         state.restore()
         state.sync()
         gathered = [torch.zeros_like(committed) for _ in range(state.world_size)]
@@ -177,7 +145,7 @@ def _train_rank(rank, world_size, address, secret_text, results) -> None:
         same = [torch.equal(g, gathered[0]) for g in gathered]
         return (
             entered.tolist(),
-            torch.equal(_flat(state), committed),
+            torch.equal(flat_parameters(state), committed),
             same,
             state.owner,
             state.step,
@@ -194,9 +162,9 @@ def _hang_rank(rank, world_size, address, secret_text, in_collective) -> None:
     the error of a broken group."""
     import torch.distributed as dist
 
-    _connect(rank, world_size, address, secret_text)
+    connect_rank(rank, world_size, address, secret_text)
     client = driver_channel.driver_client()
-    torch_group.form(Generation(0, tuple(range(world_size))), rank, client, TIMEOUT_S)
+    torch_group.form(Generation(0, tuple(range(world_size))), rank, client, ELASTIC_TIMEOUT_S)
     dist.all_reduce(torch.ones(4))  # the group works
     in_collective[rank].set()
     if rank == world_size - 1:
@@ -227,11 +195,11 @@ def _end_worlds_rank(rank, world_size, address, secret_text, results) -> None:
     by the DDP's reducer with the GIL held, that waited forever at the first world."""
     import torch.distributed as dist
 
-    _connect(rank, world_size, address, secret_text)
+    connect_rank(rank, world_size, address, secret_text)
     client = driver_channel.driver_client()
     for number in range(WORLDS):
         members = tuple(range(world_size))
-        group = torch_group.form(Generation(number, members), rank, client, TIMEOUT_S)
+        group = torch_group.form(Generation(number, members), rank, client, ELASTIC_TIMEOUT_S)
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
         ddp(torch.randn(2, 4)).sum().backward()
         torch._C._stash_obj_in_tls("test", object())
@@ -244,36 +212,9 @@ def _end_worlds_rank(rank, world_size, address, secret_text, results) -> None:
     results.put((rank, _gloo_workers()))
 
 
-class _Ranks:
-    """A real `DriverService` and `world_size` spawned rank processes connected to it."""
-
-    def __init__(self, world_size: int, target, extra):
-        self.state = JobState(JobSpec("job", world_size, b"payload", False, "all"))
-        self.secret = wire.new_secret()
-        self.service = DriverService(self.state, self.secret, "127.0.0.1", "127.0.0.1")
-        address = self.service.address
-        address = address if isinstance(address, str) else "{}:{}".format(*address)
-        context = multiprocessing.get_context("spawn")
-        self.procs = [
-            context.Process(
-                target=target, args=(r, world_size, address, self.secret.to_text(), extra)
-            )
-            for r in range(world_size)
-        ]
-        for proc in self.procs:
-            proc.start()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
-        self.service.close()
-
-
 def test_run_forms_a_gloo_group_syncs_from_rank_zero_and_trains():
     results = multiprocessing.get_context("spawn").Queue()
-    ranks = _Ranks(3, _train_rank, results)
+    ranks = SpawnedRanks(3, _train_rank, results)
     try:
         got = dict(results.get(timeout=START_S) for _ in range(3))
         for proc in ranks.procs:
@@ -281,7 +222,7 @@ def test_run_forms_a_gloo_group_syncs_from_rank_zero_and_trains():
             assert proc.exitcode == 0
     finally:
         ranks.close()
-    initial_zero = _flat(elastic.TorchState(_model(seed=0)[0])).tolist()
+    initial_zero = flat_parameters(elastic.TorchState(small_model(seed=0)[0])).tolist()
     for rank, (entered, restored, same, owner, step, places, world_rank, size) in got.items():
         assert entered == pytest.approx(initial_zero)  # every rank starts from rank 0's model
         assert restored and all(same)  # back to the commit; parameters equal on every rank
@@ -291,7 +232,7 @@ def test_run_forms_a_gloo_group_syncs_from_rank_zero_and_trains():
 
 def test_ending_worlds_frees_their_groups_without_waiting_for_the_gil():
     results = multiprocessing.get_context("spawn").Queue()
-    ranks = _Ranks(2, _end_worlds_rank, results)
+    ranks = SpawnedRanks(2, _end_worlds_rank, results)
     try:
         got = dict(results.get(timeout=START_S) for _ in range(2))
         for proc in ranks.procs:
@@ -309,19 +250,19 @@ def test_a_collective_is_unblocked_when_a_peer_dies_or_hangs(how):
     group's error, which `elastic.run` recovers from."""
     context = multiprocessing.get_context("spawn")
     in_collective = [context.Event() for _ in range(3)]
-    ranks = _Ranks(3, _hang_rank, in_collective)
+    ranks = SpawnedRanks(3, _hang_rank, in_collective)
     try:
         for event in in_collective:
             assert event.wait(START_S)
         began = time.monotonic()
         os.kill(ranks.procs[2].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        limit = 2.0 if how == "killed" else TIMEOUT_S + 5.0
+        limit = 2.0 if how == "killed" else ELASTIC_TIMEOUT_S + 5.0
         for survivor in ranks.procs[:2]:
             survivor.join(max(0.0, began + limit - time.monotonic()))
             assert survivor.exitcode == COLLECTIVE_FAILED, f"{how}: survivor still waiting"
         took = time.monotonic() - began
         if how == "stopped":
-            assert took >= TIMEOUT_S * 0.9  # gloo waited its timeout, no less
+            assert took >= ELASTIC_TIMEOUT_S * 0.9  # gloo waited its timeout, no less
     finally:
         ranks.close()
 
@@ -348,7 +289,7 @@ def ddp_main(out: str, data) -> dict:
 
     launch, pid = int(os.environ["RANK"]), os.getpid()
     log = Path(out, f"log-{launch}.jsonl")
-    model, optimizer = _model(seed=launch)
+    model, optimizer = small_model(seed=launch)
     with data.make_torch_dataloader(**LOADER) as loader:
         state = elastic.TorchState(model=model, optimizer=optimizer, step=0, loader=loader)
 
@@ -379,7 +320,7 @@ def ddp_main(out: str, data) -> dict:
                 state.commit()  # world 0's last step: raises WorldChanged (grow) or fails (loss)
                 if state.generation == 0:
                     time.sleep(0.05)  # until the test changes the world
-            mine = _flat(state)
+            mine = flat_parameters(state)
             gathered = [torch.zeros_like(mine) for _ in range(state.world_size)]
             dist.all_gather(gathered, mine)
             equal = all(torch.equal(g, mine) for g in gathered)
@@ -394,47 +335,12 @@ def ddp_main(out: str, data) -> dict:
         return train(state)
 
 
-def _events(out, launch: int) -> list[dict]:
-    import json
-
-    path = out / f"log-{launch}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _assert_grew_from_two_to_four(entries: dict[int, list[dict]], last_before: int) -> None:
-    """Launch ranks 0 and 1 went on in their processes as ranks 0 and 1 of 4, and 2 and 3
-    joined generation 1 as ranks 2 and 3, all from the step world 0 last took."""
-    for launch in (0, 1):
-        first, again = entries[launch]
-        assert (first["generation"], again["generation"]) == (0, 1)
-        assert again["pid"] == first["pid"] and (again["rank"], again["size"]) == (launch, 4)
-    for launch in (2, 3):
-        (joined,) = entries[launch]
-        assert (joined["generation"], joined["rank"], joined["size"]) == (1, launch, 4)
-    assert {e["step"] for r in range(4) for e in entries[r][-1:]} == {last_before}  # none redone
-
-
-def _world_change(out, launches) -> tuple[dict[int, list[dict]], int]:
-    """Each rank's entries into `train`, and the last step world 0 took (on any rank)."""
-    events = {launch: _events(out, launch) for launch in launches}
-    entries = {
-        launch: [e for e in found if e["event"] == "enter"] for launch, found in events.items()
-    }
-    steps = [
-        e["step"]
-        for found in events.values()
-        for e in found
-        if e["event"] == "stepped" and e["generation"] == 0
-    ]
-    return entries, max(steps)
-
-
 def _rows_read_once(out, launches, rows: int, restored: int) -> None:
     """Every row of the epoch was read once in the steps that count: world 0's up to the
     commit world 1 restored, and world 1's."""
     kept = Counter()
     for launch in launches:
-        for event in _events(out, launch):
+        for event in launch_events(out, launch):
             if event["event"] == "stepped" and (
                 event["generation"] > 0 or event["step"] <= restored
             ):
@@ -462,20 +368,20 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(spark, tmp_pat
     processes as world 0-2, from launch rank 1's last commit, at most one step redone,
     with equal parameters, each row of the epoch read once, and the job's result is
     launch rank 1's."""
-    from test_elastic import still_alive, wait_for
+    from helpers import still_alive, wait_for
 
     def commits(launch: int) -> list[int]:
-        return [e["step"] for e in _events(tmp_path, launch) if e["event"] == "stepped"]
+        return [e["step"] for e in launch_events(tmp_path, launch) if e["event"] == "stepped"]
 
     def kill_rank_0() -> None:
         wait_for(lambda: all(len(commits(r)) >= 3 for r in range(4)), "3 steps on every rank")
-        os.kill(next(e["pid"] for e in _events(tmp_path, 0)), signal.SIGKILL)
+        os.kill(next(e["pid"] for e in launch_events(tmp_path, 0)), signal.SIGKILL)
         killed_at.append(time.time())
 
     killed_at: list[float] = []
     runner, result = _ddp_job(spark, tmp_path, 2000, kill_rank_0, np=4, min_np=2, max_np=4)
 
-    entries, last_before = _world_change(tmp_path, launches=range(4))
+    entries, last_before = world_change(tmp_path, launches=range(4))
     assert [e["generation"] for e in entries[0]] == [0]
     for launch in (1, 2, 3):
         first, again = entries[launch]
@@ -490,7 +396,9 @@ def test_ddp_survivors_keep_their_processes_when_a_rank_is_killed(spark, tmp_pat
     assert job.attempts == 1 and job.failures == [] and len(job.reformed) == 1
     assert still_alive(runner) == []
     resumed = min(
-        e["time"] for e in _events(tmp_path, 1) if e["generation"] == 1 and e["event"] == "stepped"
+        e["time"]
+        for e in launch_events(tmp_path, 1)
+        if e["generation"] == 1 and e["event"] == "stepped"
     )
     recovery = resumed - killed_at[0]
     print(f"in process: {recovery:.2f} s from the kill to world 1's first step")
@@ -503,20 +411,20 @@ def test_ddp_world_grows_at_a_commit_and_newcomers_get_the_state_by_broadcast(sp
     see it at a commit (`WorldChanged`: no step redone), keep their processes, and the
     newcomers start from their state (synced by broadcast, not from storage), their loaders
     too: each row of the epoch is read once."""
-    from test_elastic import SlotHolder, still_alive, wait_for
+    from helpers import SlotHolder, still_alive, wait_for
 
     out = tmp_path / "ranks"
     out.mkdir()
     holder = SlotHolder(spark.sparkContext, tmp_path, slots=1)
 
     def free_the_slot() -> None:
-        wait_for(lambda: all(len(_events(out, r)) >= 4 for r in range(2)), "3 steps")
+        wait_for(lambda: all(len(launch_events(out, r)) >= 4 for r in range(2)), "3 steps")
         holder.release()
 
     runner, result = _ddp_job(spark, out, 16000, free_the_slot, np=2, min_np=2, max_np=4)
 
-    entries, last_before = _world_change(out, launches=range(4))
-    _assert_grew_from_two_to_four(entries, last_before)
+    entries, last_before = world_change(out, launches=range(4))
+    assert_grew_from_two_to_four(entries, last_before)
     assert result["launch"] == 0 and result["generation"] == 1 and result["equal"]
     assert result["lr"] == LR * 4
     _rows_read_once(out, range(4), rows=16000, restored=last_before)

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from helpers import assert_nothing_left
 
 from sparkdist import (
     HorovodRunner,
@@ -20,7 +21,6 @@ from sparkdist import (
     PayloadError,
     RankFailedError,
 )
-from sparkdist.protocol.processes import ProcessRecord
 
 LAUNCHERS = ["mpi", "direct"]
 PLACEMENTS = [2, -2]
@@ -37,18 +37,6 @@ def allreduce_main(scale):
     rank, size = dist.get_rank(), dist.get_world_size()
     dist.destroy_process_group()
     return {"rank": rank, "size": size, "sum": value.item() * scale}
-
-
-def assert_nothing_left(runner: HorovodRunner, roles: set[str]) -> None:
-    """Every process the job recorded is gone, and the job recorded what it should."""
-    records: list[ProcessRecord] = runner.last_job.processes
-    assert roles <= {r.role for r in records}, records
-    deadline = time.monotonic() + 15
-    alive = [r for r in records if r.alive()]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [r for r in alive if r.alive()]
-    assert alive == []
 
 
 def job_roles(np: int, launcher: str) -> set[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import stall_jobs
+from helpers import assert_nothing_left
 
 from sparkdist import HorovodRunner, job_environment
 from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
@@ -251,7 +252,7 @@ def test_a_relayed_supervisor_cut_off_twice_leaves_the_stacks_before_it_stops(
     assert not job.is_alive()
     left = json.loads(Path(f"{prefix}rank0").read_text())
     assert re.search(r"stall_jobs.py\", line \d+ in wait_noting_supervisor", left["text"]), left
-    _assert_gone(runner)
+    assert_nothing_left(runner)
 
 
 def _run_failing(runner, note: str) -> None:
@@ -368,15 +369,6 @@ def test_stall_options_are_checked_and_off_turns_them_off():
 # --- jobs on the driver (np < 0): the same service, supervisors and ranks, no Spark -------
 
 
-def _assert_gone(runner) -> None:
-    deadline = time.monotonic() + 15
-    alive = [p for p in runner.last_job.processes if p.alive()]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if p.alive()]
-    assert alive == []
-
-
 def test_a_time_limit_says_where_each_rank_was(tmp_path):
     lock = tmp_path / "lock"
     lock.touch()
@@ -389,7 +381,7 @@ def test_a_time_limit_says_where_each_rank_was(tmp_path):
     assert where in str(failed.value)
     log = (Path(runner.last_job.rank_logs) / "rank-1.log").read_text()
     assert "[sparkdist] stacks (the job's time limit ran out" in log and "in stuck" in log
-    _assert_gone(runner)
+    assert_nothing_left(runner)
 
 
 def test_a_stall_warning_shows_the_stacks_and_the_job_goes_on(tmp_path, caplog):
@@ -426,7 +418,7 @@ def test_a_stall_timeout_fails_the_job_with_the_stacks(tmp_path):
     assert "stalled: no rank showed a sign of life" in str(failed.value)
     assert "ranks 0-1 (host " in failed.value.stacks
     assert "): silent_wait (stall_jobs.py:" in failed.value.stacks
-    _assert_gone(runner)
+    assert_nothing_left(runner)
 
 
 def test_py_spy_is_found_beside_python_and_can_be_turned_off(tmp_path):

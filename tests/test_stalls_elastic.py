@@ -18,7 +18,7 @@ import threading
 
 import pytest
 import stall_jobs
-from test_stacks import _assert_gone
+from helpers import assert_nothing_left
 
 from sparkdist import HorovodRunner
 from sparkdist.errors import JobStalledError
@@ -69,7 +69,7 @@ def test_a_stalled_elastic_job_names_the_blocked_rank_and_the_collective(tmp_pat
     _assert_blocked_and_waiting(failed.value.stacks)
     assert warnings.seen.is_set()
     _assert_blocked_and_waiting(warnings.in_train[0])
-    _assert_gone(runner)
+    assert_nothing_left(runner)
 
 
 def test_elastic_commits_are_signs_of_life(warnings):
@@ -77,4 +77,4 @@ def test_elastic_commits_are_signs_of_life(warnings):
     steps = runner.run_all(stall_jobs.elastic_silent_commits, seconds=10)
     assert all(step > 20 for step in steps), steps  # ten seconds of commits in silence
     assert warnings.in_train == []
-    _assert_gone(runner)
+    assert_nothing_left(runner)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from checks import records, wait_all_gone, wait_no_job_processes
 from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
-from test_cluster import records, wait_all_gone, wait_no_job_processes
 
 pytestmark = pytest.mark.cluster
 
