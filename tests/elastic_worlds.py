@@ -68,5 +68,26 @@ def world_change(out, launches) -> tuple[dict[int, list[dict]], int]:
     return entries, max(steps)
 
 
+def enter_world(state, generation: int, members: tuple, launch: int, port: int) -> None:
+    """Form world `generation` (its members' launch ranks, in order) and sync the state
+    into it, as `elastic.run` does on each entry."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from sparkdist.elastic.generations import Generation
+    from sparkdist.elastic.torch_group import TorchGroup
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    rank = members.index(launch)
+    store = dist.TCPStore(
+        "127.0.0.1", port, len(members), is_master=rank == 0, timeout=datetime.timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=len(members))
+    state._group = TorchGroup(Generation(generation, members), rank, "gloo", store)
+    state.sync()
+
+
 for _pickler in (cloudpickle, pyspark_cloudpickle):
     _pickler.register_pickle_by_value(sys.modules[__name__])

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from elastic_worlds import enter_world
 from helpers import free_port, train_step
 from helpers import fsdp_model as build  # an MLP sharded over the world
 
@@ -74,27 +75,6 @@ def test_plan_takes_the_newest_commit_the_new_world_holds_whole():
 # --- worlds formed by spawned processes themselves -----------------------------------
 
 
-def _enter(state, generation: int, members: tuple, launch: int, port: int) -> None:
-    """Form world `generation` (its members' launch ranks, in order) and sync the state
-    into it, as `elastic.run` does on each entry."""
-    import datetime
-
-    import torch.distributed as dist
-
-    from sparkdist.elastic.generations import Generation
-    from sparkdist.elastic.torch_group import TorchGroup
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    rank = members.index(launch)
-    store = dist.TCPStore(
-        "127.0.0.1", port, len(members), is_master=rank == 0, timeout=datetime.timedelta(seconds=60)
-    )
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=len(members))
-    state._group = TorchGroup(Generation(generation, members), rank, "gloo", store)
-    state.sync()
-
-
 def _worlds_rank(launch: int, world_size: int, address: str, secret: str, extra) -> None:
     """Launch ranks 0-2 form world 0 and commit 3 steps; rank 2 is lost (it ends); 0 and 1
     form world 1 (2 ranks) from memory and step once more; newcomer 3 joins them in world 2
@@ -106,7 +86,7 @@ def _worlds_rank(launch: int, world_size: int, address: str, secret: str, extra)
     state = elastic.ShardedTorchState(build, save_every=1000, step=0)
     report = []
     if launch < 3:
-        _enter(state, 0, (0, 1, 2), launch, ports[0])
+        enter_world(state, 0, (0, 1, 2), launch, ports[0])
         report.append((state.restored_from, state.step, full_state(state)))
         for _ in range(3):
             train_step(state.model, state.optimizer, state.step)
@@ -121,13 +101,13 @@ def _worlds_rank(launch: int, world_size: int, address: str, secret: str, extra)
             dist.destroy_process_group()
             return
         state.restore()
-        _enter(state, 1, (0, 1), launch, ports[1])
+        enter_world(state, 1, (0, 1), launch, ports[1])
         report.append((state.restored_from, state.step, full_state(state)))
         train_step(state.model, state.optimizer, state.step)
         state.step += 1
         state.commit()
         report.append(("committed", state.step, full_state(state)))
-    _enter(state, 2, (0, 1, 3), launch, ports[2])
+    enter_world(state, 2, (0, 1, 3), launch, ports[2])
     report.append((state.restored_from, state.step, full_state(state)))
     results.put((launch, pickle.dumps(report)))  # not shared memory: it may end first
 
