@@ -19,7 +19,7 @@ from fake_gpus import FAKE_GPU_DISCOVERY, run_with_fake_gpus
 
 from sparkdist.backends.gpu import owned_devices, split_by_local_rank
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REAL_DISCOVERY = REPO / "conf" / "gpu_discovery.sh"
 
 CHILD = textwrap.dedent(

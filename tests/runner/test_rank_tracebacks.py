@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LATEST_CLOUDPICKLE = REPO / ".venv-cloudpickle-latest"
 """Made by `make bootstrap`: pip install --target .venv-cloudpickle-latest cloudpickle==3.1.3"""
 

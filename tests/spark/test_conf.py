@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[2]
 CONF = REPO / "conf"
 BIN = Path(sys.executable).parent
 

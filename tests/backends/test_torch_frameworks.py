@@ -23,7 +23,7 @@ from sparkdist import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor
 
 pytest.importorskip("pytorch_lightning")
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 LIGHTNING = SCRIPTS / "lightning_fit.py"
 DDP = SCRIPTS / "ddp_fit.py"
 DEEPSPEED = SCRIPTS / "deepspeed_fit.py"

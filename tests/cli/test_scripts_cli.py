@@ -12,7 +12,7 @@ import pytest
 
 from sparkdist import HorovodRunner, RankFailedError
 
-SCRIPT = Path(__file__).parent / "scripts" / "train_digits.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "train_digits.py"
 VENV_BIN = Path(sys.executable).parent
 
 

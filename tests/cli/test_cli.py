@@ -1,7 +1,7 @@
 """The `sparkdist` command's options and its errors: each usage error is one line and
 exit code 2 before any Spark starts; a failed job is exit code 1, Ctrl-C 130; every
 option has help; -v/-q work after the subcommand too. The command's runs on Spark are
-in tests/test_scripts_cli.py, tests/test_clean_output.py and tests/test_connect.py."""
+in tests/cli/test_scripts_cli.py, tests/test_clean_output.py and tests/spark/test_connect.py."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_every_runner_option_is_a_documented_flag():
         else:
             assert (default, option.name) in ((inspect.Parameter.empty, "np"), (None, "env"))
     flags = _runner_flags()
-    table = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    table = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     table = table.split("| flag | option | meaning |", 1)[1].split("\n\n", 1)[0]
     for name in names:
         flag = "--" + name.replace("_", "-")

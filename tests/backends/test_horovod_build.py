@@ -25,7 +25,7 @@ pytestmark = [
     requires("horovod", "run `make horovod` (init_scripts/install_horovod.sh)"),
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "init_scripts" / "install_horovod.sh"
 HOROVODRUN = Path(sysconfig.get_path("scripts")) / "horovodrun"
 HOROVOD_VERSION = "0.28.1"

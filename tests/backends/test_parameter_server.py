@@ -17,7 +17,7 @@ import pytest
 import sparkdist
 from sparkdist import RankFailedError
 
-SCRIPTS = str(Path(__file__).parent / "scripts")
+SCRIPTS = str(Path(__file__).parents[1] / "scripts")
 
 
 def chief_custom_loop(scripts: str, kill_worker_at: int | None = None, **kwargs) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "petastorm_side_check.py"
 SIDE_VENV = Path(os.environ.get("SPARKDIST_PETASTORM_VENV", ROOT / ".venv-petastorm"))
 N_ROWS = 1000

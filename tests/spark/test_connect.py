@@ -22,8 +22,8 @@ from helpers import free_port
 
 from sparkdist.spark.connect_server import LocalConnectServer
 
-ROOT = Path(__file__).resolve().parents[1]
-CLIENT = Path(__file__).with_name("connect_client.py")
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = Path(__file__).parents[1] / "connect_client.py"
 
 
 # The server's Spark UI, whose REST API shows what a client's jobs are called.

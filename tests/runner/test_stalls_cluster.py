@@ -19,8 +19,8 @@ import stall_jobs
 
 from sparkdist import HorovodRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-CHILD = Path(__file__).with_name("stalls_cluster_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).parents[1] / "stalls_cluster_child.py"
 
 
 @pytest.fixture(scope="module")

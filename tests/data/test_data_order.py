@@ -2,7 +2,7 @@
 
 Pure logic (sparkdist.data.rank.order), checked over many seeded random layouts, world sizes,
 batch sizes and resize histories; the readers on real Spark data are in test_data.py and
-test_runner_data.py.
+tests/runner/test_runner_data.py.
 """
 
 from __future__ import annotations

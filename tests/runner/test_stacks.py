@@ -3,7 +3,7 @@ contract between a supervisor and its rank; the straggler measure; and jobs on t
 driver (np < 0, no Spark) that hang, stall or are interrupted.
 
 The cluster's cases (np=3 under both launchers, stragglers) are in
-tests/test_stalls_cluster.py; Spark Connect's relay mode in tests/test_connect.py."""
+tests/runner/test_stalls_cluster.py; Spark Connect's relay mode in tests/spark/test_connect.py."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
 from sparkdist.runner.driver.stragglers import SUSTAIN_S, WINDOW_S, Stragglers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A process like a rank: it listens for stack requests, then blocks in the user's code
 # (a lock, or a queue a reader thread never fills), with helper threads around; or keeps
@@ -497,7 +497,7 @@ def test_ctrl_c_in_a_notebook_like_script_shows_the_stacks_and_leaves_nothing(tm
     script.write_text(NOTEBOOK)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(Path(__file__).parent)],
+        [sys.executable, str(script), str(Path(__file__).parents[1])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -22,7 +22,7 @@ import sparkdist.tune
 from sparkdist.tune import TooManyFailedTrialsError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-HERE = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 def quadratic(trial):
@@ -336,7 +336,7 @@ spark.stop()
 
 def test_resume_from_sqlite_storage(sc, tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), *sys.path])}
     # The first driver runs 3 trials and exits; this process is the restarted driver.
     subprocess.run([sys.executable, "-c", RESUME_DRIVER, storage], env=env, check=True, timeout=240)
     study = optuna.load_study(study_name="resume", storage=storage)
@@ -366,11 +366,11 @@ def test_distributed_trials_two_at_once_pruned_and_interrupted(tmp_path):
     pytest.importorskip("torch")
     markers = tmp_path / "markers"
     markers.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), *sys.path])}
     out = tmp_path / "out.txt"
     with open(out, "w") as stdout, open(tmp_path / "err.txt", "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "scripts" / "tune_cluster.py"), str(markers)],
+            [sys.executable, str(TESTS / "scripts" / "tune_cluster.py"), str(markers)],
             env=env,
             stdout=stdout,
             stderr=stderr,

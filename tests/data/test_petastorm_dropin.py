@@ -472,7 +472,7 @@ def test_copy_is_removed_when_the_driver_exits(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from helpers import build_spark
         from sparkdist.data import SparkDatasetConverter, make_spark_converter
         spark = build_spark("local[1]")

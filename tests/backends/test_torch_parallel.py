@@ -14,7 +14,7 @@ from sparkdist import HorovodRunner
 
 pytest.importorskip("accelerate")
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 STEPS = 6
 LR = 0.1
 

@@ -206,7 +206,7 @@ def test_bad_input_is_named_before_any_write(spark, tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         make_spark_converter(spark.range(3), dtype="float16", cache_dir_url=tmp_path.as_uri())
 
-    # Null values and ragged arrays: refused at conversion (tests/test_data_sources.py has more).
+    # Null values and ragged arrays: refused at conversion (test_data_sources.py has more).
     nulls = spark.sql("select id, if(id = 2, null, cast(id as double)) as x from range(5)")
     with pytest.raises(ValueError, match="column 'x' has 1 null values"):
         make_spark_converter(nulls, cache_dir_url=tmp_path.as_uri())
@@ -284,7 +284,7 @@ def test_driver_removes_its_cache_at_exit(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from helpers import build_spark
         from sparkdist.data import make_spark_converter
         spark = build_spark("local[1]")
