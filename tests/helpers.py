@@ -1,10 +1,13 @@
 """What the tests share: free ports, the Spark session they build, small converters, a
-`sparkdist run` that must refuse its options, and the rank and trial functions that both an
-in-process test and the Spark Connect client (tests/connect_client.py) run.
+`sparkdist run` that must refuse its options, the checks that a job left no process behind,
+a Spark job that holds slots (the other work of a shared cluster), and the rank and trial
+functions that several tests and the Spark Connect client (tests/connect_client.py) run.
 
-Importable from a test module, a conftest, a script under tests/scripts or a child process
-(tests/ on its path). Its functions travel to the executors by value (they cannot import
-this module), with sparkdist's cloudpickle and pyspark's own copy.
+Importable from a test module in any folder of tests/, a conftest, a script under
+tests/scripts or a child process (tests/ on its path). Its functions travel to the executors
+by value (they cannot import this module), with sparkdist's cloudpickle and pyspark's own
+copy. Beside it: driver_peers.py (peers of a real DriverService), elastic_worlds.py (the
+elastic torch tests' model and event logs), cluster/checks.py (the multi-host tests').
 """
 
 from __future__ import annotations
