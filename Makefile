@@ -9,7 +9,7 @@ STAMP := $(VENV)/.sparkdist-$(shell cat requirements/lock.txt requirements/no-de
 PETASTORM_VENV := .venv-petastorm
 PETASTORM_REQS := requirements/petastorm-side.txt
 PETASTORM_STAMP := $(PETASTORM_VENV)/.sparkdist-$(shell cat $(PETASTORM_REQS) setup.py | sha256sum | cut -c1-16)
-# The newest cloudpickle beside the lock's, for tests/test_rank_tracebacks.py (3.1.3 renames
+# The newest cloudpickle beside the lock's, for tests/runner/test_rank_tracebacks.py (3.1.3 renames
 # every pickled function's file to "<dynamic-code>"; rank tracebacks must show source lines anyway).
 CLOUDPICKLE_LATEST := .venv-cloudpickle-latest
 CLOUDPICKLE_LATEST_VERSION := 3.1.3

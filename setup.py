@@ -25,7 +25,8 @@ EXTRAS = {
         "ruff>=0.6",
         "matplotlib>=3.8",
         "hyperopt>=0.2.7",
-        # The torch frameworks that sparkdist runs unchanged (tests/test_torch_frameworks.py).
+        # The torch frameworks that sparkdist runs unchanged
+        # (tests/backends/test_torch_frameworks.py).
         "pytorch-lightning>=2.2",
         "accelerate>=0.30",
         "deepspeed>=0.14.1",

@@ -38,15 +38,15 @@ def _build(params: float):
 
 
 def _rank(launch: int, world_size: int, address: str, secret: str, extra) -> None:
-    from test_elastic_fsdp import _enter
-    from test_elastic_rank import _connect
+    from driver_peers import connect_rank
+    from elastic_worlds import enter_world
 
     from sparkdist import elastic
 
     params, commits, ports, results = extra
-    _connect(launch, world_size, address, secret)
+    connect_rank(launch, world_size, address, secret)
     state = elastic.ShardedTorchState(lambda: _build(params), save_every=10**9, step=0)
-    _enter(state, 0, (0, 1, 2), launch, ports[0])
+    enter_world(state, 0, (0, 1, 2), launch, ports[0])
     times = {}
     for copies in (True, False):
         state.neighbour_copy, took = copies, []
@@ -62,21 +62,21 @@ def _rank(launch: int, world_size: int, address: str, secret: str, extra) -> Non
         return
     state.restore()
     began = time.perf_counter()
-    _enter(state, 1, (0, 1), launch, ports[1])
+    enter_world(state, 1, (0, 1), launch, ports[1])
     results.put((launch, times, (state.restored_from, time.perf_counter() - began)))
 
 
 def main() -> None:
-    from test_elastic_fsdp import _free_port
-    from test_elastic_rank import _Ranks
+    from driver_peers import SpawnedRanks
+    from helpers import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=10e6)
     parser.add_argument("--commits", type=int, default=5)
     args = parser.parse_args()
     results = multiprocessing.get_context("spawn").Queue()
-    ports = [_free_port() for _ in range(2)]
-    ranks = _Ranks(3, _rank, (args.params, args.commits, ports, results))
+    ports = [free_port() for _ in range(2)]
+    ranks = SpawnedRanks(3, _rank, (args.params, args.commits, ports, results))
     try:
         got = {
             launch: (times, rebuilt)

@@ -18,8 +18,9 @@ from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# py-spy's native stacks cost a stack dump 0.1-3 s (more under load, with torch): only
-# the tests of them turn it on (test_stacks.py, `SPARKDIST_PY_SPY=""` in the job's env).
+# py-spy's native stacks cost a stack dump 0.1-3 s (more under load, with torch): only the
+# tests of them turn it on (tests/runner/test_stacks.py, `SPARKDIST_PY_SPY=""` in the job's
+# env).
 os.environ.setdefault("SPARKDIST_PY_SPY", "off")
 
 # The compatibility suite runs in each runtime's own environment (`make compat`), not here.

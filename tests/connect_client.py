@@ -1,4 +1,4 @@
-"""A Spark Connect client process for tests/test_connect.py: no JVM, no SparkContext.
+"""A Spark Connect client process for tests/spark/test_connect.py: no JVM, no SparkContext.
 
     python tests/connect_client.py SCENARIO  (SPARK_REMOTE=sc://host:port)
 

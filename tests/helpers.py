@@ -1,10 +1,13 @@
 """What the tests share: free ports, the Spark session they build, small converters, a
-`sparkdist run` that must refuse its options, and the rank and trial functions that both an
-in-process test and the Spark Connect client (tests/connect_client.py) run.
+`sparkdist run` that must refuse its options, the checks that a job left no process behind,
+a Spark job that holds slots (the other work of a shared cluster), and the rank and trial
+functions that several tests and the Spark Connect client (tests/connect_client.py) run.
 
-Importable from a test module, a conftest, a script under tests/scripts or a child process
-(tests/ on its path). Its functions travel to the executors by value (they cannot import
-this module), with sparkdist's cloudpickle and pyspark's own copy.
+Importable from a test module in any folder of tests/, a conftest, a script under
+tests/scripts or a child process (tests/ on its path). Its functions travel to the executors
+by value (they cannot import this module), with sparkdist's cloudpickle and pyspark's own
+copy. Beside it: driver_peers.py (peers of a real DriverService), elastic_worlds.py (the
+elastic torch tests' model and event logs), cluster/checks.py (the multi-host tests').
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import cloudpickle
 from pyspark import cloudpickle as pyspark_cloudpickle
@@ -66,7 +72,6 @@ def log_from_every_rank():
 
 def sleeps_unless_first(trial):
     """A trial objective: trial 0 returns at once, every later one runs for 10 minutes."""
-    import time
 
     trial.suggest_float("x", 0, 1)
     if trial.number == 0:
@@ -117,3 +122,98 @@ def refused_by_sparkdist_run(tmp_path, *options: str) -> str:
     )
     assert done.returncode == 2, done.stderr
     return done.stderr
+
+
+# --- a job's processes, and the other work of a shared cluster ----------------------
+
+
+class SlotHolder:
+    """A Spark job whose tasks each hold one slot until `release()`: the other work of a
+    shared cluster."""
+
+    def __init__(self, sc, tmp_path: Path, slots: int):
+        self.started = tmp_path / "holder-started"
+        self.released = tmp_path / "holder-released"
+        self.started.mkdir()
+        started, released = str(self.started), str(self.released)
+
+        def hold(rows):
+            import os
+
+            Path(started, str(os.getpid())).touch()
+            while not os.path.exists(released):
+                time.sleep(0.05)
+            yield from rows
+
+        def run() -> None:
+            sc.setJobGroup("slot-holder", "holds slots for a test", True)
+            sc.parallelize(range(slots), slots).mapPartitions(hold).collect()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: len(list(self.started.iterdir())) == slots, "the holder's tasks")
+
+    def release_when(self, path: Path) -> None:
+        """Release the slots once `path` exists (the training code creates it)."""
+        threading.Thread(
+            target=lambda: (wait_for(path.exists, "the release", 300), self.release()),
+            daemon=True,
+        ).start()
+
+    def release(self) -> None:
+        self.released.touch()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+
+
+def still_alive(runner) -> list:
+    """The job's recorded processes (every attempt's) that are still running 15 s after
+    it ended (tasks stop theirs as they end, which may be just after the driver knows)."""
+
+    running = [p for p in runner.last_job.processes if p.alive()]
+    deadline = time.monotonic() + 15
+    while running and time.monotonic() < deadline:
+        time.sleep(0.1)
+        running = [p for p in running if p.alive()]
+    return running
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def assert_nothing_left(runner, roles: set[str] = frozenset()) -> None:
+    """Every process the job recorded is gone (within 15 s of its end), and the job
+    recorded a process of each of `roles`."""
+    records = runner.last_job.processes
+    assert roles <= {r.role for r in records}, records
+    assert still_alive(runner) == []
+
+
+# --- what ranks run (by value) -------------------------------------------------------
+
+
+def fsdp_model():
+    """A small MLP sharded with FSDP2 (each Linear, then the whole), and its optimizer."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def train_step(model, opt, step: int) -> None:
+    import torch
+
+    batch = torch.randn(8, 16, generator=torch.Generator().manual_seed(1000 + step))
+    model(batch).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()

@@ -1,5 +1,5 @@
 """What a clean run of a real command looks like: the checks tests/test_clean_output.py
-and tests/test_demo.py apply to a command's whole output (stdout and stderr, up to the
+and tests/cli/test_demo.py apply to a command's whole output (stdout and stderr, up to the
 JVM's exit)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The jobs of the stall tests (tests/test_stacks.py, tests/test_stalls_cluster.py,
+"""The jobs of the stall tests (tests/runner/test_stacks.py, tests/runner/test_stalls_cluster.py,
 tests/connect_client.py): ranks that hang in the user's own code or crawl. Imported by
 reference on the ranks (the driver's import path reaches them)."""
 

@@ -1,4 +1,4 @@
-"""The cluster's stall scenarios, run by tests/test_stalls_cluster.py in a process of
+"""The cluster's stall scenarios, run by tests/runner/test_stalls_cluster.py in a process of
 their own: three executors (`local-cluster[3,1,1024]`), which the test session's shared
 two-executor Spark cannot give. Prints one `RESULT {json}` line."""
 

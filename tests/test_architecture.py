@@ -86,7 +86,7 @@ def test_the_spark_internals_contract_reads_import_lines():
 def test_environment_names_are_spelled_in_job_environment_only():
     """Every `SPARKDIST_*` variable name in the code is a constant of job_environment.py
     (prose in docstrings and messages may name them). The one exception is mpirun's rsh
-    agent, which imports nothing of sparkdist to start fast; tests/test_rsh_relay.py
+    agent, which imports nothing of sparkdist to start fast; tests/runner/test_rsh_relay.py
     checks that its two names are job_environment's."""
     exempt = {"sparkdist/job_environment.py", "sparkdist/runner/task/rsh.py"}
     spelled = set()

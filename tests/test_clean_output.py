@@ -3,7 +3,7 @@ real commands has no ERROR line, no Java stack trace, no C++ start-up log from t
 ranks, and no warning raised by sparkdist's own use of a framework; yet an error from
 Spark during a job is still shown. Each test runs its command in a new process, since
 what is checked is how that process's Spark starts and stops. The demo's output is
-checked by tests/test_demo.py, on the one demo run of the suite."""
+checked by tests/cli/test_demo.py, on the one demo run of the suite."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
   `pip install '.[extras]'` (the extras exist), `sparkdist ...` (parsed by the real CLI
   parser, so every flag and value is one it takes; `entrypoint`, `--version` and `--help`
   forms run for real, `doctor` as `doctor --help`: its checks start Spark, and
-  tests/test_doctor.py runs them), `spark-submit ... "$(sparkdist entrypoint)" ...` (the
+  tests/cli/test_doctor.py runs them), `spark-submit ... "$(sparkdist entrypoint)" ...` (the
   sparkdist part parsed), `python PATH --help` (runs). Any other command fails the test.
 * yaml, json and ini blocks parse.
 * text blocks are program output and diagrams, not code: they are the only blocks not run.
@@ -180,7 +180,7 @@ def _check_sparkdist(args: list[str], where: str) -> None:
     from sparkdist.cli import build_parser, main
 
     if args[-1:] == ["doctor"]:  # a check of the whole machine (starts Spark): its help here
-        args = [*args, "--help"]  # test_doctor.py runs the checks themselves
+        args = [*args, "--help"]  # cli/test_doctor.py runs the checks themselves
     if not args or set(args) & {"--version", "--help", "-h"} or args[0] == "entrypoint":
         # Run for real, in this process: the CLI's own `main` (what `sparkdist` and
         # `python -m sparkdist` call), without a new interpreter importing sparkdist again.

@@ -1,7 +1,7 @@
 """NCCL's flight recorder on a stall (issue 48): needs a GPU, so it is skipped elsewhere.
 The scenario lives in tests/gpu/stall_check.py, which `make gpu-check` runs as check 9
 (one rank on the driver: NCCL refuses two ranks of one communicator on one GPU). The
-environment and command logic it relies on is unit-tested in tests/test_stacks.py."""
+environment and command logic it relies on is unit-tested in tests/runner/test_stacks.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ TensorFlow ranks (a barrier stage, mpirun, an elastic gang) arrive on the driver
 order, in the driver's MLflow run as step metrics and on `runner.last_job`; a
 distributed tune trial is pruned by a reported value and its ranks stop; every Spark job
 these submit is described in Spark's status store (what the Spark UI shows). Connect:
-tests/test_connect.py (scenario "report")."""
+tests/spark/test_connect.py (scenario "report")."""
 
 from __future__ import annotations
 

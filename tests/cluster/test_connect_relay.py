@@ -156,7 +156,7 @@ def test_relaunch_needs_a_shared_checkpoint_dir(relay_server):
 def test_relayed_job_resumes_from_a_shared_checkpoint_after_a_lost_executor(
     cluster, relay_server, tmp_path
 ):
-    from test_cluster import host_of, wait_progress
+    from checks import host_of, wait_progress
 
     progress = tmp_path / "progress"
     progress.mkdir()

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from checks import records, wait_all_gone, wait_no_job_processes
 from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
-from test_cluster import records, wait_all_gone, wait_no_job_processes
 
 pytestmark = pytest.mark.cluster
 
@@ -163,7 +163,7 @@ def check_each_epoch_read_once(steps: list[dict]) -> None:
     """The ids the world read, step by step across the attempts: each finished epoch has
     every row once (plus the few pads that even out its last step), an unfinished last one
     no row twice. Whether a change falls inside an epoch depends on when it came (one
-    at an epoch's end leaves every epoch to one world size); tests/test_data_elastic.py
+    at an epoch's end leaves every epoch to one world size); tests/data/test_data_elastic.py
     changes the world inside an epoch on purpose."""
     epochs = sorted({row["epoch"] for row in steps})
     assert epochs == list(range(len(epochs))) and len(epochs) >= 3, epochs

@@ -5,7 +5,7 @@ PyTorch RPC parameter server (1 server, 2 trainers), each trained on digits."""
 from __future__ import annotations
 
 import pytest
-from test_cluster import RUNNER, records, wait_all_gone
+from checks import RUNNER, records, wait_all_gone
 
 pytestmark = pytest.mark.cluster
 

@@ -7,7 +7,7 @@ Gloo uses (TP_SOCKET_IFNAME from the torch backend), never there."""
 from __future__ import annotations
 
 import pytest
-from test_cluster import RUNNER, in_network
+from checks import RUNNER, in_network
 
 pytestmark = pytest.mark.cluster
 

@@ -4,7 +4,7 @@ back to two ranks) and gets the state by broadcast. At the end the parameters an
 optimizer state are on `device` and equal on both ranks.
 
 Ranks are spawned processes against the driver's real `DriverService` (no Spark), as in
-tests/test_elastic_rank.py; this side plays the driver's loop: it reports the loss and
+tests/elastic/test_elastic_rank.py; this side plays the driver's loop: it reports the loss and
 forms the smaller world, then seats the newcomer.
 """
 

@@ -1,7 +1,7 @@
 """Runs inside the petastorm side environment (.venv-petastorm: Spark 3.5, pyarrow 14,
 numpy 1.x, petastorm 0.13.1), where sparkdist.data should pick petastorm.
 
-Started by tests/test_petastorm_side.py as a subprocess. It converts a small DataFrame
+Started by tests/data/test_petastorm_side.py as a subprocess. It converts a small DataFrame
 with a local Spark 3.5, reads it back shard by shard through make_torch_dataloader, and
 prints what it saw as one JSON object on the last line of stdout; the test makes the
 assertions, so a failure there shows the observed values.

@@ -1,4 +1,4 @@
-"""Driver for tests/test_tune.py's 4-slot part: distributed trials on their own
+"""Driver for tests/tune/test_tune.py's 4-slot part: distributed trials on their own
 local-cluster[2,2,1024] (the test session's Spark has 2 slots, and one SparkContext per
 process is all pyspark allows).
 

@@ -1,0 +1,306 @@
+"""In-process elastic worlds, the driver's side (issue 40), on real Spark (local-cluster,
+two one-core executors, the session's): ranks that speak the protocol themselves
+(`messages.ElasticWorld` over their driver channel, as `sparkdist.elastic.run` does) in
+a minimal loop: enter, write a marker of each generation they are in (with their pid),
+poll for a newer one, return once the test says stop.
+
+* a rank killed by the test: the survivors keep their processes, the next generation
+  has them (world rank 0 a survivor), the job's result is its members[0]'s, and nothing
+  is relaunched;
+* a task standing by (a slot another Spark job held, then freed): seated into the
+  running attempt with fresh launch ranks, the next generation includes them;
+* a task lost (its Python worker killed): its ranks are left behind, and Spark's retry of
+  the task is seated back;
+* a loss before every rank entered, or below min_np: relaunched as ever;
+* max_failures counts a loss re-formed in process: the next one fails the job;
+* the protocol itself on a real `DriverService` (no Spark).
+
+Two ranks per task (`ranks_per_task=2`) give a world of four ranks on the two slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import SlotHolder, still_alive, wait_for
+
+import sparkdist
+from sparkdist.errors import RankFailedError
+from sparkdist.runner.driver.failures import FAILURE_SETTLE_S
+
+
+def elastic_loop(out: str) -> dict | None:
+    """A rank's minimal in-process loop: each generation it is in goes to a marker
+    file; not a member any more, it leaves (returns None); else it returns its last
+    world once `out/stop` exists."""
+    import psutil
+
+    from sparkdist.protocol import messages
+    from sparkdist.protocol.driver_channel import driver_client
+
+    client, rank, pid = driver_client(), int(os.environ["RANK"]), os.getpid()
+    write_whole(Path(out, f"pid-{rank}"), str(pid))
+    # The Spark task's Python worker: the parent of this rank's supervisor.
+    write_whole(Path(out, f"task-pid-{rank}"), str(psutil.Process(os.getppid()).ppid()))
+    reply = client.request(messages.ElasticWorld(rank, -1, 60.0))
+    assert isinstance(reply, messages.Ok), reply
+    world, deadline = as_marker(reply.value), time.monotonic() + 240
+    while True:
+        marker = {**world, "pid": pid, "time": time.time()}
+        write_whole(Path(out, f"gen{world['generation']}-rank{rank}.json"), json.dumps(marker))
+        if rank not in world["members"]:
+            return None
+        while not Path(out, "stop").exists():
+            reply = client.request(messages.ElasticWorld(rank, world["generation"], 0))
+            if isinstance(reply, messages.Ok):
+                world = as_marker(reply.value)
+                break
+            assert time.monotonic() < deadline, "the test never said stop"
+            time.sleep(0.05)
+        else:
+            return {**marker, "rank": rank}
+
+
+def as_marker(generation) -> dict:
+    """A `messages.Generation` as the JSON marker the test reads back."""
+    return {
+        "generation": generation.number,
+        "members": list(generation.members),
+        "reason": generation.reason,
+    }
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` at `path` so that a reader never sees it half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def run_beside(action, runner, out: Path):
+    """Run `elastic_loop` with `runner` while `action()` (what the test does to the
+    world: kill, free a slot, say stop) runs in a thread beside it."""
+    beside = threading.Thread(target=action, daemon=True)
+    beside.start()
+    try:
+        return runner.run(elastic_loop, out=str(out))
+    finally:
+        beside.join(timeout=5)
+
+
+def markers(out: Path, generation: int) -> dict[int, dict]:
+    """The markers of `generation`, by launch rank."""
+    found = {}
+    for path in out.glob(f"gen{generation}-rank*.json"):
+        found[int(path.stem.split("rank")[1])] = json.loads(path.read_text())
+    return found
+
+
+def test_killed_rank_leaves_the_survivors_running(sc, tmp_path, caplog):
+    out = tmp_path
+
+    def kill_rank_0_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        killed_at.append(time.time())
+        os.kill(int((out / "pid-0").read_text()), signal.SIGKILL)
+        wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
+        # The lost rank's late reports (its supervisor's exit) must not fail the job,
+        # which they would once they settled.
+        time.sleep(FAILURE_SETTLE_S + 1)
+        (out / "stop").touch()
+
+    killed_at: list[float] = []
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
+    with caplog.at_level("WARNING", logger="sparkdist.runner.driver"):
+        result = run_beside(kill_rank_0_then_stop, runner, out)
+
+    before, after = markers(out, 0), markers(out, 1)
+    assert before[0]["members"] == [0, 1, 2, 3]
+    assert sorted(after) == [1, 2, 3]
+    for rank, marker in after.items():
+        assert marker["members"] == [1, 2, 3]  # survivors in order: world rank 0 is rank 1
+        assert marker["pid"] == before[rank]["pid"]  # the same process as before
+    assert "SIGKILL" in after[1]["reason"] and "rank 0" in after[1]["reason"]
+    # The job's result is world rank 0's of the last generation: launch rank 1's.
+    assert result == {**after[1], "rank": 1}
+    seen = max(m["time"] for m in after.values()) - killed_at[0]
+    print(f"in process: {seen:.2f} s from the kill to generation 1 on every survivor")
+    job = runner.last_job
+    assert job.launcher == "direct"  # auto is direct for an elastic job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and "SIGKILL" in job.reformed[0]
+    changes = [r.getMessage() for r in caplog.records if "in process" in r.getMessage()]
+    assert len(changes) == 1 and "world 4 -> 3 ranks in process: rank 0" in changes[0]
+    assert still_alive(runner) == []
+
+
+def test_lost_task_leaves_its_ranks_behind_and_its_retry_joins_back(sc, tmp_path):
+    """The Python worker of the task that holds ranks 2 and 3 is killed (a lost executor,
+    in miniature): the world goes on with ranks 0 and 1 in their processes; Spark runs
+    the task again, it checks in, and is seated back with fresh launch ranks 4 and 5."""
+    out = tmp_path
+
+    def kill_task_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        os.kill(int((out / "task-pid-2").read_text()), signal.SIGKILL)
+        wait_for(lambda: len(markers(out, 2)) == 4, "generation 2 seen by every rank", 180)
+        (out / "stop").touch()
+
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
+    result = run_beside(kill_task_then_stop, runner, out)
+
+    first, shrunk, grown = markers(out, 0), markers(out, 1), markers(out, 2)
+    assert sorted(shrunk) == [0, 1] and shrunk[0]["members"] == [0, 1]
+    assert "lost contact with rank 2" in shrunk[0]["reason"]
+    assert sorted(grown) == [0, 1, 4, 5] and grown[0]["members"] == [0, 1, 4, 5]
+    for rank in (0, 1):
+        assert first[rank]["pid"] == shrunk[rank]["pid"] == grown[rank]["pid"]
+    assert result == {**grown[0], "rank": 0}
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 2 and job.reformed[1].startswith("grew: 2 more rank slot(s)")
+    assert still_alive(runner) == []
+
+
+def test_task_standing_by_joins_the_running_world(sc, tmp_path):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    holder = SlotHolder(sc, tmp_path, slots=1)
+
+    def free_slot_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 2, "generation 0 entered")
+        holder.release()
+        wait_for(lambda: len(markers(out, 1)) == 4, "generation 1 seen by every rank", 180)
+        (out / "stop").touch()
+
+    runner = sparkdist.HorovodRunner(np=2, min_np=2, max_np=4, ranks_per_task=2)
+    result = run_beside(free_slot_then_stop, runner, out)
+
+    before, after = markers(out, 0), markers(out, 1)
+    assert sorted(before) == [0, 1] and before[0]["members"] == [0, 1]
+    assert sorted(after) == [0, 1, 2, 3]
+    assert all(m["members"] == [0, 1, 2, 3] for m in after.values())
+    assert [after[r]["pid"] for r in (0, 1)] == [before[r]["pid"] for r in (0, 1)]
+    assert "ranks [2, 3] joined" in after[0]["reason"]
+    assert result == {**after[0], "rank": 0}
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and job.reformed[0].startswith("grew: 2 more rank slot(s)")
+    assert still_alive(runner) == []
+
+
+def killed_in_first_attempt(out: str, rank1_enters: bool) -> str:
+    """In the first attempt rank 0 enters in-process elastic code and rank 1 (having
+    entered too, if `rank1_enters`) is killed; the relaunched attempt just returns."""
+    from sparkdist import checkpoint
+    from sparkdist.protocol import messages
+    from sparkdist.protocol.driver_channel import driver_client
+
+    rank, client = int(os.environ["RANK"]), driver_client()
+    if checkpoint.attempt() > 0:
+        return f"attempt {checkpoint.attempt()}"
+    if rank == 0 or rank1_enters:
+        assert isinstance(client.request(messages.ElasticWorld(rank, -1, 60.0)), messages.Ok)
+        Path(out, f"entered-{rank}").touch()
+    if rank == 0:
+        while True:  # until the job aborts this attempt
+            client.request(messages.ElasticWorld(0, 0, 5.0))
+    while not Path(out, "entered-0").exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("min_np", "rank1_enters"),
+    [(1, False), (2, True)],
+    ids=["before-every-rank-entered", "below-min-np"],
+)
+def test_loss_that_cannot_re_form_in_process_relaunches(sc, tmp_path, min_np, rank1_enters):
+    """A rank lost before every rank entered elastic code, or one that would leave fewer
+    than min_np: the job relaunches as it always did."""
+    runner = sparkdist.HorovodRunner(np=2, min_np=min_np, max_np=2)
+    result = runner.run(killed_in_first_attempt, out=str(tmp_path), rank1_enters=rank1_enters)
+    assert result == "attempt 1"
+    job = runner.last_job
+    assert job.attempts == 2 and job.reformed == []
+    assert len(job.failures) == 1 and "SIGKILL" in job.failures[0]
+    assert still_alive(runner) == []
+
+
+def test_in_process_losses_count_against_max_failures(sc, tmp_path):
+    """max_failures=1: the first loss re-forms the world in process and spends it; the
+    second fails the job (no relaunch left either)."""
+    out = tmp_path
+
+    def kill(rank: int) -> None:
+        os.kill(int((out / f"pid-{rank}").read_text()), signal.SIGKILL)
+
+    def kill_twice() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 4, "generation 0 entered by every rank")
+        kill(3)
+        wait_for(lambda: len(markers(out, 1)) == 3, "generation 1 seen by the survivors")
+        kill(2)
+
+    runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2, max_failures=1)
+    with pytest.raises(RankFailedError) as err:
+        run_beside(kill_twice, runner, out)
+    assert err.value.rank == 2 and err.value.exit_code == -signal.SIGKILL
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert len(job.reformed) == 1 and "rank 3" in job.reformed[0]
+    assert still_alive(runner) == []
+
+
+def test_driver_answers_elastic_world_requests_as_generations_form():
+    """The protocol on a real `DriverService`, without Spark: entry, a poll, a waiter
+    answered when the loop re-forms the world after a loss, a newcomer answered only
+    with a generation that includes it, a rank no longer a member, the job's stop."""
+    from driver_peers import rank_client
+
+    from sparkdist.protocol import messages, wire
+    from sparkdist.runner.driver.job_state import JobState
+    from sparkdist.runner.driver.records import JobSpec
+    from sparkdist.runner.driver.service import DriverService
+
+    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=2))
+    secret = wire.new_secret()
+    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
+    try:
+        ranks = [rank_client(service, secret, rank) for rank in range(3)]
+        first = messages.Generation(0, (0, 1, 2), "start")
+        for rank, client in enumerate(ranks):
+            assert client.request(messages.ElasticWorld(rank, -1, 5.0)) == messages.Ok(first)
+        assert isinstance(ranks[1].request(messages.ElasticWorld(1, 0, 0)), messages.Missing)
+        assert isinstance(ranks[1].request(messages.ElasticWorld(1, 0, 0.2)), messages.Missing)
+        # Ranks 1 and 2 wait for the next generation; rank 0 is lost (SIGKILL).
+        for rank in (1, 2):
+            ranks[rank]._channel.send(messages.encode(messages.ElasticWorld(rank, 0, 30.0)))
+        state.losses.rank_exited(0, -signal.SIGKILL, [])
+        assert sorted(state.membership.pending) == [0] and state.failures.stopping is None
+        assert state.membership.can_shrink()
+        state.membership.shrink()  # as the loop of attempts decides
+        for rank in (1, 2):
+            reply = messages.decode(ranks[rank]._channel.recv(), messages.RANK_REPLIES)
+            assert reply.value.number == 1 and reply.value.members == (1, 2)
+            assert "rank 0" in reply.value.reason and "SIGKILL" in reply.value.reason
+        # Rank 0, were it alive, would hear it is no longer a member.
+        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)).value.members == (1, 2)
+        # A newcomer (launch rank 3) is answered only with a generation that has it.
+        state.add_ranks([3], "1 more rank slot(s) free")
+        newcomer = rank_client(service, secret, 3)
+        reply = newcomer.request(messages.ElasticWorld(3, -1, 5.0))
+        assert reply.value.number == 2 and reply.value.members == (1, 2, 3)
+        assert ranks[1].request(messages.ElasticWorld(1, 1, 0)) == reply
+        # The job stops: a waiting rank is told.
+        ranks[2]._channel.send(messages.encode(messages.ElasticWorld(2, 2, 30.0)))
+        state.stop("abort", "test over")
+        stopped = messages.decode(ranks[2]._channel.recv(), messages.RANK_REPLIES)
+        assert isinstance(stopped, messages.Failed) and "test over" in stopped.error
+    finally:
+        service.close()
