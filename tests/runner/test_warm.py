@@ -3,18 +3,20 @@ executors), real ranks, real torch.distributed over Gloo, kept between runs."""
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
 
-from sparkdist import HorovodRunner, RankFailedError
+from sparkdist import HorovodRunner, JobTimeoutError, RankFailedError
 from sparkdist.protocol import messages, wire
 from sparkdist.runner.driver import warm
 from sparkdist.runner.rank.warm import RefusedRun, check_order
@@ -57,6 +59,15 @@ def pid():
     import os
 
     return os.getpid()
+
+
+def stuck(path):
+    """Say it runs (a file per rank), then wait for ever, silently."""
+    import os
+    import threading
+
+    open(f"{path}.{os.environ['RANK']}", "w").close()
+    threading.Event().wait()
 
 
 def _gone(pids, timeout_s=30.0) -> list[int]:
@@ -248,3 +259,37 @@ def test_a_warm_runs_payload_crosses_to_each_task_once(sc):
             assert [r["x"] for r in runner.run_all(where_am_i, x=x)] == [x] * 4
             job = runner.last_job
             assert job.payload_bytes_sent == 2 * job.payload_bytes
+
+
+def test_a_run_past_its_time_limit_ends_the_world_with_its_stacks(tmp_path):
+    with HorovodRunner(np=-2, launcher="direct", keep_warm=120, timeout=5) as runner:
+        before = runner.run_all(pid)
+        with pytest.raises(JobTimeoutError) as timed_out:
+            runner.run(stuck, path=str(tmp_path / "ran"))
+        assert "time limit" in str(timed_out.value)
+        assert "stuck" in str(timed_out.value)  # where each rank was
+        assert runner.last_job.outcome == "failed"
+        assert _gone(before) == []
+        assert set(runner.run_all(pid)).isdisjoint(before)  # a new world
+
+
+def test_an_interrupted_warm_run_stops_its_world(tmp_path):
+    marker = tmp_path / "ran"
+
+    def interrupt_when_ranks_run():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(os.path.exists(f"{marker}.{r}") for r in range(2)):
+                _thread.interrupt_main()
+                return
+            time.sleep(0.1)
+
+    with HorovodRunner(np=-2, launcher="direct", keep_warm=120) as runner:
+        before = runner.run_all(pid)
+        watcher = threading.Thread(target=interrupt_when_ranks_run, daemon=True)
+        watcher.start()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(stuck, path=str(marker))
+        watcher.join()
+        assert runner.last_job.outcome == "interrupted"
+        assert _gone(before) == []
