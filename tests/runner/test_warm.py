@@ -186,9 +186,10 @@ def test_a_rank_refuses_a_run_signed_with_an_earlier_runs_key(monkeypatch):
 
 DRIVER = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from pyspark.sql import SparkSession
     from sparkdist import HorovodRunner
+    from sparkdist.runner.driver import warm
 
     def pid():
         import os
@@ -198,16 +199,25 @@ DRIVER = textwrap.dedent(
     runner = HorovodRunner(np=2, keep_warm=600, start_timeout=120)
     runner.run_all(pid)
     print(" ".join(str(p.pid) for p in runner.last_job.processes), flush=True)
+    if sys.argv[1] == "stop":
+        spark.stop()
+        deadline = time.monotonic() + 30
+        while warm.current() is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        print("released" if warm.current() is None else "still kept", flush=True)
     sys.stdin.read()  # until the test kills this driver
     """
 )
 
 
-def test_a_killed_driver_leaves_no_rank_or_task(tmp_path):
+@pytest.mark.parametrize("end", ["kill", "stop"])
+def test_a_killed_driver_or_stopped_session_leaves_no_rank_or_task(tmp_path, end):
+    """The driver process killed (a kernel killed), or its SparkSession stopped: within
+    30 s no rank, supervisor or Spark process of the warm world is left."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     driver = subprocess.Popen(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), end],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
@@ -217,12 +227,16 @@ def test_a_killed_driver_leaves_no_rank_or_task(tmp_path):
         pids = [int(p) for p in line.split()]
         assert pids, "the driver's warm run recorded no process"
         assert [p for p in pids if _alive(p)] == pids  # warm: still there after the run
-        # Its Spark (the JVM, executors, Python workers) and their tasks too.
-        pids += [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
+        if end == "stop":  # the driver lives on: its world's processes end
+            assert driver.stdout.readline().decode().strip() == "released"
+            left = _gone(pids, timeout_s=30.0)
+        else:  # its Spark (the JVM, executors, Python workers) and their tasks too
+            pids += [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-    left = _gone(pids, timeout_s=30.0)
+    if end == "kill":
+        left = _gone(pids, timeout_s=30.0)
     for pid_ in left:  # ours: started by this test
         os.kill(pid_, signal.SIGKILL)
     assert left == []
