@@ -17,14 +17,16 @@ from sparkdist.tracking.driver import (
     step_metrics,
     use_default_tracking,
 )
-from sparkdist.tracking.rank import autolog, setup_rank
+from sparkdist.tracking.rank import TRACKING_ENV, autolog, hand_back, setup_rank
 from sparkdist.tracking.uris import absolute_tracking_uri, default_tracking_uri
 
 __all__ = [
     "CREDENTIAL_ENV_VARS",
+    "TRACKING_ENV",
     "absolute_tracking_uri",
     "autolog",
     "default_tracking_uri",
+    "hand_back",
     "log_job",
     "rank0_credentials",
     "quiet_mlflow",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 
 from sparkdist.tracking.uris import redact_uri
 
@@ -29,6 +30,18 @@ def _leave_run_running(run_id: str) -> None:
             mlflow.end_run(status="RUNNING")
     except Exception as error:  # exiting anyway; the driver still ends the run
         logger.warning("sparkdist.tracking: could not hand run %s back: %s", run_id, error)
+
+
+TRACKING_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID")
+"""What `driver.rank_environment` sets: a warm world's run replaces it with its own."""
+
+
+def hand_back() -> None:
+    """After a warm world's run: the driver's run that rank 0 joined is handed back,
+    still RUNNING, so the next run joins whichever run is active on the driver then."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if run_id and "mlflow" in sys.modules:
+        _leave_run_running(run_id)
 
 
 def setup_rank() -> None:

@@ -307,3 +307,19 @@ def test_an_interrupted_warm_run_stops_its_world(tmp_path):
         watcher.join()
         assert runner.last_job.outcome == "interrupted"
         assert _gone(before) == []
+
+
+def test_each_warm_run_logs_into_the_driver_run_active_then(sc, driver_mlflow):
+    from helpers import log_from_every_rank
+    from mlflow import MlflowClient
+
+    with HorovodRunner(np=2, launcher="direct", keep_warm=120, start_timeout=120) as runner:
+        with driver_mlflow.start_run() as first:
+            assert runner.run_all(log_from_every_rank)[0] == first.info.run_id
+        with driver_mlflow.start_run() as second:
+            assert runner.run_all(log_from_every_rank)[0] == second.info.run_id
+    for run in (first, second):
+        data = MlflowClient().get_run(run.info.run_id).data
+        assert data.metrics.get("from_rank_0") == 1.0 and "from_rank_1" not in data.metrics
+        assert data.tags["sparkdist.outcome"] == "succeeded"
+    assert MlflowClient().get_run(first.info.run_id).info.status == "FINISHED"

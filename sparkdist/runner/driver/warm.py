@@ -111,8 +111,9 @@ class WarmDispatch:
                 self.finished[rank] = report
                 self.cond.notify_all()
 
-    def submit(self, job_id: str, blob: bytes, all_results: bool, rank0_env) -> int:
-        """Hand the idle ranks a new run; its number."""
+    def submit(self, job_id: str, blob: bytes, all_results: bool, env, rank0_env) -> int:
+        """Hand the idle ranks a new run (`env` for every rank, `rank0_env` for rank 0
+        alone); its number."""
         with self.cond:
             while self.secret is None and not self.over:
                 self.cond.wait(0.2)
@@ -120,7 +121,7 @@ class WarmDispatch:
                 raise self._gone()
             number = 1 if self.order is None else self.order.run + 1
             signature = self.secret.run_tag(job_id, blob)
-            self.order = messages.WarmRun(number, job_id, blob, signature, all_results)
+            self.order = messages.WarmRun(number, job_id, blob, signature, all_results, env)
             self.rank0_env = rank0_env
             self.finished = {}
             waiting, self.waiting = self.waiting, {}
@@ -131,8 +132,8 @@ class WarmDispatch:
     def _for_rank(self, rank: int) -> messages.WarmRun:
         order = self.order
         send = order.send_result or rank == 0
-        env = self.rank0_env if rank == 0 else messages.SecretEnv()
-        return order._replace(send_result=send, env=env)
+        env = {**order.env, **self.rank0_env} if rank == 0 else dict(order.env)
+        return order._replace(send_result=send, env=messages.SecretEnv(env))
 
     def wait(self, deadline: float | None) -> list[messages.WarmDone]:
         """Until every rank finished the run (their reports, in rank order); raises the
@@ -253,9 +254,11 @@ class WarmWorld:
         started = time.monotonic()
         first_reported = len(self.report.reported)
         sent_before = d.payload_bytes_sent
+        # The driver's MLflow run now (this thread's): rank 0 logs into it.
+        run_env = tracking.rank_environment()
         credentials = messages.SecretEnv(tracking.rank0_credentials())
         try:
-            d.submit(report.job_id, blob, all_results, credentials)
+            d.submit(report.job_id, blob, all_results, run_env, credentials)
             self.runs += 1
             state = d.state
             for rank in range(d.num_ranks):

@@ -110,9 +110,9 @@ def run_one(order: messages.WarmRun, client) -> Any:
 
     env, cwd, place = _start
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update({k: v for k, v in env.items() if k not in tracking.TRACKING_ENV})
     os.environ[job_environment.JOB_ID] = order.job_id
-    os.environ.update(order.env)
+    os.environ.update(order.env)  # the driver's MLflow run now, rank 0's credentials
     os.chdir(cwd)
     prepare_rank(rank_context(RunRendezvous(client, order.job_id), place, os.environ))
     tracking.setup_rank()
@@ -127,6 +127,7 @@ def run_one(order: messages.WarmRun, client) -> Any:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    tracking.hand_back()
     free_run()
     return value
 
