@@ -123,7 +123,7 @@ def warm_rows(repeat: int, only: str | None, model_mb: int) -> list[tuple[str, f
             times = [time_one(lambda: runner.run(torch_job), expected) for _ in range(repeat)]
         rows.append((f"sparkdist {name}", times[0], statistics.median(times[1:])))
         print(f"  measured {name}: run 1 {times[0]:.2f}s, then {times[1:]}", flush=True)
-    if model_mb and not only:
+    if model_mb:
         rows += model_rows(repeat, model_mb)
     return rows
 

@@ -136,7 +136,6 @@ def free_run() -> None:
     """What a run leaves that would fail or weigh on the next: a default torch process
     group still up (the next run's `init_process_group` would raise) and torch's cached
     CUDA memory. What modules hold is kept: that is what a warm world is for."""
-    gc.collect()
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
 
@@ -146,4 +145,5 @@ def free_run() -> None:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():
+            gc.collect()  # the run's tensors no longer referenced, then their blocks
             torch.cuda.empty_cache()
