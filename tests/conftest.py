@@ -2,7 +2,8 @@
 
 `local-cluster[2,1,1024]` starts two real executor JVMs (each with its own Python
 workers), so barrier stages behave as on a multi-host cluster. Everything listens on
-127.0.0.1.
+127.0.0.1. The fixtures that the compatibility suite (tests/compat/conftest.py) shares are
+defined once in helpers.py: `spark`, `sc`, `converter`, `cancer`, `cancer_df`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 
 import pytest
-from helpers import build_spark, small_groups_converter
+from helpers import cancer, cancer_df, converter, spark_fixtures  # noqa: F401 - fixtures
 from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa: F401 - fixtures
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -43,31 +44,5 @@ def _logging_restored():
         logging.getLogger(name).setLevel(saved)
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """The session's SparkSession (local-cluster with two executors)."""
-    session = build_spark()
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def sc(spark):
-    return spark.sparkContext
-
-
-@pytest.fixture(scope="module")
-def converter(request, spark, tmp_path_factory):
-    """The converter of the requesting module's rows, ``converter_frame(spark)``, cached in
-    small row groups (about 100 rows each) and deleted after the module."""
-    df = request.module.converter_frame(spark)
-    with small_groups_converter(df, tmp_path_factory.mktemp("converter-cache")) as made:
-        yield made
-
-
-@pytest.fixture(scope="session")
-def cancer():
-    """scikit-learn's breast cancer data, (X, y): 569 rows, 30 features, 2 classes."""
-    from sklearn.datasets import load_breast_cancer
-
-    return load_breast_cancer(return_X_y=True)
+# The session's SparkSession (local-cluster with two executors) and its SparkContext.
+spark, sc = spark_fixtures()

@@ -16,7 +16,7 @@ import sys
 import time
 
 import psutil
-from helpers import log_from_every_rank, sleeps_unless_first
+from helpers import frame, log_from_every_rank, sleeps_unless_first, still_alive
 
 
 def connect():
@@ -186,15 +186,12 @@ def scenario_data(spark):
 
 def scenario_ensemble(spark):
     import numpy as np
-    import pandas as pd
     from sklearn.datasets import load_breast_cancer
     from sklearn.linear_model import LogisticRegression
 
     from sparkdist.ensemble import PartitionEnsemble
 
-    X, y = load_breast_cancer(return_X_y=True)
-    data = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
-    data["label"] = y
+    data = frame(*load_breast_cancer(return_X_y=True))
     df = spark.createDataFrame(data)
     columns = [c for c in data.columns if c != "label"]
     model = PartitionEnsemble(LogisticRegression(max_iter=2000), n_estimators=2, random_state=0)
@@ -619,14 +616,9 @@ def scenario_report(spark):
 
 
 def alive(runner) -> list[int]:
-    """The job's recorded processes that still run 15 s after the job ended (tasks stop
-    them as they end, which may be just after the client has its answer)."""
-    deadline = time.monotonic() + 15
-    running = [r for r in runner.last_job.processes if r.alive()]
-    while running and time.monotonic() < deadline:
-        time.sleep(0.1)
-        running = [r for r in running if r.alive()]
-    return [r.pid for r in running]
+    """The pids of `helpers.still_alive`: the job's processes still running 15 s after it
+    ended."""
+    return [r.pid for r in still_alive(runner)]
 
 
 def main() -> None:

@@ -1,13 +1,17 @@
-"""What the tests share: free ports, the Spark session they build, small converters, a
-`sparkdist run` that must refuse its options, the checks that a job left no process behind,
-a Spark job that holds slots (the other work of a shared cluster), and the rank and trial
-functions that several tests and the Spark Connect client (tests/connect_client.py) run.
+"""What the tests share: free ports, the Spark session they build and the fixtures defined
+once (`spark`, `sc`, `converter`, `cancer`, `cancer_df`), small converters, the breast cancer
+frames, a `sparkdist run` that must refuse its options, the checks that a job left no process
+behind, a Spark job that holds slots (the other work of a shared cluster), and the rank and
+trial functions that several tests and the Spark Connect client (tests/connect_client.py) run.
 
 Importable from a test module in any folder of tests/, a conftest, a script under
-tests/scripts or a child process (tests/ on its path). Its functions travel to the executors
-by value (they cannot import this module), with sparkdist's cloudpickle and pyspark's own
-copy. Beside it: driver_peers.py (peers of a real DriverService), elastic_worlds.py (the
-elastic torch tests' model and event logs), cluster/checks.py (the multi-host tests').
+tests/scripts or a child process (tests/ on its path), in the main environment and in each
+runtime's (`make compat`: tests/compat/conftest.py takes its fixtures from here too), so it
+imports at its top only what every one of them has; the rest inside the functions. Its
+functions travel to the executors by value (they cannot import this module), with
+sparkdist's cloudpickle and pyspark's own copy. Beside it: driver_peers.py (peers of a real
+DriverService), elastic_worlds.py (the elastic torch tests' model and event logs),
+cluster/checks.py (the multi-host tests').
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cloudpickle
+import pytest
 from pyspark import cloudpickle as pyspark_cloudpickle
 
 SPARK_MASTER = os.environ.get("SPARKDIST_TEST_MASTER", "local-cluster[2,1,1024]")
@@ -56,6 +61,69 @@ def small_groups_converter(df, cache_dir) -> Iterator:
         yield made
     finally:
         made.delete()
+
+
+# --- the fixtures, defined once: a conftest takes them in by importing them -----------
+
+
+def spark_fixtures(master: str = SPARK_MASTER, app_name: str = "sparkdist-tests"):
+    """The session-scoped `spark` (a `build_spark` session, stopped at the end) and `sc`
+    fixtures, for a conftest to bind: ``spark, sc = spark_fixtures()``. The compatibility
+    suite names its master (local-cluster whatever the main suite's) and app."""
+
+    @pytest.fixture(scope="session")
+    def spark():
+        session = build_spark(master=master, app_name=app_name)
+        yield session
+        session.stop()
+
+    @pytest.fixture(scope="session")
+    def sc(spark):
+        return spark.sparkContext
+
+    return spark, sc
+
+
+@pytest.fixture(scope="module")
+def converter(request, spark, tmp_path_factory):
+    """The converter of the requesting module's rows, ``converter_frame(spark)``, cached in
+    small row groups (about 100 rows each) and deleted after the module."""
+    df = request.module.converter_frame(spark)
+    with small_groups_converter(df, tmp_path_factory.mktemp("converter-cache")) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def cancer():
+    """scikit-learn's breast cancer data, (X, y): 569 rows, 30 features, 2 classes."""
+    from sklearn.datasets import load_breast_cancer
+
+    return load_breast_cancer(return_X_y=True)
+
+
+@pytest.fixture(scope="session")
+def cancer_df(spark, cancer):
+    """The breast cancer data on Spark: f0..f29, label and their 'features' vector, cached."""
+    X, y = cancer
+    return with_vector(spark, frame(X, y)).cache()
+
+
+def frame(X, y, prefix: str = "f"):
+    """A pandas frame of features ``X`` (columns f0, f1, ...) and ``label`` ``y``."""
+    import pandas as pd
+
+    data = pd.DataFrame(X, columns=[f"{prefix}{i}" for i in range(X.shape[1])])
+    data["label"] = y
+    return data
+
+
+def with_vector(spark, data):
+    """A Spark DataFrame with the feature columns and their VectorAssembler 'features'."""
+    from pyspark.ml.feature import VectorAssembler
+
+    columns = [c for c in data.columns if c != "label"]
+    df = spark.createDataFrame(data)
+    return VectorAssembler(inputCols=columns, outputCol="features").transform(df)
 
 
 def log_from_every_rank():

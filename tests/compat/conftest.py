@@ -2,8 +2,9 @@
 
 `make compat` runs this directory once in each runtime's environment (`.venv-<runtime>`,
 built from requirements/runtimes/<runtime>.txt: that runtime's Spark, Python, numpy, pandas,
-pyarrow, cloudpickle, scikit-learn and MLflow), with `--confcutdir=tests/compat`, so none of
-the main suite's fixtures (which need the main environment's packages) load here. Everything
+pyarrow, cloudpickle, scikit-learn and MLflow), with `--confcutdir=tests/compat`, so the main
+conftest (whose MLflow server fixtures need the main environment's packages) does not load
+here; the fixtures both suites share are defined once in tests/helpers.py. Everything
 else runs on the main stack only (tests/); docs/getting-started.md says what runs where, and why.
 
 One SparkSession (local-cluster[2,1,1024]: two executor JVMs) serves the whole run: each
@@ -24,9 +25,11 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 ROOT = Path(__file__).resolve().parents[2]
-# The tests' shared helpers (tests/helpers.py); the main conftest stays out of this run.
+# The tests' shared helpers and fixtures (tests/helpers.py, which imports at its top only what
+# every runtime has); the main conftest (mlflow's server, the main stack's packages) stays out
+# of this run.
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import build_spark  # noqa: E402
+from helpers import cancer, cancer_df, converter, spark_fixtures  # noqa: E402, F401 - fixtures
 
 RUNTIME = os.environ.get("SPARKDIST_RUNTIME", "")
 RUNTIME_FILE = ROOT / "requirements" / "runtimes" / f"{RUNTIME}.txt"
@@ -59,13 +62,5 @@ def runtime_python() -> str:
 collect_ignore = [] if "torch" in runtime_requirements() else ["test_compat_torch.py"]
 
 
-@pytest.fixture(scope="session")
-def spark():
-    session = build_spark(master="local-cluster[2,1,1024]", app_name="sparkdist-compat")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def sc(spark):
-    return spark.sparkContext
+# Local-cluster whatever master the main suite is pointed at (SPARKDIST_TEST_MASTER).
+spark, sc = spark_fixtures(master="local-cluster[2,1,1024]", app_name="sparkdist-compat")

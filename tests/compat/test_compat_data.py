@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from sparkdist import HorovodRunner
-from sparkdist.data import make_spark_converter
 
 N_ROWS = 200
 
 
-@pytest.fixture(scope="module")
-def converter(spark, tmp_path_factory):
+def converter_frame(spark):
+    """The rows of this module's `converter` (tests/helpers.py): written by the runtime's
+    Spark, in small row groups."""
     from pyspark.ml.feature import VectorAssembler
 
     frame = pd.DataFrame(
@@ -26,14 +25,7 @@ def converter(spark, tmp_path_factory):
     )
     df = spark.createDataFrame(frame).repartition(3)
     df = VectorAssembler(inputCols=["x", "id"], outputCol="features").transform(df)
-    cache = tmp_path_factory.mktemp("converter-cache")
-    made = make_spark_converter(
-        df.select("id", "x", "flag", "features"),
-        parquet_row_group_size_bytes=1024,
-        cache_dir_url=cache.as_uri(),
-    )
-    yield made
-    made.delete()
+    return df.select("id", "x", "flag", "features")
 
 
 def test_each_rank_reads_its_equal_shard_once(sc, converter):

@@ -5,10 +5,7 @@ Spark ML writers and readers (pyspark 3.5's want a SparkContext, 4.x's take a se
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
-import pytest
-from helpers import pipeline_saved_and_loaded
-from sklearn.datasets import load_breast_cancer
+from helpers import frame, pipeline_saved_and_loaded
 from sklearn.tree import DecisionTreeClassifier
 
 from sparkdist.ensemble import (
@@ -20,23 +17,8 @@ from sparkdist.ensemble import (
 )
 
 
-@pytest.fixture(scope="module")
-def cancer(spark):
-    """(pandas frame with f0..f29 and label, the Spark DataFrame with 'features' added)."""
-    from pyspark.ml.feature import VectorAssembler
-
-    X, y = load_breast_cancer(return_X_y=True)
-    data = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
-    data["label"] = y
-    columns = [c for c in data.columns if c != "label"]
-    df = VectorAssembler(inputCols=columns, outputCol="features").transform(
-        spark.createDataFrame(data)
-    )
-    return data, df.cache()
-
-
-def test_fit_predict_on_spark_save_and_load(spark, cancer, tmp_path):
-    data, df = cancer
+def test_fit_predict_on_spark_save_and_load(spark, cancer, cancer_df, tmp_path):
+    data, df = frame(*cancer), cancer_df
     columns = [c for c in data.columns if c != "label"]
     model = PartitionEnsemble(
         DecisionTreeClassifier(max_depth=4), n_estimators=2, random_state=3
@@ -57,7 +39,7 @@ def test_spark_ml_pipeline_fit_save_load(spark, cancer, tmp_path):
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
 
-    data, _ = cancer
+    data = frame(*cancer)
     columns = [c for c in data.columns if c != "label"]
     df = spark.createDataFrame(data)
     stage = SparkPartitionEnsemble(

@@ -24,7 +24,7 @@ LOADER = {"batch_size": 20, "num_epochs": 1, "shuffle": True, "seed": 3, "pad_co
 
 
 def converter_frame(spark):
-    """The rows of this module's `converter` (tests/conftest.py)."""
+    """The rows of this module's `converter` (tests/helpers.py)."""
     return spark.range(N_ROWS).selectExpr("id", "cast(id as double) as x").repartition(4)
 
 

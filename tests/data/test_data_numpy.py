@@ -21,7 +21,7 @@ SHUFFLED = {"shuffle": True, "seed": 11, "shuffle_buffer_rows": 300}
 
 
 def converter_frame(spark):
-    """The rows of this module's `converter` (tests/conftest.py): 1001 rows in 5 files of
+    """The rows of this module's `converter` (tests/helpers.py): 1001 rows in 5 files of
     small row groups, an id, a float and a 3-float array."""
     df = spark.range(N_ROWS).selectExpr(
         "id", "cast(id as double) * 2 as twice", "array(id, id + 1, id + 2) as near"

@@ -18,7 +18,7 @@ N_ROWS = 1001
 
 
 def converter_frame(spark):
-    """The rows of this module's `converter` (tests/conftest.py)."""
+    """The rows of this module's `converter` (tests/helpers.py)."""
     return spark.range(N_ROWS).selectExpr("id", "id % 2 = 0 as even").repartition(4)
 
 

@@ -1,12 +1,14 @@
 """The partition ensemble tests' data and fitted models, built once for all their modules
-(on the session's Spark, tests/conftest.py)."""
+(on the session's Spark, tests/conftest.py; `cancer` and `cancer_df` are the compatibility
+suite's too, in tests/helpers.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
-from ensemble_data import frame, logistic, with_vector, write_parquet_files, xgb_classifier
+from ensemble_data import logistic, write_parquet_files, xgb_classifier
+from helpers import frame
 from sklearn.datasets import load_digits
 
 from sparkdist.ensemble import PartitionEnsemble, PartitionEnsembleModel
@@ -16,12 +18,6 @@ from sparkdist.ensemble import PartitionEnsemble, PartitionEnsembleModel
 def digits():
     X, y = load_digits(return_X_y=True)
     return X, y
-
-
-@pytest.fixture(scope="session")
-def cancer_df(spark, cancer):
-    X, y = cancer
-    return with_vector(spark, frame(X, y)).cache()
 
 
 @pytest.fixture(scope="session")

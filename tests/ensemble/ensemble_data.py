@@ -1,4 +1,5 @@
-"""What the partition ensemble tests share: estimators, frames and Parquet files."""
+"""What the partition ensemble tests share: estimators and Parquet files (their frames,
+`frame` and `with_vector`, are the compatibility suite's too: tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,6 @@ def logistic() -> object:
 
 def xgb_classifier() -> XGBClassifier:
     return XGBClassifier(n_estimators=100, max_depth=3, learning_rate=0.3, n_jobs=1)
-
-
-def frame(X: np.ndarray, y: np.ndarray, prefix: str = "f") -> pd.DataFrame:
-    data = pd.DataFrame(X, columns=[f"{prefix}{i}" for i in range(X.shape[1])])
-    data["label"] = y
-    return data
-
-
-def with_vector(spark, data: pd.DataFrame):
-    """A Spark DataFrame with the feature columns and their VectorAssembler 'features'."""
-    from pyspark.ml.feature import VectorAssembler
-
-    columns = [c for c in data.columns if c != "label"]
-    df = spark.createDataFrame(data)
-    return VectorAssembler(inputCols=columns, outputCol="features").transform(df)
 
 
 def write_parquet_files(path, data: pd.DataFrame, n_files: int = 2, row_group_size: int = 100):

@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from ensemble_data import frame, logistic, with_vector, write_parquet_files, xgb_classifier
+from ensemble_data import logistic, write_parquet_files, xgb_classifier
+from helpers import frame, with_vector
 from sklearn.base import clone
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from ensemble_data import frame, logistic, parquet_source_of, write_parquet_files, xgb_classifier
+from ensemble_data import logistic, parquet_source_of, write_parquet_files, xgb_classifier
+from helpers import frame
 
 from sparkdist.ensemble import PartitionEnsemble
 from sparkdist.ensemble.model.features import FeatureSpec

@@ -10,8 +10,8 @@ import cloudpickle
 import numpy as np
 import pandas as pd
 import pytest
-from ensemble_data import frame, logistic, xgb_classifier
-from helpers import pipeline_saved_and_loaded
+from ensemble_data import logistic, xgb_classifier
+from helpers import frame, pipeline_saved_and_loaded
 from xgboost import XGBClassifier
 
 from sparkdist.ensemble import (

@@ -6,7 +6,7 @@ import sys
 
 import cloudpickle
 import numpy as np
-from ensemble_data import frame
+from helpers import frame
 from sklearn.datasets import load_diabetes
 from sklearn.linear_model import Ridge
 from xgboost import XGBRegressor
