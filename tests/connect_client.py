@@ -81,6 +81,10 @@ def scenario_values(spark):
     elastic = HorovodRunner(np=2, min_np=1, max_np=2)
     out["elastic"] = elastic.run_all(rank_value, x=5)
     out["elastic_alive"] = alive(elastic)
+    # A warm world on a Connect session whose executors reach this client.
+    with HorovodRunner(np=2, launcher="direct", keep_warm=120) as warm:
+        out["warm"] = [warm.run_all(os.getpid) for _ in range(2)]
+    out["warm_alive"] = alive(warm)
     return out
 
 

@@ -64,13 +64,16 @@ def run_client(url: str, scenario: str, timeout: float = 300, **env: str) -> tup
     return result, output
 
 
-def test_every_rank_value_under_both_launchers_and_elastic(connect_url):
+def test_every_rank_value_under_both_launchers_elastic_and_warm(connect_url):
     result, output = run_client(connect_url, "values")
     expected = [{"rank": 0, "value": 0}, {"rank": 1, "value": 5}]
     assert result["direct"] == expected
     assert result["mpi"] == expected
     assert result["elastic"] == expected  # both slots free: the whole max_np world
     assert result["elastic_alive"] == []
+    first, second = result["warm"]  # the second run in the first run's processes
+    assert first == second and len(set(first)) == 2
+    assert result["warm_alive"] == []  # closed
     # Logs streamed home live, rank-prefixed, as with a classic session.
     assert "[rank 1] rank 1 of 2 says hello" in output
 
