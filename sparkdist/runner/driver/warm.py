@@ -237,8 +237,11 @@ class WarmWorld:
     def run(
         self, options: RunnerOptions, blob: bytes, all_results: bool, report: JobReport
     ) -> list[Any]:
-        """Run `blob` on the world's ranks; every rank's (unpickled) result."""
+        """Run `blob` on the world's ranks; every rank's (unpickled) result. Raises
+        `WorldGone` if the world was released before the run could start."""
         with self._run_lock:
+            if not self.usable:
+                raise WorldGone(self.dispatch.released or "ended")
             self._cancel_timer()
             try:
                 return self._run(options, blob, all_results, report)
@@ -308,14 +311,15 @@ class WarmWorld:
             if state.console.log_dir is not None:
                 report.rank_logs = str(state.console.log_dir)
 
-    def release(self, reason: str, wait: bool = True) -> None:
-        """Let the ranks return and the world's job end (wait: until it did)."""
+    def release(self, reason: str, wait_s: float | None = None) -> None:
+        """Let the ranks return and the world's job end; wait until it did (at most
+        `wait_s` seconds when given)."""
         self._cancel_timer()
         if self.usable:
             logger.info("sparkdist: releasing the %s: %s", self.describe(), reason)
         self.dispatch.release(reason)
-        if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(wait_s)
 
     def _arm_timer(self) -> None:
         self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.runs,))
@@ -328,10 +332,22 @@ class WarmWorld:
             self._timer = None
 
     def _expire(self, runs: int) -> None:
-        if runs == self.runs and not self._run_lock.locked():
-            self.release(f"idle for keep_warm={self.keep_warm:g}s")
+        """The idle timer: release the world unless a run started meanwhile (a run
+        that waits for the lock then finds the world gone and starts a new one)."""
+        if not self._run_lock.acquire(blocking=False):
+            return
+        try:
+            if runs == self.runs:
+                self.release(f"idle for keep_warm={self.keep_warm:g}s")
+        finally:
+            self._run_lock.release()
 
 
+class WorldGone(SparkdistError):
+    """The warm world was released before a run could start on it."""
+
+
+EXIT_WAIT_S = 30.0
 _lock = threading.Lock()
 _current: WarmWorld | None = None
 
@@ -362,7 +378,10 @@ def run_warm(
             _check_reachable(options)
             world = _current = WarmWorld(options)
             world.start()
-    return world, world.run(options, blob, all_results, report)
+    try:
+        return world, world.run(options, blob, all_results, report)
+    except WorldGone:  # released (idle) just before this run took it: a new world
+        return run_warm(options, blob, all_results, report)
 
 
 def _check_reachable(options: RunnerOptions) -> None:
@@ -433,5 +452,5 @@ def listed() -> list[dict[str, Any]]:
 @atexit.register
 def _release_at_exit() -> None:
     world = current()
-    if world is not None:
-        world.release("the driver process exits")
+    if world is not None:  # bounded: Spark may be going down at the same time
+        world.release("the driver process exits", wait_s=EXIT_WAIT_S)
