@@ -11,15 +11,19 @@ initialises the process group, does one allreduce and returns a float, with:
 * horovod.spark.run (Gloo), where Horovod is installed;
 * through a Spark Connect session (a LocalConnectServer over the same local-cluster shape,
   driven by a client process with no JVM): sparkdist np=2 with the executors reaching the
-  client and in relay mode, and pyspark's TorchDistributor on the same Connect session.
+  client and in relay mode, and pyspark's TorchDistributor on the same Connect session;
+* Ray on Spark (`setup_ray_cluster`, then repeated `TorchTrainer.fit`, np=2 and np=8), run
+  by benchmarks/ray_on_spark.py in .venv-ray (`make bench-ray`), when that exists.
 
 Prints the median and min per launcher and the ratio to TorchDistributor(local_mode=False)
 of the same kind of session, and how far sparkdist.TorchDistributor is from the
-HorovodRunner it runs on. Then a second table: a short PyTorch Lightning fit (2 ranks, DDP)
-through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each.
+HorovodRunner it runs on. A second table shows the launchers whose world is set up once and
+kept between runs (Ray on Spark): the setup, run 1 and the median and min of runs 2 to
+REPEAT. Then a third: a short PyTorch Lightning fit (2 ranks, DDP) through
+sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--lightning-repeat 3]
-        [--no-connect] [--only REGEX]
+        [--no-connect] [--no-ray] [--only REGEX]
 
 `--only 'np=2|local_mode=False'` measures just the rows whose name matches (here the
 cluster rows and their baselines, classic and Connect), without the Lightning table.
@@ -38,6 +42,11 @@ import statistics
 import subprocess
 import sys
 import time
+
+RAY_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-ray", "bin", "python"
+)
+RAY_WORLDS = (2, 8)
 
 
 def torch_job() -> float:
@@ -214,6 +223,72 @@ def connect_rows(repeat: int, only: str | None) -> list[tuple[str, float | None,
     return rows
 
 
+def ray_rows(repeat: int, only: str | None) -> list[tuple]:
+    """The Ray on Spark rows, (name, setup s, run 1 s, runs 2.. median s, min s), measured
+    by ray_on_spark.py in .venv-ray (its own Spark session, after this one stopped)."""
+    worlds = [np for np in RAY_WORLDS if not only or re.search(only, ray_row_name(np))]
+    if not worlds:
+        return []
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_on_spark.py")
+    argv = [RAY_PYTHON, script, "--runs", str(max(repeat, 2)), "--np", *map(str, worlds)]
+    ours = ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    env = {key: value for key, value in os.environ.items() if key not in ours}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return [
+            (f"{ray_row_name(np)} (failed, see above)", None, None, None, None) for np in worlds
+        ]
+    result = json.loads(lines[-1])
+    rows = []
+    for row in result["rows"]:
+        name = row["name"] + (f" (failed: {row['error'][:60]})" if "error" in row else "")
+        rows.append((name, result["setup_s"], row["run1"], row["rest_median"], row["rest_min"]))
+        fits = ", ".join(f"{seconds:.2f}" for seconds in row["times"])
+        print(f"  measured {name}: fits {fits} s", flush=True)
+    print(
+        f"  Ray on Spark: setup_ray_cluster {result['setup_s']:.2f}s, peak memory of its "
+        f"processes {result['peak_rss_mb']:.0f} MB, new worker pids every fit: "
+        f"{not any(row['pids_reused'] for row in result['rows'])}, left running after it: "
+        f"{result['left_over_120s_after_exit'] or 'none'}",
+        flush=True,
+    )
+    return rows
+
+
+def wants_ray(flag: bool | None) -> bool:
+    """Whether to measure the Ray on Spark rows: --ray, --no-ray, or by default when
+    .venv-ray exists (else says so)."""
+    if flag is None and not os.path.exists(RAY_PYTHON):
+        print(f"  Ray on Spark rows skipped: no {RAY_PYTHON} (`make bench-ray` builds it)")
+    return flag if flag is not None else os.path.exists(RAY_PYTHON)
+
+
+def ray_row_name(np: int) -> str:
+    return f"Ray on Spark TorchTrainer.fit np={np}"
+
+
+def print_kept_table(rows: list[tuple], repeat: int, baseline: float | None) -> None:
+    """The launchers whose world is set up once and kept between runs: rows of (name, setup
+    s, run 1 s, runs 2.. median s, runs 2.. min s); None prints as n/a."""
+
+    def cell(value, width):
+        return f"{value:>{width}.2f}" if value is not None else f"{'n/a':>{width}}"
+
+    print()
+    print(f"Kept between runs: the world set up once, then {repeat} runs of the same job")
+    rest = f"runs 2-{repeat} median s"
+    print(f"{'launcher':<46} {'setup s':>8} {'run 1 s':>8} {rest:>19} {'min s':>7} {'x TD':>6}")
+    for name, setup, first, median, best in rows:
+        ratio = f"{median / baseline:.2f}x" if baseline and median is not None else "n/a"
+        print(
+            f"{name:<46} {cell(setup, 8)} {cell(first, 8)} {cell(median, 19)} {cell(best, 7)} "
+            f"{ratio:>6}"
+        )
+    print("x TD: runs 2.. median over TorchDistributor local_mode=False's median (first table)")
+
+
 def lightning_contenders():
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -254,6 +329,11 @@ def main() -> None:
     parser.add_argument("--lightning-repeat", type=int, default=3)
     parser.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
     parser.add_argument(
+        "--ray",
+        action=argparse.BooleanOptionalAction,
+        help="the Ray on Spark rows (default: when .venv-ray exists; `make bench-ray`)",
+    )
+    parser.add_argument(
         "--only", metavar="REGEX", help="only the rows whose name matches; no Lightning table"
     )
     parser.add_argument("--connect-client", metavar="URL", help=argparse.SUPPRESS)
@@ -262,6 +342,8 @@ def main() -> None:
     if args.connect_client:
         connect_client(args.connect_client, args.repeat, args.only)
         return
+    if args.ray and not os.path.exists(RAY_PYTHON):
+        parser.error(f"--ray needs {RAY_PYTHON} (`make bench-ray` builds it)")
 
     from sparkdist.spark.session import embedded_spark
 
@@ -283,6 +365,7 @@ def main() -> None:
         print(f"  measured Lightning, {name}: median {statistics.median(times):.2f}s", flush=True)
 
     spark.stop()
+    kept_rows = ray_rows(args.repeat, args.only) if wants_ray(args.ray) else []
     if not args.no_connect:
         rows += connect_rows(args.repeat, args.only)
 
@@ -307,6 +390,8 @@ def main() -> None:
             f"sparkdist TorchDistributor local_mode={mode} vs HorovodRunner ({runner[10:]}): "
             f"{100 * (ours / medians[runner] - 1):+.1f}%"
         )
+    if kept_rows:
+        print_kept_table(kept_rows, args.repeat, medians.get("TorchDistributor local_mode=False"))
 
     if not lightning_rows:
         return
