@@ -8,10 +8,12 @@ world size, RUNS fits of a TorchTrainer whose workers do one gloo allreduce (Ray
 the process group) and report the sum and every worker's pid. np=2 takes 1 CPU per worker;
 np=8 takes 0.25 (8 workers on the 2 Ray CPUs).
 
-Prints one JSON line on stdout (launch_overhead.py reads it): the setup's seconds, per world
-size each fit's seconds and worker pids, the peak resident memory of every process the run
-started (sampled every half second), and the processes still alive after Ray and Spark were
-shut down (none expected). Ray's and Spark's logs go to stderr.
+The measuring is done by a child process of this one, which watches it: the peak resident
+memory of every process of the run (sampled every half second) and which of them are still
+alive after it exited. Prints one JSON line on stdout (launch_overhead.py reads it): the
+setup's seconds, per world size each fit's seconds and worker pids, the memory peak, what
+was alive 30 s after Ray and Spark were shut down and 120 s after the child exited (none
+expected). Ray's and Spark's logs go to stderr.
 
     .venv-ray/bin/python benchmarks/ray_on_spark.py [--runs 5] [--np 2 8]
 """
