@@ -18,6 +18,11 @@ CLOUDPICKLE_LATEST_STAMP := $(CLOUDPICKLE_LATEST)/.sparkdist-$(CLOUDPICKLE_LATES
 BENCH_DIR := .bench-streaming
 BENCH_REQS := requirements/bench-streaming.txt
 BENCH_STAMP := $(BENCH_DIR)/.sparkdist-$(shell cat $(BENCH_REQS) | sha256sum | cut -c1-16)
+# Ray on Spark, the peer benchmarks/launch_overhead.py runs through benchmarks/ray_on_spark.py:
+# a Python 3.11 environment of its own (Ray's Spark executors and worker nodes run on it).
+BENCH_RAY_VENV := .venv-ray
+BENCH_RAY_REQS := requirements/bench-ray.txt
+BENCH_RAY_STAMP := $(BENCH_RAY_VENV)/.sparkdist-$(shell cat $(BENCH_RAY_REQS) | sha256sum | cut -c1-16)
 # The runtime matrix: one environment per supported runtime stack, `.venv-<runtime>`, built from
 # requirements/runtimes/<runtime>.txt (its `# python: X.Y` line names the interpreter), where
 # `make compat` runs tests/compat/. See docs/getting-started.md ("What is tested").
@@ -42,7 +47,7 @@ GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_TABLE ?= gpu-check.txt
 GPU_WHEELS := .gpu-wheels
 
-.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps test demo docs lint format bench clean gpu-check gpu-wheels
+.PHONY: bootstrap system venv horovod petastorm-side cloudpickle-latest runtimes compat bench-deps bench-ray test demo docs lint format bench clean gpu-check gpu-wheels
 
 bootstrap: system venv horovod
 
@@ -127,6 +132,16 @@ $(BENCH_STAMP): $(BENCH_REQS) | venv
 	$(PY) -m pip install -q --no-deps --target $(BENCH_DIR) -r $(BENCH_REQS)
 	touch $@
 
+# Built from nothing when its pins change, like a runtime's environment; --no-compile likewise.
+bench-ray: $(BENCH_RAY_STAMP)
+
+$(BENCH_RAY_STAMP): $(BENCH_RAY_REQS)
+	rm -rf $(BENCH_RAY_VENV)
+	$(call runtime_python,3.11) -m venv $(BENCH_RAY_VENV)
+	$(BENCH_RAY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_RAY_VENV)/bin/python -m pip install -q --no-compile -r $(BENCH_RAY_REQS)
+	touch $@
+
 test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(PY) -m ruff check sparkdist tests benchmarks
 	$(VENV)/bin/lint-imports
@@ -154,8 +169,9 @@ format:
 
 # Every script under benchmarks/, each printing its table side by side with the peers (about
 # an hour); one that fails does not stop the others, and fails the target at the end.
-bench: bootstrap petastorm-side bench-deps
-	status=0; for script in benchmarks/*.py; do \
+# ray_on_spark.py runs in .venv-ray, from launch_overhead.py.
+bench: bootstrap petastorm-side bench-deps bench-ray
+	status=0; for script in $(filter-out benchmarks/ray_on_spark.py,$(wildcard benchmarks/*.py)); do \
 		echo "== $$script"; $(PY) $$script || status=1; \
 	done; exit $$status
 
@@ -172,4 +188,4 @@ gpu-wheels:
 		-r requirements/gpu-check.txt
 
 clean:
-	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(addprefix .venv-,$(RUNTIMES)) $(BENCH_DIR) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PETASTORM_VENV) $(CLOUDPICKLE_LATEST) $(addprefix .venv-,$(RUNTIMES)) $(BENCH_DIR) $(BENCH_RAY_VENV) build *.egg-info .pytest_cache

@@ -11,18 +11,21 @@ initialises the process group, does one allreduce and returns a float, with:
 * horovod.spark.run (Gloo), where Horovod is installed;
 * through a Spark Connect session (a LocalConnectServer over the same local-cluster shape,
   driven by a client process with no JVM): sparkdist np=2 with the executors reaching the
-  client and in relay mode, and pyspark's TorchDistributor on the same Connect session.
+  client and in relay mode, and pyspark's TorchDistributor on the same Connect session;
+* Ray on Spark (`setup_ray_cluster`, then repeated `TorchTrainer.fit`, np=2 and np=8), run
+  by benchmarks/ray_on_spark.py in .venv-ray (`make bench-ray`), when that exists.
 
 Prints the median and min per launcher and the ratio to TorchDistributor(local_mode=False)
 of the same kind of session, and how far sparkdist.TorchDistributor is from the
-HorovodRunner it runs on. Then a second table: a short PyTorch Lightning fit (2 ranks, DDP)
-through sparkdist.TorchDistributor and pyspark's, LIGHTNING_REPEAT runs each. Then the warm
-worlds' table (`keep_warm`): for each world (np=2 and np=8, direct and mpi), run 1, which
-starts it, and the median of runs 2 to REPEAT on it, beside the cold rows; and a job whose
-ranks hold a 1 GB model (`--model-mb`) loaded by its first run, warm against cold.
+HorovodRunner it runs on. A second table shows the worlds set up once and kept between
+runs: sparkdist's warm worlds (`keep_warm`: np=2 and np=8, direct and mpi, np=-2; and a
+job whose ranks hold a 1 GB model, `--model-mb`, loaded by its first run, warm against
+cold) and Ray on Spark: the setup, run 1 and the median and min of runs 2 to REPEAT. Then
+a third: a short PyTorch Lightning fit (2 ranks, DDP) through sparkdist.TorchDistributor
+and pyspark's, LIGHTNING_REPEAT runs each.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeat 5] [--lightning-repeat 3]
-        [--no-connect] [--only REGEX]
+        [--no-connect] [--no-ray] [--only REGEX]
 
 `--only 'np=2|local_mode=False'` measures just the rows whose name matches (here the
 cluster rows and their baselines, classic and Connect), without the Lightning table.
@@ -41,6 +44,11 @@ import statistics
 import subprocess
 import sys
 import time
+
+RAY_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-ray", "bin", "python"
+)
+RAY_WORLDS = (2, 8)
 
 
 def torch_job() -> float:
@@ -103,8 +111,9 @@ def model_job(path: str) -> float:
     return float(kept.model["weight"][:1000].sum())
 
 
-def warm_rows(repeat: int, only: str | None, model_mb: int) -> list[tuple[str, float, float]]:
-    """(name, run 1 s, median of runs 2..repeat s) for each warm world, each closed after."""
+def warm_rows(repeat: int, only: str | None, model_mb: int) -> list[tuple]:
+    """(name, None, run 1 s, runs 2..repeat median s, min s) for each warm world (closed
+    after its runs), as `print_kept_table` takes them."""
     from sparkdist import HorovodRunner
 
     worlds = [
@@ -121,14 +130,15 @@ def warm_rows(repeat: int, only: str | None, model_mb: int) -> list[tuple[str, f
         expected = (float(sum(range(1, abs(options["np"]) + 1))),)
         with HorovodRunner(keep_warm=600, start_timeout=300, **options) as runner:
             times = [time_one(lambda: runner.run(torch_job), expected) for _ in range(repeat)]
-        rows.append((f"sparkdist {name}", times[0], statistics.median(times[1:])))
+        rest = times[1:]
+        rows.append((f"sparkdist {name}", None, times[0], statistics.median(rest), min(rest)))
         print(f"  measured {name}: run 1 {times[0]:.2f}s, then {times[1:]}", flush=True)
     if model_mb:
         rows += model_rows(repeat, model_mb)
     return rows
 
 
-def model_rows(repeat: int, model_mb: int) -> list[tuple[str, float, float]]:
+def model_rows(repeat: int, model_mb: int) -> list[tuple]:
     """A job whose ranks load a `model_mb` MB model: cold (each run a new job that loads
     it) and warm (loaded by run 1, kept for the next)."""
     import tempfile
@@ -150,7 +160,8 @@ def model_rows(repeat: int, model_mb: int) -> list[tuple[str, float, float]]:
                     for _ in range(repeat)
                 ]
             name = f"sparkdist direct np=2, {model_mb} MB model, {label}"
-            rows.append((name, times[0], statistics.median(times[1:])))
+            rest = times[1:]
+            rows.append((name, None, times[0], statistics.median(rest), min(rest)))
             print(f"  measured {name}: {times}", flush=True)
     return rows
 
@@ -283,6 +294,72 @@ def connect_rows(repeat: int, only: str | None) -> list[tuple[str, float | None,
     return rows
 
 
+def ray_rows(repeat: int, only: str | None) -> list[tuple]:
+    """The Ray on Spark rows, (name, setup s, run 1 s, runs 2.. median s, min s), measured
+    by ray_on_spark.py in .venv-ray (its own Spark session, after this one stopped)."""
+    worlds = [np for np in RAY_WORLDS if not only or re.search(only, ray_row_name(np))]
+    if not worlds:
+        return []
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_on_spark.py")
+    argv = [RAY_PYTHON, script, "--runs", str(max(repeat, 2)), "--np", *map(str, worlds)]
+    ours = ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    env = {key: value for key, value in os.environ.items() if key not in ours}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return [
+            (f"{ray_row_name(np)} (failed, see above)", None, None, None, None) for np in worlds
+        ]
+    result = json.loads(lines[-1])
+    rows = []
+    for row in result["rows"]:
+        name = row["name"] + (f" (failed: {row['error'][:60]})" if "error" in row else "")
+        rows.append((name, result["setup_s"], row["run1"], row["rest_median"], row["rest_min"]))
+        fits = ", ".join(f"{seconds:.2f}" for seconds in row["times"])
+        print(f"  measured {name}: fits {fits} s", flush=True)
+    print(
+        f"  Ray on Spark: setup_ray_cluster {result['setup_s']:.2f}s, peak memory of its "
+        f"processes {result['peak_rss_mb']:.0f} MB, new worker pids every fit: "
+        f"{not any(row['pids_reused'] for row in result['rows'])}, left running after it: "
+        f"{result['left_over_120s_after_exit'] or 'none'}",
+        flush=True,
+    )
+    return rows
+
+
+def wants_ray(flag: bool | None) -> bool:
+    """Whether to measure the Ray on Spark rows: --ray, --no-ray, or by default when
+    .venv-ray exists (else says so)."""
+    if flag is None and not os.path.exists(RAY_PYTHON):
+        print(f"  Ray on Spark rows skipped: no {RAY_PYTHON} (`make bench-ray` builds it)")
+    return flag if flag is not None else os.path.exists(RAY_PYTHON)
+
+
+def ray_row_name(np: int) -> str:
+    return f"Ray on Spark TorchTrainer.fit np={np}"
+
+
+def print_kept_table(rows: list[tuple], repeat: int, baseline: float | None) -> None:
+    """The launchers whose world is set up once and kept between runs: rows of (name, setup
+    s, run 1 s, runs 2.. median s, runs 2.. min s); None prints as n/a."""
+
+    def cell(value, width, digits=2):
+        return f"{value:>{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
+
+    print()
+    print(f"Kept between runs: the world set up once, then {repeat} runs of the same job")
+    rest = f"runs 2-{repeat} median s"
+    print(f"{'launcher':<52} {'setup s':>8} {'run 1 s':>8} {rest:>19} {'min s':>7} {'x TD':>6}")
+    for name, setup, first, median, best in rows:
+        ratio = f"{median / baseline:.3f}x" if baseline and median is not None else "n/a"
+        print(
+            f"{name:<52} {cell(setup, 8)} {cell(first, 8)} {cell(median, 19, 3)} "
+            f"{cell(best, 7, 3)} {ratio:>6}"
+        )
+    print("x TD: runs 2.. median over TorchDistributor local_mode=False's median (first table)")
+
+
 def lightning_contenders():
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -323,6 +400,11 @@ def main() -> None:
     parser.add_argument("--lightning-repeat", type=int, default=3)
     parser.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
     parser.add_argument(
+        "--ray",
+        action=argparse.BooleanOptionalAction,
+        help="the Ray on Spark rows (default: when .venv-ray exists; `make bench-ray`)",
+    )
+    parser.add_argument(
         "--only", metavar="REGEX", help="only the rows whose name matches; no Lightning table"
     )
     parser.add_argument(
@@ -335,6 +417,8 @@ def main() -> None:
     if args.connect_client:
         connect_client(args.connect_client, args.repeat, args.only)
         return
+    if args.ray and not os.path.exists(RAY_PYTHON):
+        parser.error(f"--ray needs {RAY_PYTHON} (`make bench-ray` builds it)")
 
     from sparkdist.spark.session import embedded_spark
 
@@ -357,6 +441,7 @@ def main() -> None:
         print(f"  measured Lightning, {name}: median {statistics.median(times):.2f}s", flush=True)
 
     spark.stop()
+    kept_rows = warm + (ray_rows(args.repeat, args.only) if wants_ray(args.ray) else [])
     if not (args.no_connect or args.warm_only):
         rows += connect_rows(args.repeat, args.only)
 
@@ -381,8 +466,9 @@ def main() -> None:
             f"sparkdist TorchDistributor local_mode={mode} vs HorovodRunner ({runner[10:]}): "
             f"{100 * (ours / medians[runner] - 1):+.1f}%"
         )
+    if kept_rows:
+        print_kept_table(kept_rows, args.repeat, medians.get("TorchDistributor local_mode=False"))
 
-    print_warm(warm, medians, max(args.repeat, 2))
     if not lightning_rows:
         return
     print()
@@ -394,23 +480,6 @@ def main() -> None:
     baseline = lightning_rows[-1][1]
     for name, median, best in lightning_rows:
         print(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
-
-
-def print_warm(warm: list, medians: dict, repeat: int) -> None:
-    """The warm worlds' table, beside the cold rows of the same launcher and pyspark's."""
-    if not warm:
-        return
-    print()
-    print(f"Warm worlds (keep_warm): run 1 starts the world, runs 2-{repeat} reuse it")
-    print(f"{'world':<52} {'run 1 s':>8} {'runs 2+ s':>10} {'x cold':>8}")
-    baseline = medians.get("TorchDistributor local_mode=False")
-    for name, first, then in warm:
-        launcher = "mpi" if " mpi " in name else "direct"
-        cold = medians.get(f"sparkdist {launcher} np=2") if "np=2" in name else None
-        ratio = f"{then / cold:.3f}x" if cold else "n/a"
-        print(f"{name:<52} {first:>8.2f} {then:>10.3f} {ratio:>8}")
-    if baseline:
-        print(f"{'TorchDistributor local_mode=False (cold, every run)':<52} {baseline:>8.2f}")
 
 
 if __name__ == "__main__":
