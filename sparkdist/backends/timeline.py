@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import shutil
+import sys
 import tempfile
 
 from sparkdist import job_environment
@@ -55,6 +56,24 @@ def _send_timeline(driver: Rendezvous, local_path: str) -> None:
         logger.warning("could not send the Horovod timeline to the driver", exc_info=True)
     finally:
         shutil.rmtree(os.path.dirname(local_path), ignore_errors=True)
+
+
+def finish() -> None:
+    """Once `main` returned on rank 0: let Horovod write every timeline event it still
+    holds. Its shutdown (at exit) stops the timeline's writer thread at once and drops
+    what is queued, so the last collectives could be missing from the file (seen: the
+    last of 5 allreduces, under load); `stop_timeline` returns only once the queue is
+    written and the file closed."""
+    if os.environ.get(job_environment.HOROVOD_TIMELINE) in (None, "", DYNAMIC):
+        return
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
+        hvd = sys.modules.get(name)
+        if hvd is not None and hvd.is_initialized() and hvd.rank() == 0:  # who records it
+            try:
+                hvd.stop_timeline()
+            except Exception:  # noqa: BLE001 - a timeline never fails a finished rank
+                logger.warning("could not stop the Horovod timeline", exc_info=True)
+            return
 
 
 class TimelineBackend:

@@ -12,7 +12,13 @@ import sys
 import traceback
 
 from sparkdist import checkpoint, job_environment, roles, tracking
-from sparkdist.backends import frameworks_in_use, prepare_rank, rank_context, tensorflow
+from sparkdist.backends import (
+    frameworks_in_use,
+    prepare_rank,
+    rank_context,
+    tensorflow,
+    timeline,
+)
 from sparkdist.job_environment import TaskEnvironment
 from sparkdist.protocol import driver_channel, messages, payload, stack_dumps
 from sparkdist.protocol.job_secret import JobSecret
@@ -49,6 +55,7 @@ def main() -> None:
         fn, kwargs = payload.unpack(job.payload)
         value = fn(**kwargs)
         checkpoint.wait()  # an async save still in flight is written and committed
+        timeline.finish()  # Horovod's shutdown at exit would drop its last events
     except checkpoint.Resize:
         _exit_now(0)  # an elastic job grows: the driver relaunches it from the checkpoint
     except SystemExit as exc:
