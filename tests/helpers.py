@@ -16,6 +16,7 @@ cluster/checks.py (the multi-host tests').
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import socket
@@ -252,6 +253,23 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def interrupt_once_ranks_ran(marker, num_ranks: int) -> threading.Thread:
+    """A started thread that does what Ctrl-C does to this (main) thread once every rank
+    touched `marker.RANK` (a running job's ranks say so), within 120 s."""
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(os.path.exists(f"{marker}.{r}") for r in range(num_ranks)):
+                _thread.interrupt_main()
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=interrupt, daemon=True)
+    watcher.start()
+    return watcher
 
 
 def assert_nothing_left(runner, roles: set[str] = frozenset()) -> None:

@@ -3,7 +3,6 @@ real torch.distributed over Gloo."""
 
 from __future__ import annotations
 
-import _thread
 import os
 import re
 import signal
@@ -11,7 +10,7 @@ import threading
 import time
 
 import pytest
-from helpers import assert_nothing_left
+from helpers import assert_nothing_left, interrupt_once_ranks_ran
 
 from sparkdist import (
     HorovodRunner,
@@ -251,17 +250,8 @@ def test_keyboard_interrupt_stops_everything(tmp_path, sc):
         pathlib.Path(f"{path}.{__import__('os').environ['RANK']}").touch()
         time.sleep(600)
 
-    def interrupt_when_ranks_run():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if all(os.path.exists(f"{marker}.{r}") for r in range(2)):
-                _thread.interrupt_main()
-                return
-            time.sleep(0.1)
-
     runner = HorovodRunner(np=2)
-    watcher = threading.Thread(target=interrupt_when_ranks_run, daemon=True)
-    watcher.start()
+    watcher = interrupt_once_ranks_ran(marker, 2)
     with pytest.raises(KeyboardInterrupt):
         runner.run(main, path=str(marker))
     watcher.join()

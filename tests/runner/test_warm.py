@@ -3,7 +3,6 @@ executors), real ranks, real torch.distributed over Gloo, kept between runs."""
 
 from __future__ import annotations
 
-import _thread
 import logging
 import os
 import signal
@@ -15,6 +14,7 @@ import time
 
 import psutil
 import pytest
+from helpers import interrupt_once_ranks_ran
 
 from sparkdist import HorovodRunner, JobTimeoutError, RankFailedError
 from sparkdist.protocol import messages, wire
@@ -64,7 +64,6 @@ def pid():
 def stuck(path):
     """Say it runs (a file per rank), then wait for ever, silently."""
     import os
-    import threading
 
     open(f"{path}.{os.environ['RANK']}", "w").close()
     threading.Event().wait()
@@ -289,19 +288,9 @@ def test_a_run_past_its_time_limit_ends_the_world_with_its_stacks(tmp_path):
 
 def test_an_interrupted_warm_run_stops_its_world(tmp_path):
     marker = tmp_path / "ran"
-
-    def interrupt_when_ranks_run():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if all(os.path.exists(f"{marker}.{r}") for r in range(2)):
-                _thread.interrupt_main()
-                return
-            time.sleep(0.1)
-
     with HorovodRunner(np=-2, launcher="direct", keep_warm=120) as runner:
         before = runner.run_all(pid)
-        watcher = threading.Thread(target=interrupt_when_ranks_run, daemon=True)
-        watcher.start()
+        watcher = interrupt_once_ranks_ran(marker, 2)
         with pytest.raises(KeyboardInterrupt):
             runner.run(stuck, path=str(marker))
         watcher.join()
