@@ -394,7 +394,7 @@ def measure(fn, repeat: int, expected=(3.0, [3.0, 3.0])) -> list[float]:
     return [time_one(fn, expected) for _ in range(repeat)]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--lightning-repeat", type=int, default=3)
@@ -413,12 +413,17 @@ def main() -> None:
     parser.add_argument("--warm-only", action="store_true", help="only the warm worlds' table")
     parser.add_argument("--connect-client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ray and not os.path.exists(RAY_PYTHON):
+        parser.error(f"--ray needs {RAY_PYTHON} (`make bench-ray` builds it)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.connect_client:
         connect_client(args.connect_client, args.repeat, args.only)
         return
-    if args.ray and not os.path.exists(RAY_PYTHON):
-        parser.error(f"--ray needs {RAY_PYTHON} (`make bench-ray` builds it)")
 
     from sparkdist.spark.session import embedded_spark
 
@@ -445,9 +450,19 @@ def main() -> None:
     if not (args.no_connect or args.warm_only):
         rows += connect_rows(args.repeat, args.only)
 
+    medians = print_first_table(rows, args.repeat)
+    if kept_rows:
+        print_kept_table(kept_rows, args.repeat, medians.get("TorchDistributor local_mode=False"))
+
+    print_lightning_table(lightning_rows, args.lightning_repeat)
+
+
+def print_first_table(rows: list[tuple], repeat: int) -> dict[str, float | None]:
+    """The cold rows, each against pyspark's TorchDistributor of its kind of session;
+    their medians by name."""
     medians = {n: m for n, m, _ in rows}
     print()
-    print(f"Trivial 2-rank torch job, {args.repeat} runs each, warm local-cluster[2,1,1024]")
+    print(f"Trivial 2-rank torch job, {repeat} runs each, warm local-cluster[2,1,1024]")
     print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}")
     for name, median, best in rows:
         if median is None:
@@ -466,19 +481,18 @@ def main() -> None:
             f"sparkdist TorchDistributor local_mode={mode} vs HorovodRunner ({runner[10:]}): "
             f"{100 * (ours / medians[runner] - 1):+.1f}%"
         )
-    if kept_rows:
-        print_kept_table(kept_rows, args.repeat, medians.get("TorchDistributor local_mode=False"))
+    return medians
 
-    if not lightning_rows:
+
+def print_lightning_table(rows: list[tuple], repeat: int) -> None:
+    """The Lightning fits, against pyspark's (the last row); nothing without rows."""
+    if not rows:
         return
     print()
-    print(
-        f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {args.lightning_repeat} runs each, "
-        "same session"
-    )
+    print(f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {repeat} runs each, same session")
     print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}")
-    baseline = lightning_rows[-1][1]
-    for name, median, best in lightning_rows:
+    baseline = rows[-1][1]
+    for name, median, best in rows:
         print(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
 
 
