@@ -111,15 +111,20 @@ class WarmDispatch:
                 self.finished[rank] = report
                 self.cond.notify_all()
 
-    def submit(self, job_id: str, blob: bytes, all_results: bool, env, rank0_env) -> int:
+    @property
+    def runs(self) -> int:
+        """How many runs were handed out (the last one's number)."""
+        return 0 if self.order is None else self.order.run
+
+    def submit(self, job_id: str, blob: bytes, all_results: bool, env, rank0_env) -> None:
         """Hand the idle ranks a new run (`env` for every rank, `rank0_env` for rank 0
-        alone); its number."""
+        alone)."""
         with self.cond:
             while self.secret is None and not self.over:
                 self.cond.wait(0.2)
             if self.over:
-                raise self._gone()
-            number = 1 if self.order is None else self.order.run + 1
+                raise self.gone()
+            number = self.runs + 1
             signature = self.secret.run_tag(job_id, blob)
             self.order = messages.WarmRun(number, job_id, blob, signature, all_results, env)
             self.rank0_env = rank0_env
@@ -127,7 +132,6 @@ class WarmDispatch:
             waiting, self.waiting = self.waiting, {}
             for rank, reply in waiting.items():
                 reply(self._for_rank(rank))
-            return number
 
     def _for_rank(self, rank: int) -> messages.WarmRun:
         order = self.order
@@ -141,7 +145,7 @@ class WarmDispatch:
         with self.cond:
             while len(self.finished) < self.num_ranks:
                 if self.over:
-                    raise self._gone()
+                    raise self.gone()
                 if deadline is not None and time.monotonic() > deadline:
                     running = sorted(set(range(self.num_ranks)) - set(self.finished))
                     raise JobTimeoutError(
@@ -164,7 +168,8 @@ class WarmDispatch:
             self.over, self.ended = True, error
             self.cond.notify_all()
 
-    def _gone(self) -> BaseException:
+    def gone(self) -> BaseException:
+        """What a run on the ended world raises: its job's error, or why it was released."""
         if self.ended is not None:
             return self.ended
         return SparkdistError(f"the warm world ended ({self.released or 'its job ended'})")
@@ -181,7 +186,6 @@ class WarmWorld:
         self.report = JobReport(
             job_id="", np=options.np, launcher=options.resolved_launcher(), name="warm world"
         )
-        self.runs = 0
         self.started = time.monotonic()
         self.idle_since = self.started
         self._run_lock = threading.Lock()
@@ -230,7 +234,7 @@ class WarmWorld:
         idle = time.monotonic() - self.idle_since
         return (
             f"warm world of job {self.report.job_id or '(starting)'}: np={self.options.np}, "
-            f"launcher {self.report.launcher}, {self.runs} runs, idle {idle:.0f}s of "
+            f"launcher {self.report.launcher}, {self.dispatch.runs} runs, idle {idle:.0f}s of "
             f"keep_warm={self.keep_warm:g}s"
         )
 
@@ -262,7 +266,6 @@ class WarmWorld:
         credentials = messages.SecretEnv(tracking.rank0_credentials())
         try:
             d.submit(report.job_id, blob, all_results, run_env, credentials)
-            self.runs += 1
             state = d.state
             for rank in range(d.num_ranks):
                 state.life.seen(rank)  # idle time before the run is no stall
@@ -300,7 +303,7 @@ class WarmWorld:
             self._thread.join()
             raise
         self._thread.join()
-        raise d._gone()
+        raise d.gone()
 
     def _fill(self, report: JobReport, started: float, first_reported: int) -> None:
         state = self.dispatch.state
@@ -322,7 +325,7 @@ class WarmWorld:
             self._thread.join(wait_s)
 
     def _arm_timer(self) -> None:
-        self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.runs,))
+        self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.dispatch.runs,))
         self._timer.daemon = True
         self._timer.start()
 
@@ -337,7 +340,7 @@ class WarmWorld:
         if not self._run_lock.acquire(blocking=False):
             return
         try:
-            if runs == self.runs:
+            if runs == self.dispatch.runs:
                 self.release(f"idle for keep_warm={self.keep_warm:g}s")
         finally:
             self._run_lock.release()
