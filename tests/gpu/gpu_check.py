@@ -68,6 +68,8 @@ CHECKS = [
     Check("8a", "commit cost, CPU model (benchmarks/gpu_commit.py)", False, 150),
     Check("8b", "commit cost, 100M params on the GPU (benchmarks/gpu_commit.py)", True, 240),
     Check("9", "9 NCCL stall: flight recorder dump, the torchfrtrace command", True, 90),
+    Check("10a", "10 warm world: 2 runs, one process, gloo, CPU", False, 120),
+    Check("10b", "10 warm world: NCCL, kept tensor, cache freed, CUDA", True, 120),
 ]
 
 
@@ -132,8 +134,10 @@ def run_check(key: str, work: Path) -> str:
     import elastic_check
     import rank_checks
     import stall_check
+    import warm_check
 
-    cloudpickle.register_pickle_by_value(rank_checks)  # the ranks need not import it
+    for module in (rank_checks, warm_check):  # the ranks need not import them
+        cloudpickle.register_pickle_by_value(module)
     store = work / "store"
     table = {
         "1a": lambda: rank_checks.check_ddp(2, "cpu", "gloo"),
@@ -152,6 +156,8 @@ def run_check(key: str, work: Path) -> str:
         "8a": lambda: _benchmark("gpu_commit.py", "--device", "cpu", "--params", "4M"),
         "8b": lambda: _benchmark("gpu_commit.py", "--device", "cuda", "--params", "100M"),
         "9": stall_check.check_nccl_stall,
+        "10a": lambda: warm_check.check_warm("cpu"),
+        "10b": lambda: warm_check.check_warm("cuda"),
     }
     return table[key]()
 
