@@ -85,7 +85,30 @@ def scenario_values(spark):
     with HorovodRunner(np=2, launcher="direct", keep_warm=120) as warm:
         out["warm"] = [warm.run_all(os.getpid) for _ in range(2)]
     out["warm_alive"] = alive(warm)
+    out.update(relayed_warm_runs())
     return out
+
+
+def pid_and_tenfold(x):
+    import os
+
+    print(f"relayed warm run with x={x}", flush=True)
+    return [os.getpid(), 10 * x]
+
+
+def relayed_warm_runs() -> dict:
+    """A warm world in relay mode (one rank: its stage takes both slots, one of which
+    its first task frees for the Spark tasks that carry the runs), two runs, closed."""
+    from sparkdist import HorovodRunner
+    from sparkdist.job_environment import CONNECT_RELAY
+
+    os.environ[CONNECT_RELAY] = "always"
+    try:
+        with HorovodRunner(np=1, launcher="direct", keep_warm=120) as relayed:
+            runs = [relayed.run(pid_and_tenfold, x=x) for x in (2, 3)]
+    finally:
+        del os.environ[CONNECT_RELAY]
+    return {"relay_warm": runs, "relay_warm_alive": alive(relayed)}
 
 
 def scenario_failure(spark):

@@ -10,7 +10,8 @@ request with `Rejected` instead of leaving its peer waiting.
 The channels (see docs/architecture.md):
 
 * to the driver's service, first a hello (`TaskHello`, `SupervisorHello`, `RankHello`,
-  or `WhereHello`, answered by the grouped stacks);
+  or `WhereHello`, answered by the grouped stacks, or `WarmCarry`, a relayed warm world's
+  run, answered when it ended);
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
@@ -99,6 +100,24 @@ class WhereHello(NamedTuple):
     when it is interrupted (`runner/driver/launch/relayed.py`)."""
 
     why: str
+
+
+@register("warm_carry")
+class WarmCarry(NamedTuple):
+    """A relay-mode warm world's run (or release), carried from the Spark Connect client
+    by a plain Spark task to the world's service in barrier task 0: answered once the
+    run ended with `Ok(the run's RelayOutcome, pickled)` (`runner/driver/launch/relayed.py`)."""
+
+    job_id: str
+    payload: bytes
+    all_results: bool
+    env: dict
+    rank0_env: dict
+    timeout_s: float | None
+    stall_warning: float | None
+    stall_timeout: float | None
+    release: str = ""
+    """Not empty: release the world for this reason instead of running."""
 
 
 # --- a task's and a supervisor's reports (one-way) -----------------------------------
@@ -488,7 +507,7 @@ class Rejected(NamedTuple):
     reason: str
 
 
-HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello)
+HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello, WarmCarry)
 RELAY_FRAMES = (Relayed, RelayClosed)
 TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)

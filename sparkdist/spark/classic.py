@@ -76,8 +76,10 @@ class ClassicSpark:
         return ServicePlace(resolve(bind), advertise)
 
     def run_barrier_stage(
-        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+        self, num_tasks: int, task: BarrierTask, tag: str, description: str = "", announce=None
     ) -> list[bytes]:
+        if announce is not None:
+            raise ValueError("a classic session's executors reach its driver: nothing relays")
         with described(self.sc, description or f"sparkdist job {tag}", group=tag):
             rdd = self.sc.parallelize(range(num_tasks), num_tasks)
             return rdd.barrier().mapPartitions(task).collect()

@@ -65,11 +65,17 @@ class Cluster(Protocol):
         this process, under Spark Connect)."""
 
     def run_barrier_stage(
-        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+        self,
+        num_tasks: int,
+        task: BarrierTask,
+        tag: str,
+        description: str = "",
+        announce: Callable[[bytes], None] | None = None,
     ) -> list[bytes]:
         """Run `task` in `num_tasks` barrier tasks tagged `tag`, described in the Spark
         UI by `description` (`jobs.described`); block until the stage ends and return
-        what each task yielded."""
+        what each task yielded. `announce` (Spark Connect only: a relayed warm world's)
+        is called with task 0's value as soon as task 0 ended, the others still running."""
 
     def run_tasks(
         self, num_tasks: int, task: PlainTask, tag: str, description: str = ""

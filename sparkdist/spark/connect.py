@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 
 from sparkdist.errors import SparkdistError
@@ -143,11 +143,26 @@ class ConnectSpark:
         return _REACHABLE[key]
 
     def run_barrier_stage(
-        self, num_tasks: int, task: BarrierTask, tag: str, description: str = ""
+        self,
+        num_tasks: int,
+        task: BarrierTask,
+        tag: str,
+        description: str = "",
+        announce: Callable[[bytes], None] | None = None,
     ) -> list[bytes]:
         frame = self.session.range(0, num_tasks, 1, num_tasks)
         stage = frame.mapInArrow(partial(_arrow_task, task), STAGE_SCHEMA, barrier=True)
-        return self._collect_tagged(stage, tag, description)
+        if announce is None:
+            return self._collect_tagged(stage, tag, description)
+        # The server streams each partition's rows as soon as it and those before it
+        # ended: task 0's row comes while the other tasks still run.
+        outputs = []
+        with described(self.session, description or f"sparkdist {tag}", group=tag):
+            for row in stage.toLocalIterator():
+                outputs.append(row.outcome)
+                if len(outputs) == 1:
+                    announce(row.outcome)
+        return outputs
 
     def run_tasks(
         self, num_tasks: int, task: PlainTask, tag: str, description: str = ""

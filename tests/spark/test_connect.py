@@ -64,7 +64,7 @@ def run_client(url: str, scenario: str, timeout: float = 300, **env: str) -> tup
     return result, output
 
 
-def test_every_rank_value_under_both_launchers_elastic_and_warm(connect_url):
+def test_every_rank_value_under_both_launchers_elastic_and_warm_relayed_too(connect_url):
     result, output = run_client(connect_url, "values")
     expected = [{"rank": 0, "value": 0}, {"rank": 1, "value": 5}]
     assert result["direct"] == expected
@@ -74,6 +74,13 @@ def test_every_rank_value_under_both_launchers_elastic_and_warm(connect_url):
     first, second = result["warm"]  # the second run in the first run's processes
     assert first == second and len(set(first)) == 2
     assert result["warm_alive"] == []  # closed
+    # Relay mode: the runs carried to task 0's service, in one process, each with its
+    # own arguments and its lines; closed, nothing left.
+    (pid1, value1), (pid2, value2) = result["relay_warm"]
+    assert pid1 == pid2 and (value1, value2) == (20, 30)
+    assert "[rank 0] relayed warm run with x=2" in output
+    assert "[rank 0] relayed warm run with x=3" in output
+    assert result["relay_warm_alive"] == []
     # Logs streamed home live, rank-prefixed, as with a classic session.
     assert "[rank 1] rank 1 of 2 says hello" in output
 

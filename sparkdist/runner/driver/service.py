@@ -17,7 +17,9 @@ Peers connect, each saying first who it is:
   `sparkdist.report` metrics, and asks for an in-process elastic world's next
   generation (`ElasticWorld`, answered by the job's `membership`);
 * whoever holds the job's secret and asks where each rank is (`WhereHello`: a relayed
-  job's interrupted client, through a plain Spark task) gets the grouped stacks once.
+  job's interrupted client, through a plain Spark task) gets the grouped stacks once;
+* a relayed warm world's run (`WarmCarry`, from the client through a plain Spark task)
+  is answered when it ended.
 
 A task's supervisors and ranks come through the task's relay (`runner/task/relay.py`):
 each is a stream of the task's one channel (`Relayed` frames, ended by `RelayClosed`),
@@ -106,6 +108,8 @@ class DriverService:
             peer = _SupervisorPeer(self.state, link, hello.rank, hello.host)
         elif isinstance(hello, messages.WhereHello):
             peer = _WherePeer(self, link, hello.why)
+        elif isinstance(hello, messages.WarmCarry):
+            peer = _CarrierPeer(self, link, hello)
         else:
             peer = _RankPeer(self, link, hello)
         peer.opened()
@@ -356,6 +360,21 @@ class _WherePeer(_Peer):
             self.link.send(messages.encode(reply))
         except OSError:
             pass  # the asker gave up
+
+
+class _CarrierPeer(_WherePeer):
+    """A relayed warm world's run, carried from the client by a plain Spark task:
+    answered once, when the run ended (`WarmDispatch.carry`, off the loop)."""
+
+    def __init__(self, service: DriverService, link: Link, order: messages.WarmCarry):
+        self.service, self.link, self.order = service, link, order
+
+    def opened(self) -> None:
+        warm = self.service.state.warm
+        if warm is None or warm.carry is None:
+            self._reply(messages.Failed("this job is not a relayed warm world"))
+            return
+        self.service.offload(functools.partial(warm.carry, self.order), self._reply)
 
 
 class _RankPeer(_Peer):

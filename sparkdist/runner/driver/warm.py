@@ -87,12 +87,35 @@ class WarmDispatch:
         """The world job ended (`ended`: its error, if it failed)."""
         self.payload_bytes_sent = 0
         """Bytes of run payloads the service sent (once per task's relay and run)."""
+        self.relayed = False
+        """Served from barrier task 0 (Spark Connect relay mode): the client's runs are
+        carried there by Spark tasks, to `address`, where `carry` runs them."""
+        self.address: str | None = None
+        self.carried = 0
+        """The client's count of the runs it carried to a relayed world."""
+        self.carry = None
+        """Task 0's: runs a carried `messages.WarmCarry` (`relayed.HostedJob.carry`)."""
 
     def attach(self, state, secret) -> None:
         """The world job formed its state (`launch.api.AttemptPlan.new_state`)."""
         with self.cond:
             self.state, self.secret = state, secret
             self.cond.notify_all()
+
+    def hosted_at(self, address: str) -> None:
+        """A relayed world's task 0 serves it at `address` (its stage announced it)."""
+        with self.cond:
+            self.address = address
+            self.cond.notify_all()
+
+    def wait_ready(self) -> None:
+        """Until the world can take a run (its state formed; a relayed one's address
+        known); raises why not if it ended first."""
+        with self.cond:
+            while self.secret is None or (self.relayed and self.address is None):
+                if self.over:
+                    raise self.gone()
+                self.cond.wait(0.2)
 
     def next(self, rank: int, after: int, reply) -> None:
         """Rank `rank` is idle after run `after`: answer it with the next run, now or
@@ -114,14 +137,15 @@ class WarmDispatch:
     @property
     def runs(self) -> int:
         """How many runs were handed out (the last one's number)."""
+        if self.relayed:
+            return self.carried
         return 0 if self.order is None else self.order.run
 
     def submit(self, job_id: str, blob: bytes, all_results: bool, env, rank0_env) -> None:
         """Hand the idle ranks a new run (`env` for every rank, `rank0_env` for rank 0
         alone)."""
+        self.wait_ready()
         with self.cond:
-            while self.secret is None and not self.over:
-                self.cond.wait(0.2)
             if self.over:
                 raise self.gone()
             number = self.runs + 1
@@ -265,13 +289,19 @@ class WarmWorld:
         run_env = tracking.rank_environment()
         credentials = messages.SecretEnv(tracking.rank0_credentials())
         try:
-            d.submit(report.job_id, blob, all_results, run_env, credentials)
-            state = d.state
-            for rank in range(d.num_ranks):
-                state.life.seen(rank)  # idle time before the run is no stall
-            deadline = started + options.timeout if options.timeout else None
-            with StallWatch(state, options, report.job_id, logger.warning):
-                done = self._wait(deadline)
+            d.wait_ready()
+            if d.relayed:
+                done = self._carried(
+                    options, report.job_id, blob, all_results, run_env, credentials
+                )
+            else:
+                d.submit(report.job_id, blob, all_results, run_env, credentials)
+                state = d.state
+                for rank in range(d.num_ranks):
+                    state.life.seen(rank)  # idle time before the run is no stall
+                deadline = started + options.timeout if options.timeout else None
+                with StallWatch(state, options, report.job_id, logger.warning):
+                    done = self._wait(deadline)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
             report.outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
@@ -289,6 +319,28 @@ class WarmWorld:
             outcome=report.outcome,
         )
         return [cloudpickle.loads(r.value) if r.has_value else None for r in done]
+
+    def _carried(self, options, job_id, blob, all_results, env, rank0_env) -> list:
+        """A relayed world's run: a Spark task carries it to task 0's service and brings
+        back its outcome, which is replayed here (lines, results, the error)."""
+        from sparkdist.runner.driver.launch import relayed
+
+        d = self.dispatch
+        limits = (options.timeout, options.stall_warning, options.stall_timeout)
+        order = messages.WarmCarry(job_id, blob, all_results, env, rank0_env, *limits)
+        d.carried += 1
+        try:
+            outcome = relayed.carry(d.address, d.secret, order, d.state.job.job_id)
+            relayed.replay(outcome, d.state)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            self._thread.join(EXIT_WAIT_S)  # a failed run ends its world
+            raise
+        return [
+            messages.WarmDone(d.runs, value or b"", value is not None, outcome.frameworks)
+            for value in outcome.results
+        ]
 
     def _wait(self, deadline: float | None) -> list[messages.WarmDone]:
         """The run's end; a time limit, an interrupt or the world's failure end the world
@@ -320,9 +372,27 @@ class WarmWorld:
         self._cancel_timer()
         if self.usable:
             logger.info("sparkdist: releasing the %s: %s", self.describe(), reason)
+            if self.dispatch.relayed:
+                self._release_relayed(reason)
         self.dispatch.release(reason)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
+
+    def _release_relayed(self, reason: str) -> None:
+        """Tell task 0's service (a Spark task carries it); cancel the world's stage
+        if that cannot be done."""
+        from sparkdist.runner.driver.launch import relayed
+
+        d = self.dispatch
+        world_id = d.state.job.job_id
+        try:
+            if d.address is None:
+                raise SparkdistError("the world's service was not announced yet")
+            order = messages.WarmCarry("", b"", False, {}, {}, None, None, None, reason)
+            relayed.carry(d.address, d.secret, order, world_id)
+        except Exception as exc:  # noqa: BLE001 - the world's stage is cancelled instead
+            logger.info("sparkdist: cancelling the warm world's stage: %s", exc)
+            relayed.cancel_world(world_id)
 
     def _arm_timer(self) -> None:
         self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.dispatch.runs,))
@@ -378,28 +448,12 @@ def run_warm(
             )
             world.release("a run of another shape")
         if world is None or not world.usable:
-            _check_reachable(options)
             world = _current = WarmWorld(options)
             world.start()
     try:
         return world, world.run(options, blob, all_results, report)
     except WorldGone:  # released (idle) just before this run took it: a new world
         return run_warm(options, blob, all_results, report)
-
-
-def _check_reachable(options: RunnerOptions) -> None:
-    """A warm world's runs are handed to its ranks by this driver's service: the
-    executors must reach it (not a relayed Spark Connect job, served from a task)."""
-    if options.on_driver:
-        return
-    from sparkdist.spark import active_cluster
-
-    if active_cluster().service_place().in_stage:
-        raise SparkdistError(
-            "keep_warm needs executors that reach this client; this Spark Connect "
-            "session's jobs are served from a Spark task (relay mode). Run without "
-            "keep_warm, or from a client the executors reach."
-        )
 
 
 def release(world: WarmWorld | None, reason: str) -> None:

@@ -82,6 +82,11 @@ class HostedService(Protocol):
 class ServiceHost(Protocol):
     """What a relayed job's `LaunchSpec.relay` is: it starts the job's service in task 0."""
 
+    @property
+    def announces(self) -> bool:
+        """The stage's first task is no task of the job: it returns task 0's service
+        address as soon as it is known (a relayed warm world, `RelayPlan.announces`)."""
+
     def host(self, secret: wire.JobSecret, host: str) -> HostedService: ...
 
 
@@ -273,14 +278,19 @@ def run_barrier_task(spec: LaunchSpec, _rows: Iterator) -> Iterator[bytes]:
     ctx = barrier_context()
     index = ctx.partitionId()
     infos = ctx.getTaskInfos()
-    host = task_host(spec, infos[index].address)
     hosted: HostedService | None = None
     if spec.relay is not None:
         relay: ServiceHost = spec.relay
+        first = 1 if relay.announces else 0  # the announcing task is no task of the job
+        infos, index = infos[first:], index - first
         if index == 0:
-            hosted = relay.host(spec.job.secret, host)
-        service = ctx.allGather(hosted.address if hosted else "")[0]
+            hosted = relay.host(spec.job.secret, task_host(spec, infos[0].address))
+        service = ctx.allGather(hosted.address if hosted else "")[first]
+        if index < 0:
+            yield service.encode()  # to the client at once; this task's slot frees
+            return
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, driver=service))
+    host = task_host(spec, infos[index].address)
     try:
         task = TaskRun(spec, index, len(infos), host)
         try:

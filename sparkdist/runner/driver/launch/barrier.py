@@ -70,16 +70,18 @@ class BarrierStage:
 
     def _run(self) -> None:
         try:
-            task = functools.partial(run_barrier_task, self.spec)
-            self.outputs = self.spark.run_barrier_stage(
-                self.spec.num_tasks, task, self.group, self.description
-            )
+            self.outputs = self._run_stage()
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             self.error = exc
             self.state.losses.fail(
                 f"the Spark barrier stage failed: {spark_error_summary(exc)}",
                 task_raised=python_error_in(exc) is not None,
             )
+
+    def _run_stage(self) -> list[bytes]:
+        """Run the stage; what each task yielded."""
+        task = functools.partial(run_barrier_task, self.spec)
+        return self.spark.run_barrier_stage(self.spec.num_tasks, task, self.group, self.description)
 
     def start(self) -> None:
         self._thread.start()

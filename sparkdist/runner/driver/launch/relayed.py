@@ -40,8 +40,8 @@ import cloudpickle
 
 from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
-from sparkdist.network import join_address
-from sparkdist.protocol import left_stacks, wire
+from sparkdist.network import join_address, split_address
+from sparkdist.protocol import left_stacks, messages, wire
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.console import RecordingConsole, spans
 from sparkdist.runner.driver.job_state import JobState
@@ -52,12 +52,15 @@ from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stacks import RankStacks
 from sparkdist.runner.driver.stalls import StallWatch, show_where, shown
-from sparkdist.runner.task.spark_task import remove_task_dirs
-from sparkdist.spark import Cluster, ServicePlace
+from sparkdist.runner.task.spark_task import remove_task_dirs, run_barrier_task
+from sparkdist.spark import Cluster, ServicePlace, active_cluster, job_tag
 
 logger = logging.getLogger(__name__)
 
 TASKS_DONE_GRACE_S = 10.0
+IDLE_GRACE_S = 30.0
+"""How much longer than `keep_warm` a relayed warm world waits for its client's next run
+or release before it releases itself (the client may have been killed)."""
 LEFT_WAIT_S = 30.0
 """How long an interrupted client looks for the stacks its ranks left: the cancelled
 tasks' Python workers are killed (`spark.python.task.killTimeout`, 2 s by default), each
@@ -79,8 +82,11 @@ class RelayedKind(FixedSizeKind):
 
     def form(self, plan: AttemptPlan, why: str) -> World:
         opts = self.options
+        if plan.warm is not None:
+            plan.warm.relayed = True  # the client's runs go to task 0 (`carry`)
         state = plan.new_state(opts.num_ranks)
-        self.cluster.check_slots(opts.num_ranks, opts.ranks_per_task, opts.start_timeout)
+        keep_warm = opts.keep_warm if plan.warm is not None else None
+        _check_slots(self.cluster, opts, announcing=keep_warm is not None)
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         relay = RelayPlan(
             job=state.job,
@@ -91,6 +97,8 @@ class RelayedKind(FixedSizeKind):
             launcher_expected=plan.launcher == "mpi",
             checkpoint_dir=opts.checkpoint_dir,
             checkpoint_keep=opts.checkpoint_keep,
+            keep_warm=keep_warm,
+            dispatch_type=None if plan.warm is None else type(plan.warm),
         )
         spec = plan.spec(opts.num_ranks, join_address(*service.address), relay)
         logger.info(
@@ -101,6 +109,23 @@ class RelayedKind(FixedSizeKind):
         )
         description = plan.description(spec.num_ranks, "relayed barrier stage")
         return World(state, service, RelayedStage(self.cluster, spec, state, description))
+
+
+def _check_slots(cluster: Cluster, options: RunnerOptions, announcing: bool) -> None:
+    """The job's tasks need their slots; a relayed warm world one more, whose first task
+    frees it at once for the Spark tasks that carry the runs."""
+    extra = options.ranks_per_task if announcing else 0
+    try:
+        cluster.check_slots(
+            options.num_ranks + extra, options.ranks_per_task, options.start_timeout
+        )
+    except SparkdistError as exc:
+        if not announcing:
+            raise
+        raise SparkdistError(
+            f"{exc} A warm world in relay mode takes one task slot more than its "
+            f"{options.num_ranks} ranks: the client carries each run to it by a Spark task."
+        ) from None
 
 
 def _check_relayed(options: RunnerOptions) -> None:
@@ -128,6 +153,20 @@ class RelayedStage(BarrierStage):
     # Beyond the job's own limits, which task 0 enforces: the time a stage may wait for
     # its slots and its tasks take to stop.
     GRACE_S = 120.0
+
+    def _run_stage(self) -> list[bytes]:
+        """A relayed warm world's stage has its announcing task first: its value, task
+        0's service address, goes to the world's dispatch as soon as it comes."""
+        if not self.spec.relay.announces:
+            return super()._run_stage()
+        outputs = self.spark.run_barrier_stage(
+            self.spec.num_tasks + 1,
+            functools.partial(run_barrier_task, self.spec),
+            self.group,
+            self.description,
+            announce=lambda value: self.state.warm.hosted_at(value.decode()),
+        )
+        return outputs[1:]
 
     def wait(self, start_deadline: float, deadline: float | None, launcher_expected: bool) -> None:
         limit = None if deadline is None else deadline - time.monotonic() + self.GRACE_S
@@ -205,6 +244,41 @@ class RelayedStage(BarrierStage):
         return self._wait_local_gone()
 
 
+def carry(address: str, secret: wire.JobSecret, order: messages.WarmCarry, world_id: str):
+    """The client's side of a relayed warm world's run (or release): a plain Spark task
+    takes `order` to task 0's service at `address` and brings back the run's
+    `RelayOutcome`. Interrupted, the client cancels that task and the world's stage."""
+    spark = active_cluster()
+    tag = f"{job_tag(world_id)}-{order.job_id or 'release'}"
+    what = "release" if order.release else f"run {order.job_id}"
+    task = functools.partial(carry_task, address, secret, order)
+    try:
+        raw = spark.run_tasks(1, task, tag, f"sparkdist: the warm world's {what}")[0]
+    except KeyboardInterrupt:
+        spark.cancel(tag)
+        cancel_world(world_id)
+        raise
+    return cloudpickle.loads(raw)
+
+
+def carry_task(address: str, secret: wire.JobSecret, order: messages.WarmCarry, _index) -> bytes:
+    """A plain Spark task's: hand `order` to the warm world's service, wait for its end."""
+    channel = wire.connect(split_address(address), secret)
+    try:
+        reply = channel.request(messages.encode(order))
+    finally:
+        channel.close()
+    reply = messages.decode(reply, (messages.Ok, messages.Failed, messages.Rejected))
+    if not isinstance(reply, messages.Ok):
+        raise SparkdistError(f"the warm world's service did not take the run: {reply}")
+    return reply.value
+
+
+def cancel_world(world_id: str) -> None:
+    """Cancel a relayed warm world's stage (each supervisor leaves its rank's stacks)."""
+    active_cluster().cancel(job_tag(world_id))
+
+
 def collect_left(job_id: str, _index: int) -> bytes:
     """A plain Spark task's, after the job's stage was cancelled: the stacks the job's
     supervisors left on this host (`left_stacks.collect`); the directories its killed
@@ -225,6 +299,18 @@ class RelayPlan:
     checkpoint_keep: int = 2
     stall_warning: float | None = None
     stall_timeout: float | None = None
+    keep_warm: float | None = None
+    """A warm world's: its runs come from the client through plain Spark tasks
+    (`messages.WarmCarry`), and the stage's first task only announces task 0's service."""
+    dispatch_type: type | None = None
+    """A warm world's: the client's `warm.WarmDispatch` class, of which task 0 makes the
+    world's own (passed, not imported: the warm module runs jobs through this one)."""
+
+    @property
+    def announces(self) -> bool:
+        """The stage has one task more, first, which returns task 0's service address
+        at once: the client learns where to carry runs, and its slot is where they go."""
+        return self.keep_warm is not None
 
     def host(self, secret: wire.JobSecret, host: str) -> HostedJob:
         """Start serving the job in barrier task 0 (`spark_task.ServiceHost`)."""
@@ -264,6 +350,10 @@ class HostedJob:
         self.address = f"{self.service.address[0]}:{self.service.address[1]}"
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sparkdist-relay", daemon=True)
+        self._lines_sent = 0
+        self._idle: threading.Timer | None = None
+        if plan.keep_warm is not None:
+            self._start_warm(secret)
 
     def start(self) -> None:
         self._thread.start()
@@ -283,6 +373,10 @@ class HostedJob:
             self._error = exc
             show_where(self.state, exc, self._announce)
             self.state.stop("abort", f"job failed: {type(exc).__name__}")
+        finally:
+            if self.state.warm is not None:
+                self._cancel_idle()
+                self.state.warm.world_ended(self._error)
 
     def _announce(self, text: str) -> None:
         """A stall warning or a straggler: the client shows it with the job's lines."""
@@ -303,7 +397,7 @@ class HostedJob:
         self.service.close()
         self.checkpoints.close()
         outcome = self.outcome
-        outcome.lines = list(self.console.lines)
+        outcome.lines = self._new_lines()
         outcome.results = state.rank_records.results()
         outcome.processes = state.processes.started()
         outcome.files = dict(state.files)
@@ -314,6 +408,78 @@ class HostedJob:
             outcome.error = cloudpickle.dumps(self._error)
             outcome.outside_user_code = state.failures.outside_user_code()
         return cloudpickle.dumps(outcome)
+
+    def _new_lines(self) -> list[tuple[str, str]]:
+        """The lines the client has not got yet (a warm world's runs took theirs)."""
+        lines = self.console.lines[self._lines_sent :]
+        self._lines_sent += len(lines)
+        return list(lines)
+
+    # --- a relayed warm world: runs carried from the client ------------------------
+
+    def _start_warm(self, secret: wire.JobSecret) -> None:
+        dispatch = self.plan.dispatch_type(self.plan.job.num_ranks)
+        dispatch.carry = self.carry
+        self.state.warm = dispatch
+        dispatch.attach(self.state, secret)
+        self._arm_idle()
+
+    def carry(self, order: messages.WarmCarry) -> bytes:
+        """One run the client carried here (or its release): the run's outcome, pickled,
+        when every rank finished it or the world ended."""
+        warm, state, outcome = self.state.warm, self.state, RelayOutcome()
+        self._cancel_idle()
+        if order.release:
+            warm.release(order.release)
+            return cloudpickle.dumps(outcome)
+        first_reported = len(state.metrics.reported)
+        try:
+            warm.submit(order.job_id, order.payload, order.all_results, order.env, order.rank0_env)
+            for rank in range(warm.num_ranks):
+                state.life.seen(rank)  # idle time before the run is no stall
+            deadline = time.monotonic() + order.timeout_s if order.timeout_s else None
+            with StallWatch(state, order, order.job_id, self._announce):
+                done = self._wait_run(deadline)
+            outcome.results = [r.value if r.has_value else None for r in done]
+            outcome.frameworks = sorted({f for r in done for f in r.frameworks})
+        except BaseException as exc:  # noqa: BLE001 - travels to the client
+            outcome.error = cloudpickle.dumps(exc)
+        if not warm.over:
+            self._arm_idle()
+        outcome.lines = self._new_lines()
+        outcome.reported = list(state.metrics.reported[first_reported:])
+        outcome.processes = state.processes.started()
+        return cloudpickle.dumps(outcome)
+
+    def _wait_run(self, deadline: float | None) -> list[messages.WarmDone]:
+        """The run's end; past its time limit the world ends (saying where each rank
+        was) and the run raises the world's error."""
+        warm = self.state.warm
+        try:
+            return warm.wait(deadline)
+        except JobTimeoutError as exc:
+            self.state.failures.fail_now(exc)
+        self._thread.join()
+        raise warm.gone()
+
+    def _arm_idle(self) -> None:
+        """The backstop for a client that went away: the client releases an idle world
+        itself after `keep_warm`; task 0 does `IDLE_GRACE_S` later."""
+        limit = self.plan.keep_warm + IDLE_GRACE_S
+        self._idle = threading.Timer(limit, self._expire, args=(self.state.warm.runs,))
+        self._idle.daemon = True
+        self._idle.start()
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _expire(self, runs: int) -> None:
+        if self.state.warm.runs == runs:
+            self.state.warm.release(
+                f"no run came from the client for keep_warm={self.plan.keep_warm:g}s"
+            )
 
 
 def replay(outcome: RelayOutcome, state: JobState) -> None:
