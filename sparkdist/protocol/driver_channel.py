@@ -26,6 +26,9 @@ class DriverClient:
         self._lock = threading.Lock()
         self.secret = secret
         """The job's secret: a warm world's rank checks each run's payload with it."""
+        self.key_prefix = ""
+        """Before every rendezvous key: a warm world's run's own (`runner/rank/warm.py`),
+        so that each run's backends and elastic worlds agree on fresh values."""
 
     def request(self, message: Any) -> Any:
         """Send one `messages` record; its reply (`Ok`, `Missing`, `Failed`, `Welcome`).
@@ -35,10 +38,10 @@ class DriverClient:
         return messages.reply_to(raw, messages.RANK_REPLIES)
 
     def put(self, key: str, value: Any) -> None:
-        self.request(messages.KvPut(key, value))
+        self.request(messages.KvPut(self.key_prefix + key, value))
 
     def get(self, key: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> Any:
-        reply = self.request(messages.KvGet(key, float(timeout_s)))
+        reply = self.request(messages.KvGet(self.key_prefix + key, float(timeout_s)))
         if not isinstance(reply, messages.Ok):
             raise TimeoutError(f"rendezvous value {key!r} did not arrive within {timeout_s}s")
         return reply.value

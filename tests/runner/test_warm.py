@@ -51,6 +51,35 @@ def where_am_i(x, import_it=False):
     }
 
 
+def elastic_steps(steps):
+    """In-process elastic code: `elastic.run` trains `steps` steps, committing each;
+    the rank's pid, the steps done and the elastic world's size."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            optimizer.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            for parameter in model.parameters():
+                dist.all_reduce(parameter.grad)
+            optimizer.step()
+            state.step += 1
+            state.commit()
+        return state.step, dist.get_world_size()
+
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    return os.getpid(), *train(state)
+
+
 def fails():
     raise ValueError("this run fails")
 
@@ -114,6 +143,17 @@ def test_two_runs_on_one_warm_world_share_their_processes(sc, np_, launcher):
         assert first_job.outcome == "succeeded"
         pids = [r["pid"] for r in first]
     assert _gone(pids) == []  # closed: the ranks end
+
+
+def test_in_process_elastic_code_runs_again_on_a_warm_world():
+    """Each run's elastic world meets at its own rendezvous keys: the second run's does
+    not read the first run's (gone) store address."""
+    with HorovodRunner(np=-2, launcher="direct", keep_warm=120) as runner:
+        first = runner.run_all(elastic_steps, steps=3)
+        second = runner.run_all(elastic_steps, steps=5)
+    assert [steps for _, steps, _ in first] == [3, 3]
+    assert [(steps, size) for _, steps, size in second] == [(5, 2), (5, 2)]
+    assert [pid for pid, _, _ in second] == [pid for pid, _, _ in first]
 
 
 def test_a_failed_run_ends_its_world_and_the_next_starts_afresh(sc):

@@ -279,7 +279,8 @@ def _check_keep_warm(keep_warm, min_np, max_np, roles) -> None:
     if min_np is not None or max_np is not None:
         raise ValueError(
             "keep_warm keeps a fixed-size world: drop min_np/max_np, or keep_warm (an "
-            "elastic job's world changes between its attempts)"
+            "elastic job's world changes between its attempts). In-process elastic code "
+            "(sparkdist.elastic.run in main) does run on a fixed-size warm world."
         )
     if roles is not None:
         raise ValueError(

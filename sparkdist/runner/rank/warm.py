@@ -42,25 +42,6 @@ class RefusedRun(SparkdistError):
     """A run order this rank will not run: not the next run, or not signed for it."""
 
 
-class RunRendezvous:
-    """The rank's rendezvous for one run: the run's keys apart from every other run's,
-    so each run's backends agree on fresh values (a new torch port)."""
-
-    def __init__(self, client, job_id: str):
-        self.client, self.prefix = client, f"{job_id}/"
-
-    def put(self, key: str, value: Any) -> None:
-        self.client.put(self.prefix + key, value)
-
-    def get(self, key: str, timeout_s: float | None = None) -> Any:
-        if timeout_s is None:
-            return self.client.get(self.prefix + key)
-        return self.client.get(self.prefix + key, timeout_s)
-
-    def send_file(self, name: str, data: bytes) -> None:
-        self.client.send_file(name, data)
-
-
 def check_order(order: messages.WarmRun, after: int, secret) -> None:
     """Refuse an order that is not the run after `after`, or whose payload was not
     signed with this run's key."""
@@ -114,7 +95,8 @@ def run_one(order: messages.WarmRun, client) -> Any:
     os.environ[job_environment.JOB_ID] = order.job_id
     os.environ.update(order.env)  # the driver's MLflow run now, rank 0's credentials
     os.chdir(cwd)
-    prepare_rank(rank_context(RunRendezvous(client, order.job_id), place, os.environ))
+    client.key_prefix = f"{order.job_id}/"  # the run's own rendezvous: a new torch port
+    prepare_rank(rank_context(client, place, os.environ))
     tracking.setup_rank()
     fn, kwargs = payload.unpack(order.payload)
     try:
