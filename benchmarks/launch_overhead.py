@@ -9,9 +9,11 @@ initialises the process group, does one allreduce and returns a float, with:
 * sparkdist.TorchDistributor (pyspark's API on HorovodRunner), local_mode False and True;
 * pyspark's TorchDistributor, local_mode False and True;
 * horovod.spark.run (Gloo), where Horovod is installed;
-* through a Spark Connect session (a LocalConnectServer over the same local-cluster shape,
+* through a Spark Connect session (a LocalConnectServer over local-cluster[3,1,1024],
   driven by a client process with no JVM): sparkdist np=2 with the executors reaching the
-  client and in relay mode, and pyspark's TorchDistributor on the same Connect session;
+  client and in relay mode, a warm world in relay mode (runs 2.., the third slot free for
+  the Spark tasks that carry its runs), and pyspark's TorchDistributor on the same Connect
+  session;
 * Ray on Spark (`setup_ray_cluster`, then repeated `TorchTrainer.fit`, np=2 and np=8), run
   by benchmarks/ray_on_spark.py in .venv-ray (`make bench-ray`), when that exists.
 
@@ -243,9 +245,12 @@ def connect_contenders():
     from sparkdist import HorovodRunner
 
     def sparkdist_run(launcher, relay):
+        return sparkdist_run_on(HorovodRunner(np=2, launcher=launcher), relay)
+
+    def sparkdist_run_on(runner, relay):
         def run():
             os.environ["SPARKDIST_CONNECT_RELAY"] = relay
-            return HorovodRunner(np=2, launcher=launcher).run(torch_job)
+            return runner.run(torch_job)
 
         return run
 
@@ -253,6 +258,11 @@ def connect_contenders():
     yield "Connect: sparkdist direct np=2", sparkdist_run("direct", "auto")
     yield "Connect: sparkdist mpi np=2, relay mode", sparkdist_run("mpi", "always")
     yield "Connect: sparkdist direct np=2, relay mode", sparkdist_run("direct", "always")
+    # A warm world in relay mode: measure's warm-up is run 1, which starts it; the timed
+    # runs are carried to it (it takes 3 slots: the ranks' 2 and one for the carriers).
+    warm = HorovodRunner(np=2, launcher="direct", keep_warm=600)
+    yield "Connect: sparkdist warm direct np=2, relay mode", sparkdist_run_on(warm, "always")
+    warm.close()  # its slots back for the rows after it
 
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -278,7 +288,7 @@ def connect_rows(repeat: int, only: str | None) -> list[tuple[str, float | None,
     from sparkdist.spark.connect_server import LocalConnectServer
 
     rows = []
-    with LocalConnectServer() as server:
+    with LocalConnectServer(executors=3) as server:
         argv = [sys.executable, __file__, "--connect-client", server.url, "--repeat", str(repeat)]
         proc = subprocess.run(
             argv + (["--only", only] if only else []), capture_output=True, text=True
