@@ -321,26 +321,15 @@ class WarmWorld:
         return [cloudpickle.loads(r.value) if r.has_value else None for r in done]
 
     def _carried(self, options, job_id, blob, all_results, env, rank0_env) -> list:
-        """A relayed world's run: a Spark task carries it to task 0's service and brings
-        back its outcome, which is replayed here (lines, results, the error)."""
-        from sparkdist.runner.driver.launch import relayed
+        """A relayed world's run (`relayed.carry_run`); a failed one ends its world."""
+        from sparkdist.runner.driver.launch.relayed import carry_run
 
-        d = self.dispatch
-        limits = (options.timeout, options.stall_warning, options.stall_timeout)
-        order = messages.WarmCarry(job_id, blob, all_results, env, rank0_env, *limits)
-        d.carried += 1
+        self.dispatch.carried += 1
         try:
-            outcome = relayed.carry(d.address, d.secret, order, d.state.job.job_id)
-            relayed.replay(outcome, d.state)
-        except KeyboardInterrupt:
+            return carry_run(self.dispatch, options, job_id, blob, all_results, env, rank0_env)
+        except Exception:
+            self._thread.join(EXIT_WAIT_S)
             raise
-        except BaseException:
-            self._thread.join(EXIT_WAIT_S)  # a failed run ends its world
-            raise
-        return [
-            messages.WarmDone(d.runs, value or b"", value is not None, outcome.frameworks)
-            for value in outcome.results
-        ]
 
     def _wait(self, deadline: float | None) -> list[messages.WarmDone]:
         """The run's end; a time limit, an interrupt or the world's failure end the world
@@ -373,26 +362,12 @@ class WarmWorld:
         if self.usable:
             logger.info("sparkdist: releasing the %s: %s", self.describe(), reason)
             if self.dispatch.relayed:
-                self._release_relayed(reason)
+                from sparkdist.runner.driver.launch.relayed import release_world
+
+                release_world(self.dispatch, reason)
         self.dispatch.release(reason)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
-
-    def _release_relayed(self, reason: str) -> None:
-        """Tell task 0's service (a Spark task carries it); cancel the world's stage
-        if that cannot be done."""
-        from sparkdist.runner.driver.launch import relayed
-
-        d = self.dispatch
-        world_id = d.state.job.job_id
-        try:
-            if d.address is None:
-                raise SparkdistError("the world's service was not announced yet")
-            order = messages.WarmCarry("", b"", False, {}, {}, None, None, None, reason)
-            relayed.carry(d.address, d.secret, order, world_id)
-        except Exception as exc:  # noqa: BLE001 - the world's stage is cancelled instead
-            logger.info("sparkdist: cancelling the warm world's stage: %s", exc)
-            relayed.cancel_world(world_id)
 
     def _arm_timer(self) -> None:
         self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.dispatch.runs,))

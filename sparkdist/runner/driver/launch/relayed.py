@@ -244,6 +244,42 @@ class RelayedStage(BarrierStage):
         return self._wait_local_gone()
 
 
+def carry_run(warm, options, job_id, blob, all_results, env, rank0_env) -> list:
+    """The client's run on a relayed warm world (`warm`, its `WarmDispatch`): carried to
+    task 0's service, its outcome replayed here (lines, results, the error); every rank's
+    `WarmDone`."""
+    limits = (options.timeout, options.stall_warning, options.stall_timeout)
+    order = messages.WarmCarry(job_id, blob, all_results, env, rank0_env, *limits)
+    outcome = carry(warm.address, warm.secret, order, warm.state.job.job_id)
+    replay(outcome, warm.state)
+    return [
+        messages.WarmDone(warm.runs, value or b"", value is not None, outcome.frameworks)
+        for value in outcome.results
+    ]
+
+
+def release_world(warm, reason: str) -> None:
+    """Release a relayed warm world: tell task 0's service (a Spark task carries it), or
+    cancel the world's stage if that cannot be done."""
+    world_id = warm.state.job.job_id
+    try:
+        if warm.address is None:
+            raise SparkdistError("the world's service was not announced yet")
+        order = messages.WarmCarry("", b"", False, {}, {}, None, None, None, reason)
+        carry(warm.address, warm.secret, order, world_id)
+    except Exception as exc:  # noqa: BLE001 - the world's stage is cancelled instead
+        logger.info("sparkdist: cancelling the warm world's stage: %s", exc)
+        try:
+            cancel_world(world_id)
+        except Exception as cancel_error:  # noqa: BLE001 - the session may be gone
+            logger.warning(
+                "sparkdist: could not release the warm world (%s); task 0 releases it "
+                "itself %gs after keep_warm",
+                cancel_error,
+                IDLE_GRACE_S,
+            )
+
+
 def carry(address: str, secret: wire.JobSecret, order: messages.WarmCarry, world_id: str):
     """The client's side of a relayed warm world's run (or release): a plain Spark task
     takes `order` to task 0's service at `address` and brings back the run's
