@@ -10,7 +10,9 @@ import time
 
 
 def stuck(lock_file: str) -> None:
-    """Block on a lock until `lock_file` is removed (the test releases it so)."""
+    """Block on a lock until `lock_file` is removed (the test releases it so). Writes
+    `<lock_file>.stuck` first: a test can wait for the rank to be here."""
+    open(lock_file + ".stuck", "w").close()
     lock = threading.Lock()
     lock.acquire()
     while os.path.exists(lock_file):

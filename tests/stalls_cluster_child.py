@@ -5,9 +5,10 @@ session's shared two-executor Spark cannot give. Prints one `RESULT {json}` line
 Most scenarios wait on a time limit or a stall, so they run at once, each job from a thread
 of its own (as tune's concurrent trials do), each with its own lock file, in lanes: the two
 mpirun jobs one after the other (concurrent mpirun jobs on one host can collide); the short
-stall timeout after the elastic job (its ranks beat while torch imports, which takes longer
-with other jobs' ranks importing); the straggler cases, which measure step rates, only
-after the others, beside each other (no torch, no collectives: cheap ranks). Each
+stall timeout after the elastic job (its ranks also beat while torch imports); the
+straggler cases, which measure step rates, only after the others, beside each other (no
+torch, no collectives: cheap ranks). A job starts only once the others' ranks are stuck
+(`Settled`): one job's ranks import torch at a time, as when they ran one by one. Each
 `Warnings` handler keeps only its own job's messages."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -120,12 +122,39 @@ def stragglers(slow_rank: int) -> dict:
     }
 
 
-def run_lane(scenarios: dict, names: list[str]) -> dict:
+class Settled:
+    """Starts one job at a time: a scenario begins once every running one is settled, its
+    rank stuck (`<lock>.stuck`, tests/stall_jobs.py) or its job ended (a scenario without
+    such a file, "", never holds the next back). The time limits then count while only the
+    new job's ranks import torch, as when they ran one by one."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.running: dict[str, str] = {}  # scenario -> the file its stuck rank writes
+
+    def begin(self, name: str, marker: str) -> None:
+        with self.cond:
+            while not all(not m or os.path.exists(m) for m in self.running.values()):
+                self.cond.wait(0.2)  # the marker is a file: looked at again and again
+            self.running[name] = marker
+
+    def end(self, name: str) -> None:
+        with self.cond:
+            self.running.pop(name, None)
+            self.cond.notify_all()
+
+
+def run_lane(scenarios: dict, names: list[str], settled: Settled) -> dict:
     """Run the named scenarios one after the other; print each outcome as it comes."""
     out = {}
     for name in names:
+        run, marker = scenarios[name]
+        settled.begin(name, marker)
         started = time.monotonic()
-        out[name] = scenarios[name]()
+        try:
+            out[name] = run()
+        finally:
+            settled.end(name)
         took = time.monotonic() - started
         print(f"SCENARIO {name} ({took:.0f}s) " + json.dumps(out[name]), flush=True)
     return out
@@ -133,9 +162,10 @@ def run_lane(scenarios: dict, names: list[str]) -> dict:
 
 def run_lanes(scenarios: dict, lanes: list[list[str]]) -> dict:
     """Run the lanes at once, a thread each."""
-    out = {}
+    out, settled = {}, Settled()
     with ThreadPoolExecutor(len(lanes)) as pool:
-        for lane in [pool.submit(run_lane, scenarios, names) for names in lanes]:
+        futures = [pool.submit(run_lane, scenarios, names, settled) for names in lanes]
+        for lane in futures:
             out.update(lane.result())
     return out
 
@@ -149,18 +179,32 @@ def main() -> None:
         conf={"spark.ui.enabled": "false"},
     )
     lock = os.path.join(sys.argv[1], "lock-")
+    scenarios = {  # name: (the scenario, the file that says its job is settled)
+        "direct": (lambda: lock_timeout("direct", lock + "direct", timeout=45), lock + "direct"),
+        "mpi": (lambda: lock_timeout("mpi", lock + "mpi", timeout=45), lock + "mpi"),
+        "stall_timeout": (
+            lambda: lock_timeout(
+                "direct", lock + "stall", stall_timeout=20, job_kwargs={"beat": True}
+            ),
+            lock + "stall",
+        ),
+        "stall_warning": (lambda: stall_warning(lock + "warning"), lock + "warning"),
+        "elastic": (
+            lambda: lock_timeout(
+                "direct",
+                lock + "elastic",
+                stall_jobs.elastic_lock_job,
+                min_np=2,
+                max_np=3,
+                **ELASTIC,
+            ),
+            lock + "elastic",
+        ),
+        "straggler": (lambda: stragglers(1), ""),
+        "even": (lambda: stragglers(-1), ""),
+    }
     scenarios = {
-        "direct": lambda: lock_timeout("direct", lock + "direct", timeout=45),
-        "mpi": lambda: lock_timeout("mpi", lock + "mpi", timeout=45),
-        "stall_timeout": lambda: lock_timeout(
-            "direct", lock + "stall", stall_timeout=20, job_kwargs={"beat": True}
-        ),
-        "stall_warning": lambda: stall_warning(lock + "warning"),
-        "elastic": lambda: lock_timeout(
-            "direct", lock + "elastic", stall_jobs.elastic_lock_job, min_np=2, max_np=3, **ELASTIC
-        ),
-        "straggler": lambda: stragglers(1),
-        "even": lambda: stragglers(-1),
+        name: (run, marker and marker + ".stuck") for name, (run, marker) in scenarios.items()
     }
     phases = [  # lanes at once, phase after phase
         [["mpi", "stall_warning"], ["direct"], ["elastic", "stall_timeout"]],
