@@ -10,7 +10,9 @@ import time
 
 
 def stuck(lock_file: str) -> None:
-    """Block on a lock until `lock_file` is removed (the test releases it so)."""
+    """Block on a lock until `lock_file` is removed (the test releases it so). Writes
+    `<lock_file>.stuck` first: a test can wait for the rank to be here."""
+    open(lock_file + ".stuck", "w").close()
     lock = threading.Lock()
     lock.acquire()
     while os.path.exists(lock_file):
@@ -35,13 +37,22 @@ def held_lock(lock_file: str) -> int:
     return 0
 
 
-def lock_job(lock_file: str, steps: int = 1000, stuck_rank: int = 1, stuck_at: int = 5) -> int:
+def lock_job(
+    lock_file: str, steps: int = 1000, stuck_rank: int = 1, stuck_at: int = 5, beat: bool = False
+) -> int:
     """An all_reduce per step; at step `stuck_at`, rank `stuck_rank` blocks in `stuck`,
-    so the other ranks wait in all_reduce."""
+    so the other ranks wait in all_reduce.
+
+    `beat`: a line a second until the group formed (importing torch takes seconds, in
+    silence, on a loaded machine: a short `stall_timeout` must count from the stall)."""
+    started = threading.Event()
+    if beat:
+        threading.Thread(target=_beat_until, args=(started,), daemon=True).start()
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    started.set()
     rank = dist.get_rank()
     value = torch.ones(1)
     for step in range(steps):

@@ -1,6 +1,15 @@
 """The cluster's stall scenarios, run by tests/runner/test_stalls_cluster.py in a process of
-their own: three executors (`local-cluster[3,1,1024]`), which the test session's shared
-two-executor Spark cannot give. Prints one `RESULT {json}` line."""
+their own: np=3 jobs, several at once (`local-cluster[3,3,1024]`: nine slots), which the test
+session's shared two-executor Spark cannot give. Prints one `RESULT {json}` line.
+
+Most scenarios wait on a time limit or a stall, so they run at once, each job from a thread
+of its own (as tune's concurrent trials do), each with its own lock file, in lanes: the two
+mpirun jobs one after the other (concurrent mpirun jobs on one host can collide); the short
+stall timeout after the elastic job (its ranks also beat while torch imports); the
+straggler cases, which measure step rates, only after the others, beside each other (no
+torch, no collectives: cheap ranks). A job starts only once the others' ranks are stuck
+(`Settled`): one job's ranks import torch at a time, as when they ran one by one. Each
+`Warnings` handler keeps only its own job's messages."""
 
 from __future__ import annotations
 
@@ -8,7 +17,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,12 +45,14 @@ def left(runner) -> list[int]:
     return [p.pid for p in runner.last_job.processes if p.alive()]
 
 
-def lock_timeout(launcher: str, lock: str, job=stall_jobs.lock_job, **options) -> dict:
+def lock_timeout(
+    launcher: str, lock: str, job=stall_jobs.lock_job, job_kwargs: dict | None = None, **options
+) -> dict:
     open(lock, "w").close()
     runner = HorovodRunner(np=3, launcher=launcher, **options)
     started = time.monotonic()
     try:
-        runner.run(job, lock_file=lock)
+        runner.run(job, lock_file=lock, **(job_kwargs or {}))
         return {"error": None}
     except JobTimeoutError as exc:
         return {
@@ -52,14 +65,24 @@ def lock_timeout(launcher: str, lock: str, job=stall_jobs.lock_job, **options) -
 
 
 class Warnings(logging.Handler):
-    """Releases the lock at the first stall warning; keeps what was said, and when."""
+    """Releases the lock at the first stall warning; keeps what was said, and when: only
+    what `runner`'s job said of all the jobs running at once."""
 
-    def __init__(self, lock: str):
+    def __init__(self, lock: str, runner: HorovodRunner):
         super().__init__()
-        self.lock_file, self.said = lock, []
+        self.lock_file, self.runner, self.said = lock, runner, []
+
+    def mine(self, text: str) -> bool:
+        """Not a message that names another job ("sparkdist job <id>: ...")."""
+        job = self.runner.last_job
+        if not text.startswith("sparkdist job ") or job is None:
+            return True
+        return text.startswith(f"sparkdist job {job.job_id}:")
 
     def emit(self, record):
         text = record.getMessage()
+        if not self.mine(text):
+            return
         self.said.append((time.time(), text))
         # A warning may come while the ranks import torch; the lock goes once rank 1 is stuck.
         if "stuck (stall_jobs.py" in text and os.path.exists(self.lock_file):
@@ -68,10 +91,10 @@ class Warnings(logging.Handler):
 
 def stall_warning(lock: str) -> dict:
     open(lock, "w").close()
-    handler = Warnings(lock)
+    runner = HorovodRunner(np=3, launcher="mpi", stall_warning=10)
+    handler = Warnings(lock, runner)
     logging.getLogger("sparkdist").addHandler(handler)
     try:
-        runner = HorovodRunner(np=3, launcher="mpi", stall_warning=10)
         result = runner.run_all(stall_jobs.lock_job, lock_file=lock, steps=12)
     finally:
         logging.getLogger("sparkdist").removeHandler(handler)
@@ -79,10 +102,10 @@ def stall_warning(lock: str) -> dict:
 
 
 def stragglers(slow_rank: int) -> dict:
-    handler = Warnings("")
+    runner = HorovodRunner(np=3, launcher="direct")
+    handler = Warnings("", runner)
     logging.getLogger("sparkdist").addHandler(handler)
     try:
-        runner = HorovodRunner(np=3, launcher="direct")
         steps = runner.run_all(stall_jobs.crawl, seconds=14, slow_rank=slow_rank, extra_s=0.3)
     finally:
         logging.getLogger("sparkdist").removeHandler(handler)
@@ -99,32 +122,99 @@ def stragglers(slow_rank: int) -> dict:
     }
 
 
+class Settled:
+    """Starts one job at a time: a scenario begins once every running one is settled, its
+    rank stuck (`<lock>.stuck`, tests/stall_jobs.py) or its job ended (a scenario without
+    such a file, "", never holds the next back). The time limits then count while only the
+    new job's ranks import torch, as when they ran one by one."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.running: dict[str, str] = {}  # scenario -> the file its stuck rank writes
+
+    def begin(self, name: str, marker: str) -> None:
+        with self.cond:
+            while not all(not m or os.path.exists(m) for m in self.running.values()):
+                self.cond.wait(0.2)  # the marker is a file: looked at again and again
+            self.running[name] = marker
+
+    def end(self, name: str) -> None:
+        with self.cond:
+            self.running.pop(name, None)
+            self.cond.notify_all()
+
+
+def run_lane(scenarios: dict, names: list[str], settled: Settled) -> dict:
+    """Run the named scenarios one after the other; print each outcome as it comes."""
+    out = {}
+    for name in names:
+        run, marker = scenarios[name]
+        settled.begin(name, marker)
+        started = time.monotonic()
+        try:
+            out[name] = run()
+        finally:
+            settled.end(name)
+        took = time.monotonic() - started
+        print(f"SCENARIO {name} ({took:.0f}s) " + json.dumps(out[name]), flush=True)
+    return out
+
+
+def run_lanes(scenarios: dict, lanes: list[list[str]]) -> dict:
+    """Run the lanes at once, a thread each."""
+    out, settled = {}, Settled()
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        futures = [pool.submit(run_lane, scenarios, names, settled) for names in lanes]
+        for lane in futures:
+            out.update(lane.result())
+    return out
+
+
 def main() -> None:
     from sparkdist.spark.session import embedded_spark
 
     spark = embedded_spark(
         app_name="sparkdist-stalls",
-        master="local-cluster[3,1,1024]",
+        master="local-cluster[3,3,1024]",
         conf={"spark.ui.enabled": "false"},
     )
-    lock = os.path.join(sys.argv[1], "lock")
-    scenarios = {
-        "direct": lambda: lock_timeout("direct", lock, timeout=45),
-        "mpi": lambda: lock_timeout("mpi", lock, timeout=45),
-        "stall_timeout": lambda: lock_timeout("direct", lock, stall_timeout=20),
-        "stall_warning": lambda: stall_warning(lock),
-        "elastic": lambda: lock_timeout(
-            "direct", lock, stall_jobs.elastic_lock_job, min_np=2, max_np=3, **ELASTIC
+    lock = os.path.join(sys.argv[1], "lock-")
+    scenarios = {  # name: (the scenario, the file that says its job is settled)
+        "direct": (lambda: lock_timeout("direct", lock + "direct", timeout=45), lock + "direct"),
+        "mpi": (lambda: lock_timeout("mpi", lock + "mpi", timeout=45), lock + "mpi"),
+        "stall_timeout": (
+            lambda: lock_timeout(
+                "direct", lock + "stall", stall_timeout=20, job_kwargs={"beat": True}
+            ),
+            lock + "stall",
         ),
-        "straggler": lambda: stragglers(1),
-        "even": lambda: stragglers(-1),
+        "stall_warning": (lambda: stall_warning(lock + "warning"), lock + "warning"),
+        "elastic": (
+            lambda: lock_timeout(
+                "direct",
+                lock + "elastic",
+                stall_jobs.elastic_lock_job,
+                min_np=2,
+                max_np=3,
+                **ELASTIC,
+            ),
+            lock + "elastic",
+        ),
+        "straggler": (lambda: stragglers(1), ""),
+        "even": (lambda: stragglers(-1), ""),
     }
-    chosen = sys.argv[2:] or list(scenarios)  # by hand: some of them only
+    scenarios = {
+        name: (run, marker and marker + ".stuck") for name, (run, marker) in scenarios.items()
+    }
+    phases = [  # lanes at once, phase after phase
+        [["mpi", "stall_warning"], ["direct"], ["elastic", "stall_timeout"]],
+        [["straggler"], ["even"]],
+    ]
+    if sys.argv[2:]:  # by hand: some of them only, one after the other
+        phases = [[sys.argv[2:]]]
     out = {}
-    for name in chosen:
-        scenario = scenarios[name]
-        out[name] = scenario()
-        print(f"SCENARIO {name} " + json.dumps(out[name]), flush=True)
+    for lanes in phases:
+        out.update(run_lanes(scenarios, lanes))
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
 

@@ -1,7 +1,7 @@
 """A job that hangs or crawls on the cluster says where each rank is (issue 48).
 
 The np=3 cases (an in-process elastic job among them) need three task slots: they run
-in one child process on its own `local-cluster[3,1,1024]` (tests/stalls_cluster_child.py),
+in one child process on its own `local-cluster[3,3,1024]` (tests/stalls_cluster_child.py),
 all in one Spark session. The data loader case runs at np=2 on the test session's shared Spark."""
 
 from __future__ import annotations
