@@ -95,6 +95,7 @@ class WarmDispatch:
         """The client's count of the runs it carried to a relayed world."""
         self.carry = None
         """Task 0's: runs a carried `messages.WarmCarry` (`relayed.HostedJob.carry`)."""
+        self._idle: threading.Timer | None = None
 
     def attach(self, state, secret) -> None:
         """The world job formed its state (`launch.api.AttemptPlan.new_state`)."""
@@ -157,6 +158,42 @@ class WarmDispatch:
             for rank, reply in waiting.items():
                 reply(self._for_rank(rank))
 
+    def run(
+        self, job_id, blob, all_results, env, rank0_env, deadline, limits, announce, join_world
+    ) -> list[messages.WarmDone]:
+        """Hand out a run and wait for its end (every rank's report), watching it for
+        stalls (`limits`: its `stall_warning` and `stall_timeout`, said by `announce`).
+        Past `deadline`, or interrupted, the world ends (its job says where each rank
+        was); then, and when the world failed, this raises the world's error once
+        `join_world()` saw its job end."""
+        self.submit(job_id, blob, all_results, env, rank0_env)
+        for rank in range(self.num_ranks):
+            self.state.life.seen(rank)  # idle time before the run is no stall
+        with StallWatch(self.state, limits, job_id, announce):
+            try:
+                return self.wait(deadline)
+            except JobTimeoutError as exc:
+                self.state.failures.fail_now(exc)
+            except KeyboardInterrupt:
+                self.state.failures.fail_now(KeyboardInterrupt())
+                join_world()
+                raise
+            join_world()
+        raise self.gone()
+
+    def arm_idle(self, seconds: float, expire) -> None:
+        """Call `expire(runs)` after `seconds` without a run (`runs`: the count when
+        armed, so that it can tell whether a run came meanwhile)."""
+        self.cancel_idle()
+        self._idle = threading.Timer(seconds, expire, args=(self.runs,))
+        self._idle.daemon = True
+        self._idle.start()
+
+    def cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
     def _for_rank(self, rank: int) -> messages.WarmRun:
         order = self.order
         send = order.send_result or rank == 0
@@ -213,7 +250,6 @@ class WarmWorld:
         self.started = time.monotonic()
         self.idle_since = self.started
         self._run_lock = threading.Lock()
-        self._timer: threading.Timer | None = None
         world_options = dataclasses.replace(
             options, timeout=None, stall_warning=None, stall_timeout=None, max_failures=0
         )
@@ -270,13 +306,13 @@ class WarmWorld:
         with self._run_lock:
             if not self.usable:
                 raise WorldGone(self.dispatch.released or "ended")
-            self._cancel_timer()
+            self.dispatch.cancel_idle()
             try:
                 return self._run(options, blob, all_results, report)
             finally:
                 self.idle_since = time.monotonic()
                 if self.usable:
-                    self._arm_timer()
+                    self.dispatch.arm_idle(self.keep_warm, self._expire)
 
     def _run(self, options, blob, all_results, report) -> list[Any]:
         d = self.dispatch
@@ -295,13 +331,9 @@ class WarmWorld:
                     options, report.job_id, blob, all_results, run_env, credentials
                 )
             else:
-                d.submit(report.job_id, blob, all_results, run_env, credentials)
-                state = d.state
-                for rank in range(d.num_ranks):
-                    state.life.seen(rank)  # idle time before the run is no stall
                 deadline = started + options.timeout if options.timeout else None
-                with StallWatch(state, options, report.job_id, logger.warning):
-                    done = self._wait(deadline)
+                order = (report.job_id, blob, all_results, run_env, credentials)
+                done = d.run(*order, deadline, options, logger.warning, self._thread.join)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
             report.outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
@@ -331,21 +363,6 @@ class WarmWorld:
             self._thread.join(EXIT_WAIT_S)
             raise
 
-    def _wait(self, deadline: float | None) -> list[messages.WarmDone]:
-        """The run's end; a time limit, an interrupt or the world's failure end the world
-        (its job says where each rank was), and the run raises the world's error."""
-        d = self.dispatch
-        try:
-            return d.wait(deadline)
-        except JobTimeoutError as exc:
-            d.state.failures.fail_now(exc)
-        except KeyboardInterrupt:
-            d.state.failures.fail_now(KeyboardInterrupt())
-            self._thread.join()
-            raise
-        self._thread.join()
-        raise d.gone()
-
     def _fill(self, report: JobReport, started: float, first_reported: int) -> None:
         state = self.dispatch.state
         report.wall_time_s = time.monotonic() - started
@@ -358,7 +375,7 @@ class WarmWorld:
     def release(self, reason: str, wait_s: float | None = None) -> None:
         """Let the ranks return and the world's job end; wait until it did (at most
         `wait_s` seconds when given)."""
-        self._cancel_timer()
+        self.dispatch.cancel_idle()
         if self.usable:
             logger.info("sparkdist: releasing the %s: %s", self.describe(), reason)
             if self.dispatch.relayed:
@@ -368,16 +385,6 @@ class WarmWorld:
         self.dispatch.release(reason)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
-
-    def _arm_timer(self) -> None:
-        self._timer = threading.Timer(self.keep_warm, self._expire, args=(self.dispatch.runs,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _expire(self, runs: int) -> None:
         """The idle timer: release the world unless a run started meanwhile (a run

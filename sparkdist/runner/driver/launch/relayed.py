@@ -387,7 +387,6 @@ class HostedJob:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sparkdist-relay", daemon=True)
         self._lines_sent = 0
-        self._idle: threading.Timer | None = None
         if plan.keep_warm is not None:
             self._start_warm(secret)
 
@@ -469,13 +468,10 @@ class HostedJob:
             warm.release(order.release)
             return cloudpickle.dumps(outcome)
         first_reported = len(state.metrics.reported)
+        deadline = time.monotonic() + order.timeout_s if order.timeout_s else None
+        run = (order.job_id, order.payload, order.all_results, order.env, order.rank0_env)
         try:
-            warm.submit(order.job_id, order.payload, order.all_results, order.env, order.rank0_env)
-            for rank in range(warm.num_ranks):
-                state.life.seen(rank)  # idle time before the run is no stall
-            deadline = time.monotonic() + order.timeout_s if order.timeout_s else None
-            with StallWatch(state, order, order.job_id, self._announce):
-                done = self._wait_run(deadline)
+            done = warm.run(*run, deadline, order, self._announce, self._thread.join)
             outcome.results = [r.value if r.has_value else None for r in done]
             outcome.frameworks = sorted({f for r in done for f in r.frameworks})
         except BaseException as exc:  # noqa: BLE001 - travels to the client
@@ -487,29 +483,14 @@ class HostedJob:
         outcome.processes = state.processes.started()
         return cloudpickle.dumps(outcome)
 
-    def _wait_run(self, deadline: float | None) -> list[messages.WarmDone]:
-        """The run's end; past its time limit the world ends (saying where each rank
-        was) and the run raises the world's error."""
-        warm = self.state.warm
-        try:
-            return warm.wait(deadline)
-        except JobTimeoutError as exc:
-            self.state.failures.fail_now(exc)
-        self._thread.join()
-        raise warm.gone()
-
     def _arm_idle(self) -> None:
         """The backstop for a client that went away: the client releases an idle world
         itself after `keep_warm`; task 0 does `IDLE_GRACE_S` later."""
-        limit = self.plan.keep_warm + IDLE_GRACE_S
-        self._idle = threading.Timer(limit, self._expire, args=(self.state.warm.runs,))
-        self._idle.daemon = True
-        self._idle.start()
+        self.state.warm.arm_idle(self.plan.keep_warm + IDLE_GRACE_S, self._expire)
 
     def _cancel_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        if self.state.warm is not None:
+            self.state.warm.cancel_idle()
 
     def _expire(self, runs: int) -> None:
         if self.state.warm.runs == runs:
