@@ -46,3 +46,14 @@ def _logging_restored():
 
 # The session's SparkSession (local-cluster with two executors) and its SparkContext.
 spark, sc = spark_fixtures()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs the suite on two pytest-xdist workers with ``--dist loadgroup``:
+    each module stays on one worker (its module-scoped Spark session and clusters are
+    built once), and the multi-host tests all share one worker, as they share one
+    session-scoped cluster of network namespaces (tests/cluster/conftest.py)."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "cluster" if module.startswith("tests/cluster/") else module
+        item.add_marker(pytest.mark.xdist_group(group))
