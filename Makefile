@@ -147,7 +147,7 @@ test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	$(PY) -m pytest tests -n 2 --dist loadgroup --durations=40
+	$(PY) -m pytest tests -n 2 --durations=40
 	$(MAKE) --no-print-directory compat
 
 demo: bootstrap

@@ -48,12 +48,17 @@ def _logging_restored():
 spark, sc = spark_fixtures()
 
 
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs the suite on two pytest-xdist workers with ``--dist loadgroup``:
-    each module stays on one worker (its module-scoped Spark session and clusters are
-    built once), and the multi-host tests all share one worker, as they share one
-    session-scoped cluster of network namespaces (tests/cluster/conftest.py)."""
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "cluster" if module.startswith("tests/cluster/") else module
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on two pytest-xdist workers, a module at a time on one
+    worker (its module-scoped Spark sessions and clusters are built once), and every
+    multi-host test on the same worker: they share one session-scoped cluster of network
+    namespaces (tests/cluster/conftest.py)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/cluster" if module.startswith("tests/cluster/") else module
+
+    return ByModule(config, log)

@@ -51,10 +51,12 @@ def where_am_i(x, import_it=False):
     }
 
 
-def elastic_steps(steps):
+def elastic_steps(steps, kill_rank=None):
     """In-process elastic code: `elastic.run` trains `steps` steps, committing each;
-    the rank's pid, the steps done and the elastic world's size."""
+    the rank's pid, the steps done and the elastic world's size. Launch rank
+    `kill_rank` dies of SIGKILL after its second commit."""
     import os
+    import signal
 
     import torch
     import torch.distributed as dist
@@ -74,6 +76,8 @@ def elastic_steps(steps):
             optimizer.step()
             state.step += 1
             state.commit()
+            if state.step == 2 and os.environ["RANK"] == str(kill_rank):
+                os.kill(os.getpid(), signal.SIGKILL)
         return state.step, dist.get_world_size()
 
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
@@ -156,6 +160,70 @@ def test_in_process_elastic_code_runs_again_on_a_warm_world():
     assert [pid for pid, _, _ in second] == [pid for pid, _, _ in first]
 
 
+def checkpointed_steps(kill: bool):
+    """Three steps, rank 0 saving each; with `kill`, rank 0 dies of SIGKILL at step 2 of
+    its run's first attempt (a loss outside `main`, as a lost executor's)."""
+    import os
+    import signal
+
+    from sparkdist import checkpoint
+
+    found = checkpoint.resume()
+    step = found.step if found else 0
+    while step < 3:
+        step += 1
+        if kill and step == 2 and checkpoint.attempt() == 0 and os.environ["RANK"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint.save({"step": step}, step)
+    return {
+        "pid": os.getpid(),
+        "attempt": checkpoint.attempt(),
+        "resumed": found.step if found else None,
+    }
+
+
+def test_an_elastic_world_relaunches_within_a_run_and_stays_warm(sc, caplog):
+    """An elastic warm world (min_np/max_np) that loses a rank mid-run relaunches, as an
+    elastic job does: its new ranks take the run in progress and resume from that run's
+    checkpoint. The next run finds the new ranks warm, with a store of its own (nothing
+    to resume) and its own attempt count."""
+    options = dict(np=2, min_np=1, max_np=2, launcher="direct", keep_warm=120)
+    with HorovodRunner(**options, start_timeout=120) as runner:
+        with caplog.at_level(logging.WARNING, logger="sparkdist"):
+            first = runner.run_all(checkpointed_steps, kill=True)
+        relaunched = runner.last_job
+        second = HorovodRunner(**options).run_all(checkpointed_steps, kill=False)
+        world = warm.current()
+        assert world is not None and world.dispatch.attempt == 1
+    assert [r["attempt"] for r in first] == [1, 1]
+    assert first[0]["resumed"] == 1  # rank 0 saved step 1, then died
+    assert relaunched.outcome == "succeeded"
+    relaunches = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert len(relaunches) == 1 and "resuming from step 1" in relaunches[0], caplog.text
+    assert [r["pid"] for r in second] == [r["pid"] for r in first]  # kept warm
+    assert [(r["attempt"], r["resumed"]) for r in second] == [(0, None), (0, None)]
+    assert _gone([r["pid"] for r in second]) == []
+
+
+def test_an_elastic_world_in_process_goes_on_without_a_lost_rank_and_stays_warm(sc):
+    """In-process elastic code on an elastic warm world: a rank lost mid-run is dropped
+    from the running world (no relaunch); the run ends when the survivors did, and the
+    next run takes the survivors, in their processes."""
+    options = dict(np=4, min_np=2, max_np=4, ranks_per_task=2, keep_warm=120)
+    with HorovodRunner(**options, start_timeout=120) as runner:
+        first = runner.run_all(elastic_steps, steps=4, kill_rank=3)
+        job = runner.last_job
+        second = runner.run_all(elastic_steps, steps=2)
+        plain = runner.run_all(where_am_i, x=3)  # RANK and WORLD_SIZE: the members'
+    assert [(steps, size) for _, steps, size in first] == [(4, 3)] * 3
+    assert job.attempts == 1 and job.failures == []
+    assert [(steps, size) for _, steps, size in second] == [(2, 3)] * 3
+    pids = [pid for pid, _, _ in first]
+    assert [pid for pid, _, _ in second] == pids
+    assert [(r["pid"], r["sum"]) for r in plain] == [(p, 6.0) for p in pids]  # 1 + 2 + 3
+    assert _gone(pids) == []
+
+
 def test_a_failed_run_ends_its_world_and_the_next_starts_afresh(sc):
     runner = HorovodRunner(np=2, keep_warm=120, start_timeout=120)
     try:
@@ -204,6 +272,12 @@ def test_a_payload_signed_for_another_run_is_refused():
         check_order(first, 1, secret)  # an earlier run's order again
     with pytest.raises(RefusedRun, match="not signed"):
         check_order(first, 0, wire.new_secret())  # another world's key
+    # A rank's first order may be a later run (an elastic world's relaunched rank joins
+    # the run in progress), still only signed with that run's key.
+    third = messages.WarmRun(3, "job-3", b"payload", secret.run_tag("job-3", b"payload"), True)
+    check_order(third, 0, secret)
+    with pytest.raises(RefusedRun, match="not signed"):
+        check_order(third._replace(job_id="job-1"), 0, secret)
 
 
 def test_a_rank_refuses_a_run_signed_with_an_earlier_runs_key(monkeypatch):

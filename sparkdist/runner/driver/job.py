@@ -127,7 +127,7 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
             if relaunch is None:
                 raise
             report.failures.append(relaunch.reason)
-            resume_point = attempt.checkpoints.resume_point()
+            resume_point = state.checkpoints.resume_point()  # a warm world's: its run's
             why = kind.relaunching(report.job_id, relaunch, budget, resume_point)
 
 

@@ -171,7 +171,7 @@ class RunnerOptions:
             if choices is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {choices}, got {value!r}")
         _check_launcher(self.launcher)
-        _check_keep_warm(self.keep_warm, self.min_np, self.max_np, self.roles)
+        _check_keep_warm(self.keep_warm, self.roles)
         _check_seconds(self)
         env = _checked_env(self.env)
         mpi_args = _checked_mpi_args(self.mpi_args)
@@ -272,16 +272,10 @@ def _checked_mpi_args(mpi_args) -> Any:
     return mpi_args
 
 
-def _check_keep_warm(keep_warm, min_np, max_np, roles) -> None:
-    """A warm world is a fixed world of ranks that all return from each run."""
+def _check_keep_warm(keep_warm, roles) -> None:
+    """A warm world is a world of ranks that all return from each run."""
     if keep_warm is None:
         return
-    if min_np is not None or max_np is not None:
-        raise ValueError(
-            "keep_warm keeps a fixed-size world: drop min_np/max_np, or keep_warm (an "
-            "elastic job's world changes between its attempts). In-process elastic code "
-            "(sparkdist.elastic.run in main) does run on a fixed-size warm world."
-        )
     if roles is not None:
         raise ValueError(
             "keep_warm keeps ranks that each return from every run; a parameter-server "

@@ -19,6 +19,7 @@ notebook cell that builds a new runner of the same shape finds the last cell's r
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,7 +32,8 @@ from typing import Any
 
 import cloudpickle
 
-from sparkdist import tracking
+from sparkdist import job_environment, tracking
+from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, payload
 from sparkdist.runner.driver.launch.api import JobReport, Outcome
@@ -71,14 +73,15 @@ class WarmDispatch:
     idle ranks wait here for the next run (`next`, on the service's loop), each says
     when it finished one (`done`), and the driver's run waits for all of them (`wait`)."""
 
-    def __init__(self, num_ranks: int):
-        self.num_ranks = num_ranks
+    def __init__(self):
         self.cond = threading.Condition()
         self.state = None
-        """The world job's `JobState`, once formed."""
+        """The world job's `JobState`, once formed (a relaunched attempt's, after one)."""
         self.secret = None
-        self.order: messages.WarmRun | None = None
-        self.rank0_env = messages.SecretEnv()
+        self.attempt = 0
+        """The world job's attempt now: an elastic world relaunches when it loses ranks."""
+        self.handed: HandedRun | None = None
+        """The last run handed out."""
         self.waiting: dict[int, Any] = {}
         self.finished: dict[int, messages.WarmDone] = {}
         self.released: str | None = None
@@ -97,10 +100,19 @@ class WarmDispatch:
         """Task 0's: runs a carried `messages.WarmCarry` (`relayed.HostedJob.carry`)."""
         self._idle: threading.Timer | None = None
 
-    def attach(self, state, secret) -> None:
-        """The world job formed its state (`launch.api.AttemptPlan.new_state`)."""
+    def attach(self, state, secret, attempt: int = 0) -> None:
+        """The world job formed an attempt's state (`launch.api.AttemptPlan.new_state`).
+        A relaunched attempt of an elastic world (a loss, or growth) takes the run in
+        progress: its ranks start it again, from the run's last checkpoint, with the
+        run's payload signed by the new attempt's key."""
         with self.cond:
-            self.state, self.secret = state, secret
+            self.state, self.secret, self.attempt = state, secret, attempt
+            self.finished, self.waiting = {}, {}  # the last attempt's ranks are gone
+            handed = self.handed
+            if handed is not None and handed.store is not None:
+                state.checkpoints = handed.store
+            if handed is not None and not handed.complete:
+                handed.sign(secret, attempt)
             self.cond.notify_all()
 
     def hosted_at(self, address: str) -> None:
@@ -124,14 +136,14 @@ class WarmDispatch:
         with self.cond:
             if self.released is not None:
                 reply(messages.WarmRelease(self.released))
-            elif self.order is not None and self.order.run > after:
-                reply(self._for_rank(rank))
+            elif self._takes(after):
+                reply(self.handed.for_rank(rank, self.state.membership.generation))
             else:
                 self.waiting[rank] = reply
 
     def done(self, rank: int, report: messages.WarmDone) -> None:
         with self.cond:
-            if self.order is not None and report.run == self.order.run:
+            if self.handed is not None and report.run == self.handed.order.run:
                 self.finished[rank] = report
                 self.cond.notify_all()
 
@@ -140,34 +152,55 @@ class WarmDispatch:
         """How many runs were handed out (the last one's number)."""
         if self.relayed:
             return self.carried
-        return 0 if self.order is None else self.order.run
+        return 0 if self.handed is None else self.handed.order.run
 
-    def submit(self, job_id: str, blob: bytes, all_results: bool, env, rank0_env) -> None:
+    def _takes(self, after: int) -> bool:
+        """Whether a rank idle after run `after` takes the run handed out (not yet done)."""
+        handed = self.handed
+        return handed is not None and handed.order.run > after and not handed.complete
+
+    def submit(
+        self, job_id: str, blob: bytes, all_results: bool, env, rank0_env, store=None
+    ) -> None:
         """Hand the idle ranks a new run (`env` for every rank, `rank0_env` for rank 0
-        alone)."""
+        alone; `store`: the run's checkpoint store)."""
         self.wait_ready()
         with self.cond:
             if self.over:
                 raise self.gone()
-            number = self.runs + 1
-            signature = self.secret.run_tag(job_id, blob)
-            self.order = messages.WarmRun(number, job_id, blob, signature, all_results, env)
-            self.rank0_env = rank0_env
+            order = messages.WarmRun(self.runs + 1, job_id, blob, b"", all_results, env)
+            self.handed = HandedRun(order, rank0_env, store, self.attempt)
+            self.handed.sign(self.secret, self.attempt)
+            if store is not None:
+                self.state.checkpoints = store
+            with self.state.cond:  # this run's own code says again whether it is elastic
+                self.state.membership.entered.clear()
             self.finished = {}
             waiting, self.waiting = self.waiting, {}
+            generation = self.state.membership.generation
             for rank, reply in waiting.items():
-                reply(self._for_rank(rank))
+                reply(self.handed.for_rank(rank, generation))
 
     def run(
-        self, job_id, blob, all_results, env, rank0_env, deadline, limits, announce, join_world
+        self,
+        job_id,
+        blob,
+        all_results,
+        env,
+        rank0_env,
+        deadline,
+        limits,
+        announce,
+        join_world,
+        store=None,
     ) -> list[messages.WarmDone]:
         """Hand out a run and wait for its end (every rank's report), watching it for
         stalls (`limits`: its `stall_warning` and `stall_timeout`, said by `announce`).
         Past `deadline`, or interrupted, the world ends (its job says where each rank
         was); then, and when the world failed, this raises the world's error once
         `join_world()` saw its job end."""
-        self.submit(job_id, blob, all_results, env, rank0_env)
-        for rank in range(self.num_ranks):
+        self.submit(job_id, blob, all_results, env, rank0_env, store)
+        for rank in self._members():
             self.state.life.seen(rank)  # idle time before the run is no stall
         with StallWatch(self.state, limits, job_id, announce):
             try:
@@ -194,27 +227,27 @@ class WarmDispatch:
             self._idle.cancel()
             self._idle = None
 
-    def _for_rank(self, rank: int) -> messages.WarmRun:
-        order = self.order
-        send = order.send_result or rank == 0
-        env = {**order.env, **self.rank0_env} if rank == 0 else dict(order.env)
-        return order._replace(send_result=send, env=messages.SecretEnv(env))
-
     def wait(self, deadline: float | None) -> list[messages.WarmDone]:
         """Until every rank finished the run (their reports, in rank order); raises the
         world's error if it ended first, `JobTimeoutError` at `deadline`."""
         with self.cond:
-            while len(self.finished) < self.num_ranks:
+            while running := sorted(set(self._members()) - set(self.finished)):
                 if self.over:
                     raise self.gone()
                 if deadline is not None and time.monotonic() > deadline:
-                    running = sorted(set(range(self.num_ranks)) - set(self.finished))
                     raise JobTimeoutError(
                         f"timeout: ranks {running} were still running when the run's time "
                         "limit ran out; the warm world was stopped."
                     )
                 self.cond.wait(0.2)
-            return [self.finished[r] for r in range(self.num_ranks)]
+            self.handed.complete = True
+            return [self.finished[r] for r in self._members()]
+
+    def _members(self) -> tuple[int, ...]:
+        """The launch ranks the run waits for, in world-rank order: every rank of the
+        attempt, unless an in-process elastic world re-formed without some or with
+        newcomers (its current generation's members; its world rank 0's result first)."""
+        return self.state.membership.generation.members
 
     def release(self, reason: str) -> None:
         with self.cond:
@@ -236,6 +269,41 @@ class WarmDispatch:
         return SparkdistError(f"the warm world ended ({self.released or 'its job ended'})")
 
 
+class HandedRun:
+    """A run handed to a warm world's ranks: its order, signed with the key of the
+    world's attempt now (an elastic world that relaunched mid-run hands it again to its
+    new ranks), what rank 0 alone gets, its own checkpoint store, and whether every rank
+    finished it (ranks seated after that wait for the next run)."""
+
+    def __init__(self, order: messages.WarmRun, rank0_env, store, attempt: int):
+        self.order, self.rank0_env, self.store = order, rank0_env, store
+        self.first_attempt = attempt
+        self.complete = False
+
+    def sign(self, secret, attempt: int) -> None:
+        """Sign the order with `secret`, the key of the world's attempt `attempt`; the
+        run's ranks see that attempt as the run's relaunches (`checkpoint.attempt()`)."""
+        order = self.order
+        relaunches = {job_environment.ATTEMPT: str(attempt - self.first_attempt)}
+        self.order = order._replace(
+            signature=secret.run_tag(order.job_id, order.payload),
+            env=messages.SecretEnv({**order.env, **relaunches}),
+        )
+
+    def for_rank(self, rank: int, generation: messages.Generation) -> messages.WarmRun:
+        """The order as launch rank `rank` gets it. After an in-process elastic world
+        re-formed, a run's ranks are its generation's members: `RANK` and `WORLD_SIZE`
+        say so (the backends meet over them before `main`), and its world rank 0
+        returns the result."""
+        order, members = self.order, generation.members
+        first = rank == members[0]
+        env = {**order.env, **self.rank0_env} if first else dict(order.env)
+        if generation.number > 0 and rank in members:
+            env.update(RANK=str(members.index(rank)), WORLD_SIZE=str(len(members)))
+        send = order.send_result or first
+        return order._replace(send_result=send, env=messages.SecretEnv(env))
+
+
 class WarmWorld:
     """One warm world: its job's thread, its dispatch, and its idle timer."""
 
@@ -243,15 +311,18 @@ class WarmWorld:
         self.options = options
         self.shape = shape(options)
         self.keep_warm = float(options.keep_warm)
-        self.dispatch = WarmDispatch(options.num_ranks)
+        self.dispatch = WarmDispatch()
         self.report = JobReport(
             job_id="", np=options.np, launcher=options.resolved_launcher(), name="warm world"
         )
         self.started = time.monotonic()
         self.idle_since = self.started
         self._run_lock = threading.Lock()
+        # A fixed-size world ends at its first loss; an elastic one relaunches within
+        # its first run's max_failures, counted over the world's life.
+        failures = options.max_failures if options.elastic else 0
         world_options = dataclasses.replace(
-            options, timeout=None, stall_warning=None, stall_timeout=None, max_failures=0
+            options, timeout=None, stall_warning=None, stall_timeout=None, max_failures=failures
         )
         self._thread = threading.Thread(
             target=self._serve, args=(world_options,), name="sparkdist-warm-world", daemon=True
@@ -333,7 +404,10 @@ class WarmWorld:
             else:
                 deadline = started + options.timeout if options.timeout else None
                 order = (report.job_id, blob, all_results, run_env, credentials)
-                done = d.run(*order, deadline, options, logger.warning, self._thread.join)
+                with _run_store(options) as store:
+                    done = d.run(
+                        *order, deadline, options, logger.warning, self._thread.join, store
+                    )
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
             report.outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
@@ -396,6 +470,17 @@ class WarmWorld:
                 self.release(f"idle for keep_warm={self.keep_warm:g}s")
         finally:
             self._run_lock.release()
+
+
+@contextlib.contextmanager
+def _run_store(options: RunnerOptions):
+    """A run's own checkpoint store, as a cold job opens one: its own temporary
+    directory (removed after the run), or the directory the user named."""
+    store = CheckpointStore(options.checkpoint_dir, options.checkpoint_keep)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 class WorldGone(SparkdistError):

@@ -44,8 +44,9 @@ class RefusedRun(SparkdistError):
 
 def check_order(order: messages.WarmRun, after: int, secret) -> None:
     """Refuse an order that is not the run after `after`, or whose payload was not
-    signed with this run's key."""
-    if order.run != after + 1:
+    signed with this run's key. A rank's first order may be any run: an elastic world's
+    relaunched or newly seated rank joins the run in progress."""
+    if after and order.run != after + 1:
         raise RefusedRun(f"run {order.run} ordered, but this rank's next run is {after + 1}")
     if not secret.verify_run(order.job_id, order.payload, order.signature):
         raise RefusedRun(f"the payload of run {order.run} is not signed with that run's key")

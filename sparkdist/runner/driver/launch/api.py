@@ -174,7 +174,7 @@ class AttemptPlan:
         state = JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
         if self.warm is not None:
             state.warm = self.warm
-            self.warm.attach(state, self.secret)
+            self.warm.attach(state, self.secret, self.number)
         return state
 
     def spec(self, num_ranks: int, driver: str, relay=None) -> LaunchSpec:

@@ -453,7 +453,7 @@ class HostedJob:
     # --- a relayed warm world: runs carried from the client ------------------------
 
     def _start_warm(self, secret: wire.JobSecret) -> None:
-        dispatch = self.plan.dispatch_type(self.plan.job.num_ranks)
+        dispatch = self.plan.dispatch_type()
         dispatch.carry = self.carry
         self.state.warm = dispatch
         dispatch.attach(self.state, secret)
