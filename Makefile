@@ -147,7 +147,8 @@ test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	$(PY) -m pytest tests -n 2 --durations=40
+	$(PY) -m pytest tests -n 2 --durations=40 --ignore=tests/cluster
+	$(PY) -m pytest tests/cluster --durations=10
 	$(MAKE) --no-print-directory compat
 
 demo: bootstrap
