@@ -75,9 +75,11 @@ def test_every_rank_value_under_both_launchers_elastic_and_warm_relayed_too(conn
     assert first == second and len(set(first)) == 2
     assert result["warm_alive"] == []  # closed
     # Relay mode: the runs carried to task 0's service, in one process, each with its
-    # own arguments and its lines; closed, nothing left.
-    (pid1, value1), (pid2, value2) = result["relay_warm"]
+    # own arguments and its lines, and a checkpoint store of its own (the second run
+    # does not resume from the first's checkpoint); closed, nothing left.
+    (pid1, value1, found1), (pid2, value2, found2) = result["relay_warm"]
     assert pid1 == pid2 and (value1, value2) == (20, 30)
+    assert (found1, found2) == (None, None)
     assert "[rank 0] relayed warm run with x=2" in output
     assert "[rank 0] relayed warm run with x=3" in output
     assert result["relay_warm_alive"] == []

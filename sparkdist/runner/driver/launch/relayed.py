@@ -470,12 +470,15 @@ class HostedJob:
         first_reported = len(state.metrics.reported)
         deadline = time.monotonic() + order.timeout_s if order.timeout_s else None
         run = (order.job_id, order.payload, order.all_results, order.env, order.rank0_env)
-        try:
-            done = warm.run(*run, deadline, order, self._announce, self._thread.join)
+        store = CheckpointStore(self.plan.checkpoint_dir, self.plan.checkpoint_keep)
+        try:  # the run resumes from its own checkpoints only, as a cold job does
+            done = warm.run(*run, deadline, order, self._announce, self._thread.join, store)
             outcome.results = [r.value if r.has_value else None for r in done]
             outcome.frameworks = sorted({f for r in done for f in r.frameworks})
         except BaseException as exc:  # noqa: BLE001 - travels to the client
             outcome.error = cloudpickle.dumps(exc)
+        finally:
+            store.close()
         if not warm.over:
             self._arm_idle()
         outcome.lines = self._new_lines()
