@@ -80,6 +80,7 @@ class WarmDispatch:
         self.secret = None
         self.attempt = 0
         """The world job's attempt now: an elastic world relaunches when it loses ranks."""
+        self.world_store = None  # the state's between runs: a run's own store is closed
         self.handed: HandedRun | None = None
         """The last run handed out."""
         self.waiting: dict[int, Any] = {}
@@ -108,11 +109,12 @@ class WarmDispatch:
         with self.cond:
             self.state, self.secret, self.attempt = state, secret, attempt
             self.finished, self.waiting = {}, {}  # the last attempt's ranks are gone
+            self.world_store = state.checkpoints
             handed = self.handed
-            if handed is not None and handed.store is not None:
-                state.checkpoints = handed.store
             if handed is not None and not handed.complete:
                 handed.sign(secret, attempt)
+                if handed.store is not None:
+                    state.checkpoints = handed.store
             self.cond.notify_all()
 
     def hosted_at(self, address: str) -> None:
@@ -136,8 +138,8 @@ class WarmDispatch:
         with self.cond:
             if self.released is not None:
                 reply(messages.WarmRelease(self.released))
-            elif self._takes(after):
-                reply(self.handed.for_rank(rank, self.state.membership.generation))
+            elif (h := self.handed) and h.order.run > after and not h.complete:  # not done
+                reply(h.for_rank(rank, self.state.membership.generation))
             else:
                 self.waiting[rank] = reply
 
@@ -153,11 +155,6 @@ class WarmDispatch:
         if self.relayed:
             return self.carried
         return 0 if self.handed is None else self.handed.order.run
-
-    def _takes(self, after: int) -> bool:
-        """Whether a rank idle after run `after` takes the run handed out (not yet done)."""
-        handed = self.handed
-        return handed is not None and handed.order.run > after and not handed.complete
 
     def submit(
         self, job_id: str, blob: bytes, all_results: bool, env, rank0_env, store=None
@@ -241,6 +238,7 @@ class WarmDispatch:
                     )
                 self.cond.wait(0.2)
             self.handed.complete = True
+            self.state.checkpoints = self.world_store
             return [self.finished[r] for r in self._members()]
 
     def _members(self) -> tuple[int, ...]:
