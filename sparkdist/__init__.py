@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HorovodRunner": "sparkdist.runner.driver.horovod_runner",
-    "JobReport": "sparkdist.runner.driver.launch.api",
+    "JobReport": "sparkdist.runner.driver.job_spec",
     "JobFailedError": "sparkdist.errors",
     "JobTimeoutError": "sparkdist.errors",
     "JobStalledError": "sparkdist.errors",

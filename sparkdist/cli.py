@@ -287,7 +287,7 @@ def _runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _runner_fields() -> list[tuple[dataclasses.Field, Any]]:
     """Each `RunnerOptions` field with its type."""
-    from sparkdist.runner.driver.options import RunnerOptions
+    from sparkdist.runner.driver.job_spec import RunnerOptions
 
     hints = typing.get_type_hints(RunnerOptions)
     return [(option, hints[option.name]) for option in dataclasses.fields(RunnerOptions)]

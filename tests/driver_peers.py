@@ -9,8 +9,8 @@ import os
 from sparkdist import job_environment
 from sparkdist.protocol import driver_channel, messages, wire
 from sparkdist.protocol.job_secret import JobSecret
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 
 REPLY_TIMEOUT_S = 30

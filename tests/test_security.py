@@ -10,8 +10,8 @@ import struct
 import pytest
 
 from sparkdist.protocol import wire
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.agent import RejectedCommand, TaskAgent, parse_orted_command
 

@@ -21,7 +21,7 @@ import pytest
 import sparkdist
 from sparkdist import HorovodRunner
 from sparkdist.cli import _runner_options, build_parser, main
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.job_spec import RunnerOptions
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

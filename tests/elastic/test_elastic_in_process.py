@@ -264,8 +264,8 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
     from driver_peers import rank_client
 
     from sparkdist.protocol import messages, wire
+    from sparkdist.runner.driver.job_spec import JobSpec
     from sparkdist.runner.driver.job_state import JobState
-    from sparkdist.runner.driver.records import JobSpec
     from sparkdist.runner.driver.service import DriverService
 
     state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=2))

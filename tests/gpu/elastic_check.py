@@ -132,8 +132,8 @@ class ElasticJob:
 
     def __init__(self, device: str, out: Path) -> None:
         from sparkdist.protocol import wire
+        from sparkdist.runner.driver.job_spec import JobSpec
         from sparkdist.runner.driver.job_state import JobState
-        from sparkdist.runner.driver.records import JobSpec
         from sparkdist.runner.driver.service import DriverService
 
         self.state = JobState(JobSpec("gpu-check", 2, b"-", False, "all", in_process_min_np=1))

@@ -11,8 +11,8 @@ import pytest
 
 from sparkdist.protocol import driver_channel, messages, wire
 from sparkdist.protocol.processes import ProcessRecord
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.agent import TaskAgent
 from sparkdist.tune.messages import TrialCall

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.job_secret import JobSecret, new_secret
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 
 # Every read has a bound: a server that hangs fails the test instead of hanging it.

@@ -23,8 +23,8 @@ from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.checkpoint.rank import driver_record
 from sparkdist.protocol import driver_channel, messages, wire
 from sparkdist.runner.driver.failures import WorldChange, WorldResize
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 
 NOTICE = "executor 2 on host 10.0.0.12 is being decommissioned (ranks [2])"

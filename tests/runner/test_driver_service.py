@@ -12,8 +12,8 @@ from driver_peers import REPLY_TIMEOUT_S, rank_client
 
 from sparkdist.errors import JobFailedError
 from sparkdist.protocol import messages, wire
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.relay import HostRelay
 

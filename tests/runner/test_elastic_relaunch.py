@@ -14,7 +14,7 @@ import pytest
 import sparkdist
 from sparkdist import checkpoint
 from sparkdist.errors import JobFailedError
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.job_spec import RunnerOptions
 
 
 def test_not_given_means_no_limit_when_elastic_and_none_when_fixed():

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from sparkdist.errors import JobFailedError
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 
 RAISED = "the Spark barrier stage failed: ValueError: network interface 'tn1' does not exist"
 EXECUTOR_LOST = "the Spark barrier stage failed: Job aborted: ExecutorLostFailure (executor 1)"

@@ -12,8 +12,8 @@ import pytest
 from sparkdist.errors import JobFailedError
 from sparkdist.roles import Roles
 from sparkdist.runner.driver.failures import WorldResize
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 
 KILLED = -signal.SIGKILL
 

@@ -29,7 +29,7 @@ from sparkdist import HorovodRunner, job_environment
 from sparkdist.errors import JobStalledError, JobTimeoutError, RankFailedError
 from sparkdist.protocol import left_stacks, stack_dumps
 from sparkdist.runner.driver import stacks
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
 from sparkdist.runner.driver.stalls import SUSTAIN_S, WINDOW_S, Stragglers
 

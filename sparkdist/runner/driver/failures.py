@@ -50,8 +50,9 @@ from sparkdist.errors import (
     RankFailedError,
     describe_exit,
 )
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.membership import Loss, Membership
-from sparkdist.runner.driver.records import Growth, JobSpec, Processes, RankRecords, SparkTasks
+from sparkdist.runner.driver.records import Growth, Processes, RankRecords, SparkTasks
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ from sparkdist.protocol import payload
 from sparkdist.protocol.script import ScriptMain
 from sparkdist.runner.driver import warm
 from sparkdist.runner.driver.job import run_job
-from sparkdist.runner.driver.launch.api import JobReport
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.job_spec import JobReport, RunnerOptions
 
 logger = logging.getLogger(__name__)
 

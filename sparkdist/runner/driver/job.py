@@ -34,13 +34,13 @@ from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages, wire
 from sparkdist.runner.driver.failures import RelaunchBudget, WorldChange, WorldResize
-from sparkdist.runner.driver.launch.api import AttemptPlan, JobReport, LaunchKind, Outcome, World
+from sparkdist.runner.driver.job_spec import JobReport, Outcome, RunnerOptions
+from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
 from sparkdist.runner.driver.launch.barrier import BarrierKind
 from sparkdist.runner.driver.launch.gang_kind import GangKind
 from sparkdist.runner.driver.launch.local import DriverLocalKind
 from sparkdist.runner.driver.launch.relayed import RelayedKind
 from sparkdist.runner.driver.metrics import ReportedMetrics
-from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stalls import StallWatch, show_where

@@ -23,11 +23,11 @@ from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.protocol import messages
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import FailureTracker, Losses
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.membership import Membership
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.records import (
     Growth,
-    JobSpec,
     Link,
     Peers,
     Processes,

@@ -1,8 +1,8 @@
 """The parts of what the driver knows about a running job, as plain records, one concern
-each: what the job is (`JobSpec`), each rank's record (`RankRecords`), the Spark tasks
-(`SparkTasks`), the processes started and the launcher's end (`Processes`), the open
-channels (`Peers`), an elastic job's growth (`Growth`) and the key-value store the
-ranks' rendezvous use (`RendezvousStore`).
+each: each rank's record (`RankRecords`), the Spark tasks (`SparkTasks`), the processes
+started and the launcher's end (`Processes`), the open channels (`Peers`), an elastic
+job's growth (`Growth`) and the key-value store the ranks' rendezvous use
+(`RendezvousStore`). What the job is (`JobSpec`) is `job_spec.py`'s, with how it ended.
 
 Each part changes only itself, under the job's one lock (`JobState.cond`; the rendezvous
 store keeps its own). What touches several parts is `job_state.JobState`'s, and how the
@@ -21,42 +21,9 @@ from typing import Any, NamedTuple, Protocol
 
 from sparkdist.protocol import messages
 from sparkdist.protocol.processes import ProcessRecord
-from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.console import Console
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class JobSpec:
-    """What the job is, as the driver tells every rank when it says hello."""
-
-    job_id: str
-    num_ranks: int
-    payload: bytes
-    all_results: bool
-    log_mode: str
-    ranks_per_task: int = 1
-    """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
-    roles: Roles | None = None
-    """A parameter-server job's roles: its server ranks stop when the chief is done."""
-    rank0_env: messages.SecretEnv = field(default_factory=messages.SecretEnv, repr=False)
-    """Credentials only rank 0 gets (with its `Welcome`, over the encrypted channel)."""
-    in_process_min_np: int | None = None
-    """An elastic job under the direct launcher: the fewest ranks its world may re-form
-    with in process (`membership.py`); None: a loss relaunches the job."""
-
-    def server_rank(self, rank: int) -> bool:
-        """A parameter-server job's worker or ps: a TensorFlow server that never returns."""
-        return self.roles is not None and self.roles.role_of(rank)[0] in SERVERS
-
-    def tolerates_loss(self, rank: int) -> bool:
-        """A parameter-server worker: its coordinator reschedules what it was running."""
-        return self.roles is not None and self.roles.role_of(rank)[0] == "worker"
-
-    @property
-    def num_tasks(self) -> int:
-        return self.num_ranks // self.ranks_per_task
 
 
 @dataclass

@@ -36,8 +36,7 @@ from sparkdist import job_environment, tracking
 from sparkdist.checkpoint.driver.store import CheckpointStore
 from sparkdist.errors import JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, payload
-from sparkdist.runner.driver.launch.api import JobReport, Outcome
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.job_spec import JobReport, Outcome, RunnerOptions
 from sparkdist.runner.driver.stalls import StallWatch
 from sparkdist.runner.rank import warm as rank_loop
 

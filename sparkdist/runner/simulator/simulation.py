@@ -26,8 +26,8 @@ import psutil
 
 from sparkdist.protocol import wire
 from sparkdist.runner.driver.console import Console
+from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.simulator.hosts import LinePlan, WorkerPlan, host_name, serve
 

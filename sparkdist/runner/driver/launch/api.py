@@ -18,11 +18,14 @@ An in-process elastic world (`sparkdist.elastic.run` under the direct launcher) 
 without a relaunch: the loop asks the kind to re-form it (`change_in_process`).
 The job's one checkpoint store travels in every `AttemptPlan` to the attempt's state,
 whose service hands it the ranks' checkpoint messages.
+
+What a job is and how it ended (`RunnerOptions`, `JobSpec`, `Outcome`, `JobReport`) are
+`runner/driver/job_spec.py`'s, beside this package: the job state's modules, which this
+one imports, use `JobSpec` too.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import time
@@ -35,82 +38,15 @@ from sparkdist.job_environment import JobEnvironment
 from sparkdist.protocol import messages, wire
 from sparkdist.protocol.launch import Launch, LaunchSpec
 from sparkdist.protocol.payload import driver_pythonpath
-from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.console import Console
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
+from sparkdist.runner.driver.job_spec import JobSpec, RunnerOptions
 from sparkdist.runner.driver.job_state import JobState
-from sparkdist.runner.driver.metrics import Reported, ReportedMetrics, last_by_rank
-from sparkdist.runner.driver.options import RunnerOptions
+from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.rank_logs import RunLogs
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.spark import jobs
 
 logger = logging.getLogger(__name__)
-
-
-class Outcome(str, enum.Enum):
-    """How a job ended (`JobReport.outcome`, MLflow's `sparkdist.outcome` tag). Each is
-    equal to its text: `runner.last_job.outcome == "succeeded"`."""
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    RESIZED = "resized"
-    """Stopped to relaunch with another number of ranks (an elastic job)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass
-class JobReport:
-    """What the last job did: kept on the runner as `runner.last_job`."""
-
-    job_id: str
-    np: int
-    launcher: str
-    name: str = "job"
-    """What runs: the function's (or script's) name."""
-    outcome: Outcome = Outcome.RUNNING
-    wall_time_s: float = 0.0
-    processes: list[ProcessRecord] = field(default_factory=list)
-    files: dict[str, bytes] = field(default_factory=dict)
-    frameworks: list[str] = field(default_factory=list)
-    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
-    attempts: int = 1
-    """How many times the job was launched (more than 1 after relaunches)."""
-    failures: list[str] = field(default_factory=list)
-    """Why each relaunched attempt failed, in order."""
-    reformed: list[str] = field(default_factory=list)
-    """Why an in-process elastic world re-formed without a relaunch, in order (a grow's
-    entry starts with `grew:`)."""
-    reported: list[Reported] = field(default_factory=list)
-    """Every `sparkdist.report` call of the ranks, in the order the driver got them
-    (filled while the job runs)."""
-    payload_bytes: int = 0
-    """The size of the pickled `main` and its arguments."""
-    driver_connections_max: int = 0
-    """The most connections the driver's service held at once in the last attempt: one
-    per Spark task (its ranks and supervisors come through the task's relay)."""
-    payload_bytes_sent: int = 0
-    """Bytes of payload the driver's service sent in the last attempt: once per task."""
-    rank_logs: str | None = None
-    """The directory of the last attempt's `rank-N.log` files on the driver (None: no
-    rank line reached the driver)."""
-    stragglers: list[str] = field(default_factory=list)
-    """What the driver said of slow ranks in the last attempt (named, then recovered),
-    in order (`stalls.Stragglers`)."""
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """Rank 0's last reported value of each metric."""
-        return self.metrics_by_rank.get(0, {})
-
-    @property
-    def metrics_by_rank(self) -> dict[int, dict[str, float]]:
-        """Each rank's last reported value of each metric."""
-        return last_by_rank(list(self.reported))
 
 
 class Closeable(Protocol):

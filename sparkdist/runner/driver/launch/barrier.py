@@ -14,9 +14,9 @@ from sparkdist.network import is_local_address, join_address
 from sparkdist.protocol.launch import LaunchSpec
 from sparkdist.protocol.processes import ProcessRecord, wait_gone
 from sparkdist.runner.driver import notices
+from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
-from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_barrier_task
 from sparkdist.spark import Cluster, ServicePlace, job_tag, python_error_in, spark_error_summary

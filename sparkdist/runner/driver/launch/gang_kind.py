@@ -32,11 +32,11 @@ from sparkdist.network import join_address
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver import notices
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
+from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, World
 from sparkdist.runner.driver.launch.barrier import wait_local_gone
 from sparkdist.runner.driver.launch.gang import Gang
-from sparkdist.runner.driver.options import RunnerOptions
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, job_tag, spark_error_summary

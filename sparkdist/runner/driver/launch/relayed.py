@@ -44,11 +44,10 @@ from sparkdist.network import join_address, split_address
 from sparkdist.protocol import left_stacks, messages, wire
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver.console import RecordingConsole, spans
+from sparkdist.runner.driver.job_spec import JobSpec, RunnerOptions
 from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, FixedSizeKind, World
 from sparkdist.runner.driver.launch.barrier import JOIN_TIMEOUT_S, BarrierStage
-from sparkdist.runner.driver.options import RunnerOptions
-from sparkdist.runner.driver.records import JobSpec
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stacks import RankStacks
 from sparkdist.runner.driver.stalls import StallWatch, show_where, shown

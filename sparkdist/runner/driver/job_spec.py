@@ -1,19 +1,131 @@
-"""A runner's options, checked once: `HorovodRunner`'s (and so `TorchDistributor`'s and
-`sparkdist.tune`'s) settings as one frozen value from which each job's specs are built.
+"""What a job is and how it ended: the runner's concepts in one room, read first.
 
-`np` keeps its sign as the user gave it (`np < 0`: ranks on the driver); the number of
-ranks is `num_ranks`, always positive.
+* `JobSpec`: what one attempt's job is, as the driver tells every rank (built by
+  `launch.api.AttemptPlan.new_state`);
+* `Outcome` and `JobReport`: how the job ended and what it did (`runner.last_job`);
+* `RunnerOptions`: what the user asked for, checked once: `HorovodRunner`'s (and so
+  `TorchDistributor`'s and `sparkdist.tune`'s) settings as one frozen value, each also a
+  flag of `sparkdist run`, from which each job's specs are built.
+
+`job.run_job` is the loop that runs a job's attempts and fills its report;
+`job_state.JobState` is what the driver knows while one runs. `np` keeps its sign as the
+user gave it (`np < 0`: ranks on the driver); the number of ranks is `num_ranks`, always
+positive.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sparkdist.protocol import messages
 from sparkdist.protocol.launch import mpirun_available
-from sparkdist.roles import Roles
+from sparkdist.protocol.processes import ProcessRecord
+from sparkdist.roles import SERVERS, Roles
+from sparkdist.runner.driver.metrics import Reported, last_by_rank
+
+
+@dataclass
+class JobSpec:
+    """What the job is, as the driver tells every rank when it says hello."""
+
+    job_id: str
+    num_ranks: int
+    payload: bytes
+    all_results: bool
+    log_mode: str
+    ranks_per_task: int = 1
+    """Task i runs ranks i * ranks_per_task ... (i + 1) * ranks_per_task - 1."""
+    roles: Roles | None = None
+    """A parameter-server job's roles: its server ranks stop when the chief is done."""
+    rank0_env: messages.SecretEnv = field(default_factory=messages.SecretEnv, repr=False)
+    """Credentials only rank 0 gets (with its `Welcome`, over the encrypted channel)."""
+    in_process_min_np: int | None = None
+    """An elastic job under the direct launcher: the fewest ranks its world may re-form
+    with in process (`membership.py`); None: a loss relaunches the job."""
+
+    def server_rank(self, rank: int) -> bool:
+        """A parameter-server job's worker or ps: a TensorFlow server that never returns."""
+        return self.roles is not None and self.roles.role_of(rank)[0] in SERVERS
+
+    def tolerates_loss(self, rank: int) -> bool:
+        """A parameter-server worker: its coordinator reschedules what it was running."""
+        return self.roles is not None and self.roles.role_of(rank)[0] == "worker"
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_ranks // self.ranks_per_task
+
+
+class Outcome(str, enum.Enum):
+    """How a job ended (`JobReport.outcome`, MLflow's `sparkdist.outcome` tag). Each is
+    equal to its text: `runner.last_job.outcome == "succeeded"`."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RESIZED = "resized"
+    """Stopped to relaunch with another number of ranks (an elastic job)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class JobReport:
+    """What the last job did: kept on the runner as `runner.last_job`."""
+
+    job_id: str
+    np: int
+    launcher: str
+    name: str = "job"
+    """What runs: the function's (or script's) name."""
+    outcome: Outcome = Outcome.RUNNING
+    wall_time_s: float = 0.0
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    frameworks: list[str] = field(default_factory=list)
+    """The distributed frameworks rank 0 had imported (torch, horovod, tensorflow...)."""
+    attempts: int = 1
+    """How many times the job was launched (more than 1 after relaunches)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each relaunched attempt failed, in order."""
+    reformed: list[str] = field(default_factory=list)
+    """Why an in-process elastic world re-formed without a relaunch, in order (a grow's
+    entry starts with `grew:`)."""
+    reported: list[Reported] = field(default_factory=list)
+    """Every `sparkdist.report` call of the ranks, in the order the driver got them
+    (filled while the job runs)."""
+    payload_bytes: int = 0
+    """The size of the pickled `main` and its arguments."""
+    driver_connections_max: int = 0
+    """The most connections the driver's service held at once in the last attempt: one
+    per Spark task (its ranks and supervisors come through the task's relay)."""
+    payload_bytes_sent: int = 0
+    """Bytes of payload the driver's service sent in the last attempt: once per task."""
+    rank_logs: str | None = None
+    """The directory of the last attempt's `rank-N.log` files on the driver (None: no
+    rank line reached the driver)."""
+    stragglers: list[str] = field(default_factory=list)
+    """What the driver said of slow ranks in the last attempt (named, then recovered),
+    in order (`stalls.Stragglers`)."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Rank 0's last reported value of each metric."""
+        return self.metrics_by_rank.get(0, {})
+
+    @property
+    def metrics_by_rank(self) -> dict[int, dict[str, float]]:
+        """Each rank's last reported value of each metric."""
+        return last_by_rank(list(self.reported))
+
+
+# --- A runner's options, checked once ----------------------------------------------------
 
 LOG_MODES = ("all", "log_callback_only")
 LAUNCHERS = ("auto", "mpi", "direct")
