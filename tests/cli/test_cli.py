@@ -110,7 +110,8 @@ def _runner_flags() -> dict[str, argparse.Action]:
 
 def test_every_runner_option_is_a_documented_flag():
     """A flag per RunnerOptions field, generated from it (so adding an option adds its flag),
-    each HorovodRunner's keyword of the same name and named in docs/cli.md's table."""
+    each HorovodRunner's keyword of the same name and default, and named in docs/cli.md's
+    table."""
     names = [option.name for option in dataclasses.fields(RunnerOptions)]
     keywords = inspect.signature(HorovodRunner).parameters
     assert names == list(keywords)
@@ -121,6 +122,12 @@ def test_every_runner_option_is_a_documented_flag():
             assert default == option.default, option.name
         else:
             assert (default, option.name) in ((inspect.Parameter.empty, "np"), (None, "env"))
+    # And the CLI's: each flag left out gives its option's default, named when it does not.
+    given = _runner_options(build_parser().parse_args(["run", "--np", "2", "x.py"]))
+    defaults = RunnerOptions(np=2)
+    for name in set(names) - {"np"}:  # np is required
+        from_flag = getattr(RunnerOptions(np=2, **{name: given[name]}), name)
+        assert from_flag == getattr(defaults, name), f"--{name.replace('_', '-')}"
     flags = _runner_flags()
     table = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     table = table.split("| flag | option | meaning |", 1)[1].split("\n\n", 1)[0]

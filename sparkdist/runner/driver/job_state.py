@@ -59,11 +59,11 @@ class JobState:
         self.cond = cond = threading.Condition()
         self.files: dict[str, bytes] = {}
         """Files the ranks uploaded (a Horovod timeline), by name."""
+        self.tasks = SparkTasks(job.num_tasks, cond)
         self.rendezvous = RendezvousStore()
         self.rank_records = RankRecords(job.num_ranks, cond, self.console, job.log_mode)
         self.ranks: dict[int, RankState] = self.rank_records.by_rank
         """Each rank's record (the same dict as `rank_records.by_rank`)."""
-        self.tasks = SparkTasks(job.num_tasks, cond)
         self.processes = Processes(cond)
         self.growth = Growth(cond)
         self.peers = Peers(cond)
