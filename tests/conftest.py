@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 
+import module_order
 import pytest
 from helpers import cancer, cancer_df, converter, spark_fixtures  # noqa: F401 - fixtures
 from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa: F401 - fixtures
@@ -48,17 +49,24 @@ def _logging_restored():
 spark, sc = spark_fixtures()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help="write each module's seconds to tests/module_durations.json (module_order.py)",
+    )
+
+
+def pytest_configure(config):
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(module_order.ModuleDurations(), "module-durations")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs the suite on two pytest-xdist workers, a module at a time on one
-    worker, so that each module's module-scoped Spark sessions and clusters are built
-    once. The multi-host tests (tests/cluster/) run after, alone: they time network
-    cuts and lost hosts against Spark's own detection, which another worker's load
-    shifts (a network cut was once blamed on a rank that Spark's cancelling ended)."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByModule(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
-
-    return ByModule(config, log)
+    worker, the longest modules first (module_order.py). The multi-host tests
+    (tests/cluster/) run after, alone: they time network cuts and lost hosts against
+    Spark's own detection, which another worker's load shifts (a network cut was once
+    blamed on a rank that Spark's cancelling ended)."""
+    return module_order.scheduler(config, log)
