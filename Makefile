@@ -119,11 +119,13 @@ $(foreach runtime,$(RUNTIMES),$(eval $(call RUNTIME_ENV,$(runtime))))
 
 runtimes: $(addprefix runtime-,$(RUNTIMES))
 
-# Every runtime's suite, two at a time (each is mostly waiting on its Spark; two share the two
-# cores well), each one's output printed whole when it ends; one that fails does not stop the
-# others.
+# Every runtime's suite, COMPAT_JOBS at a time (each is mostly waiting on its Spark; two share
+# the two cores well), each one's output printed whole when it ends; one that fails does not
+# stop the others.
+COMPAT_JOBS ?= 2
 compat: runtimes
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target $(addprefix compat-,$(RUNTIMES))
+	$(MAKE) --no-print-directory -k -j$(COMPAT_JOBS) --output-sync=target \
+		$(addprefix compat-,$(RUNTIMES))
 
 bench-deps: $(BENCH_STAMP)
 
@@ -148,8 +150,15 @@ test: bootstrap petastorm-side cloudpickle-latest runtimes
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m pytest tests -n 2 --durations=40 --ignore=tests/cluster
-	$(PY) -m pytest tests/cluster --durations=10
-	$(MAKE) --no-print-directory compat
+	@# The multi-host tests alone, with the runtimes' suites one at a time beside them: both
+	@# mostly wait (on lost hosts and Spark's timeouts; on Spark), so together they take about
+	@# what the multi-host tests take. The suites' output follows, whole.
+	@mkdir -p build
+	$(MAKE) --no-print-directory compat COMPAT_JOBS=1 >build/compat.log 2>&1 & compat=$$!; \
+		$(PY) -m pytest tests/cluster --durations=10; cluster=$$?; \
+		wait $$compat; suites=$$?; cat build/compat.log; \
+		echo "multi-host tests: exit $$cluster; runtimes' suites: exit $$suites"; \
+		test $$cluster -eq 0 && test $$suites -eq 0
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo
