@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from sparkdist.data.rank.decode import Chunk
+from sparkdist.data.rank.order import Position
+from sparkdist.protocol.driver_channel import Steps
 
 # Ends an epoch in a stream of chunks: the batch in progress ends there, short if need be.
 EPOCH_END: Chunk = {}
@@ -63,19 +66,23 @@ def mark_weights(chunks: Iterator[Chunk], column: str, plan: Any) -> Iterator[Ch
         seen += len(index)
 
 
-def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
+def rebatch(
+    chunks: Iterator[Chunk], size: int, convert: Callable[[Chunk], Any] | None = None
+) -> Iterator[Any]:
     """Cut a stream of numpy chunks into batches of exactly ``size`` rows.
 
     Batches inside one chunk are views; only a batch that spans two chunks is copied.
     The last batch before an `EPOCH_END` (and at the end of the stream) can be shorter:
-    batches never span two epochs.
+    batches never span two epochs. ``convert`` (e.g. to tensors) is applied to each chunk
+    once, and to each batch joined from two chunks, before the batches are cut from it:
+    its values must slice as numpy arrays do.
     """
     pending: list[Chunk] = []
     count = 0
     for chunk in chunks:
         if chunk is EPOCH_END:
             if pending:
-                yield _join(pending)
+                yield _joined(pending, convert)
             pending, count = [], 0
             continue
         rows, start = _rows(chunk), 0
@@ -85,15 +92,54 @@ def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
             count += start
             if count < size:
                 continue
-            yield _join(pending)
+            yield _joined(pending, convert)
             pending, count = [], 0
+        whole = chunk if convert is None or rows - start < size else convert(chunk)
         while rows - start >= size:
-            yield _cut(chunk, start, start + size)
+            yield {name: values[start : start + size] for name, values in whole.items()}
             start += size
         if start < rows:
             pending, count = [_cut(chunk, start, rows)], rows - start
     if pending:
-        yield _join(pending)
+        yield _joined(pending, convert)
+
+
+def _joined(parts: list[Chunk], convert: Callable[[Chunk], Any] | None) -> Any:
+    return _join(parts) if convert is None else convert(_join(parts))
+
+
+def as_is(batch: Any) -> Any:
+    """A ``collate_fn`` for batches made whole by `rebatch` (converted, if need be)."""
+    return batch
+
+
+def counted(
+    batches: Iterator[Any], position: Position, num_epochs: int | None, steps: Steps
+) -> Iterator[Any]:
+    """Pass ``batches`` on, moving ``position`` one batch at a time (``num_epochs`` from
+    it; None: forever), each a step of ``steps``: a sign of life, and the step rate
+    stragglers are named by (sent at most once a second, see `Steps`)."""
+    epochs = 0
+
+    def next_epoch() -> bool:
+        nonlocal epochs
+        position.next_epoch()
+        epochs += 1
+        return num_epochs is None or epochs < num_epochs
+
+    go_on = True
+    while go_on and position.batches_in_epoch() == 0:
+        go_on = next_epoch()
+    in_epoch = position.batches_in_epoch()
+    for batch in batches:
+        position.batches += 1  # counted when handed out: state_dict() in the loop sees it
+        steps.count += 1
+        if steps.due <= time.monotonic():
+            steps.tell()
+        while go_on and position.batches >= in_epoch:
+            go_on = next_epoch()
+            in_epoch = position.batches_in_epoch()
+        yield batch
 
 
 class _Failure:

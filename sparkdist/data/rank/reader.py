@@ -26,15 +26,25 @@ import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place
-from sparkdist.data.rank.batches import EPOCH_END, mark_pads, mark_weights, prefetched, rebatch
+from sparkdist.data.rank.batches import (
+    EPOCH_END,
+    counted,
+    mark_pads,
+    mark_weights,
+    prefetched,
+    rebatch,
+)
 from sparkdist.data.rank.decode import Chunk, Scratch, WindowDecoder
 from sparkdist.data.rank.transform import TransformSpec
-from sparkdist.protocol.driver_channel import alive
+from sparkdist.protocol.driver_channel import steps
 
 logger = logging.getLogger(__name__)
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
+
+# The loaders' batches handed out: a sign of life, and the step rate stragglers are named by.
+_BATCHES = steps("batches")
 
 
 @dataclass(frozen=True)
@@ -380,9 +390,13 @@ class ShardReader:
             yield EPOCH_END
 
     def batches(
-        self, worker: int = 0, workers: int = 1, start: order.Position | None = None
-    ) -> Iterator[Chunk]:
-        """This worker's batches of one iteration.
+        self,
+        worker: int = 0,
+        workers: int = 1,
+        start: order.Position | None = None,
+        convert: Callable[[Chunk], Any] | None = None,
+    ) -> Iterator[Any]:
+        """This worker's batches of one iteration (``convert``: see `rebatch`).
 
         With ``prefetch``, a thread reads and decodes the chunks ahead; the batches are cut
         from them here, in the consumer's thread, so the threads meet once per chunk.
@@ -393,7 +407,7 @@ class ShardReader:
             chunks = prefetched(
                 lambda: self._chunks(worker, workers, start), self.options.prefetch, self._closed
             )
-        return rebatch(chunks, (start or self.position).rank_batch_size())
+        return rebatch(chunks, (start or self.position).rank_batch_size(), convert)
 
     # -- consuming (counts what the user got, for state_dict) --
 
@@ -403,25 +417,7 @@ class ShardReader:
         return self._world.track(self._counted(batches, self.position))
 
     def _counted(self, batches: Iterator[Any], position: order.Position) -> Iterator[Any]:
-        epochs = 0
-
-        def next_epoch() -> bool:
-            nonlocal epochs
-            position.next_epoch()
-            epochs += 1
-            return self.num_epochs is None or epochs < self.num_epochs
-
-        go_on = True
-        while go_on and position.batches_in_epoch() == 0:
-            go_on = next_epoch()
-        in_epoch = position.batches_in_epoch()
-        for batch in batches:
-            position.batches += 1  # counted when handed out: state_dict() in the loop sees it
-            alive("batches")  # a sign of life, and the step rate stragglers are named by
-            while go_on and position.batches >= in_epoch:
-                go_on = next_epoch()
-                in_epoch = position.batches_in_epoch()
-            yield batch
+        return counted(batches, position, self.num_epochs, _BATCHES)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.follow_world()
