@@ -6,6 +6,7 @@ rank's entry point does; kept small so that user code can import it cheaply.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -67,6 +68,8 @@ def connect(address: str, secret: wire.JobSecret) -> DriverClient:
     """Open this rank's channel (once per rank process)."""
     global _client
     _client = DriverClient(address, secret)
+    for counter in _steps.values():
+        counter.due = 0.0  # the counts so far go with the next step
     return _client
 
 
@@ -80,14 +83,15 @@ class Steps:
     state's): a sign of life, and the step rate the driver names stragglers by.
 
     A hot loop adds to `count` itself and calls `tell` once `due` (`time.monotonic()`)
-    has come, so that a step costs no call; `alive` does both for one step.
+    has come, so that a step costs no call; `alive` does both for one step. Without a
+    channel to the driver nothing is due: `connect` makes the counts due at the next step.
     """
 
     __slots__ = ("count", "due")
 
     def __init__(self) -> None:
         self.count = 0
-        self.due = 0.0  # when the counts may next go to the driver
+        self.due = 0.0 if _client is not None else math.inf  # when the counts may next go
 
     def tell(self) -> None:
         """Send every kind's counts to the driver, at most once a second (`ALIVE_EVERY_S`)."""
@@ -100,8 +104,7 @@ class Steps:
                 _client.try_request(messages.Alive(counts))
             except (OSError, EOFError):
                 pass  # the driver is gone: the rank learns it from its own requests
-        # No channel yet (outside a rank, or before it connects): look again in a second.
-        self.due = (now if _client is None else _alive_sent) + ALIVE_EVERY_S
+        self.due = math.inf if _client is None else _alive_sent + ALIVE_EVERY_S
 
 
 _steps: dict[str, Steps] = {}

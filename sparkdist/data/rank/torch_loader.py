@@ -68,11 +68,23 @@ def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     return {name: _to_torch(values) for name, values in batch.items()}
 
 
+def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batch of parts of chunks made by `to_tensors` (tensors, or lists of strings)."""
+    joined = {}
+    for name, first in parts[0].items():
+        values = [part[name] for part in parts]
+        if isinstance(first, torch.Tensor):
+            joined[name] = torch.cat(values)
+        else:
+            joined[name] = [value for part in values for value in part]
+    return joined
+
+
 class RankDataset(IterableDataset):
     """One rank's batches; in DataLoader worker ``w`` of ``k``, batches ``w, w+k, ...``.
 
-    With ``tensors``, the batches come as tensors (`to_tensors`), converted a chunk at a
-    time before they are cut (`sparkdist.data.rank.batches.rebatch`); else as numpy, for a
+    With ``tensors``, the batches come as tensors (`to_tensors`): the reader's chunks are
+    converted as they are decoded, and the batches cut from them; else as numpy, for a
     ``collate_fn`` of the user's.
     """
 
@@ -86,7 +98,8 @@ class RankDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return self.reader.batches(worker, workers, convert=self._convert())
+        join = _join if self.tensors else None
+        return self.reader.batches(worker, workers, convert=self._convert(), join=join)
 
     def _convert(self) -> Callable[[dict[str, np.ndarray]], Any] | None:
         keep = self.reader.options.pad_column
@@ -143,13 +156,11 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         self.device = device
 
     def __iter__(self) -> Iterator[Any]:
-        # Before DataLoader's workers take their copy of the reader.
-        self.reader.follow_world()
-        self.reader.position.settle()
-        batches = super().__iter__()
+        # The reader settles its position before DataLoader's workers take their copy.
+        wrap = None
         if self.device is not None:
-            batches = iter(DevicePrefetcher(batches, self.device))
-        return self.reader.count(batches)
+            wrap = lambda batches: iter(DevicePrefetcher(batches, self.device))  # noqa: E731
+        return self.reader.count(super().__iter__, wrap)
 
 
 def _is_cuda(device: Any) -> bool:
