@@ -4,8 +4,10 @@ A window is consecutive row groups of an epoch's order (`sparkdist.data.rank.ord
 files' own order its wanted rows are streamed in chunks of about ``chunk_rows`` rows;
 shuffled, its row groups are decoded whole and the rows gathered in the epoch's order.
 Only the wanted columns are decoded; nulls and ragged arrays are refused by column name;
-a `TransformSpec` runs on each chunk. Cutting chunks into batches is
-`sparkdist.data.rank.batches`; which windows a rank reads is `sparkdist.data.rank.reader`.
+a `TransformSpec` runs on each chunk. An iteration's chunks (`iteration_chunks`) follow
+the plan of each epoch (`order.EpochPlans`: which windows, which rows of them), with the
+pad and weight columns marked (`Marks`). Cutting chunks into batches is
+`sparkdist.data.rank.batches`.
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def iteration_chunks(
     marks: Marks,
     convert: Callable[[Chunk], Chunk] | None = None,
 ) -> Iterator[Chunk]:
-    """A reader's decoded chunks of one iteration (``plans``: `order.epoch_plans`), each
+    """A reader's decoded chunks of one iteration (``plans``: `order.EpochPlans`), each
     epoch closed by `EPOCH_END`; ``workers`` threads decode windows at once, and
     ``convert`` (e.g. to tensors) is applied to each chunk once it is marked."""
     for plan in plans:

@@ -20,13 +20,17 @@ force), so after ``s`` steps of batch ``b`` every rank has read the first ``min(
 slice)`` rows of its slice, and the world has consumed ``W * s * b`` rows (less at the end
 of the epoch). `Position` computes what is left from that alone, so any rank's
 ``state_dict()`` is the world's; a new world of any size splits what is left again.
+
+Plan: what one reader (or one of a DataLoader's decode workers: every k-th batch) reads of
+each epoch of an iteration, window by window, with the rows that are pads and the rows'
+weights (`EpochPlans`, an `EpochPlan` per epoch).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -469,36 +473,39 @@ class EpochPlan:
     weights: tuple[float, float]  # a row's weight in a full step and in the last one
 
 
-@dataclass(frozen=True)
-class Reading:
-    """How a reader reads the epochs of an iteration: the data's row groups, the order's
-    shuffle and window, ``num_epochs`` (None: forever), and which decode worker of how
-    many reads (`wanted_intervals`)."""
+class EpochPlans:
+    """What decode worker ``worker`` of ``workers`` reads of each epoch from ``start`` on,
+    epoch after epoch for ever (the reader takes as many as it reads), of the data's row
+    groups in each epoch's order (``shuffle``d in windows of ``window_rows``)."""
 
-    row_group_rows: Sequence[Sequence[int]]
-    shuffle: bool
-    window_rows: int
-    num_epochs: int | None
-    worker: int = 0
-    workers: int = 1
+    def __init__(
+        self,
+        start: Position,
+        row_group_rows: Sequence[Sequence[int]],
+        shuffle: bool,
+        window_rows: int,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> None:
+        self.row_group_rows, self.shuffle, self.window_rows = row_group_rows, shuffle, window_rows
+        self.worker, self.workers = worker, workers
+        self._position = start.copy()
+        self._before: int | None = None  # the iteration's batches before the next epoch
 
+    def __iter__(self) -> EpochPlans:
+        return self
 
-def epoch_plans(start: Position, reading: Reading) -> Iterator[EpochPlan]:
-    """What ``reading`` reads of each epoch of an iteration from ``start``."""
-    position = start.copy()
-    epochs = batches = 0
-    while reading.num_epochs is None or epochs < reading.num_epochs:
+    def __next__(self) -> EpochPlan:
+        position = self._position
+        if self._before is None:
+            self._before = 0
+        else:  # the previous epoch was planned: on to the next
+            self._before += position.batches_in_epoch()
+            position.next_epoch()
         epoch_order = EpochOrder(
-            reading.row_group_rows,
-            position.seed,
-            position.epoch,
-            reading.shuffle,
-            reading.window_rows,
+            self.row_group_rows, position.seed, position.epoch, self.shuffle, self.window_rows
         )
-        yield epoch_plan(position, epoch_order, reading.worker, reading.workers, batches)
-        batches += position.batches_in_epoch()
-        position.next_epoch()
-        epochs += 1
+        return epoch_plan(position, epoch_order, self.worker, self.workers, self._before)
 
 
 def epoch_plan(

@@ -2,12 +2,14 @@
 
 Which rows, in which order, is `sparkdist.data.rank.order`: rank ``r`` of ``W`` reads its equal
 slice of each epoch's global order, from a position that survives relaunches and
-resizes. `ShardReader` plans the slice window by window (consecutive row groups of that
-order) and counts what it hands out; decoding a window into numpy chunks of about 8 MiB is
-`sparkdist.data.rank.decode`, cutting them into batches and the thread that reads
-``prefetch`` chunks ahead `sparkdist.data.rank.batches`; ``workers_count`` windows can be
-read at once; which rank of how many reads, and how that follows a change of the world,
-`sparkdist.data.rank.rank_place`. What a rank is asked for travels as one `ReadOptions`.
+resizes; what a reader reads of each epoch is planned there too (`order.EpochPlans`).
+`ShardReader` starts an iteration (its place in the world, its position) and hands out
+its batches: decoding the windows of the plans into numpy chunks of about 8 MiB is
+`sparkdist.data.rank.decode` (``workers_count`` windows at once); cutting them into
+batches, the thread that reads ``prefetch`` chunks ahead and the counting of the batches
+handed out, `sparkdist.data.rank.batches`; which rank of how many reads, and how that
+follows a change of the world, `sparkdist.data.rank.rank_place`. What a rank is asked
+for travels as one `ReadOptions`.
 """
 
 from __future__ import annotations
@@ -173,6 +175,10 @@ class ShardReader:
             )
         self._closed = threading.Event()
         self._scratch = Scratch()
+        self._decoding = self._decoder()
+        self._marks = Marks(
+            options.weight_column if options.global_batch_size else None, options.pad_column
+        )
         self._iterations: weakref.WeakSet = weakref.WeakSet()
         self._started: order.Position | None = None  # where the current iteration began
         self._taken: order.Position | None = None  # an `iteration_apart`'s own count
@@ -284,25 +290,22 @@ class ShardReader:
         from them here, in the consumer's thread, so the threads meet once per chunk.
         """
         options, start = self.options, start or self.position
-        reading = order.Reading(
+        plans = order.EpochPlans(
+            start,
             self.layout.row_group_rows,
             options.shuffled,
             options.window_rows,
-            self.num_epochs,
             worker,
             workers,
         )
         size = start.rank_batch_size()
-        marks = Marks(
-            options.weight_column if options.global_batch_size else None, options.pad_column
-        )
         chunks = functools.partial(
             iteration_chunks,
-            self._decoder(),
-            order.epoch_plans(start, reading),
+            self._decoding,
+            itertools.islice(plans, self.num_epochs),  # None: for ever
             options.workers_count or 1,
             self._scratch,
-            marks,
+            self._marks,
             convert,
         )
         if options.prefetch >= 1:
