@@ -5,7 +5,7 @@ The reader decodes chunks of about 8 MiB (2 MiB shuffled; `sparkdist.data.rank.d
 background thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them in the
 consumer's thread (`rebatch`), as views, so the threads meet once per chunk, not per batch.
 Each batch handed out moves the position and counts as a step (`counted`) in the same
-loop: a batch runs no other module's code on its way.
+loop, so that a batch crosses no other sparkdist module on its way.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def counted(
     steps: Steps,
     in_epoch: int,
 ) -> Iterator[Any]:
-    """Pass ``batches`` on, moving ``position`` one batch at a time (``num_epochs`` from
-    it, of which the first has ``in_epoch`` batches; None: forever), each a step of
+    """Pass ``batches`` on, moving ``position`` one batch at a time through ``num_epochs``
+    epochs (None: forever; the first has ``in_epoch`` batches). Each is a step of
     ``steps``: a sign of life, and the step rate stragglers are named by (sent at most
     once a second, see `Steps`)."""
     epochs = 0
