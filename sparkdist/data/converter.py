@@ -143,7 +143,7 @@ class SparkDatasetConverter:
         given["device"] = device
         sizes = {"batch_size": batch_size, "shuffling_queue_capacity": shuffling_queue_capacity}
         make = _loader_maker(data_loader_fn, self.tensor_types, sizes, given, dataloader_kwargs)
-        return ReaderContext(ShardReader(self.layout, options), make)
+        return ReaderContext(self.layout, options, make)
 
     def make_tf_dataset(
         self,
@@ -188,9 +188,11 @@ class SparkDatasetConverter:
             )
         from sparkdist.data.rank import tf_dataset
 
-        reader = ShardReader(self.layout, options)
-        tf_dataset.check_names(reader)
-        return ReaderContext(reader, functools.partial(tf_dataset.make_dataset, prefetch=prefetch))
+        context = ReaderContext(
+            self.layout, options, functools.partial(tf_dataset.make_dataset, prefetch=prefetch)
+        )
+        tf_dataset.check_names(context.reader)
+        return context
 
     def make_numpy_batches(
         self,
@@ -220,7 +222,7 @@ class SparkDatasetConverter:
         API, so every argument but ``batch_size`` is given by keyword.
         """
         options = ReadOptions.of(locals(), writable=True)
-        return ReaderContext(ShardReader(self.layout, options), NumpyBatches)
+        return ReaderContext(self.layout, options, NumpyBatches)
 
     def delete(self) -> None:
         """Remove the cached copy; the same DataFrame is written anew if converted again.
@@ -268,12 +270,7 @@ def _loader_maker(
 
     fn = data_loader_fn or functools.partial(BatchedDataLoader, tensor_types=tensor_types)
     extra = {name: value for name, value in given.items() if value} | dataloader_kwargs
-    return functools.partial(_call_with_reader, fn, **sizes, **extra)
-
-
-def _call_with_reader(make: Callable[..., Any], reader: ShardReader, **kwargs: Any) -> Any:
-    """``make(reader=reader, **kwargs)``: petastorm passes the reader by keyword."""
-    return make(reader=reader, **kwargs)
+    return functools.partial(fn, **sizes, **extra)
 
 
 class NumpyBatches(ReaderPosition):

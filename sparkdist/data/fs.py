@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -42,6 +43,18 @@ def filesystem_and_path(url: str) -> tuple[pafs.FileSystem, str]:
     if scheme in ("s3a", "s3n"):
         url = "s3" + url[len(scheme) :]
     return pafs.FileSystem.from_uri(url)
+
+
+class NotReadable(Exception):
+    """The files cannot be read as they are; the message says why (for a log line)."""
+
+
+def locate(url: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system and path for ``url``; `NotReadable` when it has none."""
+    try:
+        return filesystem_and_path(url)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise NotReadable(f"pyarrow cannot read {url} ({error})") from error
 
 
 def open_parquet(url: str) -> pq.ParquetFile:

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkdist.data import fs
+from sparkdist.data.fs import NotReadable, locate
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,6 @@ class Layout:
         return sum(1 for rows in self.row_group_rows for n in rows if n)
 
 
-class NotReadable(Exception):
-    """The files cannot be read as they are; the message says why (for a log line)."""
-
-
 @dataclass(frozen=True)
 class Footer:
     """One file's footer, summed up. Column figures cover the columns it was read for."""
@@ -81,17 +78,21 @@ class Footer:
 
 
 def read_footers(
-    urls: Sequence[str], columns: Sequence[str] | None = None, spark_schema: Any = None
+    urls: Sequence[str],
+    columns: Sequence[str] | None = None,
+    spark_schema: Any = None,
+    located: Sequence[tuple[pafs.FileSystem, str]] | None = None,
 ) -> list[Footer]:
     """The footers of ``urls``, in their order (16 read at a time).
 
     Column figures are summed over ``columns`` (None: every column). With ``spark_schema``
-    each file must hold ``columns`` with the kind of values Spark reads there. Raises
+    each file must hold ``columns`` with the kind of values Spark reads there. ``located``:
+    the urls' file systems and paths (`fs.locate`), if the caller has them. Raises
     `NotReadable` for the first file, in order, that pyarrow cannot read or that fails.
     """
     if not urls:
         return []
-    opened = [locate(url) for url in urls]
+    opened = located if located is not None else [locate(url) for url in urls]
     with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
         reads = [pool.submit(_read, filesystem, path) for filesystem, path in opened]
         footers = []
@@ -105,14 +106,6 @@ def read_footers(
                 _check_kinds(footer, spark_schema, columns or [])
             footers.append(footer)
     return footers
-
-
-def locate(url: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system and path for ``url``; `NotReadable` when it has none."""
-    try:
-        return fs.filesystem_and_path(url)
-    except (OSError, ValueError, pa.ArrowException) as error:
-        raise NotReadable(f"pyarrow cannot read {url} ({error})") from error
 
 
 def _read(filesystem: pafs.FileSystem, path: str) -> tuple[pq.FileMetaData, int]:

@@ -6,6 +6,7 @@ rank's entry point does; kept small so that user code can import it cheaply.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -67,6 +68,8 @@ def connect(address: str, secret: wire.JobSecret) -> DriverClient:
     """Open this rank's channel (once per rank process)."""
     global _client
     _client = DriverClient(address, secret)
+    for counter in _steps.values():
+        counter.due = 0.0  # the counts so far go with the next step
     return _client
 
 
@@ -75,24 +78,53 @@ def driver_client() -> DriverClient | None:
     return _client
 
 
-_counts: dict[str, int] = {}
+class Steps:
+    """The count of one kind of step ("batches": a data loader's, "commits": an elastic
+    state's): a sign of life, and the step rate the driver names stragglers by.
+
+    A hot loop adds to `count` itself and calls `tell` once `due` (`time.monotonic()`)
+    has come, so that a step costs no call; `alive` does both for one step. Without a
+    channel to the driver nothing is due: `connect` makes the counts due at the next step.
+    """
+
+    __slots__ = ("count", "due")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.due = 0.0 if _client is not None else math.inf  # when the counts may next go
+
+    def tell(self) -> None:
+        """Send every kind's counts to the driver, at most once a second (`ALIVE_EVERY_S`)."""
+        global _alive_sent
+        now = time.monotonic()
+        if _client is not None and now - _alive_sent >= ALIVE_EVERY_S:
+            _alive_sent = now
+            counts = {kind: counter.count for kind, counter in _steps.items() if counter.count}
+            try:
+                _client.try_request(messages.Alive(counts))
+            except (OSError, EOFError):
+                pass  # the driver is gone: the rank learns it from its own requests
+        self.due = math.inf if _client is None else _alive_sent + ALIVE_EVERY_S
+
+
+_steps: dict[str, Steps] = {}
 _alive_sent = 0.0
 
 
+def steps(kind: str) -> Steps:
+    """The `Steps` of `kind`, one per process."""
+    found = _steps.get(kind)
+    if found is None:
+        found = _steps[kind] = Steps()
+    return found
+
+
 def alive(kind: str) -> None:
-    """One more step of `kind` ("batches": a data loader's, "commits": an elastic
-    state's): a sign of life, and the step rate the driver names stragglers by. Costs a
-    dict update; at most once a second (`ALIVE_EVERY_S`) the counts go to the driver."""
-    global _alive_sent
-    _counts[kind] = _counts.get(kind, 0) + 1
-    now = time.monotonic()
-    if _client is None or now - _alive_sent < ALIVE_EVERY_S:
-        return
-    _alive_sent = now
-    try:
-        _client.try_request(messages.Alive(dict(_counts)))
-    except (OSError, EOFError):
-        pass  # the driver is gone: the rank learns it from its own requests
+    """One more step of `kind` (see `Steps`): at most once a second (`ALIVE_EVERY_S`)
+    the counts go to the driver."""
+    counter = steps(kind)
+    counter.count += 1
+    counter.tell()
 
 
 def log_to_driver(message: str) -> None:

@@ -117,7 +117,7 @@ def convert(
         df = _saved_parquet(df)
     prepared = prepare_dataframe(df, options.dtype)  # refuses unsupported types, by column
     backend = choose_backend(options.backend)
-    direct = find_direct_source(df, options.dtype)
+    direct = find_direct_source(df, options.dtype, prepared.vectors)
     if direct is not None:
         logger.info(
             "sparkdist.data: the ranks read the %d files of the %s source in place (%d rows, "
@@ -132,7 +132,7 @@ def convert(
         )
         return Conversion(converter, wrote_copy=False)
     size, codec = options.parquet_row_group_size_bytes, options.codec
-    write = functools.partial(writer.write_copy, prepared, df, codec, size)
+    write = functools.partial(writer.write_copy, prepared.frame, df, codec, size)
     url, reused = cache.copy_once(df, options.cache_dir_url, (options.dtype, size, codec), write)
     converter = SparkDatasetConverter(
         url, describe(url), backend, options.dtype, "copy", options.tensor_types

@@ -9,7 +9,7 @@ ragged arrays are found while the rows pass by once: `sparkdist.data.driver.writ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -69,7 +69,15 @@ def unsupported_columns(df: DataFrame) -> list[str]:
     return bad
 
 
-def prepare_dataframe(df: DataFrame, dtype: str | None) -> DataFrame:
+class Prepared(NamedTuple):
+    """A DataFrame as it will be written (``frame``), and which of the original's columns
+    were Spark ML vectors (``vectors``: structs in Parquet, so not read in place)."""
+
+    frame: DataFrame
+    vectors: tuple[str, ...]
+
+
+def prepare_dataframe(df: DataFrame, dtype: str | None) -> Prepared:
     """The DataFrame as it will be written: vectors as arrays, floats in ``dtype``.
 
     Raises ValueError naming every column of an unsupported type, before any Spark job.
@@ -94,12 +102,13 @@ def prepare_dataframe(df: DataFrame, dtype: str | None) -> DataFrame:
         )
 
     target = {"float32": T.FloatType(), "float64": T.DoubleType()}.get(dtype or "")
-    columns = []
+    columns, vectors = [], []
     for field in df.schema.fields:
         column = F.col(f"`{field.name}`")
         data_type = field.dataType
         if is_vector(data_type):
             column = vector_to_array(column, dtype or "float64")
+            vectors.append(field.name)
         elif target is not None and isinstance(data_type, T.FloatType | T.DoubleType):
             column = column.cast(target)
         elif (
@@ -109,4 +118,4 @@ def prepare_dataframe(df: DataFrame, dtype: str | None) -> DataFrame:
         ):
             column = column.cast(T.ArrayType(target, data_type.containsNull))
         columns.append(column.alias(field.name))
-    return df.select(*columns)
+    return Prepared(df.select(*columns), tuple(vectors))

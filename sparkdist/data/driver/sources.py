@@ -32,6 +32,7 @@ import json
 import logging
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -41,9 +42,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkdist.data import fs
-from sparkdist.data.driver.schema import is_vector
 from sparkdist.data.driver.writer import check_values, value_checks
-from sparkdist.data.layout import Footer, Layout, NotReadable, read_footers, spark_layout
+from sparkdist.data.fs import NotReadable
+from sparkdist.data.layout import Footer, Layout, read_footers, spark_layout
 from sparkdist.spark.file_scan import FileScan, NotPlainScan, plain_file_scan
 
 logger = logging.getLogger(__name__)
@@ -63,15 +64,17 @@ class DirectSource:
     file_bytes: int  # on disk, all columns of the files
 
 
-def find_direct_source(df: Any, dtype: str | None) -> DirectSource | None:
+def find_direct_source(df: Any, dtype: str | None, vectors: Sequence[str]) -> DirectSource | None:
     """The layout of `df`'s source files when ranks can read them as they are, else None
-    (the reason is logged). Raises ValueError for null values or ragged arrays."""
+    (the reason is logged; ``vectors``: `df`'s Spark ML vector columns, which Parquet holds
+    as structs). Raises ValueError for null values or ragged arrays."""
     columns = list(df.columns)
     try:
         scan = plain_file_scan(df, columns)
         urls = _source_files(df, scan)
-        _check_columns(df, scan, columns)
-        footers = read_footers(urls, columns, df.schema)
+        located = [fs.locate(url) for url in urls]
+        _check_columns(scan, columns, vectors)
+        footers = read_footers(urls, columns, df.schema, located)
     except (NotPlainScan, NotReadable) as why:
         logger.info("sparkdist.data: the DataFrame is copied: %s", why)
         return None
@@ -147,11 +150,10 @@ def _local_key(url: str) -> tuple[str, str]:
     return type(filesystem).__name__, path
 
 
-def _check_columns(df: Any, scan: FileScan, columns: list[str]) -> None:
+def _check_columns(scan: FileScan, columns: list[str], vectors: Sequence[str]) -> None:
     partitioned = scan.partition_columns & set(columns)
     if partitioned:
         raise NotReadable(f"columns {sorted(partitioned)} come from directory names")
-    vectors = [f.name for f in df.schema.fields if is_vector(f.dataType)]
     if vectors:
         raise NotReadable(f"columns {vectors} are Spark ML vectors (structs in Parquet)")
 

@@ -1,23 +1,26 @@
-"""From decoded chunks to batches of exactly ``batch_size`` rows, and the thread ahead.
+"""From decoded chunks to batches of exactly ``batch_size`` rows, the thread ahead, and the
+count of what is handed out.
 
 The reader decodes chunks of about 8 MiB (2 MiB shuffled; `sparkdist.data.rank.decode`) in a
 background thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them in the
 consumer's thread (`rebatch`), as views, so the threads meet once per chunk, not per batch.
+Each batch handed out moves the position and counts as a step (`counted`) in the same
+loop, so that a batch crosses no other sparkdist module on its way.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from sparkdist.data.rank.decode import Chunk
-
-# Ends an epoch in a stream of chunks: the batch in progress ends there, short if need be.
-EPOCH_END: Chunk = {}
+from sparkdist.data.rank.decode import EPOCH_END, Chunk
+from sparkdist.data.rank.order import Position
+from sparkdist.protocol.driver_channel import Steps
 
 
 def _rows(chunk: Chunk) -> int:
@@ -29,53 +32,26 @@ def _cut(chunk: Chunk, start: int, stop: int) -> Chunk:
 
 
 def _join(parts: list[Chunk]) -> Chunk:
-    if len(parts) == 1:
-        return parts[0]
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
-def mark_pads(chunks: Iterator[Chunk], column: str, own: int) -> Iterator[Chunk]:
-    """The chunks of one epoch with ``column`` added: True after the first ``own`` rows.
+def rebatch(
+    chunks: Iterator[Chunk], size: int, join: Callable[[list], Any] | None = None
+) -> Iterator[Any]:
+    """Cut a stream of chunks into batches of exactly ``size`` rows.
 
-    Pads (rows repeated for equal steps) end a rank's slice, and each reader (or decode
-    worker) streams its rows of the slice in order, so its pads are its last rows.
+    Batches inside one chunk are views; only a batch that spans two chunks is copied,
+    joined by ``join`` (default: numpy's; chunks of tensors need torch's). The last batch
+    before an `EPOCH_END` (and at the end of the stream) can be shorter: batches never
+    span two epochs.
     """
-    seen = 0
-    for chunk in chunks:
-        rows = _rows(chunk)
-        yield {**chunk, column: np.arange(seen, seen + rows) >= own}
-        seen += rows
-
-
-def mark_weights(chunks: Iterator[Chunk], column: str, plan: Any) -> Iterator[Chunk]:
-    """The chunks of one epoch with ``column``: each row's weight in its step's mean.
-
-    ``plan`` (a `reader.EpochPlan`): the first ``plan.full`` rows are in full steps, the
-    rows up to ``plan.real`` in the last step, the rest are pads (weight 0).
-    """
-    full_weight, last_weight = plan.weights
-    seen = 0
-    for chunk in chunks:
-        index = np.arange(seen, seen + _rows(chunk))
-        weights = np.where(index < plan.full, full_weight, last_weight).astype(np.float32)
-        weights[index >= plan.real] = 0
-        yield {**chunk, column: weights}
-        seen += len(index)
-
-
-def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
-    """Cut a stream of numpy chunks into batches of exactly ``size`` rows.
-
-    Batches inside one chunk are views; only a batch that spans two chunks is copied.
-    The last batch before an `EPOCH_END` (and at the end of the stream) can be shorter:
-    batches never span two epochs.
-    """
+    join = join or _join
     pending: list[Chunk] = []
     count = 0
     for chunk in chunks:
         if chunk is EPOCH_END:
             if pending:
-                yield _join(pending)
+                yield pending[0] if len(pending) == 1 else join(pending)
             pending, count = [], 0
             continue
         rows, start = _rows(chunk), 0
@@ -85,7 +61,7 @@ def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
             count += start
             if count < size:
                 continue
-            yield _join(pending)
+            yield pending[0] if len(pending) == 1 else join(pending)
             pending, count = [], 0
         while rows - start >= size:
             yield _cut(chunk, start, start + size)
@@ -93,7 +69,46 @@ def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
         if start < rows:
             pending, count = [_cut(chunk, start, rows)], rows - start
     if pending:
-        yield _join(pending)
+        yield pending[0] if len(pending) == 1 else join(pending)
+
+
+def as_is(batch: Any) -> Any:
+    """A ``collate_fn`` for batches `rebatch` cut from chunks already converted."""
+    return batch
+
+
+def counted(
+    batches: Iterator[Any],
+    position: Position,
+    num_epochs: int | None,
+    steps: Steps,
+    in_epoch: int,
+) -> Iterator[Any]:
+    """Pass ``batches`` on, moving ``position`` one batch at a time through ``num_epochs``
+    epochs (None: forever; the first has ``in_epoch`` batches). Each is a step of
+    ``steps``: a sign of life, and the step rate stragglers are named by (sent at most
+    once a second, see `Steps`)."""
+    epochs = 0
+
+    def next_epoch() -> bool:
+        nonlocal epochs
+        position.next_epoch()
+        epochs += 1
+        return num_epochs is None or epochs < num_epochs
+
+    go_on = True
+    while go_on and in_epoch == 0:
+        go_on = next_epoch()
+        in_epoch = position.batches_in_epoch()
+    for batch in batches:
+        position.batches += 1  # counted when handed out: state_dict() in the loop sees it
+        steps.count += 1
+        if steps.due <= time.monotonic():
+            steps.tell()
+        while go_on and position.batches >= in_epoch:
+            go_on = next_epoch()
+            in_epoch = position.batches_in_epoch()
+        yield batch
 
 
 class _Failure:

@@ -4,14 +4,18 @@ A window is consecutive row groups of an epoch's order (`sparkdist.data.rank.ord
 files' own order its wanted rows are streamed in chunks of about ``chunk_rows`` rows;
 shuffled, its row groups are decoded whole and the rows gathered in the epoch's order.
 Only the wanted columns are decoded; nulls and ragged arrays are refused by column name;
-a `TransformSpec` runs on each chunk. Cutting chunks into batches is
-`sparkdist.data.rank.batches`; which windows a rank reads is `sparkdist.data.rank.reader`.
+a `TransformSpec` runs on each chunk. An iteration's chunks (`iteration_chunks`) follow
+the plan of each epoch (`order.EpochPlans`: which windows, which rows of them), with the
+pad and weight columns marked (`Marks`). Cutting chunks into batches is
+`sparkdist.data.rank.batches`.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +28,13 @@ from sparkdist.data.rank import order
 from sparkdist.data.rank.transform import TransformSpec
 
 Chunk = dict[str, np.ndarray]
+
+# Ends an epoch in a stream of chunks: the batch in progress ends there, short if need be.
+EPOCH_END: Chunk = {}
+
+
+def _rows(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values()))) if chunk else 0
 
 
 def _to_numpy(name: str, column: pa.Array, info: ColumnInfo, writable: bool = False) -> np.ndarray:
@@ -245,3 +256,80 @@ class WindowDecoder:
                     decoded[name][filled : filled + len(values)] = values
                 filled += batch.num_rows
         return decoded, (offsets if offsets.any() else None)
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The columns an iteration's chunks get besides the data's: ``weights`` (a row's
+    weight in its step's mean, with a global batch) and ``pads`` (True on the rows
+    repeated to keep the steps equal); None: not asked for."""
+
+    weights: str | None = None
+    pads: str | None = None
+
+
+def iteration_chunks(
+    decoder: WindowDecoder,
+    plans: Iterator[order.EpochPlan],
+    workers: int,
+    scratch: Scratch,
+    marks: Marks,
+    convert: Callable[[Chunk], Chunk] | None = None,
+) -> Iterator[Chunk]:
+    """A reader's decoded chunks of one iteration (``plans``: `order.EpochPlans`), each
+    epoch closed by `EPOCH_END`; ``workers`` threads decode windows at once, and
+    ``convert`` (e.g. to tensors) is applied to each chunk once it is marked."""
+    for plan in plans:
+        chunks = _epoch_chunks(decoder, plan, workers, scratch)
+        if marks.weights:
+            chunks = mark_weights(chunks, marks.weights, plan)
+        if marks.pads:
+            chunks = mark_pads(chunks, marks.pads, plan.real)
+        yield from chunks if convert is None else map(convert, chunks)
+        yield EPOCH_END
+
+
+def _epoch_chunks(
+    decoder: WindowDecoder, plan: order.EpochPlan, workers: int, scratch: Scratch
+) -> Iterator[Chunk]:
+    if workers == 1:
+        for window, ranges in plan.pieces:
+            yield from decoder.read(plan.order, window, ranges, scratch)
+        return
+    with ThreadPoolExecutor(workers, "sparkdist-data-decode") as pool:
+        pending: collections.deque = collections.deque()
+        for window, ranges in plan.pieces:
+            pending.append(pool.submit(decoder.read_all, plan.order, window, ranges, scratch))
+            if len(pending) > workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+
+
+def mark_pads(chunks: Iterator[Chunk], column: str, own: int) -> Iterator[Chunk]:
+    """The chunks of one epoch with ``column`` added: True after the first ``own`` rows.
+
+    Pads (rows repeated for equal steps) end a rank's slice, and each reader (or decode
+    worker) streams its rows of the slice in order, so its pads are its last rows.
+    """
+    seen = 0
+    for chunk in chunks:
+        rows = _rows(chunk)
+        yield {**chunk, column: np.arange(seen, seen + rows) >= own}
+        seen += rows
+
+
+def mark_weights(chunks: Iterator[Chunk], column: str, plan: order.EpochPlan) -> Iterator[Chunk]:
+    """The chunks of one epoch with ``column``: each row's weight in its step's mean.
+
+    ``plan`` (an `order.EpochPlan`): the first ``plan.full`` rows are in full steps, the
+    rows up to ``plan.real`` in the last step, the rest are pads (weight 0).
+    """
+    full_weight, last_weight = plan.weights
+    seen = 0
+    for chunk in chunks:
+        index = np.arange(seen, seen + _rows(chunk))
+        weights = np.where(index < plan.full, full_weight, last_weight).astype(np.float32)
+        weights[index >= plan.real] = 0
+        yield {**chunk, column: weights}
+        seen += len(index)

@@ -20,6 +20,10 @@ force), so after ``s`` steps of batch ``b`` every rank has read the first ``min(
 slice)`` rows of its slice, and the world has consumed ``W * s * b`` rows (less at the end
 of the epoch). `Position` computes what is left from that alone, so any rank's
 ``state_dict()`` is the world's; a new world of any size splits what is left again.
+
+Plan: what one reader (or one of a DataLoader's decode workers: every k-th batch) reads of
+each epoch of an iteration, window by window, with the rows that are pads and the rows'
+weights (`EpochPlans`, an `EpochPlan` per epoch).
 """
 
 from __future__ import annotations
@@ -380,6 +384,11 @@ class Position:
         rows_per_rank = self.batches * self.batch_size
         return left_after(self.remaining, self.world, self.drop_last, rows_per_rank)
 
+    def started(self) -> Position:
+        """`settle`, for a new iteration: a copy of where it starts."""
+        self.settle()
+        return self.copy()
+
     def settle(self) -> None:
         """Fold the batches handed out into ``remaining`` (before a new iteration)."""
         if self.batches:
@@ -424,3 +433,116 @@ def check_global_batch(global_batch_size: int | None, world: int) -> None:
             f"global_batch_size={global_batch_size} is smaller than the world ({world} ranks): "
             f"every rank needs at least one row a step; use a global batch of at least {world}"
         )
+
+
+# -- an iteration's plan: what one reader (or decode worker) reads of each epoch --
+
+
+def wanted_intervals(
+    rank_slice: Sequence[Interval],
+    batch_size: int,
+    worker: int,
+    workers: int,
+    batches_before: int = 0,
+) -> list[Interval]:
+    """The part of a rank's slice that decode worker ``worker`` of ``workers`` reads.
+
+    Worker ``w`` makes the rank's batches ``w, w + workers, ...`` of the iteration (the
+    epoch's batch ``k`` is the iteration's ``batches_before + k``), the order in which
+    ``torch.utils.data.DataLoader`` takes them from its workers, so together they yield
+    the rank's batches in order, each row once.
+    """
+    if workers == 1:
+        return list(rank_slice)
+    rows = total(rank_slice)
+    first = (worker - batches_before) % workers
+    out: list[Interval] = []
+    for start in range(first * batch_size, rows, workers * batch_size):
+        out += take(rank_slice, start, min(start + batch_size, rows))
+    return out
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one reader (or decode worker) reads of an epoch, and how to mark its rows."""
+
+    order: EpochOrder
+    pieces: list  # (window, [(lo, hi) positions inside it]) in reading order
+    real: int  # its rows before the pads
+    full: int  # its rows before the epoch's last (short) step, with a global batch
+    weights: tuple[float, float]  # a row's weight in a full step and in the last one
+
+
+class EpochPlans:
+    """What decode worker ``worker`` of ``workers`` reads of each epoch from ``start`` on,
+    epoch after epoch for ever (the reader takes as many as it reads), of the data's row
+    groups in each epoch's order (``shuffle``d in windows of ``window_rows``)."""
+
+    def __init__(
+        self,
+        start: Position,
+        row_group_rows: Sequence[Sequence[int]],
+        shuffle: bool,
+        window_rows: int,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> None:
+        self.row_group_rows, self.shuffle, self.window_rows = row_group_rows, shuffle, window_rows
+        self.worker, self.workers = worker, workers
+        self._position = start.copy()
+        self._before: int | None = None  # the iteration's batches before the next epoch
+
+    def __iter__(self) -> EpochPlans:
+        return self
+
+    def __next__(self) -> EpochPlan:
+        position = self._position
+        if self._before is None:
+            self._before = 0
+        else:  # the previous epoch was planned: on to the next
+            self._before += position.batches_in_epoch()
+            position.next_epoch()
+        epoch_order = EpochOrder(
+            self.row_group_rows, position.seed, position.epoch, self.shuffle, self.window_rows
+        )
+        return epoch_plan(position, epoch_order, self.worker, self.workers, self._before)
+
+
+def epoch_plan(
+    position: Position, epoch_order: EpochOrder, worker: int, workers: int, before: int
+) -> EpochPlan:
+    """What decode worker ``worker`` of ``workers`` reads of the epoch at ``position``
+    (``before``: the iteration's batches before this epoch)."""
+    size = position.rank_batch_size()
+
+    def rows(interval_rows: int) -> int:  # this worker's rows of the slice's first ones
+        return total(wanted_intervals([(0, interval_rows)], size, worker, workers, before))
+
+    wanted = wanted_intervals(position.slice(), size, worker, workers, before)
+    # Pads end the slice: this worker's rows before that end are its own.
+    real = rows(position.own_rows())
+    full = rows(max(position.batches_in_epoch() - 1, 0) * size)
+    weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
+    return EpochPlan(epoch_order, _by_window(epoch_order.pieces(wanted)), real, full, weights)
+
+
+def global_weights(position: Position) -> tuple[float, float]:
+    """A row's weight in a full step and in the epoch's last step, with a global batch.
+
+    A rank's loss is the sum of its rows' losses times their weight, ``world / rows of
+    the step``; DDP's average over the ranks is then the mean over the step's rows. Pads
+    weigh 0.
+    """
+    split, world = position.split(), position.world
+    return world / position.global_batch_size, world / max(split.rows_in_last_step(), 1)
+
+
+def _by_window(pieces: list[tuple[Window, int, int]]) -> list[tuple[Window, list]]:
+    """Consecutive pieces of one window together, so that each window is read once."""
+    grouped: list[tuple[Window, list]] = []
+    for window, lo, hi in pieces:
+        if grouped and grouped[-1][0].index == window.index:
+            grouped[-1][1].append((lo, hi))
+        else:
+            grouped.append((window, [(lo, hi)]))
+    return grouped

@@ -6,7 +6,7 @@ environment (`rank_from_env`: torchrun's and the runner's names first, then Horo
 MPI's, as petastorm reads them). Under in-process elastic training
 (`sparkdist.elastic.run`) the rank process and its loader live on through a change of the
 world, and the place changes: a loader whose place came from the environment reads it again
-when its next iteration starts (`WorldFollower`), and ``loader.on_world_change(rank, world_size)``
+when its next iteration starts (`moved`), and ``loader.on_world_change(rank, world_size)``
 sets it directly. The position (what the world has read) stays; only its split changes.
 """
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
-from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +44,11 @@ def check_place(rank: int, world_size: int) -> tuple[int, int]:
     return rank, world_size
 
 
-def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, int]:
-    """(cur_shard, shard_count), by default this rank's (`rank_from_env`), else all the data.
+def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, int, bool]:
+    """(cur_shard, shard_count), by default this rank's (`rank_from_env`), else all the data,
+    and whether that place is the environment's: a loader whose place is (the default
+    shard, or the same one given) follows the environment (`moved`); one opened for an
+    explicit other shard never moves with it.
 
     A shard given that is not the environment's rank is read as asked, with a warning (as
     petastorm warns): each rank usually reads its own.
@@ -68,50 +69,22 @@ def default_shard(cur_shard: int | None, shard_count: int | None) -> tuple[int, 
         )
     if cur_shard is None or shard_count is None:
         raise ValueError("give both cur_shard and shard_count, or neither")
-    return check_place(cur_shard, shard_count)
+    place = check_place(cur_shard, shard_count)
+    return place[0], place[1], found is not None and found[:2] == place
 
 
-class WorldFollower:
-    """What a loader needs to follow a change of the world, besides its position.
-
-    Whether its place is the environment's (the default shard, or the same one given: a
-    loader opened for an explicit other shard never moves with the environment), and its
-    iterations in progress, which end at a change (they planned the old world's slices;
-    their prefetch threads and DataLoader workers end with them).
-    """
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        found = rank_from_env()
-        self.follows_env = found is not None and found[:2] == (rank, world_size)
-        self.iterations: weakref.WeakSet = weakref.WeakSet()
-
-    def __getstate__(self) -> dict:
-        return {"follows_env": self.follows_env}  # a copy (a DataLoader worker's) runs none
-
-    def __setstate__(self, state: dict) -> None:
-        self.follows_env, self.iterations = state["follows_env"], weakref.WeakSet()
-
-    def moved(self, rank: int, world_size: int) -> tuple[int, int] | None:
-        """The environment's ``(rank, world size)`` if it differs from the loader's, else None."""
-        found = rank_from_env() if self.follows_env else None
-        if found is None or found[:2] == (rank, world_size):
-            return None
-        logger.info(
-            "sparkdist.data: %s says rank %d of %d (the loader read as rank %d of %d): "
-            "the loader follows the world",
-            found[2],
-            found[0],
-            found[1],
-            rank,
-            world_size,
-        )
-        return check_place(found[0], found[1])
-
-    def track(self, iteration: Iterator) -> Iterator:
-        """``iteration``, to be ended at the next change of the world."""
-        self.iterations.add(iteration)
-        return iteration
-
-    def end_iterations(self) -> None:
-        for iteration in list(self.iterations):
-            iteration.close()
+def moved(rank: int, world_size: int) -> tuple[int, int] | None:
+    """The environment's ``(rank, world size)`` if it differs from a loader's, else None."""
+    found = rank_from_env()
+    if found is None or found[:2] == (rank, world_size):
+        return None
+    logger.info(
+        "sparkdist.data: %s says rank %d of %d (the loader read as rank %d of %d): "
+        "the loader follows the world",
+        found[2],
+        found[0],
+        found[1],
+        rank,
+        world_size,
+    )
+    return check_place(found[0], found[1])

@@ -2,23 +2,25 @@
 
 Which rows, in which order, is `sparkdist.data.rank.order`: rank ``r`` of ``W`` reads its equal
 slice of each epoch's global order, from a position that survives relaunches and
-resizes. `ShardReader` plans the slice window by window (consecutive row groups of that
-order) and counts what it hands out; decoding a window into numpy chunks of about 8 MiB is
-`sparkdist.data.rank.decode`, cutting them into batches and the thread that reads
-``prefetch`` chunks ahead `sparkdist.data.rank.batches`; ``workers_count`` windows can be
-read at once; which rank of how many reads, and how that follows a change of the world,
-`sparkdist.data.rank.rank_place`. What a rank is asked for travels as one `ReadOptions`.
+resizes; what a reader reads of each epoch is planned there too (`order.EpochPlans`).
+`ShardReader` starts an iteration (its place in the world, its position) and hands out
+its batches: decoding the windows of the plans into numpy chunks of about 8 MiB is
+`sparkdist.data.rank.decode` (``workers_count`` windows at once); cutting them into
+batches, the thread that reads ``prefetch`` chunks ahead and the counting of the batches
+handed out, `sparkdist.data.rank.batches`; which rank of how many reads, and how that
+follows a change of the world, `sparkdist.data.rank.rank_place`. What a rank is asked
+for travels as one `ReadOptions`.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +28,18 @@ import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place
-from sparkdist.data.rank.batches import EPOCH_END, mark_pads, mark_weights, prefetched, rebatch
-from sparkdist.data.rank.decode import Chunk, Scratch, WindowDecoder
+from sparkdist.data.rank.batches import counted, prefetched, rebatch
+from sparkdist.data.rank.decode import Chunk, Marks, Scratch, WindowDecoder, iteration_chunks
 from sparkdist.data.rank.transform import TransformSpec
-from sparkdist.protocol.driver_channel import alive
+from sparkdist.protocol.driver_channel import steps
 
 logger = logging.getLogger(__name__)
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
+
+# The loaders' batches handed out: a sign of life, and the step rate stragglers are named by.
+_BATCHES = steps("batches")
 
 
 @dataclass(frozen=True)
@@ -70,11 +75,15 @@ class ReadOptions:
     pad_column: str | None = None
     global_batch_size: int | None = None
     weight_column: str = "row_weight"
+    # Whether the shard is the environment's (`rank_place.default_shard`): the reader then
+    # follows the environment's place from iteration to iteration.
+    follows_env: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         shard = rank_place.default_shard(self.cur_shard, self.shard_count)
         object.__setattr__(self, "cur_shard", shard[0])
         object.__setattr__(self, "shard_count", shard[1])
+        object.__setattr__(self, "follows_env", shard[2])
         object.__setattr__(self, "transform_spec", TransformSpec.of(self.transform_spec))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
@@ -106,70 +115,6 @@ class ReadOptions:
         return buffer or order.DEFAULT_WINDOW_ROWS
 
 
-def wanted_intervals(
-    rank_slice: Sequence[order.Interval],
-    batch_size: int,
-    worker: int,
-    workers: int,
-    batches_before: int = 0,
-) -> list[order.Interval]:
-    """The part of a rank's slice that decode worker ``worker`` of ``workers`` reads.
-
-    Worker ``w`` makes the rank's batches ``w, w + workers, ...`` of the iteration (the
-    epoch's batch ``k`` is the iteration's ``batches_before + k``), the order in which
-    ``torch.utils.data.DataLoader`` takes them from its workers, so together they yield
-    the rank's batches in order, each row once.
-    """
-    if workers == 1:
-        return list(rank_slice)
-    rows = order.total(rank_slice)
-    first = (worker - batches_before) % workers
-    out: list[order.Interval] = []
-    for start in range(first * batch_size, rows, workers * batch_size):
-        out += order.take(rank_slice, start, min(start + batch_size, rows))
-    return out
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """What one reader (or decode worker) reads of an epoch, and how to mark its rows."""
-
-    order: order.EpochOrder
-    pieces: list  # (window, [(lo, hi) positions inside it]) in reading order
-    real: int  # its rows before the pads
-    full: int  # its rows before the epoch's last (short) step, with a global batch
-    weights: tuple[float, float]  # a row's weight in a full step and in the last one
-
-
-def epoch_plan(
-    position: order.Position, epoch_order: order.EpochOrder, worker: int, workers: int, before: int
-) -> EpochPlan:
-    """What decode worker ``worker`` of ``workers`` reads of the epoch at ``position``
-    (``before``: the iteration's batches before this epoch)."""
-    size = position.rank_batch_size()
-
-    def rows(interval_rows: int) -> int:  # this worker's rows of the slice's first ones
-        return order.total(wanted_intervals([(0, interval_rows)], size, worker, workers, before))
-
-    wanted = wanted_intervals(position.slice(), size, worker, workers, before)
-    # Pads end the slice: this worker's rows before that end are its own.
-    real = rows(position.own_rows())
-    full = rows(max(position.batches_in_epoch() - 1, 0) * size)
-    weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
-    return EpochPlan(epoch_order, _by_window(epoch_order.pieces(wanted)), real, full, weights)
-
-
-def global_weights(position: order.Position) -> tuple[float, float]:
-    """A row's weight in a full step and in the epoch's last step, with a global batch.
-
-    A rank's loss is the sum of its rows' losses times their weight, ``world / rows of
-    the step``; DDP's average over the ranks is then the mean over the step's rows. Pads
-    weigh 0.
-    """
-    split, world = position.split(), position.world
-    return world / position.global_batch_size, world / max(split.rows_in_last_step(), 1)
-
-
 def log_shares(position: order.Position, column: str) -> None:
     """Say how a global batch that the world does not split evenly is shared."""
     size, world = position.global_batch_size, position.world
@@ -188,17 +133,6 @@ def log_shares(position: order.Position, column: str) -> None:
         base,
         column,
     )
-
-
-def _by_window(pieces: list[tuple[order.Window, int, int]]) -> list[tuple[order.Window, list]]:
-    """Consecutive pieces of one window together, so that each window is read once."""
-    grouped: list[tuple[order.Window, list]] = []
-    for window, lo, hi in pieces:
-        if grouped and grouped[-1][0].index == window.index:
-            grouped[-1][1].append((lo, hi))
-        else:
-            grouped.append((window, [(lo, hi)]))
-    return grouped
 
 
 class ShardReader:
@@ -239,9 +173,13 @@ class ShardReader:
                 f"rank {options.cur_shard} of {options.shard_count} has no rows (the data has "
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
-        self._world = rank_place.WorldFollower(options.cur_shard, options.shard_count)
         self._closed = threading.Event()
         self._scratch = Scratch()
+        self._decoding = self._decoder()
+        self._marks = Marks(
+            options.weight_column if options.global_batch_size else None, options.pad_column
+        )
+        self._iterations: weakref.WeakSet = weakref.WeakSet()
         self._started: order.Position | None = None  # where the current iteration began
         self._taken: order.Position | None = None  # an `iteration_apart`'s own count
 
@@ -262,13 +200,15 @@ class ShardReader:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_closed"] = state["_scratch"] = None  # thread state: a copy gets its own
+        # Thread state, and the iterations in progress: a copy (a DataLoader worker's) has its own.
+        state["_closed"] = state["_scratch"] = state["_iterations"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._closed = threading.Event()
         self._scratch = Scratch()
+        self._iterations: weakref.WeakSet = weakref.WeakSet()
 
     def state_dict(self, steps: int | None = None) -> dict:
         """The world's position (epoch, rows consumed, seed): small, picklable.
@@ -303,14 +243,17 @@ class ShardReader:
         change of the world), before or after `load_state_dict`: the position stays as
         `state_dict` reports it (`Position.for_world`); an iteration in progress ends."""
         rank, world_size = rank_place.check_place(rank, world_size)
-        self._world.end_iterations()
+        for iteration in list(self._iterations):
+            iteration.close()
         self.position = (self._taken or self.position).for_world(rank, world_size)
         self._started = self._taken = None
         log_shares(self.position, self.options.weight_column)
 
     def follow_world(self) -> None:
         """Take the environment's new place, if the loader follows it (`rank_place`)."""
-        moved = self._world.moved(self.position.rank, self.position.world)
+        if not self.options.follows_env:
+            return
+        moved = rank_place.moved(self.position.rank, self.position.world)
         if moved:
             self.on_world_change(*moved)
 
@@ -319,23 +262,6 @@ class ShardReader:
         self._closed.set()
 
     # -- producing (may run in a background thread or a DataLoader worker) --
-
-    def _plan(self, worker: int, workers: int, start: order.Position | None) -> Iterator[EpochPlan]:
-        """What this worker reads of each epoch of the iteration."""
-        position = (start or self.position).copy()
-        epochs = batches = 0
-        while self.num_epochs is None or epochs < self.num_epochs:
-            epoch_order = order.EpochOrder(
-                self.layout.row_group_rows,
-                position.seed,
-                position.epoch,
-                self.options.shuffled,
-                self.options.window_rows,
-            )
-            yield epoch_plan(position, epoch_order, worker, workers, batches)
-            batches += position.batches_in_epoch()
-            position.next_epoch()
-            epochs += 1
 
     def _decoder(self) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
@@ -349,84 +275,71 @@ class ShardReader:
             chunk_rows,
         )
 
-    def _epoch_chunks(
-        self, decoder: WindowDecoder, epoch_order: order.EpochOrder, pieces: list
-    ) -> Iterator[Chunk]:
-        workers = self.options.workers_count or 1
-        if workers == 1:
-            for window, ranges in pieces:
-                yield from decoder.read(epoch_order, window, ranges, self._scratch)
-            return
-        with ThreadPoolExecutor(workers, "sparkdist-data-decode") as pool:
-            pending: collections.deque = collections.deque()
-            for window, ranges in pieces:
-                read = pool.submit(decoder.read_all, epoch_order, window, ranges, self._scratch)
-                pending.append(read)
-                if len(pending) > workers:
-                    yield from pending.popleft().result()
-            while pending:
-                yield from pending.popleft().result()
-
-    def _chunks(self, worker: int, workers: int, start: order.Position | None) -> Iterator[Chunk]:
-        """This worker's decoded chunks of one iteration, each epoch closed by `EPOCH_END`."""
-        decoder, options = self._decoder(), self.options
-        for plan in self._plan(worker, workers, start):
-            chunks = self._epoch_chunks(decoder, plan.order, plan.pieces)
-            if options.global_batch_size:
-                chunks = mark_weights(chunks, options.weight_column, plan)
-            yield from (
-                mark_pads(chunks, options.pad_column, plan.real) if options.pad_column else chunks
-            )
-            yield EPOCH_END
-
     def batches(
-        self, worker: int = 0, workers: int = 1, start: order.Position | None = None
-    ) -> Iterator[Chunk]:
-        """This worker's batches of one iteration.
+        self,
+        worker: int = 0,
+        workers: int = 1,
+        start: order.Position | None = None,
+        convert: Callable[[Chunk], Any] | None = None,
+        join: Callable[[list], Any] | None = None,
+    ) -> Iterator[Any]:
+        """This worker's batches of one iteration: its chunks (made by ``convert``, e.g.
+        tensors, joined by ``join`` where a batch spans two; see `rebatch`).
 
         With ``prefetch``, a thread reads and decodes the chunks ahead; the batches are cut
         from them here, in the consumer's thread, so the threads meet once per chunk.
         """
-        if self.options.prefetch < 1:
-            chunks = self._chunks(worker, workers, start)
-        else:
-            chunks = prefetched(
-                lambda: self._chunks(worker, workers, start), self.options.prefetch, self._closed
-            )
-        return rebatch(chunks, (start or self.position).rank_batch_size())
+        options, start = self.options, start or self.position
+        plans = order.EpochPlans(
+            start,
+            self.layout.row_group_rows,
+            options.shuffled,
+            options.window_rows,
+            worker,
+            workers,
+        )
+        size = start.rank_batch_size()
+        chunks = functools.partial(
+            iteration_chunks,
+            self._decoding,
+            itertools.islice(plans, self.num_epochs),  # None: for ever
+            options.workers_count or 1,
+            self._scratch,
+            self._marks,
+            convert,
+        )
+        if options.prefetch >= 1:
+            return rebatch(prefetched(chunks, options.prefetch, self._closed), size, join)
+        return rebatch(chunks(), size, join)
 
     # -- consuming (counts what the user got, for state_dict) --
 
-    def count(self, batches: Iterator[Chunk]) -> Iterator[Chunk]:
-        """Pass the iteration's batches on, moving the position one batch at a time."""
-        self._started = self.position.copy()
-        return self._world.track(self._counted(batches, self.position))
+    def count(
+        self,
+        open_batches: Callable[[], Iterator],
+        wrap: Callable[[Iterator], Iterator] | None = None,
+    ) -> Iterator[Any]:
+        """Start an iteration of ``open_batches()`` (``wrap``ped, if given): the reader takes
+        the world's place and folds in what was handed out first (before a DataLoader's
+        workers copy it), then moves the position one batch at a time as they are handed out.
+        """
+        self.follow_world()
+        self._started = self.position.started()
+        in_epoch = self.position.batches_in_epoch()
+        batches = open_batches()
+        iteration = self._counted(wrap(batches) if wrap else batches, self.position, in_epoch)
+        self._iterations.add(iteration)  # ended at a change of the world
+        return iteration
 
-    def _counted(self, batches: Iterator[Any], position: order.Position) -> Iterator[Any]:
-        epochs = 0
-
-        def next_epoch() -> bool:
-            nonlocal epochs
-            position.next_epoch()
-            epochs += 1
-            return self.num_epochs is None or epochs < self.num_epochs
-
-        go_on = True
-        while go_on and position.batches_in_epoch() == 0:
-            go_on = next_epoch()
-        in_epoch = position.batches_in_epoch()
-        for batch in batches:
-            position.batches += 1  # counted when handed out: state_dict() in the loop sees it
-            alive("batches")  # a sign of life, and the step rate stragglers are named by
-            while go_on and position.batches >= in_epoch:
-                go_on = next_epoch()
-                in_epoch = position.batches_in_epoch()
-            yield batch
+    def _counted(
+        self, batches: Iterator[Any], position: order.Position, in_epoch: int | None = None
+    ) -> Iterator[Any]:
+        if in_epoch is None:
+            in_epoch = position.batches_in_epoch()
+        return counted(batches, position, self.num_epochs, _BATCHES, in_epoch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        self.follow_world()
-        self.position.settle()
-        for batch in self.count(self.batches()):
+        for batch in self.count(self.batches):
             if self._closed.is_set():
                 return
             yield batch
@@ -529,13 +442,14 @@ class ReaderPosition:
 
 
 class ReaderContext:
-    """What the converter's ``make_*`` return: ``with`` gives ``make(reader)``; exit stops it."""
+    """What the converter's ``make_*`` return: a `ShardReader` of ``layout`` with
+    ``options``; ``with`` gives ``make(reader=reader)``; exit stops the reader."""
 
-    def __init__(self, reader: ShardReader, make: Callable[[ShardReader], Any]) -> None:
-        self._reader, self._make = reader, make
+    def __init__(self, layout: Layout, options: ReadOptions, make: Callable[..., Any]) -> None:
+        self.reader, self._make = ShardReader(layout, options), make
 
     def __enter__(self) -> Any:
-        return self._make(self._reader)
+        return self._make(reader=self.reader)  # petastorm passes the reader by keyword
 
     def __exit__(self, *exc_info: object) -> None:
-        self._reader.close()
+        self.reader.close()

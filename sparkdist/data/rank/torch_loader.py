@@ -1,15 +1,16 @@
 """The PyTorch side: a real ``torch.utils.data.DataLoader`` over one rank's slice.
 
-The dataset is an ``IterableDataset`` that yields whole batches (``{column: numpy
-array}``), so the DataLoader runs with ``batch_size=None`` and its ``collate_fn`` turns
-each batch into tensors (the default), or into whatever a given ``collate_fn`` makes of
-it. With ``num_workers=k`` each worker process reads and decodes every k-th batch of the
-rank, which is the order in which DataLoader takes them back: the rank still gets its
-batches in order, each row once. ``pin_memory`` and the other DataLoader options pass
-through. The loader counts the batches it hands out, so ``state_dict()`` is the world's
-position (see `sparkdist.data.rank.order`). With ``device="cuda"`` its batches come already on
-the GPU, pinned and copied a batch ahead on a side stream (`sparkdist.data.rank.device_prefetch`);
-they are counted when handed out, not when copied.
+The dataset is an ``IterableDataset`` that yields whole batches, so the DataLoader runs
+with ``batch_size=None``: by default the batches are ``{column: torch.Tensor}``, made a
+chunk at a time before they are cut; a given ``collate_fn`` gets each batch as ``{column:
+numpy array}`` and makes what it likes of it. With ``num_workers=k`` each worker process
+reads and decodes every k-th batch of the rank, which is the order in which DataLoader
+takes them back: the rank still gets its batches in order, each row once. ``pin_memory``
+and the other DataLoader options pass through. The loader counts the batches it hands
+out, so ``state_dict()`` is the world's position (see `sparkdist.data.rank.order`). With
+``device="cuda"`` its batches come already on the GPU, pinned and copied a batch ahead on
+a side stream (`sparkdist.data.rank.device_prefetch`); they are counted when handed out,
+not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
 unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkdist.data.rank.batches import as_is
 from sparkdist.data.rank.device_prefetch import DevicePrefetcher
 from sparkdist.data.rank.reader import ReaderPosition, ShardReader
 
@@ -62,27 +64,50 @@ def _to_torch(values: np.ndarray) -> Any:
 
 
 def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The default ``collate_fn``: ``{column: torch.Tensor}`` (strings stay lists)."""
+    """A batch (or a chunk) as ``{column: torch.Tensor}`` (strings stay lists)."""
     return {name: _to_torch(values) for name, values in batch.items()}
 
 
-class RankDataset(IterableDataset):
-    """One rank's batches; in DataLoader worker ``w`` of ``k``, batches ``w, w+k, ...``."""
+def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batch of parts of chunks made by `to_tensors` (tensors, or lists of strings)."""
+    joined = {}
+    for name, first in parts[0].items():
+        values = [part[name] for part in parts]
+        if isinstance(first, torch.Tensor):
+            joined[name] = torch.cat(values)
+        else:
+            joined[name] = [value for part in values for value in part]
+    return joined
 
-    def __init__(self, reader: ShardReader, tensor_types: str = "petastorm") -> None:
+
+class RankDataset(IterableDataset):
+    """One rank's batches; in DataLoader worker ``w`` of ``k``, batches ``w, w+k, ...``.
+
+    With ``tensors``, the batches come as tensors (`to_tensors`): the reader's chunks are
+    converted as they are decoded, and the batches cut from them; else as numpy, for a
+    ``collate_fn`` of the user's.
+    """
+
+    def __init__(
+        self, reader: ShardReader, tensor_types: str = "petastorm", tensors: bool = False
+    ) -> None:
         self.reader = reader
         self.tensor_types = tensor_types
+        self.tensors = tensors
 
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        batches = self.reader.batches(worker, workers)
+        join = _join if self.tensors else None
+        return self.reader.batches(worker, workers, convert=self._convert(), join=join)
+
+    def _convert(self) -> Callable[[dict[str, np.ndarray]], Any] | None:
+        keep = self.reader.options.pad_column
         if self.tensor_types == "torch":
-            yield from batches
-            return
-        pad_column = self.reader.options.pad_column
-        for batch in batches:
-            yield petastorm_types(batch, keep=pad_column)
+            return to_tensors if self.tensors else None
+        if self.tensors:
+            return lambda chunk: to_tensors(petastorm_types(chunk, keep=keep))
+        return lambda chunk: petastorm_types(chunk, keep=keep)
 
 
 class BatchedDataLoader(ReaderPosition, DataLoader):
@@ -120,9 +145,9 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
                 "give batch_size to make_torch_dataloader"
             )
         super().__init__(
-            RankDataset(reader, tensor_types),
+            RankDataset(reader, tensor_types, tensors=collate_fn is None),
             batch_size=None,
-            collate_fn=collate_fn or to_tensors,
+            collate_fn=collate_fn or as_is,  # the dataset's batches are tensors already
             num_workers=num_workers,
             pin_memory=pin_memory or _is_cuda(device),  # pinned in DataLoader's thread
             **dataloader_kwargs,
@@ -131,13 +156,11 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         self.device = device
 
     def __iter__(self) -> Iterator[Any]:
-        # Before DataLoader's workers take their copy of the reader.
-        self.reader.follow_world()
-        self.reader.position.settle()
-        batches = super().__iter__()
+        # The reader settles its position before DataLoader's workers take their copy.
+        wrap = None
         if self.device is not None:
-            batches = iter(DevicePrefetcher(batches, self.device))
-        return self.reader.count(batches)
+            wrap = lambda batches: iter(DevicePrefetcher(batches, self.device))  # noqa: E731
+        return self.reader.count(super().__iter__, wrap)
 
 
 def _is_cuda(device: Any) -> bool:
