@@ -46,12 +46,16 @@ def rebatch(
     span two epochs.
     """
     join = join or _join
+
+    def whole(parts: list) -> Any:  # one part is a view, several a copy
+        return parts[0] if len(parts) == 1 else join(parts)
+
     pending: list[Chunk] = []
     count = 0
     for chunk in chunks:
         if chunk is EPOCH_END:
             if pending:
-                yield pending[0] if len(pending) == 1 else join(pending)
+                yield whole(pending)
             pending, count = [], 0
             continue
         rows, start = _rows(chunk), 0
@@ -61,7 +65,7 @@ def rebatch(
             count += start
             if count < size:
                 continue
-            yield pending[0] if len(pending) == 1 else join(pending)
+            yield whole(pending)
             pending, count = [], 0
         while rows - start >= size:
             yield _cut(chunk, start, start + size)
@@ -69,7 +73,7 @@ def rebatch(
         if start < rows:
             pending, count = [_cut(chunk, start, rows)], rows - start
     if pending:
-        yield pending[0] if len(pending) == 1 else join(pending)
+        yield whole(pending)
 
 
 def as_is(batch: Any) -> Any:
