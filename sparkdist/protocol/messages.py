@@ -23,7 +23,7 @@ The channels (see docs/architecture.md):
 * an elastic job's plain task to its gang: `GangCheckIn`, answered by `GangSeat` (then
   the task runs like a barrier task) or `GangRelease`;
 * mpirun's rsh agent to a task agent: `OrtedLaunch`, answered by `OrtedOutput` lines
-  and `OrtedExit`, or `Rejected`;
+  and `OrtedExit`, or `Rejected`; `Abort` when mpirun went before its daemon ended;
 
 Other paths declare their own messages with `register` in their own module (tune's
 are in `sparkdist.tune.messages`) and reuse the replies declared here.
@@ -148,6 +148,19 @@ class AgentPlace(NamedTuple):
     host: str
     port: int
     network: str
+
+
+@register("task_lost")
+class TaskLost(NamedTuple):
+    """The sender lost its channel to task `index` (on `host`) while an orted of the job
+    ran: task 0's launch relay lost a task's agent, or a task's agent lost task 0's
+    relay. Said before the sender acts on the loss (mpirun, or the agent, then stops
+    the job's daemons and SIGTERMs their ranks), so that the lost host explains the
+    job, not a rank stopped because of it."""
+
+    index: int
+    host: str
+    detail: str
 
 
 @register("task_done")
@@ -509,7 +522,14 @@ class Rejected(NamedTuple):
 
 HELLOS = (TaskHello, SupervisorHello, RankHello, WhereHello, WarmCarry)
 RELAY_FRAMES = (Relayed, RelayClosed)
-TASK_REPORTS = (ProcessStarted, AgentPlace, LauncherOutput, LauncherExit, TaskDone) + RELAY_FRAMES
+TASK_REPORTS = (
+    ProcessStarted,
+    AgentPlace,
+    TaskLost,
+    LauncherOutput,
+    LauncherExit,
+    TaskDone,
+) + RELAY_FRAMES
 SUPERVISOR_REPORTS = (ProcessStarted, RankOutput, RankExit, RankStacks)
 RANK_REQUESTS = (
     KvPut,

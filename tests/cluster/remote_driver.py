@@ -152,6 +152,8 @@ def serve(address: str, master: str, driver_host: str, name: str, cores: int) ->
     from pyspark.sql import SparkSession
 
     logging.basicConfig(level=logging.INFO, format=f"[driver {name}] %(name)s: %(message)s")
+    # Every failure a job notices, in order: what a fault test's error is chosen from.
+    logging.getLogger("sparkdist.runner.driver.failures").setLevel(logging.DEBUG)
     spark = (
         SparkSession.builder.master(master)
         .appName(f"sparkdist-cluster-{name}")

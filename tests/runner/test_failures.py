@@ -51,3 +51,17 @@ def test_a_lost_executor_is_explained_by_its_lost_task():
     error, outside = reported([lost, executor_lost])
     assert "lost contact with Spark task 1" in error.splitlines()[0]
     assert "executor died" in outside
+
+
+def test_a_task_lost_by_another_task_explains_the_ranks_stopped_after_it():
+    """Task 1's agent lost task 0's relay (`messages.TaskLost`), then stopped its daemon,
+    whose rank died of SIGTERM: the lost task explains the job, as if the driver's own
+    channel to it had broken first."""
+    error, outside = reported(
+        [
+            lambda state: state.losses.task_lost_by(1, 0, "10.0.0.1", "EOFError: closed"),
+            lambda state: state.losses.rank_exited(1, -15, []),
+        ]
+    )
+    assert "rank 0 on host 10.0.0.1 failed first: lost contact with Spark task 0" in error
+    assert "executor died" in outside

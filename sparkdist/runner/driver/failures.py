@@ -140,6 +140,23 @@ class Losses:
             return
         self._failures.notice(rank, reason, outside_user_code=True)
 
+    def task_lost_by(self, by: int, index: int, host: str, detail: str) -> None:
+        """Task `by` lost its channel to task `index` (`messages.TaskLost`): the task is
+        lost as if the driver's own channel to it broke. That breaks on the same
+        timeout, but may be noticed after the daemons' ends made the other ranks'."""
+        if not 0 <= index < self._tasks.num_tasks:
+            logger.warning("job %s: task %d lost an unknown task %d", self._job.job_id, by, index)
+            return
+        logger.info(
+            "sparkdist job %s: task %d lost its channel to task %d on host %s (%s)",
+            self._job.job_id,
+            by,
+            index,
+            host,
+            detail,
+        )
+        self.task_lost(index, host)
+
     def supervisor_lost(self, rank: int) -> None:
         """A rank's supervisor's connection broke before it reported the rank's exit."""
         with self._ranks.cond:
@@ -280,6 +297,7 @@ class FailureTracker:
                 return  # the job is being stopped on purpose: losses are expected
             now = time.monotonic()
             failure = Failure(rank, reason, now, outside_user_code, task_raised)
+            logger.debug("failure noticed: %s", failure)
             if not self._stopping:
                 self._noticed.append(failure)
             first = self._first

@@ -302,6 +302,8 @@ class _TaskPeer(_StreamPeer):
                 self.state.processes.launcher_output(lines)
             case messages.LauncherExit(name, code, rank):
                 self.state.losses.launcher_exited(name, code, rank)
+            case messages.TaskLost(index, host, detail):
+                self.state.losses.task_lost_by(self.number, index, host, detail)
             case messages.TaskDone():
                 self.state.tasks.finished(self.number)
                 return True

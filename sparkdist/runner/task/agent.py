@@ -6,6 +6,11 @@ it to run COMMAND. The agent runs it only if it is an Open MPI daemon (`orted`)
 command line: the executable is this host's own `orted`, and every argument is an
 Open MPI option. The daemon runs as a child of the Spark task, so the ranks it
 starts are children of the task too, and die with it.
+
+The daemon is stopped when its caller goes. The relay says `Abort` when mpirun went; a
+channel that ends without a word lost task 0 (its executor, host or network), and the
+agent says so (`on_lost`) before it stops the daemon, whose ranks' ends would otherwise
+reach the driver first.
 """
 
 from __future__ import annotations
@@ -99,10 +104,14 @@ class TaskAgent:
         host: str,
         env: Mapping[str, str],
         on_process: Callable[[ProcessRecord], None],
+        on_lost: Callable[[str, str], None] | None = None,
     ):
+        """`on_lost(host, why)`: the channel from task 0's relay (on `host`) ended without
+        a word while a daemon ran."""
         self._env = dict(env)
         self._host = host
         self._on_process = on_process
+        self._on_lost = on_lost
         self._orted = shutil.which("orted", path=self._env.get("PATH"))
         self._children: dict[int, subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -152,13 +161,17 @@ class TaskAgent:
             with self._lock:
                 self._children.pop(proc.pid, None)
 
-    @staticmethod
-    def _watch_client(channel: wire.Channel, proc) -> None:
-        """When the rsh client goes away (mpirun died), the daemon goes too."""
+    def _watch_client(self, channel: wire.Channel, proc) -> None:
+        """When the rsh client goes away (mpirun went, or task 0 was lost), the daemon
+        goes too."""
         try:
-            channel.recv()
-        except (EOFError, OSError, wire.AuthenticationError):
-            pass
+            channel.recv()  # the relay's Abort: mpirun went
+        except wire.AuthenticationError:
+            pass  # a forged frame: stop the daemon, but nothing was lost
+        except (EOFError, OSError) as exc:  # under TLS a reset reads as an end
+            if proc.poll() is None and self._on_lost is not None:
+                host = channel.peer.rsplit(":", 1)[0]
+                self._on_lost(host, f"{type(exc).__name__}: {exc}")
         if proc.poll() is None:
             stop_group(proc)
 

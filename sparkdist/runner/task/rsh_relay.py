@@ -8,6 +8,13 @@ the authenticated `wire.connect` to that task's agent (TLS + HMAC), `OrtedLaunch
 the agent's `OrtedOutput`s and its `OrtedExit` back to the client. The agent verifies
 the command line as before.
 
+A channel to an agent that ends before the agent said how its daemon ended (and not
+because mpirun went) means that task's executor, host or network is lost: the relay
+says so (`lost`; task 0 tells the driver) before its client exits, since mpirun then
+ends the job and SIGTERMs every other rank, whose ends would otherwise reach the driver
+before its own channels to the lost host time out. When mpirun goes, the relay tells
+the agent (`Abort`), which then stops its daemon without reporting a loss.
+
 Who may call: the socket lives in a directory only this user can enter (`mkdtemp`,
 mode 0700), and a caller must first send the job's random relay token, which only
 mpirun's environment holds (docs/security.md).
@@ -23,7 +30,7 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import RSH_RELAY, RSH_TOKEN
@@ -36,9 +43,17 @@ logger = logging.getLogger(__name__)
 class LaunchRelay:
     """Serves mpirun's rsh agents on a private Unix socket until `close`."""
 
-    def __init__(self, agents: Mapping[str, tuple[str, int]], secret: wire.JobSecret):
+    def __init__(
+        self,
+        agents: Mapping[str, tuple[str, int]],
+        secret: wire.JobSecret,
+        lost: Callable[[str, str], None],
+    ):
+        """`lost(task, why)` is called when the channel to `task`'s agent broke while its
+        daemon ran (see above)."""
         self._agents = dict(agents)
         self._secret = secret
+        self._lost = lost
         self._token = secrets.token_hex(32).encode()
         self._dir = tempfile.mkdtemp(prefix="sparkdist-rsh-")
         self.path = os.path.join(self._dir, "relay")
@@ -85,14 +100,17 @@ class LaunchRelay:
         finally:
             with self._lock:
                 self._open.discard(conn)
-            conn.close()
+            _end(conn)
 
     def _launch(self, conn: socket.socket, task: str, command: str) -> None:
         """Ask `task`'s agent to start `command`; relay what it says until the daemon ends.
         If the client goes (mpirun died), the agent's channel closes, and the agent stops
         the daemon."""
         channel = wire.connect(self._agents[task], self._secret)
-        watcher = threading.Thread(target=_close_on_eof, args=(conn, channel), daemon=True)
+        client_gone = threading.Event()
+        watcher = threading.Thread(
+            target=_close_on_eof, args=(conn, channel, client_gone), daemon=True
+        )
         watcher.start()
         try:
             channel.send(messages.encode(messages.OrtedLaunch(command)))
@@ -110,6 +128,12 @@ class LaunchRelay:
                     return
         except (wire.AuthenticationError, messages.MalformedMessage) as exc:
             conn.sendall(rsh.frame(rsh.ERROR, f"task {task}'s agent: {exc}".encode()))
+        except (EOFError, OSError) as exc:
+            # An agent always says how its daemon ended: a channel that ends first (a
+            # reset reads as an end under TLS) lost the agent, unless the client went.
+            if not client_gone.is_set():
+                self._lost(task, f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             channel.close()
 
@@ -123,18 +147,31 @@ class LaunchRelay:
         with self._lock:
             open_calls = list(self._open)
         for conn in open_calls:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _end(conn, close=False)  # its call's thread closes it
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _close_on_eof(conn: socket.socket, channel: wire.Channel) -> None:
+def _end(conn: socket.socket, close: bool = True) -> None:
+    """End a call's connection: shut down first, which wakes its watcher's `recv` (a
+    close alone does not, and the client would wait for a last frame forever)."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    if close:
+        conn.close()
+
+
+def _close_on_eof(conn: socket.socket, channel: wire.Channel, gone: threading.Event) -> None:
     """The client sends nothing after its request: EOF means it is gone."""
     try:
         while conn.recv(4096):
             pass
+    except OSError:
+        pass
+    gone.set()
+    try:  # the agent stops its daemon: on purpose, not because task 0 was lost
+        channel.send(messages.encode(messages.Abort("mpirun went")))
     except OSError:
         pass
     channel.close()

@@ -174,7 +174,13 @@ class TaskRun:
         if self.spec.job.launcher == "mpi":
             # orted (and mpirun) read this host's topology from a file, not the hardware.
             self.env.update(orted_topology_env(self.tmpdir, self.env))
-            self.agent = TaskAgent(self.spec.job.secret, self.host, self.env, self.record)
+            self.agent = TaskAgent(
+                self.spec.job.secret,
+                self.host,
+                self.env,
+                self.record,
+                lambda host, detail: self._task_lost(0, host, detail),
+            )
             network = interface_of(self.host)[1]
             self._send(messages.AgentPlace(self.host, self.agent.port, network))
             if self.index == 0:
@@ -193,11 +199,24 @@ class TaskRun:
                 self._start(argv, env, name, "supervisor")
         self._stopped.wait()
 
+    def _task_lost(self, index: int, host: str, detail: str) -> None:
+        """This task lost task `index` (its launch relay lost an agent, or its agent lost
+        task 0's relay): the driver hears it before the daemons stop."""
+        try:
+            self._send(messages.TaskLost(index, host, detail))
+        except OSError:
+            pass  # the driver is gone too: the job ends anyway
+
+    def _agent_lost(self, task: str, detail: str) -> None:
+        index = int(task.removeprefix("task-"))
+        host = self.agent_places[index].host if self.agent_places else "?"
+        self._task_lost(index, host, detail)
+
     def _start_mpirun(self, places: list[messages.AgentPlace]) -> None:
         """Task 0: mpirun over every task's agent (`ranks_per_task` slots each); its rsh
         agent (stdlib only, `-S -I`) hands each daemon start to this process's relay."""
         agents = {f"task-{i}": (p.host, p.port) for i, p in enumerate(places)}
-        self.launch_relay = LaunchRelay(agents, self.spec.job.secret)
+        self.launch_relay = LaunchRelay(agents, self.spec.job.secret, self._agent_lost)
         env = {**self.env, **self.launch_relay.env()}
         if env[SESSION_DIR_BASE] == self.tmpdir:
             # mpirun's session tree apart from this task's orted's: a starting orted
