@@ -14,7 +14,13 @@ import sys
 
 import module_order
 import pytest
-from helpers import cancer, cancer_df, converter, spark_fixtures  # noqa: F401 - fixtures
+from helpers import (  # noqa: F401 - fixtures
+    cancer,
+    cancer_df,
+    converter,
+    spark_fixtures,
+    use_test_jvm_options,
+)
 from mlflow_fixture import driver_mlflow, embedded_mlflow, mlflow_server  # noqa: F401 - fixtures
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -24,6 +30,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # tests of them turn it on (tests/runner/test_stacks.py, `SPARKDIST_PY_SPY=""` in the job's
 # env).
 os.environ.setdefault("SPARKDIST_PY_SPY", "off")
+use_test_jvm_options()
 
 # The compatibility suite runs in each runtime's own environment (`make compat`), not here.
 collect_ignore = ["compat"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import TEST_JVM_OPTIONS
 from netns_cluster import PREFIX, SUBNET, NetnsCluster, can_build
 from remote_driver import RemoteDriver
 
@@ -25,6 +26,7 @@ def cluster():
         worker_cores=3,
         prefix=os.environ.get("SPARKDIST_NETNS_PREFIX", PREFIX),
         subnet=os.environ.get("SPARKDIST_NETNS_SUBNET", SUBNET),
+        daemon_java_options=TEST_JVM_OPTIONS,
     ).up()
     try:
         yield built

@@ -98,6 +98,7 @@ class NetnsCluster:
         subnet: str = SUBNET,
         worker_cores: int = 2,
         worker_memory: str = "2g",
+        daemon_java_options: str = "",
     ):
         if not 2 <= hosts <= 9:
             raise ValueError(f"hosts must be between 2 and 9, got {hosts}")
@@ -105,6 +106,8 @@ class NetnsCluster:
         self.subnet = subnet
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
+        self.daemon_java_options = daemon_java_options
+        """The Spark master's and workers' JVM options (SPARK_DAEMON_JAVA_OPTS)."""
         self.state = ClusterState(prefix=prefix, subnet=subnet, hosts=hosts)
         self.dir = STATE_ROOT / prefix
         self.state_file = self.dir / "state.json"
@@ -202,6 +205,7 @@ class NetnsCluster:
                 "SPARK_LOCAL_IP": self.address(i),
                 "SPARK_LOG_DIR": str(self.dir / "logs"),
                 "SPARK_DAEMON_MEMORY": "384m",
+                "SPARK_DAEMON_JAVA_OPTS": self.daemon_java_options,
                 "SPARK_NO_DAEMONIZE": "1",
                 "PYSPARK_PYTHON": sys.executable,
             }

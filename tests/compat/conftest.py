@@ -29,7 +29,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # every runtime has); the main conftest (mlflow's server, the main stack's packages) stays out
 # of this run.
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import cancer, cancer_df, converter, spark_fixtures  # noqa: E402, F401 - fixtures
+from helpers import (  # noqa: E402, F401 - fixtures
+    cancer,
+    cancer_df,
+    converter,
+    spark_fixtures,
+    use_test_jvm_options,
+)
+
+use_test_jvm_options()
 
 RUNTIME = os.environ.get("SPARKDIST_RUNTIME", "")
 RUNTIME_FILE = ROOT / "requirements" / "runtimes" / f"{RUNTIME}.txt"
