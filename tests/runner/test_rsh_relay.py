@@ -36,8 +36,14 @@ def relay():
     agent.close()
 
 
-def no_loss(task: str, why: str) -> None:
-    raise AssertionError(f"no agent was lost, yet the relay said {task}: {why}")
+def no_loss(task: str, host: str, why: str) -> None:
+    raise AssertionError(f"no agent was lost, yet the relay said {task} on {host}: {why}")
+
+
+def start_call(relay_: LaunchRelay, **popen) -> subprocess.Popen:
+    """The rsh agent as mpirun starts it for task-1's daemon, left running."""
+    argv = [sys.executable, "-S", "-I", rsh.__file__, "task-1", "orted"]
+    return subprocess.Popen(argv, env=relay_.env(), **popen)
 
 
 def run_client(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
@@ -156,12 +162,7 @@ def test_an_agent_lost_mid_daemon_is_reported_before_the_client_exits(end):
     said = []
     relay_ = LaunchRelay({"task-1": agent.server.address}, secret, lambda *a: said.append(a))
     try:
-        client = subprocess.Popen(
-            [sys.executable, "-S", "-I", rsh.__file__, "task-1", "orted"],
-            env=relay_.env(),
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        client = start_call(relay_, stderr=subprocess.PIPE, text=True)
         assert agent.launched.wait(30)
         assert said == []  # the daemon runs: nothing lost
         agent.release.set()
@@ -173,7 +174,7 @@ def test_an_agent_lost_mid_daemon_is_reported_before_the_client_exits(end):
         else:
             # Said before the client's exit, which makes mpirun end the job.
             assert client.returncode == 255
-            assert [task for task, _ in said] == ["task-1"]
+            assert [(task, host) for task, host, _ in said] == [("task-1", "127.0.0.1")]
     finally:
         relay_.close()
         agent.server.close()
@@ -185,11 +186,7 @@ def test_a_client_that_goes_loses_no_agent():
     said = []
     relay_ = LaunchRelay({"task-1": agent.server.address}, secret, lambda *a: said.append(a))
     try:
-        client = subprocess.Popen(
-            [sys.executable, "-S", "-I", rsh.__file__, "task-1", "orted"],
-            env=relay_.env(),
-            stderr=subprocess.DEVNULL,
-        )
+        client = start_call(relay_, stderr=subprocess.DEVNULL)
         assert agent.launched.wait(30)
         client.kill()  # mpirun went: the relay closes the agent's channel
         client.wait(30)
@@ -219,7 +216,8 @@ def test_an_agent_that_loses_task_0_says_so_before_it_stops_its_daemon(tmp_path,
     def on_lost(host: str, why: str) -> None:
         lost.append((host, psutil.pid_exists(records[0].pid)))
 
-    agent = TaskAgent(secret, "127.0.0.1", {"PATH": str(bin_dir)}, records.append, on_lost)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"  # the stand-in's own `sleep` too
+    agent = TaskAgent(secret, "127.0.0.1", {"PATH": path}, records.append, on_lost)
     try:
         channel = wire.connect(("127.0.0.1", agent.port), secret)
         channel.send(messages.encode(messages.OrtedLaunch("orted --tree-spawn")))

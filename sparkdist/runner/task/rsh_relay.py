@@ -47,10 +47,10 @@ class LaunchRelay:
         self,
         agents: Mapping[str, tuple[str, int]],
         secret: wire.JobSecret,
-        lost: Callable[[str, str], None],
+        lost: Callable[[str, str, str], None],
     ):
-        """`lost(task, why)` is called when the channel to `task`'s agent broke while its
-        daemon ran (see above)."""
+        """`lost(task, host, why)` is called when the channel to `task`'s agent (on `host`)
+        broke while its daemon ran (see above)."""
         self._agents = dict(agents)
         self._secret = secret
         self._lost = lost
@@ -100,7 +100,8 @@ class LaunchRelay:
         finally:
             with self._lock:
                 self._open.discard(conn)
-            _end(conn)
+            _shut(conn)
+            conn.close()
 
     def _launch(self, conn: socket.socket, task: str, command: str) -> None:
         """Ask `task`'s agent to start `command`; relay what it says until the daemon ends.
@@ -115,7 +116,7 @@ class LaunchRelay:
         try:
             channel.send(messages.encode(messages.OrtedLaunch(command)))
             while True:
-                reply = messages.decode(channel.recv(), messages.AGENT_REPLIES)
+                reply = self._reply(channel, task, client_gone)
                 if isinstance(reply, messages.OrtedOutput):
                     conn.sendall(rsh.frame(rsh.OUTPUT, reply.text.encode()))
                 elif isinstance(reply, messages.OrtedExit):
@@ -128,14 +129,21 @@ class LaunchRelay:
                     return
         except (wire.AuthenticationError, messages.MalformedMessage) as exc:
             conn.sendall(rsh.frame(rsh.ERROR, f"task {task}'s agent: {exc}".encode()))
-        except (EOFError, OSError) as exc:
-            # An agent always says how its daemon ended: a channel that ends first (a
-            # reset reads as an end under TLS) lost the agent, unless the client went.
-            if not client_gone.is_set():
-                self._lost(task, f"{type(exc).__name__}: {exc}")
-            raise
         finally:
             channel.close()
+
+    def _reply(self, channel: wire.Channel, task: str, client_gone: threading.Event):
+        """The agent's next reply. An agent always says how its daemon ended: a channel
+        that ends first (a reset reads as an end under TLS) lost the agent, unless the
+        client went. (A write to a client that went is no loss.)"""
+        try:
+            return messages.decode(channel.recv(), messages.AGENT_REPLIES)
+        except wire.AuthenticationError:
+            raise
+        except (EOFError, OSError) as exc:
+            if not client_gone.is_set():
+                self._lost(task, self._agents[task][0], f"{type(exc).__name__}: {exc}")
+            raise
 
     def close(self) -> None:
         """Stop accepting, end every open call (its client exits 255), remove the socket."""
@@ -147,19 +155,17 @@ class LaunchRelay:
         with self._lock:
             open_calls = list(self._open)
         for conn in open_calls:
-            _end(conn, close=False)  # its call's thread closes it
+            _shut(conn)  # its call's thread closes it
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _end(conn: socket.socket, close: bool = True) -> None:
-    """End a call's connection: shut down first, which wakes its watcher's `recv` (a
+def _shut(conn: socket.socket) -> None:
+    """End a call's connection for both its ends: this wakes its watcher's `recv` (a
     close alone does not, and the client would wait for a last frame forever)."""
     try:
         conn.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
-    if close:
-        conn.close()
 
 
 def _close_on_eof(conn: socket.socket, channel: wire.Channel, gone: threading.Event) -> None:

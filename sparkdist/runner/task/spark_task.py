@@ -207,10 +207,9 @@ class TaskRun:
         except OSError:
             pass  # the driver is gone too: the job ends anyway
 
-    def _agent_lost(self, task: str, detail: str) -> None:
-        index = int(task.removeprefix("task-"))
-        host = self.agent_places[index].host if self.agent_places else "?"
-        self._task_lost(index, host, detail)
+    def _agent_lost(self, task: str, host: str, detail: str) -> None:
+        """The launch relay lost `task`'s agent (`task-INDEX`, as `_start_mpirun` names it)."""
+        self._task_lost(int(task.removeprefix("task-")), host, detail)
 
     def _start_mpirun(self, places: list[messages.AgentPlace]) -> None:
         """Task 0: mpirun over every task's agent (`ranks_per_task` slots each); its rsh
