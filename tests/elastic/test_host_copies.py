@@ -131,16 +131,71 @@ def test_held_pieces_offer_the_oldest_own_buffers_for_reuse():
     assert held.recyclable(0)[torch.float32].tolist() == [0.0]  # commit 1's, dropped next
 
 
+class LoggedSide(host_copies.DeferredSide):
+    """`DeferredSide` whose copies say, in `log`, when they ran (at the first wait)."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def copy(self, hosts, sources):
+        done = super().copy(hosts, sources)
+        run = done.synchronize
+
+        def synchronize() -> None:
+            if not done.query():
+                self.log.append("copies ran")
+            run()
+
+        done.synchronize = synchronize
+        return done
+
+
+def test_a_commit_returns_before_its_copies_run_and_a_restore_waits_for_them():
+    """The second commit's host copies run only once something waits for them: the commit
+    returns first (the next step overlaps them), and the restore runs them before it
+    loads, or it would load the first commit's buffers."""
+    log: list = []
+    model, optimizer = _model()
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    state._copies = {name: host_copies.DeviceCommits(LoggedSide(log)) for name in ("model",)}
+    _step(model, optimizer, 1)
+    state.commit()  # the buffers now hold the first commit, once its copies ran
+    _step(model, optimizer, 2)
+    log.clear()
+    state.commit()  # waits for the first commit's copies, then starts its own
+    log.append("commit returned")
+    committed = _flat(model.parameters()).clone()
+    _step(model, optimizer, 3)  # overlapping the copies
+    log.append("restore")
+    state.restore()
+    assert log == ["copies ran", "commit returned", "restore", "copies ran"]
+    assert torch.equal(_flat(model.parameters()), committed)
+
+
 @CUDA
 def test_cuda_commit_overlaps_and_restores_on_the_device():
+    """A commit's host copies queue behind the work the compute stream has queued (here a
+    kernel of about a second): the commit returns while they wait, and the restore waits
+    for them."""
+    import time
+
     model, optimizer = _model("cuda")
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
     _step(model, optimizer, 1)
-    state.commit()
-    committed = _flat(model.parameters()).clone()
+    state.commit()  # the first: its pinned buffers are made (allocations may synchronise)
     assert all(t.is_pinned() for t in state._saved["model"].values())
     _step(model, optimizer, 2)
+    committed = _flat(model.parameters()).clone()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU clock cycles, queued
+    started = time.monotonic()
+    state.commit()
+    returned_s = time.monotonic() - started
+    assert not state._copies["model"].ready()  # its copies wait behind the kernel
+    assert returned_s < 0.5, returned_s  # the commit did not wait for them
+    _step(model, optimizer, 3)
     state.restore()
+    assert state._copies["model"].ready()
     assert torch.equal(_flat(model.parameters()), committed)
     assert all(p.device.type == "cuda" for p in model.parameters())
     exp_avg = optimizer.state_dict()["state"][0]["exp_avg"]
