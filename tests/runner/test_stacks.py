@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from sparkdist.protocol import left_stacks, stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.records import RankRecords
-from sparkdist.runner.driver.stalls import SUSTAIN_S, WINDOW_S, Stragglers
+from sparkdist.runner.driver.stalls import RATIO, SUSTAIN_S, WINDOW_S, Stragglers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -240,7 +241,8 @@ def test_a_relayed_supervisor_cut_off_twice_leaves_the_stacks_before_it_stops(
     monkeypatch.setenv(job_environment.LEFT_STACKS, prefix)
     note = tmp_path / "note"
     runner = HorovodRunner(np=-1, launcher="direct")
-    job = threading.Thread(target=_run_failing, args=(runner, str(note)), daemon=True)
+    outcome: dict = {}
+    job = threading.Thread(target=_run_failing, args=(runner, str(note), outcome), daemon=True)
     job.start()
     assert _until(note.exists, 120)
     supervisor, directory = note.read_text().split(" ", 1)
@@ -250,14 +252,21 @@ def test_a_relayed_supervisor_cut_off_twice_leaves_the_stacks_before_it_stops(
     os.kill(int(supervisor), signal.SIGHUP)
     job.join(120)
     assert not job.is_alive()
+    # Asserted here, not in the thread: a failed check there would only warn.
+    assert "error" in outcome, f"the job did not fail: it returned {outcome.get('result')!r}"
+    assert isinstance(outcome["error"], Exception), outcome  # its supervisor was cut off
     left = json.loads(Path(f"{prefix}rank0").read_text())
     assert re.search(r"stall_jobs.py\", line \d+ in wait_noting_supervisor", left["text"]), left
     assert_nothing_left(runner)
 
 
-def _run_failing(runner, note: str) -> None:
-    with pytest.raises(Exception):  # noqa: B017, PT011 - its supervisor was cut off
-        runner.run(stall_jobs.wait_noting_supervisor, note_file=note)
+def _run_failing(runner, note: str, outcome: dict) -> None:
+    """The job, from a thread: what it returned or raised goes into `outcome` (the test
+    asserts on it in its own thread)."""
+    try:
+        outcome["result"] = runner.run(stall_jobs.wait_noting_supervisor, note_file=note)
+    except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+        outcome["error"] = exc
 
 
 def _until(condition, timeout_s: float) -> bool:
@@ -347,10 +356,46 @@ def test_a_straggler_is_named_once_with_its_host_and_again_when_it_recovers():
     assert stragglers.slow == {} and len(stragglers.notes) == 2
 
 
-def test_even_ranks_and_short_slow_spells_name_nobody():
+def test_even_ranks_and_a_mild_slowdown_name_nobody():
     ranks, stragglers = _records(3), Stragglers()
     assert _feed(stragglers, ranks, {0: 10.0, 1: 9.0, 2: 11.0}, 30) == []
     assert _feed(stragglers, ranks, {0: 10.0, 1: 7.5, 2: 10.0}, 30, start=30) == []  # 1.33x
+
+
+def _spell(spell_s: int, begin: int = 15, end: int = 40) -> list[tuple[int, bool, list]]:
+    """Three ranks at 10 steps/s, rank 1 at 2 steps/s for `spell_s` seconds from second
+    `begin`, checked once a second as the stall watch does (`TICK_S`): for each second,
+    whether rank 1's measured rate (over `WINDOW_S`) was `RATIO` times under the median,
+    and what was said."""
+    ranks, stragglers = _records(3), Stragglers()
+    counts, seconds = [0.0, 0.0, 0.0], []
+    for now in range(1, end + 1):
+        for rank in range(3):
+            slow = rank == 1 and begin < now <= begin + spell_s
+            counts[rank] += 2.0 if slow else 10.0
+            stragglers.progress(rank, "report", int(counts[rank]), float(now))
+        rates = stragglers.rates(float(now))
+        slow_now = bool(rates) and rates[1] * RATIO <= statistics.median(rates.values())
+        seconds.append((now, slow_now, stragglers.check(float(now), ranks)))
+    return seconds
+
+
+def test_a_short_slow_spell_names_nobody_a_sustained_one_names_the_rank_and_its_recovery():
+    """A slow rate must last `SUSTAIN_S` before the rank is named, and an even one as
+    long before its recovery is: a spell of 3 s at 5x slower shows in the measured rate
+    for 2 s (under SUSTAIN_S) and names nobody; one of 8 s names the rank SUSTAIN_S after
+    its measured rate fell, and its recovery SUSTAIN_S after the rate came back."""
+    short = _spell(3)
+    slow = [now for now, slow_now, _ in short if slow_now]
+    assert slow and slow[-1] - slow[0] < SUSTAIN_S, slow  # slow, measured, but briefly
+    assert [said for _, _, said in short if said] == []
+    sustained = _spell(8)
+    slow = [now for now, slow_now, _ in sustained if slow_now]
+    said = {now: lines for now, _, lines in sustained if lines}
+    named, recovered = slow[0] + SUSTAIN_S, slow[-1] + 1 + SUSTAIN_S
+    assert list(said) == [named, recovered], said
+    assert said[named][0].startswith("rank 1 (host host-1) is a straggler: ")
+    assert said[recovered][0].startswith("rank 1 (host host-1) keeps up again: ")
 
 
 def test_stall_options_are_checked_and_off_turns_them_off():
@@ -369,12 +414,32 @@ def test_stall_options_are_checked_and_off_turns_them_off():
 # --- jobs on the driver (np < 0): the same service, supervisors and ranks, no Spark -------
 
 
+def ready(steps: int) -> int:
+    """A first run on a warm world: torch imported, a group formed, as `lock_job` does."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+    for _ in range(steps):
+        dist.all_reduce(value)
+    dist.destroy_process_group()
+    return int(value.item())
+
+
 def test_a_time_limit_says_where_each_rank_was(tmp_path):
+    """The limit counts from its run's start, and rank 1 must be at its lock when it runs
+    out. The ranks import torch (seconds, many under load) in a first run without a limit,
+    on a warm world; the limited run then finds them ready, and its 25 s cover only the
+    group and five steps (about a second), not the import."""
     lock = tmp_path / "lock"
     lock.touch()
-    runner = HorovodRunner(np=-3, launcher="direct", timeout=25)
-    with pytest.raises(JobTimeoutError) as failed:
-        runner.run(stall_jobs.lock_job, lock_file=str(lock))
+    shape = dict(np=-3, launcher="direct", keep_warm=120)
+    with HorovodRunner(**shape) as cold, HorovodRunner(**shape, timeout=25) as runner:
+        assert cold.run(ready, steps=2) == 9  # 3 ranks, two all_reduce: 3 * 3
+        with pytest.raises(JobTimeoutError) as failed:
+            runner.run(stall_jobs.lock_job, lock_file=str(lock))
+    assert Path(f"{lock}.stuck").exists()  # rank 1 was at its lock
     where = failed.value.stacks
     assert "ranks 0,2 (host " in where and "): all_reduce <- lock_job (stall_jobs.py:" in where
     assert "rank 1 (host " in where and "): stuck (stall_jobs.py:" in where
@@ -527,7 +592,26 @@ def test_the_nccl_command_names_the_directory_and_the_dumps_prefix():
 
     command = NCCL_COMMAND.format(directory="/tmp/run/attempt-1")
     assert command == "torchfrtrace /tmp/run/attempt-1 --prefix nccl_trace_rank_ -j"
-    assert stack_dumps.nccl_trace() is None  # no CUDA here: nothing to dump
+
+
+NO_NCCL = (
+    "import torch, torch.distributed\n"
+    "from sparkdist.protocol import stack_dumps\n"
+    "print(repr(stack_dumps.nccl_trace()))\n"
+)
+
+
+def test_a_process_without_an_nccl_communicator_has_no_nccl_dump():
+    """A fresh process (not this worker, where an earlier module may have started CUDA):
+    torch.distributed imported, CUDA never started, nothing to dump."""
+    seen = subprocess.run(
+        [sys.executable, "-c", NO_NCCL],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert seen.returncode == 0 and seen.stdout.strip() == "None", seen.stdout + seen.stderr
 
 
 def test_sigterm_to_sparkdist_run_shows_the_stacks_and_stops_the_job(tmp_path):
