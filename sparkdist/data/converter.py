@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -70,10 +70,14 @@ class SparkDatasetConverter:
                 reason,
             )
             return False
-        if options.pad_column is not None or options.global_batch_size is not None:
+        if (
+            options.pad_column is not None
+            or options.global_batch_size is not None
+            or options.features is not None
+        ):
             logger.info(
-                "sparkdist.data: petastorm marks no pads and has no global batch, so the "
-                "pyarrow reader reads"
+                "sparkdist.data: petastorm marks no pads, has no global batch and stacks no "
+                "features, so the pyarrow reader reads"
             )
             return False
         if self.layout.num_row_groups < options.shard_count:
@@ -99,6 +103,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        features: Mapping[str, Sequence[str] | str] | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int = 0,
         transform_spec: Any = None,
@@ -123,6 +128,9 @@ class SparkDatasetConverter:
         ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
         ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
         weighted in ``weight_column`` (docs/data.md, "A global batch").
+        ``features={"x": ["f0", ..., "f63"]}`` (or a pattern, ``{"x": r"f\d+"}``) gives
+        those scalar columns as one ``[batch, 64]`` tensor ``x``, stacked as the rows are
+        decoded (docs/data.md, "Wide tables").
         ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
         each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
         ``num_epochs`` epochs (None: forever) from the loader's position, which
@@ -159,6 +167,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        features: Mapping[str, Sequence[str] | str] | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
         transform_spec: Any = None,
@@ -205,6 +214,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        features: Mapping[str, Sequence[str] | str] | None = None,
         cur_shard: int | None = None,
         shard_count: int | None = None,
         columns: Sequence[str] | None = None,

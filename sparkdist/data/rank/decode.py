@@ -13,10 +13,12 @@ pad and weight columns marked (`Marks`). Cutting chunks into batches is
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +26,7 @@ import pyarrow.compute as pc
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo, Layout
-from sparkdist.data.rank import order
+from sparkdist.data.rank import order, row_block
 from sparkdist.data.rank.transform import TransformSpec
 
 Chunk = dict[str, np.ndarray]
@@ -37,7 +39,18 @@ def _rows(chunk: Chunk) -> int:
     return len(next(iter(chunk.values()))) if chunk else 0
 
 
-def _to_numpy(name: str, column: pa.Array, info: ColumnInfo, writable: bool = False) -> np.ndarray:
+def _width(info: ColumnInfo) -> int:
+    """Bytes of one row of a column, as decoded (a string's: a guess)."""
+    if info.kind in ("string", "binary"):
+        return 32
+    return np.dtype(info.dtype).itemsize * int(np.prod(info.shape or (info.length or 1,)))
+
+
+def _to_numpy(
+    name: str, column: pa.Array | pa.ChunkedArray, info: ColumnInfo, writable: bool = False
+) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):  # a table's column (one chunk: no copy)
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if column.null_count:
         raise ValueError(
             f"column {name!r} has null values; fill or drop them before make_spark_converter "
@@ -93,9 +106,9 @@ def _as_dtype(values: np.ndarray, info: ColumnInfo) -> np.ndarray:
 
 
 def to_numpy_chunk(
-    batch: pa.RecordBatch, columns: Sequence[ColumnInfo], writable: bool = False
+    batch: pa.RecordBatch | pa.Table, columns: Sequence[ColumnInfo], writable: bool = False
 ) -> Chunk:
-    """A record batch as {column: numpy array}; arrays come out as (rows, length).
+    """A record batch (or table) as {column: numpy array}; arrays come out as (rows, length).
 
     ``writable`` (for torch, which wants writable memory) views Arrow's freshly decoded
     buffers where it can (`_numpy`), else copies once per chunk instead of once per batch.
@@ -106,10 +119,13 @@ def to_numpy_chunk(
 
 
 class Scratch(threading.local):
-    """A thread's arrays that shuffled windows are decoded into, kept for the next window."""
+    """A thread's buffers that shuffled windows are decoded into, kept for the next window:
+    the window's scalar columns as rows of one byte matrix (`row_block.RowLayout`), its
+    other columns an array each."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
+        self.matrix = np.empty((0, 0), np.uint8)
 
     def array(self, name: str, like: np.ndarray, rows: int) -> np.ndarray:
         """``rows`` rows shaped and typed like ``like``, from the held array if it fits."""
@@ -123,33 +139,35 @@ class Scratch(threading.local):
             held = self.arrays[name] = np.empty((rows, *like.shape[1:]), like.dtype)
         return held[:rows]
 
-
-def gather(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``values[rows]``, whole rows at a time, into fresh memory from Arrow's pool.
-
-    ``np.take`` copies whole rows (numpy indexing copies element by element, twice as
-    slow). Its output is handed out, so it is never reused; Arrow's pool, which the
-    in-order read's chunks come from too, gives back pages of freed chunks, where fresh
-    numpy memory took a page fault every 4 KiB (docs/data.md).
-    """
-    shape = (len(rows), *values.shape[1:])
-    size = int(np.prod(shape)) * values.dtype.itemsize
-    if values.dtype == object or not size:
-        return np.take(values, rows, axis=0)
-    out = np.frombuffer(pa.allocate_buffer(size), values.dtype).reshape(shape)
-    return np.take(values, rows, axis=0, out=out, mode="clip")  # "raise" copies ``out`` again
+    def rows(self, rows: int, row_bytes: int) -> np.ndarray:
+        """A ``[rows, row_bytes]`` byte matrix, from the held one if it fits."""
+        if len(self.matrix) < rows or self.matrix.shape[1] != row_bytes:
+            self.matrix = np.empty((rows, row_bytes), np.uint8)
+        return self.matrix[:rows]
 
 
 @dataclass(frozen=True)
 class WindowDecoder:
-    """Reads positions of windows of ``layout``: ``columns`` in, ``output_columns`` out."""
+    """Reads positions of windows of ``layout``: ``columns`` in, ``output_columns`` out.
+
+    ``transform`` makes ``transformed_columns`` of a chunk; ``stacks`` then stack named
+    columns into one array each (`row_block`), in the same pass as a shuffled read's
+    gather when there is no transform.
+    """
 
     layout: Layout
     columns: tuple[ColumnInfo, ...]
+    transformed_columns: list[ColumnInfo]
     output_columns: list[ColumnInfo]
     transform: TransformSpec | None
     writable: bool
     chunk_rows: int
+    stacks: row_block.Stacks = ()
+
+    @functools.cached_property
+    def row_layout(self) -> row_block.RowLayout:
+        """Where a shuffled window's columns sit in its rows (the stacks too, if untransformed)."""
+        return row_block.RowLayout.of(self.columns, () if self.transform else self.stacks)
 
     def read(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
@@ -197,24 +215,32 @@ class WindowDecoder:
 
     def _decode(self, batch: pa.RecordBatch) -> Chunk:
         writable = self.writable and self.transform is None
-        return self._transformed(to_numpy_chunk(batch, self.columns, writable))
+        chunk = to_numpy_chunk(batch, self.columns, writable)
+        if self.transform is None:
+            return row_block.stack_features(chunk, self.stacks, self.output_columns)
+        return self._transformed(chunk)
 
     def _transformed(self, chunk: Chunk) -> Chunk:
+        """The transform, then the stacks (a shuffled read without a transform stacked
+        them as it gathered)."""
         if self.transform is None:
             return chunk
-        return self.transform.apply(chunk, self.output_columns, self.writable)
+        chunk = self.transform.apply(chunk, self.transformed_columns, self.writable)
+        return row_block.stack_features(chunk, self.stacks, self.output_columns)
 
     def _read_shuffled(
         self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
     ) -> Iterator[Chunk]:
         """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
 
-        The row groups are decoded piece by piece into the thread's `Scratch` arrays,
-        reused from window to window: a row group decoded at once would take fresh memory
-        (128 MiB for Spark's) whose page faults cost as much as the decoding on a busy
-        machine. It is decoded and gathered in pieces of a quarter chunk (about 2 MiB):
-        25-40 MiB less memory in flight than whole chunks, for about 0.1 CPU s more per 2M
-        rows of per-piece work (docs/data.md).
+        The row groups are decoded piece by piece into the thread's `Scratch`, reused from
+        window to window: a row group decoded at once would take fresh memory (128 MiB for
+        Spark's) whose page faults cost as much as the decoding on a busy machine. The
+        scalar columns go into one byte matrix, a row after another (`row_block`), so a
+        piece of the epoch's order is one gather of whole rows for all of them. It is
+        decoded and gathered in pieces of a quarter chunk (about 2 MiB): 25-40 MiB less
+        memory in flight than whole chunks, for about 0.1 CPU s more per 2M rows of
+        per-piece work (docs/data.md).
         """
         piece = max(self.chunk_rows // 4, 1)
         permutation = epoch_order.permutation(window)
@@ -222,20 +248,21 @@ class WindowDecoder:
             rows = permutation
         else:
             rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
-        decoded, offsets = self._decode_blocks(window, rows, scratch, piece)
+        matrix, apart, offsets = self._decode_blocks(window, rows, scratch, piece)
         if offsets is not None:  # only some row groups were decoded, one after the other
             bounds = np.cumsum([0] + [block.rows for block in window.blocks])
             rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
+        layout = self.row_layout
         for start in range(0, len(rows), piece):
             picked = rows[start : start + piece]
-            yield self._transformed(
-                {name: gather(values, picked) for name, values in decoded.items()}
-            )
+            gathered = {name: row_block.gather(values, picked) for name, values in apart.items()}
+            yield self._transformed(layout.split(row_block.gather(matrix, picked), gathered))
 
     def _decode_blocks(
         self, window: order.Window, rows: np.ndarray, scratch: Scratch, piece: int
-    ) -> tuple[Chunk, np.ndarray | None]:
-        """The window's row groups that hold ``rows``, decoded into ``scratch``.
+    ) -> tuple[np.ndarray, Chunk, np.ndarray | None]:
+        """The window's row groups that hold ``rows``, decoded into ``scratch``: the byte
+        matrix of the scalar columns, the other columns apart.
 
         All of them when the rank reads the whole window (no offsets); else those it
         needs, one after the other, with each row group's offset from its place.
@@ -245,17 +272,56 @@ class WindowDecoder:
         if len(rows) < window.rows and len(window.blocks) > 1:
             hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
         total = int(sum(window.blocks[index].rows for index in hit))
-        decoded: Chunk = {}
+        layout = self.row_layout
+        matrix = scratch.rows(total, layout.row_bytes)
+        apart: Chunk = {}
         offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
         for index in hit:
+            block = window.blocks[index]
             offsets[index] = filled - bounds[index]
-            for batch in self._batches(window.blocks[index], piece):
-                for name, values in to_numpy_chunk(batch, self.columns).items():
-                    if name not in decoded:
-                        decoded[name] = scratch.array(name, values, total)
-                    decoded[name][filled : filled + len(values)] = values
-                filled += batch.num_rows
-        return decoded, (offsets if offsets.any() else None)
+            for first, chunk in self._pieces(block, piece):
+                start, stop = filled + first, filled + first + _rows(chunk)
+                layout.fill(matrix[start:stop], chunk)
+                for name in layout.apart:
+                    if name in chunk:
+                        if name not in apart:
+                            apart[name] = scratch.array(name, chunk[name], total)
+                        apart[name][start:stop] = chunk[name]
+            filled += block.rows
+        return matrix, apart, (offsets if offsets.any() else None)
+
+    def _pieces(self, block: order.Block, piece: int) -> Iterator[tuple[int, Chunk]]:
+        """One row group as (first row, chunk) pieces.
+
+        Where a column of the row group fits in a chunk (the narrow columns of a wide
+        table), a piece is some columns, all rows, about a chunk of them: Arrow decodes a
+        call's columns in parallel, on every core, 2x faster than rows streamed a piece at
+        a time, and the columns are laid into the window's rows several at once. Else (an
+        array column as wide as the window) a piece is ``piece`` rows of all columns.
+        """
+        widths = {info.name: _width(info) for info in self.columns}
+        budget = self.chunk_rows * sum(widths.values())
+        if block.rows * max(widths.values()) > budget:
+            first = 0
+            for batch in self._batches(block, piece):
+                yield first, to_numpy_chunk(batch, self.columns)
+                first += batch.num_rows
+            return
+        known = {info.name: info for info in self.columns}
+        parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
+        group: list[ColumnInfo] = []
+        for name in self.row_layout.decode_order:
+            taken = sum(widths[info.name] for info in group) + widths[name]
+            if group and block.rows * taken > budget:
+                yield 0, self._columns_of(parquet, block, group)
+                group = []
+            group.append(known[name])
+        yield 0, self._columns_of(parquet, block, group)
+
+    @staticmethod
+    def _columns_of(parquet: Any, block: order.Block, columns: list[ColumnInfo]) -> Chunk:
+        table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
+        return to_numpy_chunk(table, columns)
 
 
 @dataclass(frozen=True)

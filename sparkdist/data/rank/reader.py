@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
-from sparkdist.data.rank import order, rank_place
+from sparkdist.data.rank import order, rank_place, row_block
 from sparkdist.data.rank.batches import counted, prefetched, rebatch
 from sparkdist.data.rank.decode import Chunk, Marks, Scratch, WindowDecoder, iteration_chunks
 from sparkdist.data.rank.transform import TransformSpec
@@ -55,7 +55,8 @@ class ReadOptions:
     every batch, True on the rows repeated to keep the steps equal (a metric leaves them
     out). ``global_batch_size`` makes a step that many rows for the whole world, whatever
     its size (`order.GlobalSplit`); the batches then carry ``weight_column``, each row's
-    weight in the step's mean (`global_weights`).
+    weight in the step's mean (`global_weights`). ``features`` stacks named scalar columns
+    into one ``[batch, k]`` array each (`row_block.resolve_stacks`).
     """
 
     batch_size: int = 32
@@ -75,6 +76,7 @@ class ReadOptions:
     pad_column: str | None = None
     global_batch_size: int | None = None
     weight_column: str = "row_weight"
+    features: Any = None  # {name: [columns] or a pattern}, kept as (name, columns) pairs
     # Whether the shard is the environment's (`rank_place.default_shard`): the reader then
     # follows the environment's place from iteration to iteration.
     follows_env: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
@@ -94,6 +96,7 @@ class ReadOptions:
         if self.workers_count is not None and self.workers_count < 1:
             raise ValueError(f"workers_count must be None or at least 1, got {self.workers_count}")
         order.check_global_batch(self.global_batch_size, self.shard_count)
+        object.__setattr__(self, "features", row_block.frozen_features(self.features))
 
     @classmethod
     def of(
@@ -156,7 +159,9 @@ class ShardReader:
             options = dataclasses.replace(options, **fields)
         self.options, self.layout = options, layout
         self.batch_size, self.num_epochs = options.batch_size, options.num_epochs
-        self.columns, self.output_columns = _columns(layout, options)
+        self.columns, transformed = _columns(layout, options)
+        self.stacks = row_block.resolve_stacks(options.features, transformed)
+        self.output_columns = row_block.stacked_columns(transformed, self.stacks)
         self.batch_columns = self.output_columns + _added_columns(self.output_columns, options)
         self.position = order.Position(
             layout.num_rows,
@@ -266,13 +271,16 @@ class ShardReader:
     def _decoder(self) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
         transform = self.options.transform_spec
+        transformed = transform.output_columns(self.columns) if transform else list(self.columns)
         return WindowDecoder(
             self.layout,
             self.columns,
+            transformed,
             self.output_columns,
             transform,
             self.options.writable,
             chunk_rows,
+            self.stacks,
         )
 
     def batches(
