@@ -12,8 +12,10 @@ number ``ceil(N / G)``, as in a world that never changed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 from collections import Counter
 
 import numpy as np
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sparkdist import HorovodRunner
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import describe
 
@@ -50,6 +53,20 @@ def as_numpy(batch: dict) -> dict:
     return {name: np.asarray(values) for name, values in batch.items()}
 
 
+def check_shares(batches: list[dict]) -> None:
+    """One step's batches, one a rank: their lengths differ by one row at most, and so do
+    their real rows; a pad is read only by a rank that has no real row left in the last
+    step, alone in its batch, with weight 0 (`GlobalSplit`)."""
+    sizes = [len(batch["id"]) for batch in batches]
+    reals = [int((~batch["is_pad"]).sum()) for batch in batches]
+    assert max(sizes) - min(sizes) <= 1, sizes
+    assert max(reals) - min(reals) <= 1, reals
+    for batch, real in zip(batches, reals, strict=True):
+        if batch["is_pad"].any():
+            assert real == 0 and len(batch["id"]) == 1, batch
+            assert (batch["row_weight"][batch["is_pad"]] == 0).all(), batch
+
+
 def run_steps(iterators: list, steps: int | None, record: list) -> None:
     """Step the ranks in lockstep ``steps`` times (None: to the end), checking each step."""
     world = len(iterators)
@@ -59,8 +76,7 @@ def run_steps(iterators: list, steps: int | None, record: list) -> None:
             return
         assert all(batch is not None for batch in batches), "the ranks' step counts differ"
         batches = [as_numpy(batch) for batch in batches]
-        sizes = [len(batch["id"]) for batch in batches]
-        assert max(sizes) - min(sizes) <= 1 or any(b["is_pad"].any() for b in batches)
+        check_shares(batches)
         real = [batch["id"][~batch["is_pad"]] for batch in batches]
         rows = sum(len(ids) for ids in real)
         # Each rank's loss: sum of per-row losses times the weights; DDP averages the ranks.
@@ -137,6 +153,103 @@ def test_global_batch_through_3_2_3_by_relaunch_torch(groups_converter):
         state = states[0]
     check_epoch(record)
     assert state["epoch"] == 1 and state["rows_consumed"] == 0
+
+
+GENERATIONS = [([0, 1, 2], 4), ([0, 1], 7), ([0, 1, 2], None)]
+"""The worlds of the real ranks' job: their members (launch ranks) and steps each."""
+
+
+def global_batch_ranks(train, store: str) -> list:
+    """A rank of a 3 -> 2 -> 3 world in real processes, over gloo, reading G rows a step.
+
+    Launch rank 2 is lost after generation 0 (its loader goes with it) and comes back, a
+    newcomer with a fresh loader, in generation 2. Each generation RANK / WORLD_SIZE are
+    set, a group is formed, the world's position is broadcast from world rank 0 (as
+    `elastic.run` does) and the loaders follow the environment. Each step: each rank's
+    loss is its rows' losses times their weights, summed; all_reduce averages them over
+    the ranks, as DDP averages gradients; the step's rows are gathered to compare. Launch
+    rank 0 (world rank 0 throughout) returns each committed step: its generation, world
+    size, the averaged loss, the mean loss of the step's real rows, and each rank's ids,
+    pads and weights."""
+    import datetime
+
+    import torch.distributed as dist
+
+    launch = int(os.environ["RANK"])
+    steps_seen, commit = [], None
+    with contextlib.ExitStack() as stack:
+        loader = None
+        for generation, (members, steps) in enumerate(GENERATIONS):
+            if launch not in members:
+                stack.close()  # this rank is lost: its loader goes with it
+                loader = None
+                continue
+            rank, world = members.index(launch), len(members)
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+            dist.init_process_group(
+                "gloo",
+                init_method=f"file://{store}/generation-{generation}",
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=120),
+            )
+            if loader is None:  # a newcomer: its shard comes from the environment
+                opened = train.make_torch_dataloader(global_batch_size=G, **LOADER)
+                loader = stack.enter_context(opened)
+            if commit is not None:  # a restore: the step after the commit is redone
+                loader.load_state_dict(commit)
+            state = [loader.state_dict()]
+            dist.broadcast_object_list(state, src=0)  # the position comes from a survivor
+            loader.load_state_dict(state[0])
+            step = 0
+            for batch in loader:
+                weighted = (batch["loss"].double() * batch["row_weight"].double()).sum()
+                dist.all_reduce(weighted)  # the ranks' losses, summed: DDP then divides
+                mine = {k: batch[k].tolist() for k in ("id", "is_pad", "loss", "row_weight")}
+                gathered, positions = [None] * world, [None] * world
+                dist.all_gather_object(gathered, mine)
+                dist.all_gather_object(positions, loader.state_dict())
+                assert all(position == positions[0] for position in positions)
+                commit = positions[0]
+                real = [
+                    loss
+                    for part in gathered
+                    for loss, pad in zip(part["loss"], part["is_pad"], strict=True)
+                    if not pad
+                ]
+                averaged = weighted.item() / world
+                steps_seen.append((generation, world, averaged, sum(real) / len(real), gathered))
+                step += 1
+                if step == steps:
+                    break
+            if generation == 0 and launch in GENERATIONS[1][0]:
+                next(iter(loader))  # a step that fails: it is not committed
+            dist.destroy_process_group()
+    return steps_seen if launch == 0 else []
+
+
+def test_global_batch_through_3_2_3_in_real_ranks_over_gloo(groups_converter, tmp_path):
+    """`global_batch_size` in rank processes of a job (np=-3): through 3 -> 2 -> 3, each
+    step's loss averaged over the ranks by a real all_reduce is the step's full-batch
+    mean, every row is read once, and each step keeps the bound on the ranks' shares."""
+    results = HorovodRunner(np=-3, launcher="direct").run_all(
+        global_batch_ranks, train=groups_converter, store=str(tmp_path)
+    )
+    steps = results[0]
+    worlds = [world for _, world, _, _, _ in steps]
+    assert worlds == [3] * 4 + [2] * 7 + [3] * (len(steps) - 11), worlds
+    assert len(steps) == math.ceil(N_ROWS / G)  # the step count of a world that never changed
+    read = []
+    for generation, world, averaged, full_batch, gathered in steps:
+        assert averaged == pytest.approx(full_batch, rel=1e-6), (generation, averaged)
+        batches = [{k: np.asarray(v) for k, v in part.items()} for part in gathered]
+        assert len(batches) == world
+        check_shares(batches)
+        read += [i for b in batches for i in b["id"][~b["is_pad"]].tolist()]
+    counts = Counter(read)
+    assert sorted(counts) == list(range(N_ROWS)) and set(counts.values()) == {1}
+    reals = [sum(int((~np.asarray(p["is_pad"])).sum()) for p in g) for *_, g in steps]
+    assert reals == [G] * (len(steps) - 1) + [N_ROWS - G * (len(steps) - 1)]
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
