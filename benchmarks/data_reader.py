@@ -580,6 +580,238 @@ def codec_benchmark(args, work: Path) -> None:
         )
 
 
+# A reader of the wide shape (one process, one rank): imports, says "ready", waits for the go
+# file, reads one epoch, prints [rows, bytes delivered, seconds, +RSS MiB, CPU s] as JSON.
+WIDE_WORKER = """
+import json, os, sys, time
+spec, go = json.loads(sys.argv[1]), sys.argv[2]
+batch_size, kind = spec["batch"], spec["kind"]
+import numpy as np
+if kind in ("torch", "loop-stack"):
+    import torch  # imported before the clock starts, as a training script does
+    import torch.utils.data
+
+def nbytes(batch):
+    return sum(v.nbytes if hasattr(v, "nbytes") else v.element_size() * v.nelement()
+               for v in batch.values())
+
+if kind.startswith("loop"):
+    import pyarrow.parquet as pq
+    def read():
+        rows = size = 0
+        for path in spec["files"]:
+            parquet = pq.ParquetFile(path)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group)
+                columns = {name: table.column(name).to_numpy() for name in table.column_names}
+                if kind == "loop-stack":  # the model's feature tensor, stacked per row group
+                    names = spec["features"]
+                    columns = {"x": np.stack([columns.pop(n) for n in names], axis=1), **columns}
+                for start in range(0, table.num_rows, batch_size):
+                    batch = {name: v[start:start + batch_size] for name, v in columns.items()}
+                    if kind == "loop-stack":
+                        batch = {name: torch.from_numpy(v) for name, v in batch.items()}
+                    rows, size = rows + len(batch["label"]), size + nbytes(batch)
+        return rows, size
+else:
+    import pickle
+    if kind == "torch":  # the loader's own imports (DataLoader), before the clock too
+        from sparkdist.data.rank import torch_loader
+    with open(spec["handle"], "rb") as f:
+        converter = pickle.load(f)
+    options = dict(batch_size=batch_size, num_epochs=1, cur_shard=0, shard_count=1,
+                   **spec["options"])
+    make = converter.make_torch_dataloader if kind == "torch" else converter.make_numpy_batches
+    def read():
+        rows = size = 0
+        with make(**options) as loader:
+            for batch in loader:
+                rows, size = rows + len(batch["label"]), size + nbytes(batch)
+        return rows, size
+
+def rss_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+before = rss_mib()
+start, cpu = time.perf_counter(), time.process_time()
+rows, size = read()
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+import resource
+grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
+print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
+"""
+
+
+def run_wide_reader(spec: dict, work: Path, env: dict) -> tuple:
+    """One wide-shape reader process, released once it is ready: (rows, bytes, s, +RSS, CPU s)."""
+    go = work / f"go-wide-{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WIDE_WORKER, json.dumps(spec), str(go)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{spec['kind']} reader did not start: {proc.stderr.read()[-2000:]}")
+        go.touch()
+        out, err = proc.communicate(timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{spec['kind']} reader failed: {err[-2000:]}")
+        return tuple(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def generate_wide(spark, rows: int, columns: int, partitions: int):
+    """An id, a label and `columns` float32 scalar columns f0.. (a feature table's shape)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(rows, numPartitions=partitions).select(
+        F.col("id"),
+        (F.col("id") % 10).cast("int").alias("label"),
+        *[F.rand(seed=i).cast("float").alias(f"f{i}") for i in range(columns)],
+    )
+
+
+def generate_array(spark, rows: int, columns: int, partitions: int):
+    """The same values as `generate_wide`, the features as one array column."""
+    from pyspark.sql import functions as F
+
+    wide = generate_wide(spark, rows, columns, partitions)
+    features = F.array(*[F.col(f"f{i}") for i in range(columns)]).alias("features")
+    return wide.select("id", "label", features)
+
+
+def wide_readers(batch: int, columns: int, workers: int) -> list[tuple[str, str, str, dict]]:
+    """(label, shape, kind, loader options) of every reader in a round: the loops first."""
+    stack = {"x": r"f\d+"}
+    return [
+        ("plain pyarrow loop: row group to numpy, slices", "wide", "loop", {}),
+        ("sparkdist numpy batches, in order", "wide", "numpy", {}),
+        ("sparkdist numpy batches, shuffle", "wide", "numpy", {"shuffle": True}),
+        (
+            f"sparkdist numpy batches, shuffle, {workers} workers",
+            "wide",
+            "numpy",
+            {"shuffle": True, "workers_count": workers},
+        ),
+        (
+            "sparkdist numpy, features= stack, shuffle",
+            "wide",
+            "numpy",
+            {"shuffle": True, "features": stack},
+        ),
+        ("sparkdist torch batches, in order", "wide", "torch", {}),
+        ("sparkdist torch batches, shuffle", "wide", "torch", {"shuffle": True}),
+        ("plain loop, torch, stacked per row group", "wide", "loop-stack", {}),
+        ("sparkdist torch, features= stack, in order", "wide", "torch", {"features": stack}),
+        (
+            "sparkdist torch, features= stack, shuffle",
+            "wide",
+            "torch",
+            {"shuffle": True, "features": stack},
+        ),
+        ("array column: sparkdist numpy, in order", "array", "numpy", {}),
+        ("array column: sparkdist numpy, shuffle", "array", "numpy", {"shuffle": True}),
+        ("array column: sparkdist torch, shuffle", "array", "torch", {"shuffle": True}),
+    ]
+
+
+def median_rounds(readers: list[tuple], specs: dict, rounds: int, work: Path, env: dict) -> dict:
+    """{label: [result of each round]}: every reader once a round, each round starting
+    one reader later, so that none always runs first or after the same neighbour."""
+    results: dict = {label: [] for label, *_ in readers}
+    for round_ in range(rounds):
+        for i in range(len(readers)):
+            label = readers[(i + round_) % len(readers)][0]
+            results[label].append(run_wide_reader(specs[label], work, env))
+    return results
+
+
+def print_wide_table(title: str, readers: list[tuple], results: dict) -> None:
+    """Medians: rows/s, against the plain loop, +RSS, CPU s (loop-stack: against itself)."""
+    import statistics
+
+    def median(label: str, index: int) -> float:
+        return statistics.median(result[index] for result in results[label])
+
+    def rate(label: str) -> float:
+        return statistics.median(r[0] / r[2] for r in results[label])
+
+    loop = rate(readers[0][0])
+    stacked_loop = rate("plain loop, torch, stacked per row group")
+    print(title)
+    header = (
+        f"{'reader':52} {'rows/s':>11} {'vs loop':>8} {'vs stack loop':>13} "
+        f"{'+RSS MiB':>9} {'CPU s':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for label, *_ in readers:
+        r = rate(label)
+        print(
+            f"{label:52} {r:>11,.0f} {r / loop:>8.2f} {r / stacked_loop:>13.2f} "
+            f"{median(label, 3):>9.0f} {median(label, 4):>6.2f}"
+        )
+
+
+def wide_benchmark(args, work: Path) -> None:
+    """The wide shape (`--columns` scalar columns) beside the array shape, one rank."""
+    from sparkdist.data import make_spark_converter
+
+    counts = [int(n) for n in str(args.columns).split(",")]
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    spark = start_spark()
+    tables = {}
+    try:
+        for count in counts:
+            # The same bytes for every count (2M rows at 64 columns): the rows shrink as the
+            # columns grow, so that only the number of columns changes what a row costs.
+            rows = min(args.wide_rows, args.wide_rows * 64 // count)
+            handles, files = {}, []
+            for shape, generate in (("wide", generate_wide), ("array", generate_array)):
+                source = work / f"{shape}-{count}"
+                generate(spark, rows, count, args.partitions).write.parquet(str(source))
+                converter = make_spark_converter(spark.read.parquet(str(source)))
+                handles[shape] = work / f"{shape}-{count}.pkl"
+                handles[shape].write_bytes(pickle.dumps(converter))
+                if shape == "wide":
+                    files = sorted(str(p) for p in source.glob("*.parquet"))
+            tables[count] = (rows, handles, files)
+    finally:
+        spark.stop()
+    for count, (rows, handles, files) in tables.items():
+        readers = wide_readers(args.batch_size, count, args.workers)
+        features = [f"f{i}" for i in range(count)]
+        specs = {
+            label: {
+                "kind": kind,
+                "batch": args.batch_size,
+                "files": files,
+                "features": features,
+                "handle": str(handles[shape]),
+                "options": options,
+            }
+            for label, shape, kind, options in readers
+        }
+        results = median_rounds(readers, specs, args.rounds, work, env)
+        print_wide_table(
+            f"\n{rows:,} rows x (id, label, {count} float32 columns), {len(files)} files written "
+            f"by Spark, read in place; batch {args.batch_size}; one rank; medians of "
+            f"{args.rounds} interleaved rounds; {os.cpu_count()} cores",
+            readers,
+            results,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=8_400_000)
@@ -589,6 +821,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--streaming-rows", type=int, default=400_000)
     parser.add_argument("--codecs", action="store_true", help="measure the copy's codecs instead")
+    parser.add_argument(
+        "--wide", action="store_true", help="only the wide shape (scalar columns), one rank"
+    )
+    parser.add_argument(
+        "--columns", default="64", help="the wide shape's float32 columns, e.g. 1,16,64,256"
+    )
+    parser.add_argument("--wide-rows", type=int, default=2_000_000, help="rows at 64 columns")
+    parser.add_argument("--workers", type=int, default=2, help="decode workers of one row")
     parser.add_argument("--codec-rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
@@ -608,8 +848,11 @@ def main() -> None:
     try:
         if args.codecs:
             codec_benchmark(args, work)
+        elif args.wide:
+            wide_benchmark(args, work)
         else:
             main_benchmark(args, work)
+            wide_benchmark(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
