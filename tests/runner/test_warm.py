@@ -95,10 +95,11 @@ def pid():
 
 
 def stuck(path):
-    """Say it runs (a file per rank), then wait for ever, silently."""
+    """Say it runs (a file per rank, holding its pid), then wait for ever, silently."""
     import os
 
-    open(f"{path}.{os.environ['RANK']}", "w").close()
+    with open(f"{path}.{os.environ['RANK']}", "w") as f:
+        f.write(str(os.getpid()))
     threading.Event().wait()
 
 
@@ -246,8 +247,10 @@ def test_idle_world_releases_its_slots_for_the_next_job(sc):
     assert world is not None
     _wait_released(world)
     assert _gone(pids) == []
-    # Both of the cluster's two slots are free again: a plain job of two ranks gets them.
-    assert HorovodRunner(np=2, start_timeout=60).run_all(pid) != pids
+    # Both of the cluster's two slots are free again: a plain job of two ranks gets them
+    # (a barrier stage that did not get both would end in its start timeout's error).
+    plain = HorovodRunner(np=2, start_timeout=60)
+    assert len(set(plain.run_all(pid))) == 2 and plain.last_job.outcome == "succeeded"
 
 
 def test_a_run_of_another_shape_releases_the_world(sc, caplog):
@@ -389,15 +392,20 @@ def test_a_warm_runs_payload_crosses_to_each_task_once(sc):
 
 
 def test_a_run_past_its_time_limit_ends_the_world_with_its_stacks(tmp_path):
-    with HorovodRunner(np=-2, launcher="direct", keep_warm=120, timeout=5) as runner:
-        before = runner.run_all(pid)
+    """Only the warm run has the 5 s limit (a run's limit is its own, `warm.PER_RUN`): the
+    cold runs before and after it start a world, which takes seconds, more under load."""
+    shape = dict(np=-2, launcher="direct", keep_warm=120)
+    with HorovodRunner(**shape) as cold, HorovodRunner(**shape, timeout=5) as runner:
+        before = cold.run_all(pid)
         with pytest.raises(JobTimeoutError) as timed_out:
             runner.run(stuck, path=str(tmp_path / "ran"))
+        ran = [int((tmp_path / f"ran.{rank}").read_text()) for rank in range(2)]
+        assert ran == before  # the limited run ran on the warm world the cold run started
         assert "time limit" in str(timed_out.value)
         assert "stuck" in str(timed_out.value)  # where each rank was
         assert runner.last_job.outcome == "failed"
         assert _gone(before) == []
-        assert set(runner.run_all(pid)).isdisjoint(before)  # a new world
+        assert set(cold.run_all(pid)).isdisjoint(before)  # a new world
 
 
 def test_an_interrupted_warm_run_stops_its_world(tmp_path):
