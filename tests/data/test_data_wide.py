@@ -1,0 +1,328 @@
+"""Wide tables: features as scalar columns read as their array-column twin is, and stacked.
+
+Two copies of the same values are written with pyarrow (no Spark): the "wide" one holds
+the features as scalar columns f0..f7 (with an id, an int32 label, a float64 weight, a
+boolean and a string among them, so that a window's byte matrix holds values of every
+width), the "array" one as one fixed-length array column. Row groups are larger than a
+read chunk and the shuffle windows span several, as Spark's files are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkdist.data.converter import SparkDatasetConverter
+from sparkdist.data.layout import ColumnInfo, describe
+from sparkdist.data.rank import reader, row_block
+from sparkdist.data.rank.transform import TransformSpec
+
+ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
+FEATURES = [f"f{i}" for i in range(8)]
+SHUFFLED = {"shuffle": True, "seed": 7, "shuffle_buffer_rows": 600}
+
+
+def _values(ids: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(ids[0])
+    return {
+        "id": ids,
+        "label": (ids % 10).astype(np.int32),
+        "weight": ids * 0.5,
+        "flag": ids % 3 == 0,
+        "name": np.array([f"row-{i}" for i in ids], dtype=object),
+        "matrix": rng.random((len(ids), len(FEATURES)), dtype=np.float32),
+    }
+
+
+def _write(directory, shape: str):
+    first = 0
+    for index, groups in enumerate(ROW_GROUPS):
+        rows = sum(groups)
+        values = _values(np.arange(first, first + rows, dtype=np.int64))
+        matrix = values.pop("matrix")
+        columns = {
+            name: pa.array(list(v) if v.dtype == object else v) for name, v in values.items()
+        }
+        if shape == "wide":
+            columns.update({name: matrix[:, i] for i, name in enumerate(FEATURES)})
+        else:
+            flat = pa.array(matrix.reshape(-1))
+            columns["features"] = pa.FixedSizeListArray.from_arrays(flat, len(FEATURES)).cast(
+                pa.list_(pa.float32())
+            )
+        table = pa.table(columns)
+        with pq.ParquetWriter(directory / f"part-{index}.parquet", table.schema) as writer:
+            start = 0
+            for size in groups:
+                writer.write_table(table.slice(start, size), row_group_size=size)
+                start += size
+        first += rows
+    return describe(directory.as_uri())
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    return {shape: _write(tmp_path_factory.mktemp(shape), shape) for shape in ("wide", "array")}
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 4096)  # chunks of about 64 rows
+
+
+def _history(layout, options: reader.ReadOptions, worlds=(3, 2, 3), steps=(2, 3, None)):
+    """Every rank's batches as the world changes size mid-epoch: ``steps[i]`` lockstep
+    steps in a world of ``worlds[i]`` ranks, then the next world resumes from rank 0's
+    state."""
+    state, out = None, []
+    for world, count in zip(worlds, steps, strict=True):
+        readers = [
+            reader.ShardReader(layout, options, cur_shard=rank, shard_count=world)
+            for rank in range(world)
+        ]
+        if state is not None:
+            for each in readers:
+                each.load_state_dict(state)
+        iterators = [iter(each) for each in readers]
+        taken = 0
+        while count is None or taken < count:
+            batches = [next(iterator, None) for iterator in iterators]
+            if batches[0] is None:
+                assert all(batch is None for batch in batches)
+                break
+            out.append(batches)
+            taken += 1
+        state = readers[0].state_dict()
+        for each in readers:
+            each.close()
+    return out
+
+
+def _features(batch: dict, stacked: bool) -> np.ndarray:
+    return batch["features"] if stacked else np.stack([batch[f] for f in FEATURES], axis=1)
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["columns", "features="])
+@pytest.mark.parametrize(
+    "read",
+    [
+        {},
+        SHUFFLED,
+        {**SHUFFLED, "workers_count": 2},
+        {**SHUFFLED, "pad_column": "is_pad"},
+        {**SHUFFLED, "global_batch_size": 60},
+    ],
+    ids=["in-order", "shuffled", "two-workers", "pads", "global-batch"],
+)
+def test_wide_and_array_shapes_give_the_same_rows_through_3_2_3(layouts, read, stacked):
+    base = reader.ReadOptions(
+        batch_size=40, num_epochs=1, writable=True, cur_shard=0, shard_count=1, **read
+    )
+    wide_options = base
+    if stacked:
+        wide_options = dataclasses.replace(base, features={"features": FEATURES})
+    wide = _history(layouts["wide"], wide_options)
+    array = _history(layouts["array"], base)
+    assert len(wide) == len(array) > 5
+    seen = []
+    for wide_step, array_step in zip(wide, array, strict=True):
+        for wide_batch, array_batch in zip(wide_step, array_step, strict=True):
+            np.testing.assert_array_equal(wide_batch["id"], array_batch["id"])
+            np.testing.assert_array_equal(_features(wide_batch, stacked), array_batch["features"])
+            for name in ("label", "weight", "flag", "name", "is_pad", "row_weight"):
+                if name in array_batch:
+                    np.testing.assert_array_equal(wide_batch[name], array_batch[name])
+            keep = ~wide_batch["is_pad"] if "is_pad" in wide_batch else slice(None)
+            if "row_weight" in wide_batch:
+                keep = wide_batch["row_weight"] > 0
+            seen.extend(wide_batch["id"][keep].tolist())
+    rows = list(range(sum(map(sum, ROW_GROUPS))))
+    if "pad_column" in read or "global_batch_size" in read:
+        assert sorted(seen) == rows  # the marks leave out the pads: every row once
+    else:
+        assert sorted(set(seen)) == rows and len(seen) - len(rows) < 3 * 3  # pads repeat
+
+
+def test_the_rows_carry_their_own_values_in_every_column(layouts):
+    """Each value of a shuffled wide batch is its row's, whatever its width."""
+    shard = reader.ShardReader(
+        layouts["wide"], batch_size=64, num_epochs=1, writable=True, prefetch=0, **SHUFFLED
+    )
+    for batch in shard:
+        ids = batch["id"]
+        expected = _values(ids)  # the row's own values, all but the random matrix
+        for name in ("label", "weight", "flag"):
+            np.testing.assert_array_equal(batch[name], expected[name])
+            assert batch[name].dtype == expected[name].dtype
+        assert batch["name"].tolist() == expected["name"].tolist()
+        assert list(batch) == ["id", "label", "weight", "flag", "name", *FEATURES]
+        for name in FEATURES:
+            assert batch[name].flags.c_contiguous and batch[name].flags.writeable
+
+
+@pytest.fixture(scope="module")
+def converter(layouts):
+    return SparkDatasetConverter(None, layouts["wide"], source="parquet", tensor_types="torch")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_stacked_features_equal_np_stack_numpy_and_torch(converter, shuffle):
+    options = {"batch_size": 50, "num_epochs": 1, "cur_shard": 0, "shard_count": 1}
+    options.update(SHUFFLED if shuffle else {})
+    with converter.make_numpy_batches(**options) as columns:
+        expected = [np.stack([b[f] for f in FEATURES], axis=1) for b in columns]
+    with converter.make_numpy_batches(features={"x": r"f\d"}, **options) as stacked:
+        got = list(stacked)
+    assert len(got) == len(expected)
+    for batch, want in zip(got, expected, strict=True):
+        assert list(batch) == ["id", "label", "weight", "flag", "name", "x"]
+        np.testing.assert_array_equal(batch["x"], want)
+        assert batch["x"].shape == (len(batch["id"]), 8) and batch["x"].dtype == np.float32
+    with converter.make_torch_dataloader(features={"x": FEATURES}, **options) as loader:
+        tensors = list(loader)
+    for batch, want in zip(tensors, expected, strict=True):
+        assert batch["x"].is_contiguous() and tuple(batch["x"].shape) == want.shape
+        np.testing.assert_array_equal(batch["x"].numpy(), want)
+
+
+def test_stacked_features_equal_np_stack_in_tensorflow(converter):
+    pytest.importorskip("tensorflow")
+    options = {"batch_size": 50, "num_epochs": 1, "cur_shard": 0, "shard_count": 1, **SHUFFLED}
+    with converter.make_numpy_batches(**options) as columns:
+        expected = [np.stack([b[f] for f in FEATURES], axis=1) for b in columns]
+    with converter.make_tf_dataset(
+        features={"x": FEATURES}, columns=["id", *FEATURES], **options
+    ) as dataset:
+        assert dataset.element_spec.x.shape.as_list() == [None, 8]
+        got = [batch.x.numpy() for batch in dataset]
+    assert len(got) == len(expected)
+    for x, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(x, want)
+
+
+def test_features_of_different_types_stack_in_their_common_type(converter):
+    with converter.make_numpy_batches(
+        batch_size=64, num_epochs=1, features={"x": ["label", "f0", "weight"]}, **SHUFFLED
+    ) as batches:
+        batch = next(iter(batches))
+    assert batch["x"].dtype == np.float64  # int32, float32 and float64
+    np.testing.assert_array_equal(batch["x"][:, 0], batch["id"] % 10)
+    np.testing.assert_array_equal(batch["x"][:, 2], batch["id"] * 0.5)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_features_stack_what_a_transform_makes(converter, shuffle):
+    def double(frame):
+        frame["f9"] = frame["f0"] * 2
+        return frame
+
+    spec = TransformSpec(double, edit_fields=[("f9", np.float32, (), False)])
+    with converter.make_numpy_batches(
+        batch_size=64,
+        num_epochs=1,
+        shuffle=shuffle,
+        transform_spec=spec,
+        features={"x": ["f0", "f9"]},
+    ) as batches:
+        for batch in batches:
+            np.testing.assert_array_equal(batch["x"][:, 1], batch["x"][:, 0] * 2)
+            assert "f0" not in batch and "f9" not in batch
+
+
+@pytest.mark.parametrize("shape", ["wide", "array"])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("kind", ["numpy", "torch", "torch features="])
+def test_a_batch_held_stays_as_it_was_handed_out(layouts, shape, shuffle, kind):
+    """Later batches never reuse a held batch's memory (the window's buffers are reused).
+
+    Batches of 5 rows are views of a decoded piece (16 rows here), not copies.
+    """
+    converter = SparkDatasetConverter(None, layouts[shape], source="parquet", tensor_types="torch")
+    options = {"batch_size": 5, "num_epochs": 2, "shuffle": shuffle, "seed": 3}
+    if kind == "torch features=" and shape == "wide":
+        options["features"] = {"features": FEATURES}
+    make = converter.make_numpy_batches if kind == "numpy" else converter.make_torch_dataloader
+    with make(**options) as loader:
+        held, copies = [], []
+        for index, batch in enumerate(loader):
+            if index % 37 == 0:
+                held.append(batch)
+                copies.append({name: np.array(values, copy=True) for name, values in batch.items()})
+    assert len(held) > 10
+    for batch, copy in zip(held, copies, strict=True):
+        for name, values in batch.items():
+            np.testing.assert_array_equal(np.asarray(values), copy[name])
+
+
+@pytest.mark.parametrize(
+    ("features", "message"),
+    [
+        ({"x": ["f0", "nope"]}, "unknown columns ['nope']"),
+        ({"x": r"g\d+"}, "matches no column"),
+        ({"x": []}, "names no column"),
+        ({"x": ["f0", "name"]}, "only number and boolean columns are stacked"),
+        ({"x": ["f0", "f1"], "y": ["f1"]}, "column 'f1' is stacked twice"),
+        ({"f2": ["f0", "f1"]}, "'f2' is a column of the data that is not stacked"),
+        (["f0", "f1"], "features must map a name to the columns it stacks"),
+    ],
+)
+def test_bad_features_are_refused_when_the_loader_is_made(converter, features, message):
+    with pytest.raises(
+        (ValueError, TypeError), match=message.replace("[", r"\[").replace("(", r"\(")
+    ):
+        converter.make_numpy_batches(batch_size=8, features=features)
+
+
+def test_an_array_column_cannot_be_stacked(layouts):
+    array = SparkDatasetConverter(None, layouts["array"], source="parquet")
+    with pytest.raises(ValueError, match="an array column is already one array"):
+        array.make_numpy_batches(batch_size=8, features={"x": ["features", "weight"]})
+
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "float32", "float64", "uint16"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtypes=st.lists(st.sampled_from(DTYPES), min_size=1, max_size=12),
+    stack=st.lists(st.integers(0, 11), max_size=5, unique=True),
+    rows=st.integers(1, 300),
+    seed=st.integers(0, 2**16),
+)
+def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows, seed):
+    """Columns of any widths laid side by side, gathered, split: each column's own rows."""
+    rng = np.random.default_rng(seed)
+    columns = [ColumnInfo(f"c{i}", "scalar", dtype) for i, dtype in enumerate(dtypes)]
+    columns.append(ColumnInfo("s", "string", "object"))
+    stacked = tuple(f"c{i}" for i in stack if i < len(dtypes))
+    stacks = (("x", stacked),) if stacked else ()
+    chunk = {
+        info.name: (rng.random(rows) * 100).astype(info.dtype)
+        for info in columns
+        if info.kind == "scalar"
+    }
+    chunk["s"] = np.array([str(i) for i in range(rows)], dtype=object)
+    layout = row_block.RowLayout.of(columns, stacks)
+    assert layout.row_bytes % max(np.dtype(d).itemsize for d in dtypes) == 0
+    assert all(run.offset % run.dtype.itemsize == 0 for run in layout.runs)  # aligned
+    matrix = np.zeros((rows, layout.row_bytes), np.uint8)
+    half = [name for name in layout.decode_order if name in chunk][: len(chunk) // 2]
+    layout.fill(matrix, {name: chunk[name] for name in half})  # a stretch, then the rest
+    layout.fill(matrix, {name: chunk[name] for name in chunk if name not in half})
+    picked = rng.permutation(rows)[: max(rows // 2, 1)]
+    out = layout.split(row_block.gather(matrix, picked), {"s": chunk["s"][picked]})
+    expected = row_block.stack_features(
+        {name: values[picked] for name, values in chunk.items()},
+        stacks,
+        row_block.stacked_columns(columns, stacks),
+    )
+    assert list(out) == list(expected)
+    for name, values in expected.items():
+        assert out[name].dtype == values.dtype and out[name].flags.c_contiguous
+        np.testing.assert_array_equal(out[name], values)
