@@ -55,11 +55,18 @@ def lock_timeout(
         runner.run(job, lock_file=lock, **(job_kwargs or {}))
         return {"error": None}
     except JobTimeoutError as exc:
+        ended = time.time()
+        stuck_file = lock + ".stuck"  # written by the stuck rank (stall_jobs.stuck)
         return {
             "error": type(exc).__name__,
             "stacks": exc.stacks,
             "message": str(exc),
             "seconds": time.monotonic() - started,
+            # From rank 1 stopping at its lock (the last steps' lines came just before) to
+            # the job's error; None if it never got there.
+            "after_stuck": (
+                ended - os.path.getmtime(stuck_file) if os.path.exists(stuck_file) else None
+            ),
             "left": left(runner),
         }
 
