@@ -64,7 +64,7 @@ CHECKS = [
     Check("5a", "5 loader batches/s, CPU (benchmarks/gpu_feed.py)", False, 150),
     Check("5b", "5 loader batches/s into the GPU (benchmarks/gpu_feed.py)", True, 150),
     Check("6", "6 CUDA_VISIBLE_DEVICES, 2 ranks on the driver's GPU 0", False, 120),
-    Check("7", "7 NCCL flight recorder and abort, 1 rank", True, 90),
+    Check("7", "7 NCCL flight recorder and abort, 1 rank", True, 120),
     Check("8a", "commit cost, CPU model (benchmarks/gpu_commit.py)", False, 150),
     Check("8b", "commit cost, 100M params on the GPU (benchmarks/gpu_commit.py)", True, 240),
     Check("9", "9 NCCL stall: flight recorder dump, the torchfrtrace command", True, 90),

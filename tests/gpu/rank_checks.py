@@ -292,12 +292,36 @@ def check_pinning(cuda: bool) -> str:
 
 # --- 7. the NCCL flight recorder, and a communicator aborted mid-collective (one rank) ------
 
+KERNEL_S = 12.0
+"""How long the kernel the aborted all_reduce is queued behind runs: the abort must return
+the wait long before it ends."""
+ABORT_RETURNS_S = 3.0
+"""The most an abort may take to return the blocked wait (a small share of `KERNEL_S`)."""
+
+
+def _cycles_per_second():
+    """The GPU's clock, measured: cycles of `torch.cuda._sleep` per second."""
+    import torch
+
+    cycles = int(2e8)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1000.0)
+
 
 def nccl_main() -> dict:
     """One NCCL rank: collectives show in the flight recorder's dump; then an all_reduce
-    queued behind a long kernel is aborted the way `elastic.run`'s watcher aborts a world
-    (`TorchGroup.abort`), and its wait returns instead of hanging."""
+    queued behind a kernel of `KERNEL_S` seconds, its wait blocking this thread
+    (`TORCH_NCCL_BLOCKING_WAIT`), is aborted from another thread the way `elastic.run`'s
+    watcher aborts a world (`TorchGroup.abort`). The figures: how long after the abort
+    began the wait returned, whether the kernel was still running then, and what a
+    collective on the aborted communicator does."""
+    import datetime
     import pickle
+    import threading
     import time
 
     import torch
@@ -314,34 +338,66 @@ def nccl_main() -> dict:
     torch.cuda.synchronize()
     trace = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())
     names = sorted({str(entry.get("profiling_name")) for entry in trace.get("entries", [])})
-    torch.cuda._sleep(int(3e9))  # the GPU busy for seconds: the next collective waits
+    rate = _cycles_per_second()
+    torch.cuda._sleep(int(rate * KERNEL_S))  # the GPU busy: the next collective waits
+    kernel_done = torch.cuda.Event()
+    kernel_done.record()
+    queued = time.monotonic()
     work = dist.all_reduce(tensor, async_op=True)
-    began = time.monotonic()
-    TorchGroup(Generation(0, (0,)), 0, "nccl").abort()
-    aborted = time.monotonic() - began
+    abort_began = []
+
+    def abort() -> None:
+        abort_began.append(time.monotonic())
+        TorchGroup(Generation(0, (0,)), 0, "nccl").abort()
+        abort_began.append(time.monotonic())
+
+    aborter = threading.Timer(1.0, abort)  # once this thread is blocked in the wait
+    aborter.start()
     try:
         work.wait()
-        torch.cuda.synchronize()
         outcome = "wait returned"
     except Exception as exc:  # noqa: BLE001 - what the wait does after an abort is the figure
         outcome = f"wait raised {type(exc).__name__}"
+    returned = time.monotonic()
+    kernel_running = not kernel_done.query()
+    aborter.join()
+    try:  # the communicator after the abort: a collective must not work on it
+        again = dist.all_reduce(torch.ones(1, device="cuda"), async_op=True)
+        again.wait(datetime.timedelta(seconds=10))
+        after = "a collective worked"
+    except Exception as exc:  # noqa: BLE001 - the refusal is the figure
+        after = f"a collective raised {type(exc).__name__}"
     return {
         "names": names,
         "entries": len(trace.get("entries", [])),
-        "aborted_s": aborted,
+        "kernel_s": KERNEL_S,
+        "queued_s": abort_began[0] - queued,
+        "abort_s": abort_began[1] - abort_began[0],
+        "returned_s": returned - abort_began[0],
+        "kernel_running": kernel_running,
         "outcome": outcome,
-        "total_s": time.monotonic() - began,
+        "after": after,
     }
 
 
 def check_nccl() -> str:
     runner = sparkdist.HorovodRunner(
-        np=-1, launcher="direct", env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+        np=-1,
+        launcher="direct",
+        env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_BLOCKING_WAIT": "1"},
     )
     found = runner.run(nccl_main)
     if not any("all_reduce" in name for name in found["names"]):
         raise AssertionError(f"no all_reduce in the flight recorder: {found}")
+    if found["returned_s"] >= ABORT_RETURNS_S or not found["kernel_running"]:
+        raise AssertionError(
+            f"the abort did not return the wait before its {KERNEL_S:.0f} s kernel ended "
+            f"(under {ABORT_RETURNS_S:.0f} s): {found}"
+        )
+    if found["after"] == "a collective worked":
+        raise AssertionError(f"the aborted communicator still works: {found}")
     return (
-        f"recorder: {found['entries']} entries; abort {found['aborted_s']:.2f} s, "
-        f"{found['outcome']} after {found['total_s']:.2f} s"
+        f"recorder: {found['entries']} entries; abort {found['abort_s']:.2f} s, "
+        f"{found['outcome']} {found['returned_s']:.2f} s after it began, "
+        f"its {KERNEL_S:.0f} s kernel still running; then {found['after']}"
     )
