@@ -128,15 +128,16 @@ class SparkDatasetConverter:
         ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
         ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
         weighted in ``weight_column`` (docs/data.md, "A global batch").
-        ``features={"x": ["f0", ..., "f63"]}`` (or a pattern, ``{"x": r"f\d+"}``) gives
+        ``features={"x": ["f0", ..., "f63"]}`` (or a pattern, ``{"x": r"f\\d+"}``) gives
         those scalar columns as one ``[batch, 64]`` tensor ``x``, stacked as the rows are
         decoded (docs/data.md, "Wide tables").
         ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
         each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
         ``num_epochs`` epochs (None: forever) from the loader's position, which
         ``state_dict()`` / ``load_state_dict()`` save and restore. ``transform_spec`` is a
-        `TransformSpec`; ``workers_count`` threads decode in parallel; a thread reads
-        ``prefetch`` decoded chunks (about 8 MiB each, 2 MiB shuffled) ahead (0: none;
+        `TransformSpec`; ``workers_count`` threads decode side by side (default: the
+        rank's share of the cores); a thread reads ``prefetch`` decoded chunks (about 8 MiB
+        each, 2 MiB shuffled) ahead (0: none;
         petastorm's ``reader_pool_type="dummy"`` is neither); ``num_workers`` /
         ``pin_memory`` / other keywords go to DataLoader. ``data_loader_fn`` makes the loader
         instead, called as petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,

@@ -35,20 +35,16 @@ def _join(parts: list[Chunk]) -> Chunk:
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
-def rebatch(
-    chunks: Iterator[Chunk], size: int, join: Callable[[list], Any] | None = None
-) -> Iterator[Any]:
+def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
     """Cut a stream of chunks into batches of exactly ``size`` rows.
 
-    Batches inside one chunk are views; only a batch that spans two chunks is copied,
-    joined by ``join`` (default: numpy's; chunks of tensors need torch's). The last batch
-    before an `EPOCH_END` (and at the end of the stream) can be shorter: batches never
-    span two epochs.
+    Batches inside one chunk are views; only a batch that spans two chunks is copied
+    (joined). The last batch before an `EPOCH_END` (and at the end of the stream) can be
+    shorter: batches never span two epochs.
     """
-    join = join or _join
 
-    def whole(parts: list) -> Any:  # one part is a view, several a copy
-        return parts[0] if len(parts) == 1 else join(parts)
+    def whole(parts: list[Chunk]) -> Chunk:  # one part is a view, several a copy
+        return parts[0] if len(parts) == 1 else _join(parts)
 
     pending: list[Chunk] = []
     count = 0

@@ -39,6 +39,17 @@ def _rows(chunk: Chunk) -> int:
     return len(next(iter(chunk.values()))) if chunk else 0
 
 
+def _column_groups(columns: Sequence[ColumnInfo], count: int) -> list[list[str]]:
+    """``columns`` split into at most ``count`` groups of about the same bytes a row."""
+    groups: list[list[str]] = [[] for _ in range(min(count, len(columns)) or 1)]
+    sizes = [0] * len(groups)
+    for info in sorted(columns, key=_width, reverse=True):
+        lightest = sizes.index(min(sizes))
+        groups[lightest].append(info.name)
+        sizes[lightest] += _width(info)
+    return groups
+
+
 def _width(info: ColumnInfo) -> int:
     """Bytes of one row of a column, as decoded (a string's: a guess)."""
     if info.kind in ("string", "binary"):
@@ -78,22 +89,27 @@ def _to_numpy(
     return _as_dtype(_numpy(column, writable), info)
 
 
+# Arrow's number types as numpy's (``to_pandas_dtype`` would import pandas, 0.2 s, in the
+# first chunk of every rank).
+_NUMPY_TYPES = {
+    pa.from_numpy_dtype(np.dtype(name)): np.dtype(name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    + ("float16", "float32", "float64")
+}
+
+
 def _numpy(array: pa.Array, writable: bool) -> np.ndarray:
     """``array`` as numpy; ``writable`` without a copy where Arrow's memory allows it.
 
-    A freshly decoded number column sits in a mutable buffer that only this chunk uses,
-    so a writable view of it is safe; ``to_numpy(writable=True)`` would copy it (about
-    10 us a 64 KiB batch, a tenth of the whole per-batch cost).
+    A number column is viewed in place: a freshly decoded one sits in a mutable buffer
+    that only this chunk uses, so a writable view of it is safe; ``to_numpy(writable=True)``
+    would copy it (about 10 us a 64 KiB batch, a tenth of the whole per-batch cost), and
+    ``to_numpy`` imports pandas (0.2 s, in every rank's first chunk).
     """
-    kind = array.type
-    if (
-        writable
-        and not array.null_count
-        and (pa.types.is_integer(kind) or pa.types.is_floating(kind))
-    ):
+    dtype = _NUMPY_TYPES.get(array.type)
+    if dtype is not None and not array.null_count:
         data = array.buffers()[1]
-        if data is not None and data.is_mutable:
-            dtype = np.dtype(kind.to_pandas_dtype())
+        if data is not None and (data.is_mutable or not writable):
             return np.frombuffer(data, dtype, len(array), array.offset * dtype.itemsize)
     return array.to_numpy(zero_copy_only=False, writable=writable)
 
@@ -127,16 +143,13 @@ class Scratch(threading.local):
         self.arrays: dict[str, np.ndarray] = {}
         self.matrix = np.empty((0, 0), np.uint8)
 
-    def array(self, name: str, like: np.ndarray, rows: int) -> np.ndarray:
-        """``rows`` rows shaped and typed like ``like``, from the held array if it fits."""
-        held = self.arrays.get(name)
-        if (
-            held is None
-            or len(held) < rows
-            or held.shape[1:] != like.shape[1:]
-            or held.dtype != like.dtype
-        ):
-            held = self.arrays[name] = np.empty((rows, *like.shape[1:]), like.dtype)
+    def array(self, info: ColumnInfo, rows: int) -> np.ndarray:
+        """``rows`` rows of column ``info``, from the held array if it fits."""
+        shape = (info.length or 0,) if info.kind == "array" else ()
+        dtype = np.dtype(object if info.kind in ("string", "binary") else info.dtype)
+        held = self.arrays.get(info.name)
+        if held is None or len(held) < rows or held.shape[1:] != shape or held.dtype != dtype:
+            held = self.arrays[info.name] = np.empty((rows, *shape), dtype)
         return held[:rows]
 
     def rows(self, rows: int, row_bytes: int) -> np.ndarray:
@@ -163,6 +176,7 @@ class WindowDecoder:
     writable: bool
     chunk_rows: int
     stacks: row_block.Stacks = ()
+    threads: int = 1  # the threads of the pool ``read`` is given
 
     @functools.cached_property
     def row_layout(self) -> row_block.RowLayout:
@@ -170,11 +184,17 @@ class WindowDecoder:
         return row_block.RowLayout.of(self.columns, () if self.transform else self.stacks)
 
     def read(
-        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
+        self,
+        epoch_order: order.EpochOrder,
+        window: order.Window,
+        ranges: list,
+        scratch: Scratch,
+        pool: ThreadPoolExecutor | None = None,
     ) -> Iterator[Chunk]:
-        """The rows of ``ranges`` (positions inside ``window``), decoded, in order."""
+        """The rows of ``ranges`` (positions inside ``window``), decoded, in order; ``pool``
+        (`threads` threads) decodes and gathers parts of the window side by side."""
         if epoch_order.shuffle:
-            yield from self._read_shuffled(epoch_order, window, ranges, scratch)
+            yield from self._read_shuffled(epoch_order, window, ranges, scratch, pool)
             return
         # The files' own order: each range is a run of consecutive rows, streamed.
         bounds = np.cumsum([0] + [block.rows for block in window.blocks])
@@ -182,21 +202,36 @@ class WindowDecoder:
             for index, block in enumerate(window.blocks):
                 start, stop = max(lo, bounds[index]), min(hi, bounds[index + 1])
                 if start < stop:
-                    yield from self._stream(block, start - bounds[index], stop - bounds[index])
+                    first, last = start - bounds[index], stop - bounds[index]
+                    yield from self._stream(block, first, last, pool)
 
-    def read_all(
-        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
-    ) -> list[Chunk]:
-        return list(self.read(epoch_order, window, ranges, scratch))
+    def _batches(
+        self, block: order.Block, rows: int | None = None, pool: ThreadPoolExecutor | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The row group's rows, ``rows`` at a time. With a ``pool``, as `threads` streams
+        of some of the columns each, decoded side by side (one stream decodes on one core)
+        and joined into one record batch each time: the memory of a streamed read, and
+        every core's decoding."""
+        url, size = self.layout.file_urls[block.file_index], rows or self.chunk_rows
+        groups = _column_groups(self.columns, self.threads if pool else 1)
+        streams = [
+            fs.open_parquet(url).iter_batches(size, row_groups=[block.row_group], columns=group)
+            for group in groups
+        ]
+        if pool is None or len(streams) == 1:
+            yield from streams[0]
+            return
+        while True:
+            parts = list(pool.map(next, streams, [None] * len(streams)))
+            if parts[0] is None:
+                return
+            columns = [column for part in parts for column in part.columns]
+            names = [name for part in parts for name in part.schema.names]
+            yield pa.RecordBatch.from_arrays(columns, names=names)
 
-    def _batches(self, block: order.Block, rows: int | None = None) -> Iterator[pa.RecordBatch]:
-        names = [info.name for info in self.columns]
-        parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
-        yield from parquet.iter_batches(
-            rows or self.chunk_rows, row_groups=[block.row_group], columns=names
-        )
-
-    def _stream(self, block: order.Block, start: int, stop: int) -> Iterator[Chunk]:
+    def _stream(
+        self, block: order.Block, start: int, stop: int, pool: ThreadPoolExecutor | None
+    ) -> Iterator[Chunk]:
         """Rows ``[start, stop)`` of one row group, in chunks of about ``chunk_rows``.
 
         Spark writes row groups of up to 128 MiB: decoding one whole, then copying it for
@@ -204,7 +239,7 @@ class WindowDecoder:
         the rows after ``stop`` that the rank does not want.
         """
         offset = 0
-        for batch in self._batches(block):
+        for batch in self._batches(block, pool=pool):
             rows = batch.num_rows
             lo, hi = max(start - offset, 0), min(stop - offset, rows)
             if lo < hi:
@@ -229,7 +264,12 @@ class WindowDecoder:
         return row_block.stack_features(chunk, self.stacks, self.output_columns)
 
     def _read_shuffled(
-        self, epoch_order: order.EpochOrder, window: order.Window, ranges: list, scratch: Scratch
+        self,
+        epoch_order: order.EpochOrder,
+        window: order.Window,
+        ranges: list,
+        scratch: Scratch,
+        pool: ThreadPoolExecutor | None,
     ) -> Iterator[Chunk]:
         """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
 
@@ -240,7 +280,8 @@ class WindowDecoder:
         piece of the epoch's order is one gather of whole rows for all of them. It is
         decoded and gathered in pieces of a quarter chunk (about 2 MiB): 25-40 MiB less
         memory in flight than whole chunks, for about 0.1 CPU s more per 2M rows of
-        per-piece work (docs/data.md).
+        per-piece work (docs/data.md). A ``pool`` decodes the window's column groups side
+        by side, and gathers as many pieces at once as it has threads.
         """
         piece = max(self.chunk_rows // 4, 1)
         permutation = epoch_order.permutation(window)
@@ -248,18 +289,26 @@ class WindowDecoder:
             rows = permutation
         else:
             rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
-        matrix, apart, offsets = self._decode_blocks(window, rows, scratch, piece)
+        matrix, apart, offsets = self._decode_blocks(window, rows, scratch, piece, pool)
         if offsets is not None:  # only some row groups were decoded, one after the other
             bounds = np.cumsum([0] + [block.rows for block in window.blocks])
             rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
         layout = self.row_layout
-        for start in range(0, len(rows), piece):
-            picked = rows[start : start + piece]
-            gathered = {name: row_block.gather(values, picked) for name, values in apart.items()}
-            yield self._transformed(layout.split(row_block.gather(matrix, picked), gathered))
+
+        def gathered(picked: np.ndarray) -> Chunk:
+            columns = {name: row_block.gather(values, picked) for name, values in apart.items()}
+            return self._transformed(layout.split(row_block.gather(matrix, picked), columns))
+
+        pieces = (rows[start : start + piece] for start in range(0, len(rows), piece))
+        yield from _mapped(gathered, pieces, pool, self.threads)
 
     def _decode_blocks(
-        self, window: order.Window, rows: np.ndarray, scratch: Scratch, piece: int
+        self,
+        window: order.Window,
+        rows: np.ndarray,
+        scratch: Scratch,
+        piece: int,
+        pool: ThreadPoolExecutor | None,
     ) -> tuple[np.ndarray, Chunk, np.ndarray | None]:
         """The window's row groups that hold ``rows``, decoded into ``scratch``: the byte
         matrix of the scalar columns, the other columns apart.
@@ -274,24 +323,31 @@ class WindowDecoder:
         total = int(sum(window.blocks[index].rows for index in hit))
         layout = self.row_layout
         matrix = scratch.rows(total, layout.row_bytes)
-        apart: Chunk = {}
-        offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
+        known = {info.name: info for info in self.columns}
+        apart = {name: scratch.array(known[name], total) for name in layout.apart}
+        offsets, filled, tasks = np.zeros(len(window.blocks), dtype=np.int64), 0, []
         for index in hit:
             block = window.blocks[index]
             offsets[index] = filled - bounds[index]
-            for first, chunk in self._pieces(block, piece):
-                start, stop = filled + first, filled + first + _rows(chunk)
-                layout.fill(matrix[start:stop], chunk)
-                for name in layout.apart:
-                    if name in chunk:
-                        if name not in apart:
-                            apart[name] = scratch.array(name, chunk[name], total)
-                        apart[name][start:stop] = chunk[name]
+            for first, piece_of in self._pieces(block, piece):
+                tasks.append((filled + first, piece_of))
             filled += block.rows
+
+        def fill(task: tuple[int, Callable[[], Chunk]]) -> None:
+            first, piece_of = task
+            chunk = piece_of()  # decoded here, in the thread that fills it in
+            start, stop = first, first + _rows(chunk)
+            layout.fill(matrix[start:stop], chunk)
+            for name in layout.apart:
+                if name in chunk:
+                    apart[name][start:stop] = chunk[name]
+
+        for _ in _mapped(fill, iter(tasks), pool, self.threads):
+            pass
         return matrix, apart, (offsets if offsets.any() else None)
 
-    def _pieces(self, block: order.Block, piece: int) -> Iterator[tuple[int, Chunk]]:
-        """One row group as (first row, chunk) pieces.
+    def _pieces(self, block: order.Block, piece: int) -> Iterator[tuple[int, Callable[[], Chunk]]]:
+        """One row group as (first row, what decodes the piece) pairs.
 
         Where a column of the row group fits in a chunk (the narrow columns of a wide
         table), a piece is some columns, all rows, about a chunk of them: Arrow decodes a
@@ -304,22 +360,22 @@ class WindowDecoder:
         if block.rows * max(widths.values()) > budget:
             first = 0
             for batch in self._batches(block, piece):
-                yield first, to_numpy_chunk(batch, self.columns)
+                yield first, functools.partial(to_numpy_chunk, batch, self.columns)
                 first += batch.num_rows
             return
         known = {info.name: info for info in self.columns}
-        parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
         group: list[ColumnInfo] = []
         for name in self.row_layout.decode_order:
             taken = sum(widths[info.name] for info in group) + widths[name]
             if group and block.rows * taken > budget:
-                yield 0, self._columns_of(parquet, block, group)
+                yield 0, functools.partial(self._columns_of, block, group)
                 group = []
             group.append(known[name])
-        yield 0, self._columns_of(parquet, block, group)
+        yield 0, functools.partial(self._columns_of, block, group)
 
-    @staticmethod
-    def _columns_of(parquet: Any, block: order.Block, columns: list[ColumnInfo]) -> Chunk:
+    def _columns_of(self, block: order.Block, columns: list[ColumnInfo]) -> Chunk:
+        """Some columns of a row group, whole (each call opens the file: one per thread)."""
+        parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
         table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
         return to_numpy_chunk(table, columns)
 
@@ -343,8 +399,8 @@ def iteration_chunks(
     convert: Callable[[Chunk], Chunk] | None = None,
 ) -> Iterator[Chunk]:
     """A reader's decoded chunks of one iteration (``plans``: `order.EpochPlans`), each
-    epoch closed by `EPOCH_END`; ``workers`` threads decode windows at once, and
-    ``convert`` (e.g. to tensors) is applied to each chunk once it is marked."""
+    epoch closed by `EPOCH_END`; ``workers`` threads share each window's work, and
+    ``convert`` (e.g. to petastorm's types) is applied to each chunk once it is marked."""
     for plan in plans:
         chunks = _epoch_chunks(decoder, plan, workers, scratch)
         if marks.weights:
@@ -358,18 +414,38 @@ def iteration_chunks(
 def _epoch_chunks(
     decoder: WindowDecoder, plan: order.EpochPlan, workers: int, scratch: Scratch
 ) -> Iterator[Chunk]:
-    if workers == 1:
+    """One epoch's chunks, a window after another; ``workers`` threads share each window's
+    work (its column groups, its pieces), so the memory in flight does not grow with them."""
+    pool = ThreadPoolExecutor(workers, "sparkdist-data-decode") if workers > 1 else None
+    try:
         for window, ranges in plan.pieces:
-            yield from decoder.read(plan.order, window, ranges, scratch)
+            yield from decoder.read(plan.order, window, ranges, scratch, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _mapped(
+    function: Callable[[Any], Any],
+    items: Iterator[Any],
+    pool: ThreadPoolExecutor | None,
+    ahead: int,
+) -> Iterator[Any]:
+    """``map(function, items)``, in order; with a ``pool``, ``ahead`` items at a time."""
+    if pool is None:
+        yield from map(function, items)
         return
-    with ThreadPoolExecutor(workers, "sparkdist-data-decode") as pool:
-        pending: collections.deque = collections.deque()
-        for window, ranges in plan.pieces:
-            pending.append(pool.submit(decoder.read_all, plan.order, window, ranges, scratch))
-            if len(pending) > workers:
-                yield from pending.popleft().result()
+    pending: collections.deque = collections.deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) >= ahead:
+                yield pending.popleft().result()
         while pending:
-            yield from pending.popleft().result()
+            yield pending.popleft().result()
+    finally:
+        for future in pending:  # abandoned: what has not started never runs
+            future.cancel()
 
 
 def mark_pads(chunks: Iterator[Chunk], column: str, own: int) -> Iterator[Chunk]:

@@ -5,7 +5,7 @@ slice of each epoch's global order, from a position that survives relaunches and
 resizes; what a reader reads of each epoch is planned there too (`order.EpochPlans`).
 `ShardReader` starts an iteration (its place in the world, its position) and hands out
 its batches: decoding the windows of the plans into numpy chunks of about 8 MiB is
-`sparkdist.data.rank.decode` (``workers_count`` windows at once); cutting them into
+`sparkdist.data.rank.decode` (``workers_count`` threads share each window); cutting them into
 batches, the thread that reads ``prefetch`` chunks ahead and the counting of the batches
 handed out, `sparkdist.data.rank.batches`; which rank of how many reads, and how that
 follows a change of the world, `sparkdist.data.rank.rank_place`. What a rank is asked
@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 # Uncompressed bytes a rank decodes at once from a row group read in file order.
 CHUNK_BYTES = 8 << 20
+
+# The most decode threads a reader takes by default (beyond, a rank's decoding is not the
+# bound: docs/data.md, "Wide tables").
+DEFAULT_THREADS_MAX = 4
 
 # The loaders' batches handed out: a sign of life, and the step rate stragglers are named by.
 _BATCHES = steps("batches")
@@ -118,6 +123,21 @@ class ReadOptions:
         return buffer or order.DEFAULT_WINDOW_ROWS
 
 
+def decode_threads(workers_count: int | None, loader_workers: int = 1) -> int:
+    """A reader's decode threads: ``workers_count`` if given, else the rank's share of the
+    cores it may run on (env LOCAL_WORLD_SIZE ranks share a machine, ``loader_workers``
+    DataLoader processes a rank), at most `DEFAULT_THREADS_MAX`. The threads share each
+    window's work, so more of them take no more memory."""
+    if workers_count is not None:
+        return workers_count
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)
+    except ValueError:
+        ranks = 1
+    return max(1, min(DEFAULT_THREADS_MAX, (cores or 1) // (ranks * max(loader_workers, 1))))
+
+
 def log_shares(position: order.Position, column: str) -> None:
     """Say how a global batch that the world does not split evenly is shared."""
     size, world = position.global_batch_size, position.world
@@ -146,8 +166,9 @@ class ShardReader:
     ``shard_count`` reads its equal slice of what is left of each epoch's global order.
     The last batch of an epoch can be short (the same length on every rank); batches never
     span two epochs. ``shuffle`` draws a new global order each epoch from ``seed``, with
-    rows mixed within windows of ``shuffle_buffer_rows``. ``workers_count`` threads read
-    and decode windows in parallel (in order); ``transform_spec`` (a `TransformSpec`) is
+    rows mixed within windows of ``shuffle_buffer_rows``. ``workers_count`` threads share
+    the decoding of each window (default: the rank's share of the cores, `decode_threads`);
+    ``transform_spec`` (a `TransformSpec`) is
     applied to each decoded chunk as a pandas DataFrame.
     """
 
@@ -288,11 +309,10 @@ class ShardReader:
         worker: int = 0,
         workers: int = 1,
         start: order.Position | None = None,
-        convert: Callable[[Chunk], Any] | None = None,
-        join: Callable[[list], Any] | None = None,
-    ) -> Iterator[Any]:
-        """This worker's batches of one iteration: its chunks (made by ``convert``, e.g.
-        tensors, joined by ``join`` where a batch spans two; see `rebatch`).
+        convert: Callable[[Chunk], Chunk] | None = None,
+    ) -> Iterator[Chunk]:
+        """This worker's batches of one iteration, cut from its chunks (after ``convert``,
+        e.g. to petastorm's types; see `rebatch`).
 
         With ``prefetch``, a thread reads and decodes the chunks ahead; the batches are cut
         from them here, in the consumer's thread, so the threads meet once per chunk.
@@ -307,18 +327,19 @@ class ShardReader:
             workers,
         )
         size = start.rank_batch_size()
+        threads = decode_threads(options.workers_count, workers)
         chunks = functools.partial(
             iteration_chunks,
-            self._decoding,
+            dataclasses.replace(self._decoding, threads=threads),
             itertools.islice(plans, self.num_epochs),  # None: for ever
-            options.workers_count or 1,
+            threads,
             self._scratch,
             self._marks,
             convert,
         )
         if options.prefetch >= 1:
-            return rebatch(prefetched(chunks, options.prefetch, self._closed), size, join)
-        return rebatch(chunks(), size, join)
+            return rebatch(prefetched(chunks, options.prefetch, self._closed), size)
+        return rebatch(chunks(), size)
 
     # -- consuming (counts what the user got, for state_dict) --
 
