@@ -10,6 +10,8 @@ read chunk and the shuffle windows span several, as Spark's files are read.
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -326,3 +328,52 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     for name, values in expected.items():
         assert out[name].dtype == values.dtype and out[name].flags.c_contiguous
         np.testing.assert_array_equal(out[name], values)
+
+
+def test_decode_threads_default_to_the_ranks_share_of_the_cores(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert reader.decode_threads(3) == 3  # given: as given
+    assert reader.decode_threads(None) == max(1, min(reader.DEFAULT_THREADS_MAX, cores))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # a rank a core: one thread each
+    assert reader.decode_threads(None) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert reader.decode_threads(None, loader_workers=cores) == 1  # DataLoader processes
+
+
+def _read_counting_buffers(layout, **options) -> tuple[np.ndarray, int]:
+    """(the ids read, how many window buffers the reader made)."""
+    shard = reader.ShardReader(layout, **options)
+    made = []
+    original = shard._scratch.rows
+
+    def rows(count: int, row_bytes: int) -> np.ndarray:
+        matrix = original(count, row_bytes)
+        if not any(np.shares_memory(matrix, held) for held in made):
+            made.append(matrix)
+        return matrix
+
+    shard._scratch.rows = rows  # prefetch=0: the reading thread is this one
+    return np.concatenate([batch["id"] for batch in shard]), len(made)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_decode_threads_share_one_window_and_end_with_the_iteration(layouts, shuffle):
+    """Four threads read the rows one thread reads, with the buffers one thread makes
+    (they share a window, not a window each), and are gone when the iteration ends, read
+    through or abandoned."""
+
+    def decode_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("sparkdist-data-decode")]
+
+    options = {"batch_size": 64, "num_epochs": 1, "writable": True, "prefetch": 0, **SHUFFLED}
+    options["shuffle"] = shuffle
+    one, one_made = _read_counting_buffers(layouts["wide"], workers_count=1, **options)
+    four, four_made = _read_counting_buffers(layouts["wide"], workers_count=4, **options)
+    np.testing.assert_array_equal(four, one)
+    assert four_made == one_made and (four_made >= 1) == shuffle
+    assert not decode_threads()
+    abandoned = iter(reader.ShardReader(layouts["wide"], workers_count=4, **options))
+    next(abandoned)
+    abandoned.close()  # a loop left early: the generator is closed
+    assert not decode_threads()
