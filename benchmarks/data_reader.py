@@ -587,7 +587,7 @@ import json, os, sys, time
 spec, go = json.loads(sys.argv[1]), sys.argv[2]
 batch_size, kind = spec["batch"], spec["kind"]
 import numpy as np
-if kind in ("torch", "loop-stack"):
+if kind in ("torch", "loop-stack", "numpy-torch"):
     import torch  # imported before the clock starts, as a training script does
     import torch.utils.data
 
@@ -627,6 +627,8 @@ else:
         rows = size = 0
         with make(**options) as loader:
             for batch in loader:
+                if kind == "numpy-torch":  # the floor of a batch of 66 tensors
+                    batch = {name: torch.from_numpy(v) for name, v in batch.items()}
                 rows, size = rows + len(batch["label"]), size + nbytes(batch)
         return rows, size
 
@@ -713,6 +715,7 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
             {"shuffle": True, "features": stack},
         ),
         ("sparkdist torch batches, in order", "wide", "torch", {}),
+        ("numpy batches + torch.from_numpy a column", "wide", "numpy-torch", {}),
         ("sparkdist torch batches, shuffle", "wide", "torch", {"shuffle": True}),
         ("plain loop, torch, stacked per row group", "wide", "loop-stack", {}),
         ("sparkdist torch, features= stack, in order", "wide", "torch", {"features": stack}),

@@ -73,8 +73,9 @@ class RankDataset(IterableDataset):
 
     With ``tensors``, the batches come as tensors (`to_tensors`), each made from the
     numpy batch cut from a decoded chunk: a numpy view and ``torch.from_numpy`` cost 0.6
-    us a column, a tensor's own slice 0.75 us (66 columns: 7 us a batch less); else as
-    numpy, for a ``collate_fn`` of the user's.
+    us a column, a tensor's own slice 0.75 us; else as numpy, for a ``collate_fn`` of the
+    user's. (Made in the reader's thread instead, they cost more: the two threads then
+    take turns at the GIL for every tensor.)
     """
 
     def __init__(
@@ -148,7 +149,16 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         wrap = None
         if self.device is not None:
             wrap = lambda batches: iter(DevicePrefetcher(batches, self.device))  # noqa: E731
-        return self.reader.count(super().__iter__, wrap)
+        return self.reader.count(self._batches, wrap)
+
+    def _batches(self) -> Iterator[Any]:
+        """The batches, as DataLoader hands them out. In this process (no workers, no
+        pinning) they come straight from the dataset through ``collate_fn``: DataLoader's
+        own iterator wraps each batch in a profiler record, a torch op that lets the
+        decode threads take the GIL (20 us a batch, a tenth of a wide table's read)."""
+        if self.num_workers or self.pin_memory:
+            return super().__iter__()
+        return map(self.collate_fn, iter(self.dataset))
 
 
 def _is_cuda(device: Any) -> bool:
