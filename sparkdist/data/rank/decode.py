@@ -272,7 +272,7 @@ class WindowDecoder:
             return self._transformed(layout.split(row_block.gather(matrix, picked), columns))
 
         pieces = (rows[start : start + piece] for start in range(0, len(rows), piece))
-        yield from _mapped(gathered, pieces, pool, self.threads)
+        yield from _mapped(gathered, pieces, pool, 2 * self.threads)
 
     def _decode_blocks(
         self,
@@ -297,53 +297,55 @@ class WindowDecoder:
         matrix = scratch.rows(total, layout.row_bytes)
         known = {info.name: info for info in self.columns}
         apart = {name: scratch.array(known[name], total) for name in layout.apart}
-        offsets, filled, tasks = np.zeros(len(window.blocks), dtype=np.int64), 0, []
-        for index in hit:
-            block = window.blocks[index]
-            offsets[index] = filled - bounds[index]
-            for first, piece_of in self._pieces(block, piece):
-                tasks.append((filled + first, piece_of))
-            filled += block.rows
+        offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
 
-        def fill(task: tuple[int, Callable[[], Chunk]]) -> None:
-            first, piece_of = task
-            chunk = piece_of()  # decoded here, in the thread that fills it in
+        def fill(first: int, chunk: Chunk) -> None:
             start, stop = first, first + _rows(chunk)
             layout.fill(matrix[start:stop], chunk)
             for name in layout.apart:
                 if name in chunk:
                     apart[name][start:stop] = chunk[name]
 
-        for _ in _mapped(fill, iter(tasks), pool, self.threads):
-            pass
+        def fill_columns(block: order.Block, first: int, columns: list[ColumnInfo]) -> None:
+            fill(first, self._columns_of(block, columns))  # decoded in the filling thread
+
+        for index in hit:
+            block, first = window.blocks[index], filled
+            offsets[index] = filled - bounds[index]
+            groups = self._column_groups(block)
+            if groups is not None:  # all of them at once: a thread done takes another
+                task = functools.partial(fill_columns, block, first)
+                for _ in pool.map(task, groups) if pool else map(task, groups):
+                    pass
+            else:  # rows streamed, filled as they come
+                for batch in self._batches(block, piece):
+                    fill(first, to_numpy_chunk(batch, self.columns))
+                    first += batch.num_rows
+            filled += block.rows
         return matrix, apart, (offsets if offsets.any() else None)
 
-    def _pieces(self, block: order.Block, piece: int) -> Iterator[tuple[int, Callable[[], Chunk]]]:
-        """One row group as (first row, what decodes the piece) pairs.
+    def _column_groups(self, block: order.Block) -> list[list[ColumnInfo]] | None:
+        """How a row group is decoded: groups of whole columns, about a chunk each, or
+        None (rows streamed a piece at a time, all columns).
 
         Where a column of the row group fits in a chunk (the narrow columns of a wide
-        table), a piece is some columns, all rows, about a chunk of them: Arrow decodes a
-        call's columns in parallel, on every core, 2x faster than rows streamed a piece at
-        a time, and the columns are laid into the window's rows several at once. Else (an
-        array column as wide as the window) a piece is ``piece`` rows of all columns.
+        table), some columns are decoded whole at a time: Arrow decodes a call's columns
+        on every core, 2x faster than rows streamed a piece at a time, and the columns are
+        laid into the window's rows several at once. An array column as wide as the window
+        is streamed instead, so that no more than a piece of it is decoded at once.
         """
         widths = {info.name: _width(info) for info in self.columns}
         budget = self.chunk_rows * sum(widths.values())
         if block.rows * max(widths.values()) > budget:
-            first = 0
-            for batch in self._batches(block, piece):
-                yield first, functools.partial(to_numpy_chunk, batch, self.columns)
-                first += batch.num_rows
-            return
+            return None
         known = {info.name: info for info in self.columns}
-        group: list[ColumnInfo] = []
+        groups: list[list[ColumnInfo]] = [[]]
         for name in self.row_layout.decode_order:
-            taken = sum(widths[info.name] for info in group) + widths[name]
-            if group and block.rows * taken > budget:
-                yield 0, functools.partial(self._columns_of, block, group)
-                group = []
-            group.append(known[name])
-        yield 0, functools.partial(self._columns_of, block, group)
+            taken = sum(widths[info.name] for info in groups[-1]) + widths[name]
+            if groups[-1] and block.rows * taken > budget:
+                groups.append([])
+            groups[-1].append(known[name])
+        return groups
 
     def _columns_of(self, block: order.Block, columns: list[ColumnInfo]) -> Chunk:
         """Some columns of a row group, whole (each call opens the file: one per thread)."""
