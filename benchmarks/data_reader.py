@@ -76,9 +76,29 @@ from streaming._version import __version__ as STREAMING_VERSION
 MDSWriter, StreamingDataset = _base.MDSWriter, _base.StreamingDataset
 """
 
+# The end of every reader process: says "ready", waits for the go file, runs its read(),
+# prints [rows, bytes delivered, seconds, +RSS MiB, CPU s] as JSON.
+MEASURED = """
+def rss_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+before = rss_mib()
+start, cpu = time.perf_counter(), time.process_time()
+rows, size = read()
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+import resource
+grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
+print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
+"""
+
 # A reader process: imports and opens its reader, says "ready", waits for the go file,
 # reads its half for one epoch, prints (rows, bytes delivered, seconds) as JSON.
-WORKER = """
+WORKER = (
+    """
 import json, os, sys, time
 kind, rank, world, batch_size, spec, go = sys.argv[1:7]
 rank, world, batch_size = int(rank), int(world), int(batch_size)
@@ -147,21 +167,9 @@ elif kind == "streaming":
             if rows >= spec["max_rows"]:  # its rate is steady; a full epoch takes minutes
                 break
         return rows, size
-def rss_mib():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-print("ready", flush=True)
-while not os.path.exists(go):
-    time.sleep(0.01)
-before = rss_mib()
-start, cpu = time.perf_counter(), time.process_time()
-rows, size = read()
-seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-import resource
-grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
-print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
 """
+    + MEASURED
+)
 
 
 def run_ranks(python: str, kind: str, spec: dict, world: int, batch: int, work: Path, env=None):
@@ -580,9 +588,9 @@ def codec_benchmark(args, work: Path) -> None:
         )
 
 
-# A reader of the wide shape (one process, one rank): imports, says "ready", waits for the go
-# file, reads one epoch, prints [rows, bytes delivered, seconds, +RSS MiB, CPU s] as JSON.
-WIDE_WORKER = """
+# A reader of the wide shape (one process, one rank): imports, then `MEASURED` reads one epoch.
+WIDE_WORKER = (
+    """
 import json, os, sys, time
 spec, go = json.loads(sys.argv[1]), sys.argv[2]
 batch_size, kind = spec["batch"], spec["kind"]
@@ -631,22 +639,9 @@ else:
                     batch = {name: torch.from_numpy(v) for name, v in batch.items()}
                 rows, size = rows + len(batch["label"]), size + nbytes(batch)
         return rows, size
-
-def rss_mib():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-print("ready", flush=True)
-while not os.path.exists(go):
-    time.sleep(0.01)
-before = rss_mib()
-start, cpu = time.perf_counter(), time.process_time()
-rows, size = read()
-seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-import resource
-grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0)
-print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
 """
+    + MEASURED
+)
 
 
 def run_wide_reader(spec: dict, work: Path, env: dict) -> tuple:

@@ -317,3 +317,14 @@ def train_step(model, opt, step: int) -> None:
     model(batch).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
+
+
+def write_row_groups(path: Path, table, groups: list[int]) -> None:
+    """``table`` as one Parquet file at ``path``, in row groups of ``groups`` rows."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(path, table.schema) as writer:
+        start = 0
+        for size in groups:
+            writer.write_table(table.slice(start, size), row_group_size=size)
+            start += size

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import write_row_groups
 
 from sparkdist.data.layout import Layout, describe
 from sparkdist.data.rank import order, reader
@@ -28,11 +28,7 @@ def layout(tmp_path_factory) -> Layout:
             pa.array(np.repeat(ids, 4).astype(np.float32)), 4
         ).cast(pa.list_(pa.float32()))
         table = pa.table({"id": ids, "features": features})
-        with pq.ParquetWriter(directory / f"part-{index}.parquet", table.schema) as writer:
-            start = 0
-            for size in groups:
-                writer.write_table(table.slice(start, size), row_group_size=size)
-                start += size
+        write_row_groups(directory / f"part-{index}.parquet", table, groups)
         first += rows
     return describe(directory.as_uri())
 

@@ -15,8 +15,8 @@ import threading
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import write_row_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,11 +59,7 @@ def _write(directory, shape: str):
                 pa.list_(pa.float32())
             )
         table = pa.table(columns)
-        with pq.ParquetWriter(directory / f"part-{index}.parquet", table.schema) as writer:
-            start = 0
-            for size in groups:
-                writer.write_table(table.slice(start, size), row_group_size=size)
-                start += size
+        write_row_groups(directory / f"part-{index}.parquet", table, groups)
         first += rows
     return describe(directory.as_uri())
 
