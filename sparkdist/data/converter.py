@@ -120,29 +120,26 @@ class SparkDatasetConverter:
     ) -> ReaderContext | Any:
         """Context manager giving a ``torch.utils.data.DataLoader`` of this rank's batches.
 
-        Batches are ``{column: tensor}`` (or what ``collate_fn`` makes of a
-        ``{column: numpy array}`` batch), of the converter's ``tensor_types``. Rank
-        ``cur_shard`` of ``shard_count`` (default: this rank, from env RANK / WORLD_SIZE or
-        Horovod's or MPI's, else the whole data) reads its equal slice of each epoch's
-        global order: every rank gets the same number of batches (padded, or
-        ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each batch.
-        ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
-        weighted in ``weight_column`` (docs/data.md, "A global batch").
-        ``features={"x": ["f0", ..., "f63"]}`` (or a pattern, ``{"x": r"f\\d+"}``) gives
-        those scalar columns as one ``[batch, 64]`` tensor ``x``, stacked as the rows are
-        decoded (docs/data.md, "Wide tables").
-        ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order
-        each epoch from ``seed`` (the same on every rank; default 0). Each iteration reads
-        ``num_epochs`` epochs (None: forever) from the loader's position, which
-        ``state_dict()`` / ``load_state_dict()`` save and restore. ``transform_spec`` is a
-        `TransformSpec`; ``workers_count`` threads decode side by side (default: the
-        rank's share of the cores); a thread reads ``prefetch`` decoded chunks (about 8 MiB
-        each, 2 MiB shuffled) ahead (0: none;
-        petastorm's ``reader_pool_type="dummy"`` is neither); ``num_workers`` /
-        ``pin_memory`` / other keywords go to DataLoader. ``data_loader_fn`` makes the loader
-        instead, called as petastorm calls it: ``data_loader_fn(reader=..., batch_size=...,
-        shuffling_queue_capacity=...)`` (`BatchedDataLoader` is the default). ``device``:
-        batches handed out on it, copied a batch ahead (`DevicePrefetcher`; None: CPU).
+        Batches are ``{column: tensor}`` (or what ``collate_fn`` makes of a ``{column: numpy
+        array}`` batch), of the converter's ``tensor_types``. Rank ``cur_shard`` of ``shard_count``
+        (default: this rank, from env RANK / WORLD_SIZE or Horovod's or MPI's, else the whole data)
+        reads its equal slice of each epoch's global order: every rank gets the same number of
+        batches (padded, or ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each
+        batch. ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
+        weighted in ``weight_column`` (docs/data.md, "A global batch"). ``features={"x": ["f0", ...,
+        "f63"]}`` (or a pattern, ``r"f\\d+"``) stacks those columns into one ``[batch, 64]`` tensor
+        ``x`` as the rows are decoded (docs/data.md, "Wide tables"). ``shuffle`` (or petastorm's
+        ``shuffling_queue_capacity``) draws a new global order each epoch from ``seed`` (the same on
+        every rank, 0 by default). Each iteration reads ``num_epochs`` epochs (None: forever) from
+        the loader's position, which ``state_dict()`` / ``load_state_dict()`` save and restore.
+        ``transform_spec`` is a `TransformSpec`; ``workers_count`` threads decode side by side
+        (default: the rank's share of the cores); a thread reads ``prefetch`` decoded chunks (about
+        8 MiB each, 2 MiB shuffled) ahead (0: none; petastorm's ``reader_pool_type="dummy"`` is
+        neither); ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
+        ``data_loader_fn`` makes the loader instead, called as petastorm calls it:
+        ``data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...)``
+        (`BatchedDataLoader` is the default). ``device``: batches handed out there
+        (`DevicePrefetcher`).
         """
         options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
         _check_device(device, data_loader_fn, self._use_petastorm(options))
