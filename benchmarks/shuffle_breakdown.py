@@ -8,7 +8,7 @@ window of one shuffled epoch and times each stage in CPU seconds (steadier than 
 on a shared machine): making the window's order, Parquet decoding, Arrow to numpy, copying
 the decoded rows into the window's buffer, and the gather in the epoch's order, either as
 before (decoded and gathered in chunks of about 8 MiB, ``np.take`` into fresh numpy memory)
-or as now (pieces of about 2 MiB, `decode.gather` into memory from Arrow's pool; the same
+or as now (pieces of about 2 MiB, `row_block.gather` into memory from Arrow's pool; the same
 rows in the same order), with the page faults each took. Then the whole loader: a plain
 pyarrow loop, `ShardReader` in order and shuffled, rows/s and CPU seconds (the reader's
 threads included).
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkdist.data.layout import Layout, describe
-from sparkdist.data.rank import decode, order, reader
+from sparkdist.data.rank import decode, order, reader, row_block
 
 STAGES = ("order", "parquet decode", "to numpy", "copy to buffer", "gather")
 
@@ -84,13 +84,13 @@ def gather(epoch: order.EpochOrder, window, buffers, times, chunk_rows: int, how
         if how == "before":
             {name: np.take(values, picked, axis=0) for name, values in buffers.items()}
         else:
-            {name: decode.gather(values, picked) for name, values in buffers.items()}
+            {name: row_block.gather(values, picked) for name, values in buffers.items()}
     times["gather"] += time.process_time() - start
 
 
 def breakdown(layout: Layout, how: str) -> dict:
     shard = reader.ShardReader(layout, batch_size=256, num_epochs=1, shuffle=True, prefetch=0)
-    decoder = shard._decoder()
+    decoder = shard._decoding
     epoch = order.EpochOrder(layout.row_group_rows, 0, 0, True, order.DEFAULT_WINDOW_ROWS)
     piece = decoder.chunk_rows if how == "before" else decoder.chunk_rows // 4
     times, buffers = dict.fromkeys(STAGES, 0.0), {}
