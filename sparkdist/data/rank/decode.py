@@ -367,16 +367,15 @@ class Marks:
 def iteration_chunks(
     decoder: WindowDecoder,
     plans: Iterator[order.EpochPlan],
-    workers: int,
     scratch: Scratch,
     marks: Marks,
     convert: Callable[[Chunk], Chunk] | None = None,
 ) -> Iterator[Chunk]:
     """A reader's decoded chunks of one iteration (``plans``: `order.EpochPlans`), each
-    epoch closed by `EPOCH_END`; ``workers`` threads share each window's work, and
+    epoch closed by `EPOCH_END`; the decoder's threads share each window's work, and
     ``convert`` (e.g. to petastorm's types) is applied to each chunk once it is marked."""
     for plan in plans:
-        chunks = _epoch_chunks(decoder, plan, workers, scratch)
+        chunks = _epoch_chunks(decoder, plan, scratch)
         if marks.weights:
             chunks = mark_weights(chunks, marks.weights, plan)
         if marks.pads:
@@ -386,13 +385,14 @@ def iteration_chunks(
 
 
 def _epoch_chunks(
-    decoder: WindowDecoder, plan: order.EpochPlan, workers: int, scratch: Scratch
+    decoder: WindowDecoder, plan: order.EpochPlan, scratch: Scratch
 ) -> Iterator[Chunk]:
-    """One epoch's chunks, a window after another; ``workers`` threads share each shuffled
-    window's work (its column groups, its pieces), so the memory in flight does not grow
-    with them. Read in order, a chunk's columns are decoded on every core by Arrow."""
-    shared = workers > 1 and plan.order.shuffle
-    pool = ThreadPoolExecutor(workers, "sparkdist-data-decode") if shared else None
+    """One epoch's chunks, a window after another; the decoder's threads share each
+    shuffled window's work (its column groups, its pieces), so the memory in flight does
+    not grow with them. Read in order, a chunk's columns are decoded on every core by
+    Arrow."""
+    shared = decoder.threads > 1 and plan.order.shuffle
+    pool = ThreadPoolExecutor(decoder.threads, "sparkdist-data-decode") if shared else None
     try:
         for window, ranges in plan.pieces:
             yield from decoder.read(plan.order, window, ranges, scratch, pool)

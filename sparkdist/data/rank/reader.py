@@ -168,8 +168,8 @@ class ShardReader:
     span two epochs. ``shuffle`` draws a new global order each epoch from ``seed``, with
     rows mixed within windows of ``shuffle_buffer_rows``. ``workers_count`` threads share
     the decoding of each window (default: the rank's share of the cores, `decode_threads`);
-    ``transform_spec`` (a `TransformSpec`) is
-    applied to each decoded chunk as a pandas DataFrame.
+    ``transform_spec`` (a `TransformSpec`) is applied to each decoded chunk as a pandas
+    DataFrame.
     """
 
     def __init__(self, layout: Layout, options: ReadOptions | None = None, **fields: Any) -> None:
@@ -180,7 +180,7 @@ class ShardReader:
             options = dataclasses.replace(options, **fields)
         self.options, self.layout = options, layout
         self.batch_size, self.num_epochs = options.batch_size, options.num_epochs
-        self.columns, transformed = _columns(layout, options)
+        self.columns, transformed = _columns(layout, options)  # read, and made by the transform
         self.stacks = row_block.resolve_stacks(options.features, transformed)
         self.output_columns = row_block.stacked_columns(transformed, self.stacks)
         self.batch_columns = self.output_columns + _added_columns(self.output_columns, options)
@@ -201,7 +201,7 @@ class ShardReader:
             )
         self._closed = threading.Event()
         self._scratch = Scratch()
-        self._decoding = self._decoder()
+        self._decoding = self._decoder(transformed)
         self._marks = Marks(
             options.weight_column if options.global_batch_size else None, options.pad_column
         )
@@ -289,16 +289,14 @@ class ShardReader:
 
     # -- producing (may run in a background thread or a DataLoader worker) --
 
-    def _decoder(self) -> WindowDecoder:
+    def _decoder(self, transformed: list[ColumnInfo]) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
-        transform = self.options.transform_spec
-        transformed = transform.output_columns(self.columns) if transform else list(self.columns)
         return WindowDecoder(
             self.layout,
             self.columns,
             transformed,
             self.output_columns,
-            transform,
+            self.options.transform_spec,
             self.options.writable,
             chunk_rows,
             self.stacks,
@@ -332,7 +330,6 @@ class ShardReader:
             iteration_chunks,
             dataclasses.replace(self._decoding, threads=threads),
             itertools.islice(plans, self.num_epochs),  # None: for ever
-            threads,
             self._scratch,
             self._marks,
             convert,

@@ -177,10 +177,6 @@ class Run:
     offset: int
     stack: str | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.columns) * self.dtype.itemsize
-
 
 @dataclass(frozen=True)
 class RowLayout:
@@ -230,9 +226,13 @@ class RowLayout:
         them at a time, each group fills a stretch of each run."""
         return tuple(column for run in self.runs for column in run.columns) + self.apart
 
-    def view(self, matrix: np.ndarray, run: Run) -> np.ndarray:
-        """``run``'s values in ``matrix`` (rows of bytes) as a ``[rows, columns]`` view."""
-        return matrix[:, run.offset : run.offset + run.nbytes].view(run.dtype)
+    def view(
+        self, matrix: np.ndarray, run: Run, first: int = 0, last: int | None = None
+    ) -> np.ndarray:
+        """``run``'s columns ``first:last`` (default: all) in ``matrix`` (rows of bytes),
+        as a ``[rows, columns]`` view."""
+        last, size = len(run.columns) if last is None else last, run.dtype.itemsize
+        return matrix[:, run.offset + first * size : run.offset + last * size].view(run.dtype)
 
     def fill(self, matrix: np.ndarray, chunk: Chunk) -> None:
         """Write ``chunk``'s scalar columns (all, or a stretch of `decode_order`) into
@@ -246,9 +246,7 @@ class RowLayout:
                 continue
             first, last = have[0], have[-1] + 1
             columns = [chunk[column] for column in run.columns[first:last]]
-            size = run.dtype.itemsize
-            view = matrix[:, run.offset + first * size : run.offset + last * size]
-            view = view.view(run.dtype)
+            view = self.view(matrix, run, first, last)
             for start in range(0, len(view), tile):
                 stop = start + tile
                 view[start:stop] = np.array([values[start:stop] for values in columns]).T
