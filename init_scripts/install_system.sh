@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what sparkdist needs from the operating system on a Debian/Ubuntu node:
-# Java 17 (only when no java is on PATH), Open MPI, and the tools the tests use.
+# Java 17 (only when no java is on PATH), Open MPI, and the tools the tests use (headless
+# Chromium: tests/trace/test_trace_browser.py opens a job's timeline page in it).
 # Idempotent: it installs only what is missing. Usable as a Databricks cluster init script.
 set -euo pipefail
 
@@ -23,6 +24,9 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
+# Chromium only for the tests (the timeline in a real browser): not on a Databricks node.
+[ -n "${DATABRICKS_RUNTIME_VERSION:-}" ] || command -v chromium >/dev/null 2>&1 \
+  || missing+=(chromium)
 
 if [ ${#missing[@]} -eq 0 ]; then
   log "system packages present"
