@@ -19,7 +19,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from sparkdist.protocol import driver_channel, messages
+from sparkdist.protocol import driver_channel, messages, rank_trace
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,9 @@ def report(metrics: Mapping[str, Any], step: int | None = None) -> None:
     if client is None:
         logger.info("report step %d: %s", step, format_metrics(values))
         return
+    rank_trace.step("report", step)
     reply = client.request(messages.Report(step, values))
+    driver_channel.tell_if_due()
     if isinstance(reply, messages.Failed):
         raise ValueError(f"the driver refused the report: {reply.error}")
     if reply.value == PRUNE:

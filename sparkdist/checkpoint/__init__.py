@@ -53,6 +53,7 @@ checkpoints.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from sparkdist import job_environment
@@ -60,7 +61,7 @@ from sparkdist.checkpoint.rank import driver_path, driver_record
 from sparkdist.checkpoint.rank import sharded as shards
 from sparkdist.checkpoint.rank.driver_path import DRIVER_LIMIT_ENV, _Saved  # noqa: F401 (old pickles)
 from sparkdist.checkpoint.rank.driver_record import Resize, Resume, checkpoint_due, client
-from sparkdist.protocol import messages
+from sparkdist.protocol import messages, rank_trace
 
 __all__ = [
     "DRIVER_LIMIT_ENV",
@@ -107,15 +108,20 @@ def save(
     use_shards = shards.is_distributed(state) if sharded is None else sharded
     if every is not None and not _due(step, every, use_shards):
         return False
-    if use_shards:
-        return shards.save(state, step, async_save=async_save)
-    if async_save:
+    if async_save and not use_shards:
         raise ValueError(
             "async_save=True writes shards from every rank: pass sharded=True (and a "
             "shared HorovodRunner(checkpoint_dir=...)), or drop async_save"
         )
-    shards.wait()
-    return driver_path.save(state, step)
+    started = time.monotonic()
+    if use_shards:
+        saved = shards.save(state, step, async_save=async_save)
+    else:
+        shards.wait()
+        saved = driver_path.save(state, step)
+    if saved:
+        rank_trace.checkpoint("save", started, time.monotonic())
+    return saved
 
 
 def _due(step: int, every: int, use_shards: bool) -> bool:

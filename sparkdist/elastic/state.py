@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkdist.elastic import broadcast, host_copies, torch_group
 from sparkdist.elastic.generations import Generation, Watcher, WorldChanged
+from sparkdist.protocol import rank_trace
 from sparkdist.protocol.driver_channel import DriverClient, alive
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,10 @@ class State:
     def commit(self) -> None:
         """Keep the state in memory (what `restore()` returns to), then raise `WorldChanged`
         if the driver formed a newer world. Call it once per step, on every rank."""
+        started = time.monotonic()
         self.save()
+        rank_trace.checkpoint("commit", started, time.monotonic())
+        rank_trace.step("commit")
         alive("commits")  # a sign of life for the driver's stall watch
         if self._lineage is not None:
             self._lineage = (self._lineage[0], self._lineage[1] + 1)

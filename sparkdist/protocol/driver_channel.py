@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from sparkdist.network import split_address
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages, rank_trace, wire
 
 RENDEZVOUS_TIMEOUT_S = 600.0
 ALIVE_EVERY_S = 1.0
@@ -50,15 +50,17 @@ class DriverClient:
     def send_file(self, name: str, data: bytes) -> None:
         self.request(messages.FileUpload(name, data))
 
-    def try_request(self, message: Any) -> None:
+    def try_request(self, message: Any) -> bool:
         """Send `message` unless another thread's request holds the channel (a blocked
-        rendezvous read): a sign of life is dropped rather than waited for."""
+        rendezvous read): a sign of life is dropped rather than waited for. Whether it
+        went."""
         if not self._lock.acquire(blocking=False):
-            return
+            return False
         try:
             self._channel.request(messages.encode(message))
         finally:
             self._lock.release()
+        return True
 
 
 _client: DriverClient | None = None
@@ -95,20 +97,37 @@ class Steps:
 
     def tell(self) -> None:
         """Send every kind's counts to the driver, at most once a second (`ALIVE_EVERY_S`)."""
-        global _alive_sent
-        now = time.monotonic()
-        if _client is not None and now - _alive_sent >= ALIVE_EVERY_S:
-            _alive_sent = now
-            counts = {kind: counter.count for kind, counter in _steps.items() if counter.count}
-            try:
-                _client.try_request(messages.Alive(counts))
-            except (OSError, EOFError):
-                pass  # the driver is gone: the rank learns it from its own requests
+        tell_if_due()
         self.due = math.inf if _client is None else _alive_sent + ALIVE_EVERY_S
 
 
 _steps: dict[str, Steps] = {}
 _alive_sent = 0.0
+
+
+def send_alive(wait: bool) -> None:
+    """Send every kind's step counts and the trace's events recorded since the last
+    (`rank_trace`); `wait`: even if another thread's request holds the channel."""
+    if _client is None:
+        return
+    counts = {kind: counter.count for kind, counter in _steps.items() if counter.count}
+    events = rank_trace.drain()
+    try:
+        if wait:
+            _client.request(messages.Alive(counts, events))
+        elif not _client.try_request(messages.Alive(counts, events)):
+            rank_trace.put_back(events)
+    except (OSError, EOFError):
+        pass  # the driver is gone: the rank learns it from its own requests
+
+
+def tell_if_due() -> None:
+    """Send the signs of life if a second passed since the last (`report` calls it)."""
+    global _alive_sent
+    now = time.monotonic()
+    if _client is not None and now - _alive_sent >= ALIVE_EVERY_S:
+        _alive_sent = now
+        send_alive(wait=False)
 
 
 def steps(kind: str) -> Steps:

@@ -244,6 +244,9 @@ class Welcome(NamedTuple):
     job_id: str
     env: dict = SecretEnv()
     """Credentials for this rank only (rank 0's tracking credentials), set before `main`."""
+    clock_us: float = -1.0
+    """The driver's trace clock when it answered (µs since the job started): the rank
+    maps its own clock to it (`rank_trace.start`); -1: the job records no trace."""
 
 
 # --- a warm world's runs (`runner/driver/warm.py`, `runner/rank/warm.py`) ------------
@@ -381,9 +384,11 @@ class Report(NamedTuple):
 class Alive(NamedTuple):
     """A rank's signs of life the driver cannot see in its output: how many loader
     batches, elastic commits and checkpoint saves it made so far (`sparkdist.reporting
-    .alive`, at most once a second)."""
+    .alive`, at most once a second), and the job trace's events recorded since the
+    last (`rank_trace`: `(ph, lane, name, ts_us, dur_us, args)` each)."""
 
     counts: dict
+    events: list = []
 
 
 @register("elastic_world")

@@ -10,6 +10,8 @@ from typing import Any
 
 from sparkdist.tracking.driver import (
     CREDENTIAL_ENV_VARS,
+    active,
+    log_files,
     log_job,
     quiet_mlflow,
     rank0_credentials,
@@ -24,9 +26,11 @@ __all__ = [
     "CREDENTIAL_ENV_VARS",
     "TRACKING_ENV",
     "absolute_tracking_uri",
+    "active",
     "autolog",
     "default_tracking_uri",
     "hand_back",
+    "log_files",
     "log_job",
     "rank0_credentials",
     "quiet_mlflow",

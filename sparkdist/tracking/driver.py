@@ -49,6 +49,11 @@ def _active_run():
     return mlflow.active_run()
 
 
+def active() -> bool:
+    """Whether the driver's thread has an active MLflow run (without importing mlflow)."""
+    return _active_run() is not None
+
+
 def rank_environment() -> dict[str, str]:
     """Env vars that tell the ranks where the driver's active MLflow run is; {} if none.
 
@@ -108,6 +113,21 @@ def log_job(*, np: int, launcher: str, backend: str, wall_time_s: float, outcome
         mlflow.log_metric("sparkdist.wall_time_s", float(wall_time_s))
     except Exception as error:
         logger.warning("sparkdist.tracking: could not log the job to run %s: %s", run, error)
+
+
+def log_files(paths: list[str], artifact_path: str = "sparkdist") -> None:
+    """Log files (a job's trace and its picture) as artifacts of the driver's active run;
+    no-op without one; trouble is logged, never raised."""
+    run = _active_run()
+    if run is None:
+        return
+    import mlflow
+
+    try:
+        for path in paths:
+            mlflow.log_artifact(path, artifact_path)
+    except Exception as error:
+        logger.warning("sparkdist.tracking: could not log %s to run %s: %s", paths, run, error)
 
 
 class StepMetrics:

@@ -20,6 +20,7 @@ import numpy as np
 
 from sparkdist.data.rank.decode import EPOCH_END, Chunk
 from sparkdist.data.rank.order import Position
+from sparkdist.protocol import rank_trace
 from sparkdist.protocol.driver_channel import Steps
 
 
@@ -100,10 +101,18 @@ def counted(
     while go_on and in_epoch == 0:
         go_on = next_epoch()
         in_epoch = position.batches_in_epoch()
-    for batch in batches:
+    waited = rank_trace.data_wait
+    batches = iter(batches)
+    while True:
+        asked = time.monotonic()
+        batch = next(batches, _DONE)
+        if batch is _DONE:
+            return
+        got = time.monotonic()
+        waited(asked, got)  # the training loop's time blocked on the loader
         position.batches += 1  # counted when handed out: state_dict() in the loop sees it
         steps.count += 1
-        if steps.due <= time.monotonic():
+        if steps.due <= got:
             steps.tell()
         while go_on and position.batches >= in_epoch:
             go_on = next_epoch()

@@ -61,6 +61,10 @@ class HorovodRunner:
         timeline: a path on the driver for a Horovod timeline of the job (rank 0
             records it wherever it runs; the driver writes it here). By default the
             driver's HOROVOD_TIMELINE environment variable, as on Databricks.
+        trace: write the job's trace (on by default): a Chrome trace JSON of every
+            rank's launch, steps, data waits, checkpoints, stalls and failures and the
+            world's changes, beside the rank logs (`last_job.trace`); its picture is
+            `last_job.timeline()` (docs/monitoring.md).
         max_failures: how many times a job that failed for a reason outside the
             training code (a lost executor or host, a killed rank) is relaunched as a
             whole. `main` resumes from `sparkdist.checkpoint.latest()`. Not given: 0 for
@@ -119,6 +123,7 @@ class HorovodRunner:
         mpi_args: Sequence[str] = RunnerOptions.mpi_args,
         network_interface: str | None = RunnerOptions.network_interface,
         timeline: str | os.PathLike | None = RunnerOptions.timeline,
+        trace: bool = RunnerOptions.trace,
         max_failures: int | None = RunnerOptions.max_failures,
         retry_on_exception: bool = RunnerOptions.retry_on_exception,
         checkpoint_dir: str | os.PathLike | None = RunnerOptions.checkpoint_dir,

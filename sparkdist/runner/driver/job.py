@@ -19,6 +19,7 @@ from it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -45,6 +46,8 @@ from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.driver.stalls import StallWatch, show_where
 from sparkdist.spark import active_cluster
+from sparkdist.trace.format import FILE_NAME as FILE_NAME_TRACE
+from sparkdist.trace.recorder import JobTrace
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +161,8 @@ class Attempt:
         self.world: World | None = None
         """The world of the attempt running or just ended; None if none formed."""
         self.timeline_path: str | None = None
+        self.trace = JobTrace(name=report.name, enabled=options.trace)
+        """The job's trace, across its attempts (`sparkdist/trace/recorder.py`)."""
 
     def run(self, kind: LaunchKind, number: int, why: str) -> list[Any]:
         """Form the attempt's world, launch it and wait for it (`carry_on`)."""
@@ -180,7 +185,10 @@ class Attempt:
             self.checkpoints,
             self.rank_logs,
             self.warm,
+            self.trace,
         )
+        self.trace.job_id = self.trace.job_id or report.job_id
+        self.trace.attempt_started(number, why, self.options.ranks_per_task)
         try:
             self.world = kind.form(plan, why)
         except BaseException as exc:
@@ -211,6 +219,8 @@ class Attempt:
         opts, report, state = self.options, self.report, world.state
         try:
             if start:
+                _trace_world(self.trace, state, why="start")
+                self.trace.stage_submitted()
                 world.launch.start()
             with StallWatch(state, opts, report.job_id, _announce):
                 world.launch.wait(
@@ -257,6 +267,9 @@ class Attempt:
             _save_timeline(report.files, timeline_path)
         except OSError as exc:
             logger.warning("could not write the Horovod timeline to %s: %s", timeline_path, exc)
+        self.trace.attempt_ended(str(report.outcome))
+        if self.trace.enabled:
+            report.trace = _write_trace(self.trace, self.rank_logs, log=self.warm is None)
         if leftovers:
             logger.warning(
                 "processes of job %s still alive after stop: %s", report.job_id, leftovers
@@ -289,6 +302,32 @@ def _save_timeline(files: Mapping[str, bytes], path: str | None) -> str | None:
     os.replace(partial, path)
     logger.info("Horovod timeline written to %s", path)
     return path
+
+
+def _trace_world(trace: JobTrace, state, why: str) -> None:
+    """The world's size as an attempt starts (an in-process world's generation 0)."""
+    generation = state.membership.generation
+    in_process = state.job.in_process_min_np is not None
+    trace.world(len(generation.members), generation.number if in_process else None, why)
+
+
+def _write_trace(trace: JobTrace, logs: RunLogs, log: bool) -> str | None:
+    """Write the job's trace beside its rank logs (and, with `log`, into the active MLflow
+    run, with its picture); its path, None if it could not be written."""
+    try:
+        data = json.dumps(trace.to_dict(), separators=(",", ":")).encode()
+        path = logs.keep(FILE_NAME_TRACE, data, trace.job_id)
+    except OSError as exc:
+        logger.warning("could not write the job's trace: %s", exc)
+        return None
+    logger.info("sparkdist job trace written to %s", path)
+    if log and tracking.active():
+        from sparkdist.trace.picture import Timeline
+
+        picture = path.with_name("timeline.html")
+        Timeline.load(path).save_html(picture)
+        tracking.log_files([str(path), str(picture)])
+    return str(path)
 
 
 def _outcome(exc: BaseException) -> Outcome:

@@ -15,17 +15,21 @@ positive.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdist.protocol import messages
 from sparkdist.protocol.launch import mpirun_available
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.roles import SERVERS, Roles
 from sparkdist.runner.driver.metrics import Reported, last_by_rank
+
+if TYPE_CHECKING:
+    from sparkdist.trace.picture import Timeline
 
 
 @dataclass
@@ -113,6 +117,20 @@ class JobReport:
     stragglers: list[str] = field(default_factory=list)
     """What the driver said of slow ranks in the last attempt (named, then recovered),
     in order (`stalls.Stragglers`)."""
+    trace: str | None = None
+    """The job's trace file (Chrome trace JSON, `sparkdist/trace/format.py`) on the
+    driver, beside the rank logs; None with `trace=False`."""
+
+    def timeline(self) -> Timeline:
+        """The job's picture: a row per rank, shown in a notebook (`Timeline`)."""
+        from sparkdist.trace.picture import Timeline
+
+        if self.trace is None:
+            raise ValueError(
+                f"job {self.job_id} wrote no trace: run it with HorovodRunner(trace=True) "
+                "(the default)"
+            )
+        return Timeline.load(self.trace)
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -219,6 +237,15 @@ class RunnerOptions:
         metadata=_flag(
             "write a Horovod timeline of the job here (default: env HOROVOD_TIMELINE)",
             metavar="PATH",
+        ),
+    )
+    trace: bool = field(
+        default=True,
+        metadata=_flag(
+            "write the job's trace: each rank's launch, steps, data waits, checkpoints, "
+            "stalls, failures and world changes, in trace.json beside the rank logs "
+            "(--no-trace: none)",
+            action=argparse.BooleanOptionalAction,
         ),
     )
     max_failures: int | None = field(

@@ -38,6 +38,7 @@ from sparkdist.runner.driver.records import (
     send,
 )
 from sparkdist.runner.driver.stalls import SignsOfLife, StackRequests
+from sparkdist.trace.recorder import JobTrace
 
 
 class JobState:
@@ -49,6 +50,7 @@ class JobState:
         console: Console | None = None,
         checkpoints: CheckpointStore | NoStore | None = None,
         metrics: ReportedMetrics | None = None,
+        trace: JobTrace | None = None,
     ):
         self.job = job
         self.console = console or Console()
@@ -56,6 +58,8 @@ class JobState:
         """The job's checkpoint store: it answers the ranks' checkpoint messages."""
         self.metrics = metrics or ReportedMetrics()
         """Where the ranks' `sparkdist.report` calls go."""
+        self.trace = trace if trace is not None else JobTrace(job.job_id)
+        """The job's trace (`sparkdist/trace/recorder.py`), which outlives the attempt."""
         self.cond = cond = threading.Condition()
         self.files: dict[str, bytes] = {}
         """Files the ranks uploaded (a Horovod timeline), by name."""
@@ -68,6 +72,7 @@ class JobState:
         self.growth = Growth(cond)
         self.peers = Peers(cond)
         self.membership = Membership(cond, self.rank_records, job.in_process_min_np)
+        self.membership.on_form = self._formed
         self.failures = FailureTracker(
             cond,
             self.rank_records,
@@ -172,6 +177,10 @@ class JobState:
         with self.cond:
             self.rank_records.add(ranks)
             self.membership.seat(ranks, reason)
+
+    def _formed(self, generation) -> None:
+        """An in-process world's generation formed: the trace's world changes."""
+        self.trace.world(len(generation.members), generation.number, generation.reason)
 
     def _chief_done(self) -> bool:
         """A parameter-server job's chief returned: its servers are to stop."""

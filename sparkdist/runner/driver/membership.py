@@ -71,6 +71,8 @@ class Membership:
         self._grow_reason = ""
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
+        self.on_form: Callable[[Generation], None] | None = None
+        """Told of every generation formed (the job's trace)."""
 
     # --- the ranks' requests -------------------------------------------------------------
 
@@ -243,5 +245,7 @@ class Membership:
             len(members),
             reason,
         )
+        if self.on_form is not None:
+            self.on_form(self.generation)
         for reply, answer in ready:
             reply(answer)

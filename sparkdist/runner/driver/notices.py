@@ -71,6 +71,7 @@ class NoticeWatcher:
                 r for r in range(index * per_task, (index + 1) * per_task) if r in self.state.ranks
             )
         for executor, (notice, ranks) in fresh.items():
+            self.state.trace.instant("notice", {"why": notice.describe()}, ranks)
             try:
                 if self.act(notice, ranks):
                     self.seen.add(executor)

@@ -56,8 +56,7 @@ class RunLogs:
 
     def attempt(self, number: int, job_id: str) -> RankFiles:
         """The files of attempt `number` (0 for the first) of job id `job_id`."""
-        if self._name is None:
-            self._name = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{job_id}"
+        self._name_run(job_id)
         part = f"{self._name}/attempt-{number + 1}"
         return RankFiles(
             self.root / part,
@@ -65,6 +64,29 @@ class RunLogs:
             keep_runs=KEEP_RUNS,
             copy_to=f"{self.copy_to}/{part}" if self.copy_to else None,
         )
+
+    def _name_run(self, job_id: str) -> None:
+        if self._name is None:
+            self._name = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{job_id}"
+
+    def keep(self, name: str, data: bytes, job_id: str = "job") -> Path:
+        """Write a file of the whole run (its trace) into the run directory, and copy it
+        under `copy_to` (if any); returns its path on the driver."""
+        self._name_run(job_id)
+        path = self.root / self._name / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+        if self.copy_to:
+            try:
+                filesystem, directory = open_directory(f"{self.copy_to}/{self._name}")
+                filesystem.create_dir(directory, recursive=True)
+                with filesystem.open_output_stream(f"{directory}/{name}") as out:
+                    out.write(data)
+            except Exception as exc:  # noqa: BLE001 - the file stays on the driver
+                logger.warning("could not copy %s to %s: %s", path, self.copy_to, exc)
+        return path
 
 
 class RankFiles:

@@ -103,6 +103,7 @@ class DriverService:
         if isinstance(hello, messages.TaskHello):
             peer: _Peer = _TaskPeer(self.state, link, hello.index, hello.host)
             self.state.tasks.identified(hello.index, hello.spark_task_id)
+            self.state.trace.task_started(hello.index)
             peer.streams = _TaskStreams(self, link)  # its relay's local peers
         elif isinstance(hello, messages.SupervisorHello):
             peer = _SupervisorPeer(self.state, link, hello.rank, hello.host)
@@ -115,7 +116,7 @@ class DriverService:
         peer.opened()
         return peer
 
-    def welcome(self, rank: int, link: Link) -> messages.Welcome:
+    def welcome(self, rank: int, host: str, link: Link) -> messages.Welcome:
         """What rank `rank` gets first: the payload (once per task's relay: the relay
         gives the next ranks the payload it got), and what it is to send back."""
         spec = self.state.job
@@ -131,6 +132,7 @@ class DriverService:
             send_result,
             spec.job_id,
             spec.rank0_env if rank == 0 else messages.SecretEnv(),
+            self.state.trace.rank_connected(rank, host),
         )
 
     def offload(self, work, done) -> None:
@@ -333,6 +335,8 @@ class _SupervisorPeer(_StreamPeer):
             case messages.RankStacks(request, text, nccl):
                 self.state.stacks.answered(self.number, request, text, nccl)
             case messages.RankExit(code, tail):
+                how = "failed" if code else "exited"
+                self.state.trace.rank_ended(self.number, how, f"exited with code {code}")
                 self.state.losses.rank_exited(self.number, code, tail)
                 self.link.send(messages.encode(messages.Bye()))
                 return True
@@ -388,7 +392,7 @@ class _RankPeer(_Peer):
 
     def opened(self) -> None:
         self.state.rank_records.started(self.rank, self.host)
-        self._reply(self.service.welcome(self.rank, self.link))
+        self._reply(self.service.welcome(self.rank, self.host, self.link))
 
     def received(self, raw) -> bool:
         try:
@@ -492,8 +496,10 @@ class _RankPeer(_Peer):
                 with state.cond:
                     state.files[name] = data
             case messages.Result(value, frameworks):
+                state.trace.rank_ended(rank, "returned")
                 state.rank_result(rank, value, frameworks)
             case messages.RankError(traceback, reason):
+                state.trace.rank_ended(rank, "failed", reason)
                 state.losses.rank_error(rank, traceback, reason)
             case messages.Report(step, metrics):
                 return self._report(step, metrics)
@@ -502,9 +508,12 @@ class _RankPeer(_Peer):
             case messages.WarmDone() if state.warm is not None:
                 state.life.seen(rank)
                 state.warm.done(rank, request)
-            case messages.Alive(counts):
+            case messages.Alive(counts, events):
                 for kind, count in counts.items():
                     state.life.seen(rank, count, kind)
+                if not counts:
+                    state.life.seen(rank)
+                state.trace.rank_events(rank, events)
         return messages.Ok()
 
     @property

@@ -174,12 +174,14 @@ class SignsOfLife:
 
     def __init__(self) -> None:
         self.last = time.monotonic()
+        self.by_rank: dict[int, float] = {}
+        """When each rank last showed one (monotonic seconds)."""
         self.stragglers = Stragglers()
 
     def seen(self, rank: int, steps: int | None = None, kind: str = "") -> None:
         """A sign of life of `rank` (with its count of `kind` steps, where it has one)."""
         now = time.monotonic()
-        self.last = now
+        self.last = self.by_rank[rank] = now
         if steps is not None:
             self.stragglers.progress(rank, kind, steps, now)
 
@@ -191,6 +193,8 @@ def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> st
     answers, dumps = state.stacks.ask(nccl=nccl)
     if only_answers:  # ranks that ended meanwhile say nothing
         answers = {rank: answer for rank, answer in answers.items() if answer.text}
+    answered = [rank for rank, answer in answers.items() if answer.text]
+    state.trace.instant("stacks", {"why": why, "ranks": len(answered)}, answered)
     return shown(state, why, answers, dumps, f"stacks taken in {time.monotonic() - started:.1f}s")
 
 
@@ -256,6 +260,8 @@ class StallWatch:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        if self._warned_at is not None:  # a stall the job's end ended
+            self._trace_stall(self.state.life)
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -274,11 +280,15 @@ class StallWatch:
         if not state.rank_records.all_started():
             return  # start_timeout watches the start
         idle = time.monotonic() - life.last
+        if self._warned_at is not None and self._warned_at != life.last:
+            self._trace_stall(life)  # the ranks spoke again: the stall ends here
         if self.timeout_s is not None and idle >= self.timeout_s:
             why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
             text = where(state, why, nccl=True)
             reason = f"stalled: no rank showed a sign of life for {idle:.0f}s; the job was stopped."
             state.failures.fail_now(JobStalledError(reason).with_stacks(text))
+            self._warned_at = self._warned_at or life.last
+            self._trace_stall(life)
             self._stop.set()
         elif self.warning_s is not None and idle >= self.warning_s:
             if self._warned_at != life.last:
@@ -289,3 +299,17 @@ class StallWatch:
                     f"{idle:.0f}s (stall_warning={self.warning_s:g}); the job goes on.\n"
                     + where(state, why, nccl=True)
                 )
+
+    def _trace_stall(self, life: SignsOfLife) -> None:
+        """The stall that began at the last warning's sign of life, in the trace: on the
+        driver, and each rank silent since then from its own last sign of life."""
+        since, self._warned_at = self._warned_at, None
+        trace, now = self.state.trace, time.monotonic()
+        to_us = trace.now_us() - now * 1e6
+        silent = {
+            rank: seen * 1e6 + to_us
+            for rank, seen in life.by_rank.items()
+            if seen <= since and not _ended(self.state.rank_records, rank)
+        }
+        why = f"no sign of life for {now - since:.0f}s"
+        trace.stall(since * 1e6 + to_us, why, silent)

@@ -52,6 +52,7 @@ PER_RUN = (
     "checkpoint_keep",
     "report_ranks",
     "timeline",
+    "trace",
     "keep_warm",
 )
 """Options a run may change on a warm world; every other one is the world's shape."""

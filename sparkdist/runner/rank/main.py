@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import traceback
 
 from sparkdist import checkpoint, job_environment, roles, tracking
@@ -20,7 +21,7 @@ from sparkdist.backends import (
     timeline,
 )
 from sparkdist.job_environment import TaskEnvironment
-from sparkdist.protocol import driver_channel, messages, payload, stack_dumps
+from sparkdist.protocol import driver_channel, messages, payload, rank_trace, stack_dumps
 from sparkdist.protocol.job_secret import JobSecret
 from sparkdist.protocol.processes import die_with_parent
 from sparkdist.runner.rank import warm
@@ -40,7 +41,9 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     stack_dumps.listen(os.environ, rank)  # the driver may ask where this rank is
     client = driver_channel.connect(place.job.driver, secret)
+    asked_at = time.monotonic()
     job = client.request(messages.RankHello(rank, place.task_host, os.getpid()))
+    rank_trace.start(job.clock_us, asked_at, time.monotonic())
     os.environ.update(job.env)  # rank 0's tracking credentials; nothing for the others
     warm.remember_start(os.environ, place)  # a warm world's runs each start from here
 
@@ -53,6 +56,7 @@ def main() -> None:
             tensorflow.serve(*role)  # until the driver stops it: the chief is done
         tracking.setup_rank()
         fn, kwargs = payload.unpack(job.payload)
+        rank_trace.main_entered()
         value = fn(**kwargs)
         checkpoint.wait()  # an async save still in flight is written and committed
         timeline.finish()  # Horovod's shutdown at exit would drop its last events
@@ -73,7 +77,10 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             _report_error(rank, exc, f"returned a value that cannot be pickled: {exc}")
             _exit_now(1)
+        driver_channel.send_alive(wait=True)  # the trace's last events, before the result
         client.request(messages.Result(blob, frameworks_in_use()))
+    else:
+        driver_channel.send_alive(wait=True)
     _exit_now(0)
 
 
@@ -92,6 +99,7 @@ def _report_error(rank: int, exc: BaseException, reason: str | None = None) -> N
     text = "".join(traceback.format_exception(exc))
     sys.stderr.write(text)
     sys.stderr.flush()
+    driver_channel.send_alive(wait=True)
     driver_channel.driver_client().request(messages.RankError(text, reason or _failure_reason(exc)))
 
 

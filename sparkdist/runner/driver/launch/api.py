@@ -45,6 +45,7 @@ from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.metrics import ReportedMetrics
 from sparkdist.runner.driver.rank_logs import RunLogs
 from sparkdist.spark import jobs
+from sparkdist.trace.recorder import JobTrace
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class AttemptPlan:
     """Where the run's per-rank files go: a directory per attempt (`rank_logs.py`)."""
     warm: object | None = None
     """A warm world's `warm.WarmDispatch` (its ranks run one payload after another)."""
+    trace: JobTrace = field(default_factory=JobTrace)
+    """The job's trace, kept across its attempts (`sparkdist/trace/recorder.py`)."""
 
     def new_state(self, num_ranks: int, in_process_min_np: int | None = None) -> JobState:
         """The state of this attempt's world of `num_ranks` ranks (an in-process elastic
@@ -107,7 +110,13 @@ class AttemptPlan:
             in_process_min_np=in_process_min_np,
         )
         console = Console(files=self.rank_logs.attempt(self.number, self.job_id))
-        state = JobState(job, console=console, checkpoints=self.checkpoints, metrics=self.metrics)
+        state = JobState(
+            job,
+            console=console,
+            checkpoints=self.checkpoints,
+            metrics=self.metrics,
+            trace=self.trace,
+        )
         if self.warm is not None:
             state.warm = self.warm
             self.warm.attach(state, self.secret, self.number)
