@@ -52,6 +52,8 @@ import sysconfig
 import time
 from collections.abc import Callable
 
+import bench_table  # a sibling script, not a package
+
 WARMUP = 10
 BURSTS = 5
 LOOPBACK_MPI = [
@@ -286,14 +288,14 @@ def start_spark():
 
 
 def print_table(args, rows: dict[tuple[str, str], list[float]], order) -> None:
-    print(
-        f"\nallreduce of {args.size_mb:g} MB float32 between 2 ranks, {args.iters} iterations "
+    title = (
+        f"allreduce of {args.size_mb:g} MB float32 between 2 ranks, {args.iters} iterations "
         f"(+{WARMUP} warm-up), best and median of {args.repeat} interleaved rounds; "
-        "GB/s = bytes / time per allreduce\n"
+        "GB/s = bytes / time per allreduce"
     )
     header = f"{'workload':<14} {'launcher':<40} {'best GB/s':>10} {'median':>8} {'ratio':>7}"
-    print(header)
-    print("-" * len(header))
+    lines = [f"\n{title}\n", header, "-" * len(header)]
+    cells = []
     baseline: dict[str, tuple[float, float]] = {}
     for workload, name in order:
         values = rows[(workload, name)]
@@ -305,7 +307,10 @@ def print_table(args, rows: dict[tuple[str, str], list[float]], order) -> None:
             ratio = f"{best / max(rows[_baseline_of(workload, name, order)]):.3f}"
         else:
             ratio = ""
-        print(f"{workload:<14} {name:<40} {best:>10.3f} {median:>8.3f} {ratio:>7}")
+        lines.append(f"{workload:<14} {name:<40} {best:>10.3f} {median:>8.3f} {ratio:>7}")
+        cells.append([workload, name, best, median, ratio])
+    columns = ["workload", "launcher", "best GB/s", "median GB/s", "ratio"]
+    bench_table.print_table("allreduce", title, columns, cells, text="\n".join(lines))
     print(
         "\nratio: sparkdist's best / its plain launcher's best (np=2: the first row of the "
         "workload; np=-2 under MPI: the default-transports row). Median ratios:"

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 
+import bench_table  # a sibling script, not a package
 import psutil
 
 TENSORS = 25
@@ -147,16 +148,39 @@ def main() -> None:
     by_mode = {r["mode"]: r for r in results}
     floor, sync = by_mode["plain DCP"]["seconds"], by_mode["sharded sync"]["seconds"]
     print()
-    print(
+    lines = [
         f"{'way of saving':<16} {'s/save':>8} {'stall/save':>11} {'vs plain DCP':>13} "
         f"{'stall/sync':>11} {'driver peak RSS':>16} {'(+ over start)':>15}"
-    )
+    ]
     for r in results:
-        print(
+        lines.append(
             f"{r['mode']:<16} {r['seconds']:>8.2f} {r['stall']:>11.2f} "
             f"{r['seconds'] / floor:>12.2f}x {r['stall'] / sync:>10.0%} "
             f"{r['rss_mib']:>12.0f} MiB {r['rss_over_mib']:>11.0f} MiB"
         )
+    columns = [
+        "way of saving",
+        "s/save",
+        "stall/save s",
+        "vs plain DCP",
+        "stall/sync",
+        "driver peak RSS MiB",
+        "+ over start MiB",
+    ]
+    cells = [
+        [
+            r["mode"],
+            r["seconds"],
+            r["stall"],
+            r["seconds"] / floor,
+            r["stall"] / sync,
+            r["rss_mib"],
+            r["rss_over_mib"],
+        ]
+        for r in results
+    ]
+    title = f"{args.params:,} fp32 parameters on 2 ranks, {args.saves} saves per way; medians"
+    bench_table.print_table("saves", title, columns, cells, text="\n".join(lines))
     print()
     print(
         f"goals: sharded sync within 1.1x of plain DCP: "

@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import bench_table  # a sibling script, not a package
+
 PACKAGE = "sparkdist"
 TOP = 10
 
@@ -381,9 +383,10 @@ def measure(checkout: Path, walks: bool) -> dict:
 
 def _table(title: str, headers: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    print(f"\n{title}")
+    lines = [f"\n{title}"]
     for row in [headers, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    bench_table.print_table(title, title, headers, rows, text="\n".join(lines))
 
 
 def report(names: list[str], results: list[dict]) -> None:

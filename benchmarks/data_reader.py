@@ -60,6 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_table  # a sibling script, not a package
+
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING_DIR = ROOT / ".bench-streaming"
 
@@ -300,17 +302,30 @@ def streaming_status() -> str | None:
     return None
 
 
+READING_COLUMNS = (
+    "reader",
+    "rank",
+    "rows",
+    "seconds",
+    "rows/s",
+    "MB/s",
+    "written MiB",
+    "vs loop",
+    "+RSS MiB",
+    "CPU s",
+    "cpu vs loop",
+)
+
+
 def print_table(rows: list[tuple], title: str) -> None:
-    print(title)
     header = (
         f"{'':44} {'rank':>4} {'rows':>9} {'seconds':>8} {'rows/s':>10} {'MB/s':>7} "
         f"{'written':>10} {'vs loop':>7} {'+RSS MiB':>8} {'CPU s':>6} {'cpu vs loop':>11}"
     )
-    print(header)
-    print("-" * len(header))
+    lines = [title, header, "-" * len(header)]
     for label, rank, count, seconds, size, written, ratio, *grown in rows:
         if count is None:
-            print(f"{label:44} {rank:>4} {seconds}")
+            lines.append(f"{label:44} {rank:>4} {seconds}")
             continue
         rate = f"{count / seconds:>10,.0f}" if count else f"{'':>10}"
         mbs = f"{size / seconds / 1e6:>7.0f}" if size else f"{'':>7}"
@@ -322,7 +337,22 @@ def print_table(rows: list[tuple], title: str) -> None:
             f"{label:44} {rank:>4} {count or '':>9} {seconds:>8.1f} {rate} {mbs} {wrote} {vs} "
             f"{rss} {cpu}"
         )
-        print(line.rstrip())
+        lines.append(line.rstrip())
+    cells = [reading_cells(row) for row in rows]
+    about = "conversion against the peers, then each rank's read"
+    bench_table.print_table("reading", about, READING_COLUMNS, cells, text="\n".join(lines))
+
+
+def reading_cells(row: tuple) -> list:
+    """One row of `print_table` as the JSON's numbers (None where the table is blank)."""
+    label, rank, count, seconds, size, written, ratio, *grown = row
+    if count is None:
+        return [label, rank, None, seconds, *[None] * 7]
+    rate = count / seconds if count else None
+    mbs = size / seconds / 1e6 if size else None
+    wrote = written / 2**20 if written is not None else None
+    grown = [*grown, None, None, None][:3]
+    return [label, rank, count or None, seconds, rate, mbs, wrote, ratio, *grown]
 
 
 def check_disk(work: Path, needed: int) -> None:
@@ -491,11 +521,15 @@ def print_randomness(layout, batch_size: int) -> None:
         ("a true permutation", np.random.default_rng(0).permutation(n)),
         ("the files' order", np.arange(n)),
     ]
-    print(f"\nrandomness of epoch 0's order ({len(shuffled.windows)} windows, batch {batch_size})")
-    print(f"{'':58} {'Spearman':>9} {'neighbours in a batch':>22}")
+    title = f"randomness of epoch 0's order ({len(shuffled.windows)} windows, batch {batch_size})"
+    lines = [f"\n{title}", f"{'':58} {'Spearman':>9} {'neighbours in a batch':>22}"]
+    cells = []
     for label, row_ids in rows:
         measure = order.randomness(row_ids, batch_size)
-        print(f"{label:58} {measure['spearman']:>9.4f} {measure['neighbours']:>22.4%}")
+        lines.append(f"{label:58} {measure['spearman']:>9.4f} {measure['neighbours']:>22.4%}")
+        cells.append([label, measure["spearman"], measure["neighbours"]])
+    columns = ["order", "Spearman", "neighbours in a batch (share)"]
+    bench_table.print_table("randomness", title, columns, cells, text="\n".join(lines))
 
 
 def baseline_runs(args, handle: Path, env: dict, runs: list) -> list[tuple]:
@@ -574,18 +608,21 @@ def codec_benchmark(args, work: Path) -> None:
             df.unpersist()
     finally:
         spark.stop()
-    print(
+    title = (
         f"{args.codec_rows} rows x ({args.features} float32 + int64 label); "
         f"one reader, best of {args.repeats}"
     )
     header = f"{'data: codec':34} {'write s':>8} {'MiB':>7} {'rows/s read':>12} {'MB/s read':>10}"
-    print(header)
-    print("-" * len(header))
+    lines = [title, header, "-" * len(header)]
+    cells = []
     for label, rows, write_s, size, read_s in table:
         mbs = rows * (args.features * 4 + 8) / read_s / 1e6
-        print(
+        lines.append(
             f"{label:34} {write_s:>8.1f} {size / 2**20:>7.0f} {rows / read_s:>12,.0f} {mbs:>10.0f}"
         )
+        cells.append([label, write_s, size / 2**20, rows / read_s, mbs])
+    columns = ["data: codec", "write s", "MiB", "rows/s read", "MB/s read"]
+    bench_table.print_table("codecs", title, columns, cells, text="\n".join(lines))
 
 
 # A reader of the wide shape (one process, one rank): imports, then `MEASURED` reads one epoch.
@@ -738,7 +775,10 @@ def median_rounds(readers: list[tuple], specs: dict, rounds: int, work: Path, en
     return results
 
 
-def print_wide_table(title: str, readers: list[tuple], results: dict) -> None:
+WIDE_COLUMNS = ("reader", "rows/s", "vs loop", "vs stack loop", "+RSS MiB", "CPU s")
+
+
+def print_wide_table(key: str, title: str, readers: list[tuple], results: dict) -> None:
     """Medians: rows/s, against the plain loop, +RSS, CPU s (loop-stack: against itself)."""
     import statistics
 
@@ -750,19 +790,20 @@ def print_wide_table(title: str, readers: list[tuple], results: dict) -> None:
 
     loop = rate(readers[0][0])
     stacked_loop = rate("plain loop, torch, stacked per row group")
-    print(title)
     header = (
         f"{'reader':52} {'rows/s':>11} {'vs loop':>8} {'vs stack loop':>13} "
         f"{'+RSS MiB':>9} {'CPU s':>6}"
     )
-    print(header)
-    print("-" * len(header))
+    lines = [title, header, "-" * len(header)]
+    cells = []
     for label, *_ in readers:
         r = rate(label)
-        print(
+        lines.append(
             f"{label:52} {r:>11,.0f} {r / loop:>8.2f} {r / stacked_loop:>13.2f} "
             f"{median(label, 3):>9.0f} {median(label, 4):>6.2f}"
         )
+        cells.append([label, r, r / loop, r / stacked_loop, median(label, 3), median(label, 4)])
+    bench_table.print_table(key, title, WIDE_COLUMNS, cells, text="\n".join(lines))
 
 
 def wide_benchmark(args, work: Path) -> None:
@@ -806,6 +847,7 @@ def wide_benchmark(args, work: Path) -> None:
         }
         results = median_rounds(readers, specs, args.rounds, work, env)
         print_wide_table(
+            f"wide {count}",
             f"\n{rows:,} rows x (id, label, {count} float32 columns), {len(files)} files written "
             f"by Spark, read in place; batch {args.batch_size}; one rank; medians of "
             f"{args.rounds} interleaved rounds; {os.cpu_count()} cores",

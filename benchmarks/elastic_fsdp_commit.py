@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import bench_table  # noqa: E402 (a sibling script, not a package)
+
 WIDTH = 1024
 
 
@@ -89,13 +91,25 @@ def main() -> None:
     with_copy = max(times[True] for times, _ in got.values())
     without = max(times[False] for times, _ in got.values())
     source, rebuild_s = got[0][1]
-    print("| model | shard per rank | commit | commit + neighbour copy | 3 -> 2 rebuild |")
-    print("| --- | --- | --- | --- | --- |")
-    print(
-        f"| {layers * (WIDTH * WIDTH + WIDTH) / 1e6:.0f}M params, Adam | {shard_mb:.0f} MB "
+    params = layers * (WIDTH * WIDTH + WIDTH)
+    lines = [
+        "| model | shard per rank | commit | commit + neighbour copy | 3 -> 2 rebuild |",
+        "| --- | --- | --- | --- | --- |",
+        f"| {params / 1e6:.0f}M params, Adam | {shard_mb:.0f} MB "
         f"| {without * 1000:.0f} ms | {with_copy * 1000:.0f} ms | {rebuild_s:.2f} s "
-        f"(from {source}) |"
-    )
+        f"(from {source}) |",
+    ]
+    columns = [
+        "parameters",
+        "shard per rank MB",
+        "commit ms",
+        "commit + neighbour copy ms",
+        "3 -> 2 rebuild s",
+        "rebuilt from",
+    ]
+    cells = [[params, shard_mb, without * 1000, with_copy * 1000, rebuild_s, str(source)]]
+    title = "In-process elastic FSDP2: a commit, with and without the neighbour copy; 3 -> 2"
+    bench_table.print_table("commit", title, columns, cells, text="\n".join(lines))
 
 
 if __name__ == "__main__":

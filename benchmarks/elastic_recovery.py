@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bench_table  # a sibling script, not a package
 import psutil
 
 HERE = Path(__file__).resolve().parent
@@ -285,32 +286,53 @@ def fits(kind: str, parameters: int) -> str | None:
     return f"needs about {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
 
 
+LOSS_COLUMNS = [
+    "job",
+    "model state",
+    "loss -> next step s",
+    "steps redone",
+    "survivors restarted",
+    "ranks after",
+    "outcome",
+]
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| job | model state | loss -> next step | steps redone | survivors restarted "
         "| ranks after | outcome |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    for cells in loss_cells(rows, text=True):
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def loss_cells(rows: list[dict], text: bool) -> list[list]:
+    """The loss table's cells; with `text` False the time to the next step is in seconds
+    (a number) where there was one, for the JSON."""
+    out = []
     for row in rows:
         if row.get("skipped"):
             took = f"not run: {row['skipped']}"
         elif row.get("next_step_s") is not None:
-            took = f"{row['next_step_s']:.1f} s"
+            took = f"{row['next_step_s']:.1f} s" if text else row["next_step_s"]
         elif "error_s" in row:
             took = f"none (error after {row['error_s']:.1f} s)"
         else:
             took = "none"
-        cells = [
-            row["case"],
-            row.get("size", "-"),
-            took,
-            row.get("redone", "-"),
-            row.get("restarts", "-"),
-            row.get("world_after", "-"),
-            row.get("outcome", ""),
-        ]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+        out.append(
+            [
+                row["case"],
+                row.get("size", "-"),
+                took,
+                row.get("redone", "-"),
+                row.get("restarts", "-"),
+                row.get("world_after", "-"),
+                row.get("outcome", ""),
+            ]
+        )
+    return out
 
 
 @dataclass
@@ -480,16 +502,22 @@ def main() -> None:
     args = parse_args()
     with bench_cluster() as (cluster, remote):
         if args.notice:
-            print(notice_table(notice_rows(cluster, remote)))
+            rows = notice_rows(cluster, remote)
+            title = notice_table(rows).splitlines()[0]
+            cells = notice_cells(rows, text=False)
+            columns = NOTICE_COLUMNS
+            bench_table.print_table("notice", title, columns, cells, text=notice_table(rows))
             return
         rows = run_cases(cluster, remote, loss_cases(args, remote))
     print()
-    print(
+    title = (
         f"Loss of one of 3 hosts (Spark worker and its executors SIGKILLed) during a 3-rank "
         f"DDP job, a step every {STEP_S} s, after step {KILL_AFTER_STEP}; standalone "
         f"cluster in network namespaces"
     )
-    print(table(rows))
+    print(title)
+    cells = loss_cells(rows, text=False)
+    bench_table.print_table("loss", title, LOSS_COLUMNS, cells, text=table(rows))
     for row in rows:
         if row.get("error"):
             print(f"  {row['case']}: {row['error']}")
@@ -572,6 +600,16 @@ def notice_case(cluster, remote, row: dict, main: str, kwargs: dict, notice_s) -
     return row
 
 
+NOTICE_COLUMNS = [
+    "job",
+    "notice",
+    "longest time without a step s",
+    "steps redone",
+    "smaller world's first step, from the kill s",
+    "outcome",
+]
+
+
 def notice_table(rows: list[dict]) -> str:
     lines = [
         f"Loss of one of 3 hosts during a 3-rank DDP job (a step every {STEP_S} s; relaunch: a "
@@ -582,13 +620,22 @@ def notice_table(rows: list[dict]) -> str:
         "| smaller world's first step, from the kill | outcome |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for row in rows:
-        cells = [row["job"], row["notice"]]
-        cells += [f"{row['gap_s']:.1f} s" if "gap_s" in row else "-", row.get("redone", "-")]
-        cells += [f"{row['smaller_world_s']:+.1f} s" if "smaller_world_s" in row else "-"]
-        cells += [row.get("outcome", "")]
+    for cells in notice_cells(rows, text=True):
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def notice_cells(rows: list[dict], text: bool) -> list[list]:
+    """The notice table's cells; with `text` False the times are numbers, for the JSON."""
+    out = []
+    for row in rows:
+        gap, smaller = row.get("gap_s"), row.get("smaller_world_s")
+        if text:
+            gap = f"{gap:.1f} s" if gap is not None else "-"
+            smaller = f"{smaller:+.1f} s" if smaller is not None else "-"
+        cells = [row["job"], row["notice"], gap, row.get("redone", "-"), smaller]
+        out.append([*cells, row.get("outcome", "")])
+    return out
 
 
 if __name__ == "__main__":

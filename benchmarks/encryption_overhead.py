@@ -28,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_table  # noqa: E402 (sibling scripts, not a package)
 from launch_overhead import torch_job  # noqa: E402
 
 from sparkdist.protocol.job_secret import TLS_ENV  # noqa: E402
@@ -114,38 +115,66 @@ def main() -> None:
     spark.stop()
 
     print()
-    print(
-        f"Trivial 2-rank torch job, HorovodRunner(np=2), {args.repeat} runs per mode, "
+    print_launch_table(launch, args.repeat)
+    print()
+    rates = print_checkpoint_table(saves, args.checkpoint_repeat)
+    print(f"throughput with TLS vs without: {100 * (rates[True] / rates[False] - 1):+.1f}%")
+
+
+def print_launch_table(launch: dict, repeat: int) -> None:
+    """The launch with TLS on and off, per launcher: medians, minimums, on vs off in %."""
+    title = (
+        f"Trivial 2-rank torch job, HorovodRunner(np=2), {repeat} runs per mode, "
         "alternating, warm local-cluster[2,1,1024]"
     )
-    print(
+    lines = [
+        title,
         f"{'launcher':<12} {'TLS on median s':>16} {'TLS off median s':>17} {'on vs off':>10}"
-        f" {'on min s':>9} {'off min s':>10} {'on vs off':>10}"
-    )
+        f" {'on min s':>9} {'off min s':>10} {'on vs off':>10}",
+    ]
+    cells = []
     for launcher, values in launch.items():
         on, off = statistics.median(values[True]), statistics.median(values[False])
         low_on, low_off = min(values[True]), min(values[False])
         low_ratio = 100 * (low_on / low_off - 1)
-        print(
+        lines.append(
             f"{launcher:<12} {on:>16.3f} {off:>17.3f} {100 * (on / off - 1):>+9.1f}%"
             f" {low_on:>9.3f} {low_off:>10.3f} {low_ratio:>+9.1f}%"
         )
-    print()
+        cells.append([launcher, on, off, 100 * (on / off - 1), low_on, low_off, low_ratio])
+    columns = [
+        "launcher",
+        "TLS on median s",
+        "TLS off median s",
+        "on vs off median %",
+        "on min s",
+        "off min s",
+        "on vs off min %",
+    ]
+    bench_table.print_table("launch", title, columns, cells, text="\n".join(lines))
+
+
+def print_checkpoint_table(saves: dict, repeat: int) -> dict[bool, float]:
+    """The checkpoint saves with TLS on and off; the median MB/s of each."""
     total = STATE_MB * SAVES
-    print(
+    title = (
         f"Checkpoints: {SAVES} saves of a {STATE_MB} MB state from rank 0 to the driver "
-        f"(checkpoint_dir on local disk), {args.checkpoint_repeat} jobs per mode"
+        f"(checkpoint_dir on local disk), {repeat} jobs per mode"
     )
-    print(f"{'mode':<12} {'median s':>9} {'MB/s median':>12} {'MB/s best':>10}")
-    rates = {}
+    lines = [title, f"{'mode':<12} {'median s':>9} {'MB/s median':>12} {'MB/s best':>10}"]
+    rates, cells = {}, []
     for on in (True, False):
         seconds = saves[on]
         rates[on] = total / statistics.median(seconds)
-        print(
-            f"{'TLS ' + ('on' if on else 'off'):<12} {statistics.median(seconds):>9.2f} "
+        mode = "TLS " + ("on" if on else "off")
+        lines.append(
+            f"{mode:<12} {statistics.median(seconds):>9.2f} "
             f"{rates[on]:>12.0f} {total / min(seconds):>10.0f}"
         )
-    print(f"throughput with TLS vs without: {100 * (rates[True] / rates[False] - 1):+.1f}%")
+        cells.append([mode, statistics.median(seconds), rates[on], total / min(seconds)])
+    columns = ["mode", "median s", "MB/s median", "MB/s best"]
+    bench_table.print_table("checkpoints", title, columns, cells, text="\n".join(lines))
+    return rates
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 sys.path.insert(0, _ROOT)
 
+import bench_table  # noqa: E402 (a sibling script, not a package)
+
 N_FEATURES = 50
 N_TEST = 20_000
 SPARK_WORKERS = 2
@@ -478,13 +480,18 @@ def print_table(results: list[dict], repeats: int) -> None:
     }
     for column, fmt in formats.items():
         table[column] = table[column].map(fmt.format)
-    print(f"medians of {repeats} interleaved round(s); {os.cpu_count()} cores")
-    print(table.to_string(index=False))
+    title = f"medians of {repeats} interleaved round(s); {os.cpu_count()} cores"
+    print(title)
+    cells = table.values.tolist()
+    text = table.to_string(index=False)
+    bench_table.print_table("ensembles", title, list(table.columns), cells, text=text)
     print()
-    print("where sparkdist's end-to-end seconds went (medians; see phases())")
+    title = "where sparkdist's end-to-end seconds went (medians; see phases())"
+    print(title)
     for column in ["spark_e2e_s", *PHASES]:
         breakdown[column] = breakdown[column].map("{:.2f}".format)
-    print(breakdown.to_string(index=False))
+    cells, text = breakdown.values.tolist(), breakdown.to_string(index=False)
+    bench_table.print_table("phases", title, list(breakdown.columns), cells, text=text)
     print()
     for note in NOTES:
         print(note)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_table  # noqa: E402 (a sibling script, not a package)
+
 LAYERS = 6
 
 
@@ -159,18 +161,22 @@ def main() -> None:
     gb = found["gb"]
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     size = f"{params / 1e6:.0f}M parameters, commit {gb:.2f} GB"
-    print(f"{size}, on {name} (torch {torch.__version__}), {steps} steps")
-    print(f"{'row':<40} {'ms':>9} {'ms/GB':>9}")
-    figure = []
+    title = f"{size}, on {name} (torch {torch.__version__}), {steps} steps"
+    lines = [title, f"{'row':<40} {'ms':>9} {'ms/GB':>9}"]
+    figure, cells = [], []
     for row, value in found["rows"].items():
         if isinstance(value, tuple):
             for part, seconds in zip(("stall", "complete"), value, strict=True):
                 label = row.split(":")[0] + f" ({part})"
-                print(f"{label:<40} {seconds * 1e3:>9.1f} {seconds * 1e3 / gb:>9.1f}")
+                lines.append(f"{label:<40} {seconds * 1e3:>9.1f} {seconds * 1e3 / gb:>9.1f}")
                 figure.append(f"{label} {seconds * 1e3 / gb:.1f} ms/GB")
+                cells.append([label, seconds * 1e3, seconds * 1e3 / gb])
         else:
-            print(f"{row:<40} {value * 1e3:>9.1f}")
+            lines.append(f"{row:<40} {value * 1e3:>9.1f}")
             figure.append(f"{row} {value * 1e3:.1f} ms")
+            cells.append([row, value * 1e3, None])
+    text = "\n".join(lines)
+    bench_table.print_table(device, title, ["row", "ms", "ms/GB"], cells, text=text)
     summary = f"{device}, {params / 1e6:.0f}M params ({gb:.2f} GB): " + "; ".join(figure)
     print(json.dumps({"figure": summary, "rows": found["rows"], "gb": gb}))
 

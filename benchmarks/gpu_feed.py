@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_table  # noqa: E402 (a sibling script, not a package)
+
 
 def write_data(directory: Path, rows: int, features: int) -> str:
     import numpy as np
@@ -147,9 +149,13 @@ def main() -> None:
         print(f"{shape}, into {device} (torch {torch.__version__}), best of {args.rounds}")
         rates = measure(cases, device, args.features, args.rounds)
     batch_mb = args.batch_size * args.features * 4 / 1e6
-    print(f"{'loader':<40} {'batches/s':>10} {'MB/s':>8}")
+    lines = [f"{'loader':<40} {'batches/s':>10} {'MB/s':>8}"]
     for name, rate in rates.items():
-        print(f"{name:<40} {rate:>10.1f} {rate * batch_mb:>8.0f}")
+        lines.append(f"{name:<40} {rate:>10.1f} {rate * batch_mb:>8.0f}")
+    cells = [[name, rate, rate * batch_mb] for name, rate in rates.items()]
+    title = f"{shape}, into {device} (torch {torch.__version__}), best of {args.rounds}"
+    columns = ["loader", "batches/s", "MB/s"]
+    bench_table.print_table(device, title, columns, cells, text="\n".join(lines))
     short = ["plain loop", "CPU batches", "pin_memory", "prefetch"]
     figure = f"{device} batches/s: " + ", ".join(
         f"{label} {rate:.0f}" for label, rate in zip(short, rates.values(), strict=True)

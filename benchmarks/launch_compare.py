@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+import bench_table  # a sibling script, not a package
+
 DEFAULT_ROWS = (
     r"^sparkdist (mpi|direct) np=-?2(, elastic 1..2)?$|^TorchDistributor local_mode=False$"
 )
@@ -106,18 +108,31 @@ def compare(checkouts: dict[str, str], only: str, repeat: int) -> None:
         worker.wait()
     log.close()
     before, after = list(checkouts)
-    print(f"\nTrivial 2-rank torch job, {repeat} runs per row and checkout, interleaved")
-    print(
+    title = f"Trivial 2-rank torch job, {repeat} runs per row and checkout, interleaved"
+    lines = [
+        f"\n{title}",
         f"{'row':<36} {'before median':>14} {'after median':>13} {'ratio':>7}"
-        f" {'before min':>11} {'after min':>10} {'ratio':>7}"
-    )
+        f" {'before min':>11} {'after min':>10} {'ratio':>7}",
+    ]
+    cells = []
     for row in rows:
         b, a = times[before, row], times[after, row]
         mb, ma = statistics.median(b), statistics.median(a)
-        print(
+        lines.append(
             f"{row:<36} {mb:>14.3f} {ma:>13.3f} {ma / mb:>6.3f}x"
             f" {min(b):>11.3f} {min(a):>10.3f} {min(a) / min(b):>6.3f}x"
         )
+        cells.append([row, mb, ma, ma / mb, min(b), min(a), min(a) / min(b)])
+    columns = [
+        "row",
+        "before median s",
+        "after median s",
+        "median ratio",
+        "before min s",
+        "after min s",
+        "min ratio",
+    ]
+    bench_table.print_table("compare", title, columns, cells, text="\n".join(lines))
 
 
 def main() -> None:

@@ -47,6 +47,8 @@ import subprocess
 import sys
 import time
 
+import bench_table  # a sibling script, not a package
+
 RAY_PYTHON = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-ray", "bin", "python"
 )
@@ -358,16 +360,25 @@ def print_kept_table(rows: list[tuple], repeat: int, baseline: float | None) -> 
         return f"{value:>{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
 
     print()
-    print(f"Kept between runs: the world set up once, then {repeat} runs of the same job")
+    title = f"Kept between runs: the world set up once, then {repeat} runs of the same job"
     rest = f"runs 2-{repeat} median s"
-    print(f"{'launcher':<52} {'setup s':>8} {'run 1 s':>8} {rest:>19} {'min s':>7} {'x TD':>6}")
+    lines = [
+        title,
+        f"{'launcher':<52} {'setup s':>8} {'run 1 s':>8} {rest:>19} {'min s':>7} {'x TD':>6}",
+    ]
+    cells = []
     for name, setup, first, median, best in rows:
         ratio = f"{median / baseline:.3f}x" if baseline and median is not None else "n/a"
-        print(
+        lines.append(
             f"{name:<52} {cell(setup, 8)} {cell(first, 8)} {cell(median, 19, 3)} "
             f"{cell(best, 7, 3)} {ratio:>6}"
         )
-    print("x TD: runs 2.. median over TorchDistributor local_mode=False's median (first table)")
+        cells.append([name, setup, first, median, best, ratio])
+    lines.append(
+        "x TD: runs 2.. median over TorchDistributor local_mode=False's median (first table)"
+    )
+    columns = ["launcher", "setup s", "run 1 s", rest, "min s", "x TD"]
+    bench_table.print_table("kept", title, columns, cells, text="\n".join(lines))
 
 
 def lightning_contenders():
@@ -472,16 +483,21 @@ def print_first_table(rows: list[tuple], repeat: int) -> dict[str, float | None]
     their medians by name."""
     medians = {n: m for n, m, _ in rows}
     print()
-    print(f"Trivial 2-rank torch job, {repeat} runs each, warm local-cluster[2,1,1024]")
-    print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}")
+    title = f"Trivial 2-rank torch job, {repeat} runs each, warm local-cluster[2,1,1024]"
+    lines = [title, f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}"]
+    cells = []
     for name, median, best in rows:
         if median is None:
-            print(f"{name:<46} {'n/a':>9}")
+            lines.append(f"{name:<46} {'n/a':>9}")
+            cells.append([name, None, None, None])
             continue
         prefix = "Connect: " if name.startswith("Connect: ") else ""
         baseline = medians.get(f"{prefix}TorchDistributor local_mode=False")
         ratio = f"{median / baseline:.2f}x" if baseline else "n/a"
-        print(f"{name:<46} {median:>9.2f} {best:>7.2f} {ratio:>19}")
+        lines.append(f"{name:<46} {median:>9.2f} {best:>7.2f} {ratio:>19}")
+        cells.append([name, median, best, ratio])
+    columns = ["launcher", "median s", "min s", "x TorchDistributor"]
+    bench_table.print_table("launch", title, columns, cells, text="\n".join(lines))
 
     for mode, runner in (("False", "sparkdist mpi np=2"), ("True", "sparkdist mpi np=-2")):
         ours = medians.get(f"sparkdist TorchDistributor local_mode={mode}")
@@ -499,11 +515,14 @@ def print_lightning_table(rows: list[tuple], repeat: int) -> None:
     if not rows:
         return
     print()
-    print(f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {repeat} runs each, same session")
-    print(f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}")
+    title = f"PyTorch Lightning fit (2 ranks, DDP, 2 epochs), {repeat} runs each, same session"
+    lines = [title, f"{'launcher':<46} {'median s':>9} {'min s':>7} {'x TorchDistributor':>19}"]
     baseline = rows[-1][1]
     for name, median, best in rows:
-        print(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
+        lines.append(f"{name:<46} {median:>9.2f} {best:>7.2f} {median / baseline:>18.2f}x")
+    cells = [[name, median, best, median / baseline] for name, median, best in rows]
+    columns = ["launcher", "median s", "min s", "x TorchDistributor"]
+    bench_table.print_table("lightning", title, columns, cells, text="\n".join(lines))
 
 
 if __name__ == "__main__":

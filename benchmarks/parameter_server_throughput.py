@@ -25,6 +25,8 @@ import logging
 import os
 import time
 
+import bench_table  # a sibling script, not a package
+
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "scripts")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -102,7 +104,7 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     print()
-    print(
+    title = (
         f"{args.steps} steps of {args.batch} examples per worker step, 2 workers, "
         f"local-cluster[2,1,1024], one run each, {os.cpu_count()} cores, "
         f"load average {load_before:.1f} before, {load_after:.1f} after"
@@ -111,14 +113,26 @@ def main() -> None:
         f"{'strategy':<42} {'examples':>8} {'train s':>8} {'examples/s':>11} "
         f"{'steady ex/s':>12} {'accuracy':>9} {'job wall s':>11}"
     )
-    print(header)
+    lines, cells = [title, header], []
     for name, result, examples, wall in rows:
-        print(
+        lines.append(
             f"{name:<42} {examples:>8} {result['train_seconds']:>8.2f} "
             f"{result['examples_per_second']:>11.0f} "
             f"{result['steady_examples_per_second']:>12.0f} {result['accuracy']:>9.4f} "
             f"{wall:>11.1f}"
         )
+        measured = ("train_seconds", "examples_per_second", "steady_examples_per_second")
+        cells.append([name, examples, *(result[k] for k in measured), result["accuracy"], wall])
+    columns = [
+        "strategy",
+        "examples",
+        "train s",
+        "examples/s",
+        "steady ex/s",
+        "accuracy",
+        "job wall s",
+    ]
+    bench_table.print_table("strategies", title, columns, cells, text="\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ bytes sent.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import re
@@ -47,9 +48,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch_overhead import time_one  # noqa: E402 (a sibling script, not a package)
+import bench_table  # noqa: E402 (sibling scripts, not a package)
+from launch_overhead import time_one  # noqa: E402
 
-from sparkdist.runner.simulator.curve import CURVE_RANKS, curve, print_table  # noqa: E402
+from sparkdist.runner.simulator import curve as simulator  # noqa: E402
 
 LAUNCHERS = ("sparkdist mpi", "sparkdist direct", "sparkdist elastic gang", "TorchDistributor")
 DEFAULT_MASTER = "local-cluster[2,32,3072]"
@@ -141,6 +143,17 @@ def real_process_rows(
     return rows
 
 
+REAL_COLUMNS = (
+    "np",
+    "ranks per task",
+    "mpi s",
+    "direct s",
+    "mpi / direct",
+    "elastic gang s",
+    "TorchDistributor s",
+)
+
+
 def format_rows(rows: Sequence[ScaleRow], repeat: int) -> str:
     """The side-by-side table (median seconds) of `real_process_rows`."""
 
@@ -163,9 +176,46 @@ def format_rows(rows: Sequence[ScaleRow], repeat: int) -> str:
     return "\n".join(lines)
 
 
+def table_rows(rows: Sequence[ScaleRow]) -> list[list]:
+    """`format_rows`'s cells as numbers (None where the table shows "-"), for the JSON."""
+    out = []
+    for row in rows:
+        mpi, direct = row.median("sparkdist mpi"), row.median("sparkdist direct")
+        out.append(
+            [
+                row.np,
+                row.ranks_per_task,
+                mpi,
+                direct,
+                mpi / direct if mpi and direct else None,
+                row.median("sparkdist elastic gang"),
+                row.median("TorchDistributor"),
+            ]
+        )
+    return out
+
+
+def print_simulated(ranks: Sequence[int]) -> None:
+    """The simulator's curve, printed as `sparkdist.runner.simulator` prints it, and its
+    two tables (the curve, the driver's CPU by phase) kept as JSON."""
+    measurements = simulator.curve(ranks)
+    text = io.StringIO()
+    simulator.print_table(measurements, text)
+    columns = list(simulator.COLUMNS)
+    cells = [simulator.row_cells(m) for m in measurements]
+    title = "The scale simulator: the driver's real service, simulated tasks and ranks"
+    bench_table.print_table("simulator", title, columns, cells, text=text.getvalue().rstrip("\n"))
+    phases = ("form", "lines", "collect", "payloads")
+    by_phase = [[m.ranks, *(m.phase_cpu_s.get(p, 0.0) for p in phases)] for m in measurements]
+    phase_columns = ["ranks", *(f"driver CPU s: {p}" for p in phases)]
+    bench_table.write_table("simulator cpu by phase", title, phase_columns, by_phase)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", default="2,8,32,64", help="comma-separated world sizes")
+    parser.add_argument(
+        "--np", default="2,8,32,64", help="comma-separated world sizes ('' for none)"
+    )
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
         "--max-tasks", type=int, default=32, help="most tasks of a sparkdist job (more ranks each)"
@@ -177,13 +227,21 @@ def main() -> None:
     parser.add_argument("--only", metavar="REGEX", help="only the launchers whose name matches")
     parser.add_argument(
         "--simulated",
-        default=",".join(map(str, CURVE_RANKS)),
+        default=",".join(map(str, simulator.CURVE_RANKS)),
         help="world sizes of the simulator's curve, comma-separated ('' for none)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    nps = [int(n) for n in args.np.split(",")]
+    nps = [int(n) for n in args.np.split(",") if n]
+    if nps:
+        print_real_processes(args, nps)
+    if args.simulated:
+        print("\nThe scale simulator: the driver's real service, simulated tasks and ranks")
+        print_simulated([int(n) for n in args.simulated.split(",")])
 
+
+def print_real_processes(args: argparse.Namespace, nps: list[int]) -> None:
+    """The real-process rows on a local-cluster session of `args.master`."""
     from sparkdist.spark.session import embedded_spark
 
     spark = embedded_spark(master=args.master, app_name="sparkdist-scale")
@@ -191,10 +249,9 @@ def main() -> None:
     spark.stop()
     print()
     print(f"Real processes on {args.master}")
-    print(format_rows(rows, args.repeat))
-    if args.simulated:
-        print("\nThe scale simulator: the driver's real service, simulated tasks and ranks")
-        print_table(curve([int(n) for n in args.simulated.split(",")]))
+    text = format_rows(rows, args.repeat)
+    title = f"Real processes on {args.master}: " + text.splitlines()[0]
+    bench_table.print_table("real processes", title, REAL_COLUMNS, table_rows(rows), text=text)
 
 
 if __name__ == "__main__":

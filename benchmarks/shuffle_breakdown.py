@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_table  # a sibling script, not a package
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -155,18 +156,38 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{args.rows} rows, {layout.row_bytes} B a row, row groups of 500,000 rows")
-    print(f"CPU seconds by stage, one shuffled epoch (least of {args.repeat})")
-    print(f"{'stage':16} {'before':>8} {'now':>8}")
+    print_stages(best, args.repeat)
+    print_whole_reads(best)
+
+
+def print_stages(best: dict, repeat: int) -> None:
+    """CPU seconds by stage, before and now, and the page faults of each."""
+    title = f"CPU seconds by stage, one shuffled epoch (least of {repeat})"
+    lines, cells = [title, f"{'stage':16} {'before':>8} {'now':>8}"], []
     for stage in (*STAGES, "total"):
         values = [
             cpu_of(best[how]) if stage == "total" else best[how][stage] for how in ("before", "now")
         ]
-        print(f"{stage:16} {values[0]:>8.2f} {values[1]:>8.2f}")
-    print(f"{'page faults':16} {best['before']['page faults']:>8} {best['now']['page faults']:>8}")
-    print(f"\n{'one rank, one epoch':28} {'rows/s':>10} {'CPU s':>6} {'rows per CPU s':>15}")
+        lines.append(f"{stage:16} {values[0]:>8.2f} {values[1]:>8.2f}")
+        cells.append([stage, *values])
+    faults = [best["before"]["page faults"], best["now"]["page faults"]]
+    lines.append(f"{'page faults':16} {faults[0]:>8} {faults[1]:>8}")
+    cells.append(["page faults", *faults])
+    columns = ["stage", "before", "now"]
+    bench_table.print_table("stages", title, columns, cells, text="\n".join(lines))
+
+
+def print_whole_reads(best: dict) -> None:
+    """The whole loader beside the plain loop: rows/s, CPU s, rows per CPU s."""
+    title = "one rank, one epoch"
+    lines = [f"\n{title:28} {'rows/s':>10} {'CPU s':>6} {'rows per CPU s':>15}"]
+    cells = []
     for label in ("plain pyarrow loop", "ShardReader, in order", "ShardReader, shuffle=True"):
         rows, wall, cpu = best[label]
-        print(f"{label:28} {rows / wall:>10,.0f} {cpu:>6.2f} {rows / cpu:>15,.0f}")
+        lines.append(f"{label:28} {rows / wall:>10,.0f} {cpu:>6.2f} {rows / cpu:>15,.0f}")
+        cells.append([label, rows / wall, cpu, rows / cpu])
+    columns = ["reader", "rows/s", "CPU s", "rows per CPU s"]
+    bench_table.print_table("whole reads", title, columns, cells, text="\n".join(lines))
 
 
 if __name__ == "__main__":

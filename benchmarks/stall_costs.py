@@ -31,6 +31,8 @@ import textwrap
 import threading
 import time
 
+import bench_table  # a sibling script, not a package
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLDER = textwrap.dedent(
@@ -140,24 +142,32 @@ def main() -> None:
     parser.add_argument("before", nargs="?", help="the checkout to compare the job with")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    cells = []
+
+    def row(label: str, value: float, unit: str, digits: int) -> None:
+        """Print one row as it is measured, and keep it for the JSON."""
+        width = 11 if unit in ("ms", "ns") else 12
+        print(f"{label:42} {value:{width}.{digits}f}" + (f" {unit}" if unit else ""))
+        cells.append([label.strip(), value, unit])
+
     print(f"{'row':42} {'value':>14}")
-    print(f"{'dump, 10 threads, in process':42} {dump_in_process(50) * 1e3:11.3f} ms")
-    off = dump_by_supervisor(10, py_spy="off")
-    print(f"{'dump, 10 threads, StackTaker.take':42} {off * 1e3:11.1f} ms")
-    with_py_spy = dump_by_supervisor(10)
-    print(f"{'  the same with py-spy --native':42} {with_py_spy * 1e3:11.1f} ms")
+    row("dump, 10 threads, in process", dump_in_process(50) * 1e3, "ms", 3)
+    row("dump, 10 threads, StackTaker.take", dump_by_supervisor(10, py_spy="off") * 1e3, "ms", 1)
+    row("  the same with py-spy --native", dump_by_supervisor(10) * 1e3, "ms", 1)
     torch_rank = dump_by_supervisor(5, torch=True)
-    print(f"{'  the same with py-spy, torch imported':42} {torch_rank * 1e3:11.1f} ms")
-    print(f"{'alive() per call':42} {alive_call() * 1e9:11.0f} ns")
+    row("  the same with py-spy, torch imported", torch_rank * 1e3, "ms", 1)
+    row("alive() per call", alive_call() * 1e9, "ns", 0)
     if args.before:
         runs: dict[str, list[float]] = {"before": [], "after": []}
         for _ in range(args.repeat):
             for name, checkout in (("before", args.before), ("after", ROOT)):
                 runs[name].append(lines_job(checkout))
         before, after = (statistics.median(runs[n]) for n in ("before", "after"))
-        print(f"{'1,000 lines per rank, np=-2, before':42} {before:12.2f} s")
-        print(f"{'1,000 lines per rank, np=-2, after':42} {after:12.2f} s")
-        print(f"{'after / before':42} {after / before:12.3f}")
+        row("1,000 lines per rank, np=-2, before", before, "s", 2)
+        row("1,000 lines per rank, np=-2, after", after, "s", 2)
+        row("after / before", after / before, "", 3)
+    title = "What a stack dump, a sign of life and a job that prints a lot cost"
+    bench_table.write_table("costs", title, ["row", "value", "unit"], cells)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 sys.path.insert(0, _ROOT)
 
+import bench_table  # noqa: E402 (a sibling script, not a package)
+
 N_SINGLE = 16
 LEARNING_RATES = [0.03, 0.01, 0.003, 0.001]
 
@@ -217,10 +219,15 @@ def main() -> None:
             check=True,
         ).stdout
         rows += json.loads(next(line for line in out.splitlines() if line.startswith("ROWS "))[5:])
-    print(f"\nload average: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} cores")
-    print(f"{'part':34} {'tool':34} {'wall s':>7} {'best':>8} {'trials done':>11}")
+    title = f"load average: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} cores"
+    lines = [f"\n{title}", f"{'part':34} {'tool':34} {'wall s':>7} {'best':>8} {'trials done':>11}"]
     for r in rows:
-        print(f"{r['part']:34} {r['tool']:34} {r['wall_s']:7.1f} {r['best']:8.4f} {r['done']:11d}")
+        lines.append(
+            f"{r['part']:34} {r['tool']:34} {r['wall_s']:7.1f} {r['best']:8.4f} {r['done']:11d}"
+        )
+    columns = ["part", "tool", "wall s", "best", "trials done"]
+    cells = [[r["part"], r["tool"], r["wall_s"], r["best"], r["done"]] for r in rows]
+    bench_table.print_table("trials", title, columns, cells, text="\n".join(lines))
 
 
 if __name__ == "__main__":
