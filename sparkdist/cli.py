@@ -1,4 +1,4 @@
-"""The `sparkdist` command: demo, run (also under spark-submit), doctor."""
+"""The `sparkdist` command: demo, run (also under spark-submit), timeline, doctor."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ EXIT_CODES = """exit codes:
   0    success (doctor: every required check passed)
   1    the job failed: a rank raised or exited non-zero, a rank or executor was lost,
        a time limit ran out, too few task slots (doctor: a required check failed)
-  2    bad usage: an unknown or invalid option, a missing or unreadable script;
-       reported in one line before Spark starts
+  2    bad usage: an unknown or invalid option, a missing or unreadable script
+       (timeline: no readable trace in JOB_DIR); reported in one line before Spark starts
   130  interrupted (Ctrl-C): the job's Spark stage was cancelled and its ranks stopped
 
 environment:
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_command in (_add_demo, _add_run, _add_doctor, _add_entrypoint):
+    for add_command in (_add_demo, _add_run, _add_timeline, _add_doctor, _add_entrypoint):
         add_command(commands)
     return parser
 
@@ -209,6 +209,7 @@ def _run(args: argparse.Namespace) -> int:
         runner.run(args.script, args=script_args)
     except SparkdistError as exc:
         print(f"sparkdist run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _print_trace(runner)
         return EXIT_FAILED
     finally:
         if spark is not None:
@@ -220,7 +221,18 @@ def _run(args: argparse.Namespace) -> int:
         f"{runner.last_job.wall_time_s:.1f}s",
         file=sys.stderr,
     )
+    _print_trace(runner)
     return EXIT_OK
+
+
+def _print_trace(runner: Any) -> None:
+    """Where the job's trace is, and the command that draws it (if the job wrote one)."""
+    trace = getattr(runner.last_job, "trace", None)
+    if trace:
+        where = shlex.quote(os.path.dirname(trace) or ".")
+        print(
+            f"sparkdist run: trace: {trace} (draw it: sparkdist timeline {where})", file=sys.stderr
+        )
 
 
 def _bad_run_arguments(args: argparse.Namespace) -> str | None:
@@ -335,6 +347,54 @@ _PARSING: dict[Any, dict[str, Any]] = {
     # --mpi-args "--mca btl_tcp_links 2": one string, split as a shell would
     tuple[str, ...]: {"type": shlex.split, "default": []},
 }
+
+
+# --- timeline -----------------------------------------------------------------------------
+
+TIMELINE_FILES = ("timeline.html", "timeline.png")
+
+
+def _add_timeline(commands: _Commands) -> None:
+    timeline = _command(
+        commands,
+        "timeline",
+        "draw a finished job's trace: timeline.html and timeline.png",
+        _timeline,
+        description="Draw the trace of a job (JOB_DIR/trace.json: the folder of "
+        "runner.last_job.trace, beside the rank logs) as a page (timeline.html, one "
+        "self-contained SVG: no script, nothing loaded) and a picture (timeline.png): a row "
+        "per rank, the slowest marked, failures and world changes, the data-wait share.",
+    )
+    timeline.add_argument(
+        "job_dir", metavar="JOB_DIR", help="the job's directory (holding trace.json), or the file"
+    )
+    timeline.add_argument(
+        "--out", metavar="DIR", help="where the two files go (default: JOB_DIR, made if missing)"
+    )
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from sparkdist.trace.format import FILE_NAME
+    from sparkdist.trace.picture import Timeline
+
+    try:
+        timeline = Timeline.load(args.job_dir)
+    except FileNotFoundError:
+        return _timeline_error(f"no {FILE_NAME} in {args.job_dir} (give a job's directory)")
+    except (OSError, ValueError) as exc:  # unreadable, or not JSON, or not a trace
+        return _timeline_error(f"cannot read the trace in {args.job_dir}: {exc}")
+    job_dir = args.job_dir if os.path.isdir(args.job_dir) else os.path.dirname(args.job_dir)
+    out = args.out or job_dir or "."
+    os.makedirs(out, exist_ok=True)
+    html, png = (os.path.join(out, name) for name in TIMELINE_FILES)
+    print(timeline.save_html(html))
+    print(timeline.to_png(png))
+    return EXIT_OK
+
+
+def _timeline_error(message: str) -> int:
+    print(f"sparkdist timeline: error: {message.splitlines()[0]}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 # --- doctor and entrypoint ----------------------------------------------------------------
