@@ -85,13 +85,13 @@ import os, time
 import sparkdist
 rank = int(os.environ["RANK"])
 for step in range(4):
-    time.sleep(0.05 if rank == 0 else 0.15)
+    time.sleep(0.05 if rank == 0 else 0.2)
     sparkdist.report({"loss": 1.0 / (step + 1)}, step=step)
 """
 
 
 def test_run_prints_where_the_trace_is_and_timeline_draws_it(tmp_path):
-    """A real job (two ranks as processes here, rank 1 three times slower)."""
+    """A real job (two ranks as processes here, rank 1 four times slower)."""
     script = tmp_path / "train.py"
     script.write_text(SLOW_RANK)
     command = [sys.executable, "-m", "sparkdist", "run", "--np", "-2", "--launcher", "direct"]
