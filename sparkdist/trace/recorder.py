@@ -293,13 +293,14 @@ class JobTrace:
                 self.driver.begin(GENERATIONS, f"generation {generation}", now, {"ranks": size})
                 self.driver.instant("world change", now, {"ranks": size, "why": why[:500]})
 
-    def stall(self, since_us: float, why: str, silent: dict[int, float]) -> None:
-        """No rank spoke since `since_us`; `silent`: each quiet rank's last sign of life."""
+    def stall(self, since_us: float, until_us: float, why: str, silent: dict[int, float]):
+        """No rank spoke from `since_us` to `until_us`; `silent`: each quiet rank's last
+        sign of life."""
         with self._lock:
-            now = self.now_us()
-            self.driver.lanes[STALLS].add(since_us, now - since_us, "stall", {"why": why})
+            self.driver.lanes[STALLS].add(since_us, until_us - since_us, "stall", {"why": why})
             for rank, last in silent.items():
-                self._rank(rank).lanes[STALLS].add(last, max(0.0, now - last), "silent", None)
+                lane = self._rank(rank).lanes[STALLS]
+                lane.add(last, max(0.0, until_us - last), "silent", None)
 
     def instant(self, name: str, args: dict | None = None, ranks: Iterable[int] = ()) -> None:
         """An instant on the driver ("stacks", "notice"), and on each of `ranks`."""

@@ -302,14 +302,14 @@ class StallWatch:
 
     def _trace_stall(self, life: SignsOfLife) -> None:
         """The stall that began at the last warning's sign of life, in the trace: on the
-        driver, and each rank silent since then from its own last sign of life."""
+        driver, and each rank silent since then from its own last sign of life; it ended
+        when a rank spoke again (else now)."""
         since, self._warned_at = self._warned_at, None
         trace, now = self.state.trace, time.monotonic()
+        until = life.last if life.last > since else now
         to_us = trace.now_us() - now * 1e6
-        silent = {
-            rank: seen * 1e6 + to_us
-            for rank, seen in life.by_rank.items()
-            if seen <= since and not _ended(self.state.rank_records, rank)
-        }
-        why = f"no sign of life for {now - since:.0f}s"
-        trace.stall(since * 1e6 + to_us, why, silent)
+        with self.state.cond:
+            running = self.state.rank_records.running()  # one never heard: since the stall
+        silent = {r: min(life.by_rank.get(r, since), since) * 1e6 + to_us for r in running}
+        why = f"no sign of life for {until - since:.0f}s"
+        trace.stall(since * 1e6 + to_us, until * 1e6 + to_us, why, silent)
