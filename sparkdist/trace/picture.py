@@ -86,7 +86,9 @@ class Timeline:
         if not isinstance(event, dict) or not isinstance(event.get("pid"), int):
             return
         pid, ph = event["pid"], event.get("ph")
-        if ph == "X" and isinstance(event.get("dur"), (int, float)):
+        if ph != "M" and not validate.is_number(event.get("ts")):
+            return  # validate.problems named it; nothing to place in time
+        if ph == "X" and validate.is_number(event.get("dur")):
             self._slices[pid, event.get("tid")].append(event)
         elif ph == "i":
             self._instants[pid].append(event)

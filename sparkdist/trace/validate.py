@@ -19,6 +19,9 @@ PHASES = ("X", "i", "C", "M")
 METADATA = ("process_name", "process_sort_index", "thread_name", "thread_sort_index")
 INSTANT_SCOPES = ("t", "p", "g")
 REQUIRED = ("name", "ph", "ts", "pid", "tid")
+EPSILON_US = 1e-3
+"""Slices that meet end to start may overlap by a float's rounding (ts + dur written as
+decimals): less than this is no overlap."""
 
 
 def check(trace: Any) -> None:
@@ -65,7 +68,8 @@ def _where(index: int, event: Any) -> str:
     return f"event {index} ({event.get('ph')} {event.get('name')!r})"
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number that is finite (not a bool, not NaN): what ts, dur and counters hold."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -83,7 +87,7 @@ def _event_problems(event: Any) -> list[str]:
     found = []
     if not isinstance(event["name"], str):
         found.append("name is not a string")
-    if "ts" in event and not _is_number(event["ts"]):
+    if "ts" in event and not is_number(event["ts"]):
         found.append(f"ts {event['ts']!r} is not a number")
     found += _id_problems(event)
     found += _KIND_CHECKS[ph](event)
@@ -107,7 +111,7 @@ def _id_problems(event: dict) -> list[str]:
 
 def _slice_problems(event: dict) -> list[str]:
     dur = event.get("dur")
-    if not _is_number(dur):
+    if not is_number(dur):
         return [f"an X slice needs a numeric dur, not {dur!r}"]
     if dur < 0:
         return [f"dur {dur} < 0"]
@@ -128,7 +132,7 @@ def _counter_problems(event: dict) -> list[str]:
     args = event.get("args")
     if not isinstance(args, dict) or not args:
         found.append("a counter needs args")
-    elif not all(_is_number(value) for value in args.values()):
+    elif not all(is_number(value) for value in args.values()):
         found.append(f"a counter's args are numbers, not {args!r}")
     if event["name"] not in format.COUNTERS:
         found.append("not a counter of format.COUNTERS")
@@ -143,7 +147,7 @@ def _metadata_problems(event: dict) -> list[str]:
     value = args.get("name" if name.endswith("_name") else "sort_index")
     if name.endswith("_name") and not (isinstance(value, str) and value):
         return ["args.name is not a non-empty string"]
-    if name.endswith("_sort_index") and not _is_number(value):
+    if name.endswith("_sort_index") and not is_number(value):
         return ["args.sort_index is not a number"]
     return []
 
@@ -168,9 +172,9 @@ def _nesting_problems(events: list[tuple[int, dict]]) -> list[str]:
         slices.sort(key=lambda s: (s[0], -s[1], s[2]))
         open_slices: list[tuple[float, int]] = []  # (end, index), innermost last
         for ts, dur, index in slices:
-            while open_slices and open_slices[-1][0] <= ts:
+            while open_slices and open_slices[-1][0] <= ts + EPSILON_US:
                 open_slices.pop()
-            if open_slices and ts + dur > open_slices[-1][0]:
+            if open_slices and ts + dur > open_slices[-1][0] + EPSILON_US:
                 other = open_slices[-1][1]
                 found.append(
                     f"event {index} overlaps event {other} on lane (pid {pid}, tid {tid}) "

@@ -134,8 +134,9 @@ def test_not_a_trace_is_refused_and_a_flawed_one_drawn_with_a_warning(caplog):
         Timeline({"events": []})
     trace = job_trace([100, 100])
     trace["traceEvents"].append({"name": "step", "ph": "X", "ts": 0, "pid": 2, "tid": 2})
+    trace["traceEvents"].append({"name": "step", "ph": "X", "ts": "0", "pid": 2, "tid": 2})
     timeline = Timeline(trace)
-    assert "the trace has 1 problem(s)" in caplog.text
+    assert "the trace has 3 problem(s)" in caplog.text  # no dur twice, a text ts
     assert len(rows_of(timeline.svg())) == 2
 
 
