@@ -178,12 +178,20 @@ format:
 	$(PY) -m ruff check --fix sparkdist tests benchmarks
 
 # Every script under benchmarks/, each printing its table side by side with the peers (about
-# an hour); one that fails does not stop the others, and fails the target at the end.
-# ray_on_spark.py runs in .venv-ray, from launch_overhead.py.
+# an hour) and writing its rows as JSON into $(BENCH_OUT) (benchmarks/bench_table.py); one
+# that fails does not stop the others, and fails the target at the end. Then figures.py draws
+# the docs' figures from that JSON into $(BENCH_OUT)/figures (the committed ones are drawn
+# from docs/figures/data: see docs/benchmarks.md). ray_on_spark.py runs in .venv-ray, from
+# launch_overhead.py; bench_table.py is their shared module.
+BENCH_OUT ?= build/bench
+BENCH_NOT_RUN := benchmarks/ray_on_spark.py benchmarks/bench_table.py benchmarks/figures.py
 bench: bootstrap petastorm-side bench-deps bench-ray
-	status=0; for script in $(filter-out benchmarks/ray_on_spark.py,$(wildcard benchmarks/*.py)); do \
-		echo "== $$script"; $(PY) $$script || status=1; \
-	done; exit $$status
+	status=0; for script in $(filter-out $(BENCH_NOT_RUN),$(wildcard benchmarks/*.py)); do \
+		echo "== $$script"; SPARKDIST_BENCH_OUT=$(BENCH_OUT) $(PY) $$script || status=1; \
+	done; \
+	echo "== benchmarks/figures.py"; \
+	$(PY) benchmarks/figures.py --data $(BENCH_OUT) --out $(BENCH_OUT)/figures || status=1; \
+	exit $$status
 
 # Runs as it is on a GPU machine: builds nothing (see docs/gpu.md).
 gpu-check:

@@ -73,7 +73,8 @@ def _rounded(value: float) -> float:
 
 
 def format_table(title: str, columns: Sequence[str], rows: Sequence[Sequence]) -> str:
-    """A plain layout: the title, then left-aligned text and right-aligned numbers."""
+    """A plain layout: the title, then left-aligned text and right-aligned numbers (floats
+    as the JSON keeps them)."""
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [
         max(len(str(c)) for c in [name, *(r[i] for r in cells)]) for i, name in enumerate(columns)
@@ -97,7 +98,7 @@ def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.3f}"
+        return f"{_rounded(value):,}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
@@ -149,18 +150,18 @@ def write_table(
 
 
 def dumps(document: dict) -> str:
-    """The file's text: indented, but the columns and each row on one line."""
+    """The file's text: indented, but each of a table's fields (its columns: a list) and
+    each row on one line; a table's fields other than the four (a transcribed table's
+    "source") are kept."""
     tables = []
     for table in document["tables"]:
         rows = "".join(f"\n    {json.dumps(row)}," for row in table["rows"])[:-1]
-        tables.append(
-            "  {\n"
-            f'   "key": {json.dumps(table["key"])},\n'
-            f'   "title": {json.dumps(table["title"])},\n'
-            f'   "columns": {json.dumps(table["columns"])},\n'
-            f'   "rows": [{rows}\n   ]\n'
-            "  }"
+        fields = "".join(
+            f"   {json.dumps(key)}: {json.dumps(value)},\n"
+            for key, value in table.items()
+            if key != "rows"
         )
+        tables.append("  {\n" + fields + f'   "rows": [{rows}\n   ]\n' + "  }")
     head = {key: document[key] for key in ("benchmark", "command")}
     fields = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
     body = ",\n".join(tables)

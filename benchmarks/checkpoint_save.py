@@ -125,29 +125,9 @@ def run_mode(mode: str, params: int, saves: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=int, default=250_000_000)
-    parser.add_argument("--saves", type=int, default=3)
-    args = parser.parse_args()
-
-    from sparkdist.spark.session import embedded_spark
-
-    embedded_spark(executors=2, app_name="checkpoint-bench", master="local-cluster[2,1,1024]")
-    gib = args.params * 4 / 2**30
-    print(
-        f"state: {args.params:,} fp32 parameters ({gib:.2f} GiB) on 2 ranks, "
-        f"{args.saves} saves per way; medians",
-        flush=True,
-    )
-    results = []
-    for mode in ("driver path", "sharded sync", "sharded async", "plain DCP"):
-        row = run_mode(mode, args.params, args.saves)
-        print(f"  {mode}: {row}", flush=True)
-        results.append(row)
-    by_mode = {r["mode"]: r for r in results}
-    floor, sync = by_mode["plain DCP"]["seconds"], by_mode["sharded sync"]["seconds"]
-    print()
+def print_saves(results: list[dict], floor: float, sync: float, args) -> None:
+    """Each way of saving: seconds and stall per save, against plain DCP and the sync save,
+    the driver's peak memory."""
     lines = [
         f"{'way of saving':<16} {'s/save':>8} {'stall/save':>11} {'vs plain DCP':>13} "
         f"{'stall/sync':>11} {'driver peak RSS':>16} {'(+ over start)':>15}"
@@ -181,6 +161,32 @@ def main() -> None:
     ]
     title = f"{args.params:,} fp32 parameters on 2 ranks, {args.saves} saves per way; medians"
     bench_table.print_table("saves", title, columns, cells, text="\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=int, default=250_000_000)
+    parser.add_argument("--saves", type=int, default=3)
+    args = parser.parse_args()
+
+    from sparkdist.spark.session import embedded_spark
+
+    embedded_spark(executors=2, app_name="checkpoint-bench", master="local-cluster[2,1,1024]")
+    gib = args.params * 4 / 2**30
+    print(
+        f"state: {args.params:,} fp32 parameters ({gib:.2f} GiB) on 2 ranks, "
+        f"{args.saves} saves per way; medians",
+        flush=True,
+    )
+    results = []
+    for mode in ("driver path", "sharded sync", "sharded async", "plain DCP"):
+        row = run_mode(mode, args.params, args.saves)
+        print(f"  {mode}: {row}", flush=True)
+        results.append(row)
+    by_mode = {r["mode"]: r for r in results}
+    floor, sync = by_mode["plain DCP"]["seconds"], by_mode["sharded sync"]["seconds"]
+    print()
+    print_saves(results, floor, sync, args)
     print()
     print(
         f"goals: sharded sync within 1.1x of plain DCP: "
