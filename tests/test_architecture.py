@@ -542,7 +542,7 @@ def test_the_docstring_checks_catch_stale_words():
         assert not _code_names(other, aliases), other
     old = "`wire`, `messages`, `payload`, `script`, `launch`, `processes`"
     protocol = ROOT / "sparkdist" / "protocol" / "__init__.py"
-    assert len(_listing_problems(protocol, package, old)) == 4  # and left_stacks
+    assert len(_listing_problems(protocol, package, old)) == 5  # and left_stacks, rank_trace
     rank = ROOT / "sparkdist" / "runner" / "rank" / "__init__.py"
     assert _listing_problems(rank, package, "`supervisor`, `main`, `warm`, with `channel`") == [
         "sparkdist/runner/rank/__init__.py names `channel`, no module of it"

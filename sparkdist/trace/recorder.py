@@ -172,14 +172,27 @@ class Track:
         )
 
     def events(self, now: float) -> list[dict]:
-        """Its metadata, slices (the open ones ended `now`), instants and counters."""
-        for lane in list(self.open):
-            self.end(lane, now, {"unfinished": True})
+        """Its metadata, slices (the open ones as if they ended `now`: the job may go on,
+        a warm world's), instants and counters."""
         out = [_meta(self.pid, 0, "process_name", self.label)]
         out.append(_meta(self.pid, 0, "process_sort_index", self.pid, key="sort_index"))
         out += [_meta(self.pid, tid, "thread_name", name) for tid, name in self.lane_names.items()]
         for lane in self.lanes.values():
             out += lane.events(self.pid)
+        for lane, (begun, name, args) in self.open.items():
+            start, dur = round(begun, 1), round(max(0.0, now - begun), 1)
+            args = {**args, "unfinished": True}
+            out.append(
+                {
+                    "name": name,
+                    "ph": "X",
+                    "ts": start,
+                    "dur": dur,
+                    "pid": self.pid,
+                    "tid": lane,
+                    "args": args,
+                }
+            )
         out += self.instants.kept
         out += [{**c, "tid": 0} for c in self.counters.kept]
         return out
@@ -301,6 +314,13 @@ class JobTrace:
             for rank, last in silent.items():
                 lane = self._rank(rank).lanes[STALLS]
                 lane.add(last, max(0.0, until_us - last), "silent", None)
+
+    def run(self, name: str, since_us: float, args: dict | None = None) -> None:
+        """A warm world's run, from `since_us` to now, on the driver's job lane (inside
+        the world's attempt)."""
+        with self._lock:
+            now = self.now_us()
+            self.driver.lanes[JOB].add(since_us, now - since_us, name, args)
 
     def instant(self, name: str, args: dict | None = None, ranks: Iterable[int] = ()) -> None:
         """An instant on the driver ("stacks", "notice"), and on each of `ranks`."""

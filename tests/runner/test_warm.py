@@ -3,6 +3,7 @@ executors), real ranks, real torch.distributed over Gloo, kept between runs."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,6 +22,7 @@ from sparkdist import HorovodRunner, JobTimeoutError, RankFailedError
 from sparkdist.protocol import messages, wire
 from sparkdist.runner.driver import warm
 from sparkdist.runner.rank.warm import RefusedRun, check_order
+from sparkdist.trace import format, validate
 
 MODULE = "xml.dom.minidom"
 """A module neither sparkdist nor torch imports: the first run does."""
@@ -136,7 +139,8 @@ def test_two_runs_on_one_warm_world_share_their_processes(sc, np_, launcher):
     with HorovodRunner(np=np_, launcher=launcher, keep_warm=120, start_timeout=120) as runner:
         first = runner.run_all(where_am_i, x=1, import_it=True)
         first_job = runner.last_job
-        second = HorovodRunner(np=np_, launcher=launcher, keep_warm=120).run_all(where_am_i, x=2)
+        again = HorovodRunner(np=np_, launcher=launcher, keep_warm=120)
+        second = again.run_all(where_am_i, x=2)
         assert [r["x"] for r in first] == [1, 1] and [r["x"] for r in second] == [2, 2]
         assert [r["sum"] for r in first + second] == [3.0] * 4
         # The same processes, with what the first run imported, in a new job environment.
@@ -146,6 +150,17 @@ def test_two_runs_on_one_warm_world_share_their_processes(sc, np_, launcher):
         assert first[0]["job"] != second[0]["job"]
         assert first[0]["port"] != second[0]["port"]
         assert first_job.outcome == "succeeded"
+        # A run's trace is its world's so far: both runs, on the driver's job lane.
+        assert first_job.trace == again.last_job.trace
+        trace = json.loads(Path(again.last_job.trace).read_text())
+        validate.check(trace)
+        runs = [
+            e["name"]
+            for e in trace["traceEvents"]
+            if (e["ph"], e["pid"], e["tid"]) == ("X", format.DRIVER, format.JOB)
+            and e["name"].startswith("run ")
+        ]
+        assert runs == [f"run {first_job.job_id}", f"run {again.last_job.job_id}"]
         pids = [r["pid"] for r in first]
     assert _gone(pids) == []  # closed: the ranks end
 

@@ -15,9 +15,9 @@ positive.
 
 from __future__ import annotations
 
-import argparse
 import enum
 import os
+from argparse import BooleanOptionalAction
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -173,6 +173,12 @@ def _flag(help: str, **keywords: Any) -> dict[str, Any]:
     return {"help": help, **keywords}
 
 
+TRACE_HELP = (
+    "write the job's trace: each rank's launch, steps, data waits, checkpoints, stalls, "
+    "failures and world changes, in trace.json beside the rank logs (--no-trace: none)"
+)
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """See `HorovodRunner` for what each option means. Each field is also a flag of
@@ -239,15 +245,7 @@ class RunnerOptions:
             metavar="PATH",
         ),
     )
-    trace: bool = field(
-        default=True,
-        metadata=_flag(
-            "write the job's trace: each rank's launch, steps, data waits, checkpoints, "
-            "stalls, failures and world changes, in trace.json beside the rank logs "
-            "(--no-trace: none)",
-            action=argparse.BooleanOptionalAction,
-        ),
-    )
+    trace: bool = field(default=True, metadata=_flag(TRACE_HELP, action=BooleanOptionalAction))
     max_failures: int | None = field(
         default=None,
         metadata=_flag(

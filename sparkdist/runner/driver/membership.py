@@ -51,9 +51,7 @@ class Membership:
     """The membership of one attempt's in-process elastic world (see the module)."""
 
     def __init__(self, cond: threading.Condition, ranks: RankRecords, min_np: int | None) -> None:
-        self.cond = cond
-        self._ranks = ranks
-        self.min_np = min_np
+        self.cond, self._ranks, self.min_np = cond, ranks, min_np
         """The fewest members a re-formed world may have; None: never re-formed in
         process (a fixed-size job, or the mpi launcher, whose mpirun ends every rank)."""
         self.generation = Generation(0, tuple(ranks.by_rank), "start")
@@ -71,8 +69,7 @@ class Membership:
         self._grow_reason = ""
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
-        self.on_form: Callable[[Generation], None] | None = None
-        """Told of every generation formed (the job's trace)."""
+        self.on_form: Callable[[Generation], None] | None = None  # the job's trace
 
     # --- the ranks' requests -------------------------------------------------------------
 

@@ -388,6 +388,7 @@ class WarmWorld:
         report.job_id = uuid.uuid4().hex[:12]
         report.outcome = Outcome.RUNNING
         started = time.monotonic()
+        trace_started = d.state.trace.now_us() if d.state is not None else 0.0
         first_reported = len(self.report.reported)
         sent_before = d.payload_bytes_sent
         # The driver's MLflow run now (this thread's): rank 0 logs into it.
@@ -412,6 +413,7 @@ class WarmWorld:
             raise
         finally:
             self._fill(report, started, first_reported)
+            self._trace(report, trace_started)
             report.payload_bytes_sent = d.payload_bytes_sent - sent_before
         report.outcome = Outcome.SUCCEEDED
         report.frameworks = sorted({f for r in done for f in r.frameworks})
@@ -443,6 +445,19 @@ class WarmWorld:
             report.processes = list(state.processes.started())
             if state.console.log_dir is not None:
                 report.rank_logs = str(state.console.log_dir)
+
+    def _trace(self, report: JobReport, since_us: float) -> None:
+        """The run on the world's trace, which is written beside its rank logs: a run's
+        trace is its world's so far (`report.trace`)."""
+        state = self.dispatch.state
+        if state is None or not state.trace.enabled:
+            return
+        ended = "succeeded" if report.outcome == Outcome.RUNNING else str(report.outcome)
+        state.trace.run(f"run {report.job_id}", since_us, {"outcome": ended})
+        try:
+            report.trace = state.trace.write(state.console.save_files({}).parent)
+        except OSError as exc:
+            logger.warning("could not write the warm world's trace: %s", exc)
 
     def release(self, reason: str, wait_s: float | None = None) -> None:
         """Let the ranks return and the world's job end; wait until it did (at most
