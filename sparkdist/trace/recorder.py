@@ -304,6 +304,7 @@ class JobTrace:
             self.driver.counter("world size", now, {"ranks": size})
             if generation is not None:
                 self.driver.begin(GENERATIONS, f"generation {generation}", now, {"ranks": size})
+            if generation:  # a change, not the first world
                 self.driver.instant("world change", now, {"ranks": size, "why": why[:500]})
 
     def stall(self, since_us: float, until_us: float, why: str, silent: dict[int, float]):
@@ -320,6 +321,8 @@ class JobTrace:
         the world's attempt)."""
         with self._lock:
             now = self.now_us()
+            attempt = self.driver.open.get(JOB)
+            since_us = max(since_us, attempt[0]) if attempt else since_us  # inside it
             self.driver.lanes[JOB].add(since_us, now - since_us, name, args)
 
     def instant(self, name: str, args: dict | None = None, ranks: Iterable[int] = ()) -> None:

@@ -33,6 +33,7 @@ from helpers import SlotHolder, still_alive, wait_for
 import sparkdist
 from sparkdist.errors import RankFailedError
 from sparkdist.runner.driver.failures import FAILURE_SETTLE_S
+from sparkdist.trace import format, validate
 
 
 def elastic_loop(out: str) -> dict | None:
@@ -166,6 +167,27 @@ def test_lost_task_leaves_its_ranks_behind_and_its_retry_joins_back(sc, tmp_path
     assert job.attempts == 1 and job.failures == []
     assert len(job.reformed) == 2 and job.reformed[1].startswith("grew: 2 more rank slot(s)")
     assert still_alive(runner) == []
+    _assert_traced_world(job, sizes=[4, 2, 4], lost="lost contact with rank 2")
+
+
+def _assert_traced_world(job, sizes: list[int], lost: str) -> None:
+    """The job's trace (issue 63): the world-size counter goes through `sizes`, each
+    generation is a slice on the driver's track, each change an instant saying why."""
+    trace = json.loads(Path(job.trace).read_text())
+    validate.check(trace)
+    events = trace["traceEvents"]
+    counted = [e["args"]["ranks"] for e in events if e["name"] == "world size"]
+    assert counted == sizes, counted
+    driver = [e for e in events if e["pid"] == format.DRIVER]
+    generations = [e for e in driver if e["ph"] == "X" and e["tid"] == format.GENERATIONS]
+    assert [(g["name"], g["args"]["ranks"]) for g in generations] == [
+        (f"generation {n}", size) for n, size in enumerate(sizes)
+    ]
+    for before, after in zip(generations, generations[1:], strict=False):
+        assert before["ts"] + before["dur"] <= after["ts"] + 0.2  # one after another
+    changes = [e for e in driver if e["name"] == "world change"]
+    assert [c["args"]["ranks"] for c in changes] == sizes[1:]
+    assert lost in changes[0]["args"]["why"]
 
 
 def test_task_standing_by_joins_the_running_world(sc, tmp_path):

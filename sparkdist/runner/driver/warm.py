@@ -388,7 +388,6 @@ class WarmWorld:
         report.job_id = uuid.uuid4().hex[:12]
         report.outcome = Outcome.RUNNING
         started = time.monotonic()
-        trace_started = d.state.trace.now_us() if d.state is not None else 0.0
         first_reported = len(self.report.reported)
         sent_before = d.payload_bytes_sent
         # The driver's MLflow run now (this thread's): rank 0 logs into it.
@@ -413,7 +412,7 @@ class WarmWorld:
             raise
         finally:
             self._fill(report, started, first_reported)
-            self._trace(report, trace_started)
+            self._trace(report, started)
             report.payload_bytes_sent = d.payload_bytes_sent - sent_before
         report.outcome = Outcome.SUCCEEDED
         report.frameworks = sorted({f for r in done for f in r.frameworks})
@@ -446,13 +445,14 @@ class WarmWorld:
             if state.console.log_dir is not None:
                 report.rank_logs = str(state.console.log_dir)
 
-    def _trace(self, report: JobReport, since_us: float) -> None:
+    def _trace(self, report: JobReport, started: float) -> None:
         """The run on the world's trace, which is written beside its rank logs: a run's
         trace is its world's so far (`report.trace`)."""
         state = self.dispatch.state
         if state is None or not state.trace.enabled:
             return
         ended = "succeeded" if report.outcome == Outcome.RUNNING else str(report.outcome)
+        since_us = state.trace.now_us() - (time.monotonic() - started) * 1e6
         state.trace.run(f"run {report.job_id}", since_us, {"outcome": ended})
         try:
             report.trace = state.trace.write(state.console.save_files({}).parent)
