@@ -409,8 +409,28 @@ def scenario_relay_stall(spark):
             "seconds": time.monotonic() - started,
             "alive": alive(runner),
             "job_id": runner.last_job.job_id,
+            "trace": traced(runner.last_job.trace),
         }
     return {"error": None}
+
+
+def traced(path: str | None) -> dict:
+    """What the test reads of a job's trace: its problems, the names of its processes,
+    its slices and its instants by process, and its stalls."""
+    import json
+
+    from sparkdist.trace import validate
+
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    return {
+        "problems": validate.problems(trace),
+        "processes": sorted(names.values()),
+        "slices": sorted({f"{e['pid']}:{e['name']}" for e in events if e["ph"] == "X"}),
+        "instants": sorted({f"{e['pid']}:{e['name']}" for e in events if e["ph"] == "i"}),
+    }
 
 
 def scenario_relay_interrupt(spark):

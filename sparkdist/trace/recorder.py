@@ -333,6 +333,42 @@ class JobTrace:
             for rank in ranks:
                 self._rank(rank).instant(name, now, args)
 
+    def merge(self, other: dict) -> None:
+        """Take in the trace another process recorded of this job (a relayed job's task
+        0, which serves the ranks in the client's place): its ranks' tracks whole, and
+        the stalls, instants, world sizes and generations of its driver track. Its clock
+        is mapped to this one by the two processes' wall clocks at their start."""
+        meta = other.get("otherData", {}).get("sparkdist", {})
+        shift = (meta.get("start_unix_s", self.start_unix_s) - self.start_unix_s) * 1e6
+        events = [e for e in other.get("traceEvents", []) if isinstance(e, dict)]
+        with self._lock:
+            first_generation = min(
+                (e["ts"] for e in events if e.get("pid") == DRIVER and e.get("tid") == GENERATIONS),
+                default=None,
+            )
+            if first_generation is not None:
+                self.driver.end(GENERATIONS, first_generation + shift)
+            for event in events:
+                self._merge_event(event, shift)
+
+    def _merge_event(self, event: dict, shift: float) -> None:
+        pid, ph, ts = event.get("pid"), event.get("ph"), event.get("ts", 0) + shift
+        if pid == DRIVER:
+            track = self.driver
+            if ph == "X" and event.get("tid") not in (STALLS, GENERATIONS):
+                return  # the client's own attempts
+        else:
+            track = self._rank(pid - 1)
+        args = event.get("args") or {}
+        if ph == "M" and event.get("name") == "process_name" and pid != DRIVER:
+            track.label = args.get("name", track.label)
+        elif ph == "X" and event.get("tid") in track.lanes:
+            track.lanes[event["tid"]].add(ts, event.get("dur", 0.0), event["name"], args)
+        elif ph == "i":
+            track.instant(event["name"], ts, args, event.get("tid", EVENTS))
+        elif ph == "C":
+            track.counter(event["name"], ts, args)
+
     # --- the file ----------------------------------------------------------------------
 
     def to_dict(self, extra: dict | None = None) -> dict:

@@ -377,6 +377,12 @@ def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
     assert "[sparkdist] sparkdist job" in output and "stall_warning=4" in output, output[-3000:]
     assert result["alive"] == []
     assert _left_behind(result["job_id"]) == []  # no stacks left for a client to collect
+    # The job's trace (issue 63): the ranks' tracks came back from task 0 to the client's.
+    trace = result["trace"]
+    assert trace["problems"] == [], trace
+    assert [p.split(" (")[0] for p in trace["processes"]] == ["driver", "rank 0", "rank 1"]
+    assert {"1:main", "2:main", "0:attempt 1", "0:stall", "1:silent"} <= set(trace["slices"])
+    assert {"1:stacks", "2:stacks", "0:stacks"} <= set(trace["instants"]), trace
 
 
 def _pids(directory: Path) -> list[int]:

@@ -56,7 +56,9 @@ def main() -> None:
             tensorflow.serve(*role)  # until the driver stops it: the chief is done
         tracking.setup_rank()
         fn, kwargs = payload.unpack(job.payload)
-        rank_trace.main_entered()
+        if rank_trace.recording():
+            rank_trace.main_entered()
+            driver_channel.send_alive(wait=True)  # the launch's end, even for a silent rank
         value = fn(**kwargs)
         checkpoint.wait()  # an async save still in flight is written and committed
         timeline.finish()  # Horovod's shutdown at exit would drop its last events

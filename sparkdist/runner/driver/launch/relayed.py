@@ -53,6 +53,7 @@ from sparkdist.runner.driver.stacks import RankStacks
 from sparkdist.runner.driver.stalls import StallWatch, show_where, shown
 from sparkdist.runner.task.spark_task import remove_task_dirs, run_barrier_task
 from sparkdist.spark import Cluster, ServicePlace, active_cluster, job_tag
+from sparkdist.trace.recorder import JobTrace
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class RelayedKind(FixedSizeKind):
             checkpoint_keep=opts.checkpoint_keep,
             keep_warm=keep_warm,
             dispatch_type=None if plan.warm is None else type(plan.warm),
+            trace=opts.trace,
         )
         spec = plan.spec(opts.num_ranks, join_address(*service.address), relay)
         logger.info(
@@ -340,6 +342,8 @@ class RelayPlan:
     dispatch_type: type | None = None
     """A warm world's: the client's `warm.WarmDispatch` class, of which task 0 makes the
     world's own (passed, not imported: the warm module runs jobs through this one)."""
+    trace: bool = True
+    """Record the job's trace (the ranks' tracks travel back in the `RelayOutcome`)."""
 
     @property
     def announces(self) -> bool:
@@ -370,6 +374,8 @@ class RelayOutcome:
     reported: list = field(default_factory=list)
     """The ranks' `sparkdist.report` calls (`metrics.Reported`), in arrival order."""
     stragglers: list[str] = field(default_factory=list)
+    trace: dict | None = None
+    """Task 0's trace of the job (the ranks' tracks), for the client's (`JobTrace.merge`)."""
 
 
 class HostedJob:
@@ -380,7 +386,10 @@ class HostedJob:
         self.outcome = RelayOutcome()
         self.console = RecordingConsole()
         self.checkpoints = CheckpointStore(plan.checkpoint_dir, plan.checkpoint_keep)
-        self.state = JobState(plan.job, console=self.console, checkpoints=self.checkpoints)
+        trace = JobTrace(plan.job.job_id, enabled=plan.trace)
+        self.state = JobState(
+            plan.job, console=self.console, checkpoints=self.checkpoints, trace=trace
+        )
         self.service = DriverService(self.state, secret, host, host)
         self.address = f"{self.service.address[0]}:{self.service.address[1]}"
         self._error: BaseException | None = None
@@ -438,6 +447,7 @@ class HostedJob:
         outcome.frameworks = list(state.rank_records.frameworks)
         outcome.reported = list(state.metrics.reported)
         outcome.stragglers = list(state.life.stragglers.notes)
+        outcome.trace = state.trace.to_dict() if state.trace.enabled else None
         if self._error is not None:
             outcome.error = cloudpickle.dumps(self._error)
             outcome.outside_user_code = state.failures.outside_user_code()
@@ -512,6 +522,8 @@ def replay(outcome: RelayOutcome, state: JobState) -> None:
     for entry in outcome.reported:
         state.metrics.add(entry.rank, entry.step, entry.metrics, entry.time)
     state.life.stragglers.notes += outcome.stragglers
+    if getattr(outcome, "trace", None):  # an outcome from an older task 0 has none
+        state.trace.merge(outcome.trace)
     for rank, result in enumerate(outcome.results):
         if result is not None:
             state.ranks[rank].result = result
