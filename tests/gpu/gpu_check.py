@@ -70,6 +70,8 @@ CHECKS = [
     Check("9", "9 NCCL stall: flight recorder dump, the torchfrtrace command", True, 90),
     Check("10a", "10 warm world: 2 runs, one process, gloo, CPU", False, 120),
     Check("10b", "10 warm world: NCCL, kept tensor, cache freed, CUDA", True, 120),
+    Check("11a", "11 a job's trace: no GPU counter on the CPU", False, 90),
+    Check("11b", "11 a job's trace: GPU memory (and NVML) counters, CUDA", True, 90),
 ]
 
 
@@ -134,9 +136,10 @@ def run_check(key: str, work: Path) -> str:
     import elastic_check
     import rank_checks
     import stall_check
+    import trace_check
     import warm_check
 
-    for module in (rank_checks, warm_check):  # the ranks need not import them
+    for module in (rank_checks, warm_check, trace_check):  # the ranks need not import them
         cloudpickle.register_pickle_by_value(module)
     store = work / "store"
     table = {
@@ -158,6 +161,8 @@ def run_check(key: str, work: Path) -> str:
         "9": stall_check.check_nccl_stall,
         "10a": lambda: warm_check.check_warm("cpu"),
         "10b": lambda: warm_check.check_warm("cuda"),
+        "11a": lambda: trace_check.check_trace("cpu"),
+        "11b": lambda: trace_check.check_trace("cuda"),
     }
     return table[key]()
 
