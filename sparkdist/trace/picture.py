@@ -549,21 +549,24 @@ def _svg_world_changes(timeline: Timeline, scale: _Scale, top: float, bottom: fl
     return parts
 
 
+LEGEND = (
+    ("scheduled", "scheduled"),
+    ("starting", "starting"),
+    ("loading", "loading"),
+    ("main", "main"),
+    ("step", "steps"),
+    ("data wait", "data wait"),
+    ("checkpoint", "checkpoint"),
+    ("stall", "stall"),
+    ("failure", "failure"),
+    ("world change", "world change"),
+)
+"""The legend's entries, (colour, label): the SVG's and the PNG's."""
+
+
 def _svg_legend(y: float) -> list[str]:
-    items = [
-        ("scheduled", "scheduled"),
-        ("starting", "starting"),
-        ("loading", "loading"),
-        ("main", "main"),
-        ("step", "steps"),
-        ("data wait", "data wait"),
-        ("checkpoint", "checkpoint"),
-        ("stall", "stall"),
-        ("failure", "failure"),
-        ("world change", "world change"),
-    ]
     parts, x = ['<g class="legend">'], float(PLOT_X)
-    for key, label in items:
+    for key, label in LEGEND:
         parts.append(_rect(x, y - 9, 10, 10, COLOURS[key]))
         parts.append(_text(x + 14, y, label, size=10))
         x += 24 + 6.2 * len(label)
@@ -573,58 +576,117 @@ def _svg_legend(y: float) -> list[str]:
 
 # --- the PNG: the same picture with matplotlib, without touching pyplot's global state -----
 
+PNG_W_IN, PNG_DPI = 12.0, 100
+PNG_ROW_IN, PNG_TOP_IN, PNG_BOTTOM_IN = 0.5, 0.5, 0.95
+"""Each row's height, the title's band above the rows, and below them the time axis and the
+legend (inches): a row per rank whatever their number."""
+PNG_PLOT_RIGHT = 0.74
+PNG_COLUMN_X = (0.765, 0.855, 0.945)
+"""Where the plot ends and the columns' centres stand, as fractions of the width."""
+PNG_LABEL_PAD_PX = 16
+
 
 def _png(timeline: Timeline, path: str) -> None:
-    """Rows per rank (rank 0 on top), the same lanes and marks as the SVG, the slowest
-    rank's row tinted and its label red, the columns on the right."""
+    """Rows per rank (rank 0 on top; the driver's attempts and generations above them when
+    it has any), the same lanes and marks as the SVG, the slowest rank's row tinted and its
+    label red, the columns on the right, a legend under the time axis. The left margin
+    fits the longest label."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    count = len(timeline.ranks)
-    figure = Figure(figsize=(12, 1.6 + 0.5 * max(count, 1)), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.add_axes((0.18, 0.22 if count < 3 else 0.14, 0.56, 0.7))
-    end_s = max(timeline.end_s, 1e-3)
-    axes.set_xlim(0, end_s)
-    axes.set_ylim(-0.5, count - 0.5)
+    first = 1 if _has_driver_row(timeline) else 0  # the ranks' first row
+    rows = max(first + len(timeline.ranks), 1)
+    height = PNG_TOP_IN + PNG_ROW_IN * rows + PNG_BOTTOM_IN
+    figure = Figure(figsize=(PNG_W_IN, height), dpi=PNG_DPI)
+    canvas = FigureCanvasAgg(figure)
+    bottom, plot_h = PNG_BOTTOM_IN / height, PNG_ROW_IN * rows / height
+    axes = figure.add_axes((0.18, bottom, PNG_PLOT_RIGHT - 0.18, plot_h))
+    axes.set_xlim(0, max(timeline.end_s, 1e-3))
+    axes.set_ylim(-0.5, rows - 0.5)
     axes.invert_yaxis()
     axes.set_xlabel("seconds since the job started")
-    axes.set_title(_title(timeline), fontsize=11, loc="left")
+    axes.set_title(_title(timeline), fontsize=11, loc="left", pad=14)
     slowest = timeline.slowest_rank if _timed_ranks(timeline) > 1 else None
-    labels = []
-    for row, summary in enumerate(timeline.ranks):
+    labels = ["driver"] if first else []
+    if first:
+        _png_driver(axes, timeline)
+    for index, summary in enumerate(timeline.ranks):
         is_slowest = summary.rank == slowest
-        _png_row(axes, timeline, summary, row, is_slowest)
+        _png_row(axes, timeline, summary, first + index, is_slowest)
         host = f" ({summary.host})" if summary.host else ""
         labels.append(f"rank {summary.rank}{host}" + ("  slowest" if is_slowest else ""))
-    axes.set_yticks(range(count), labels)
-    for label, summary in zip(axes.get_yticklabels(), timeline.ranks, strict=True):
-        if summary.rank == slowest:
+    axes.set_yticks(range(len(labels)), labels)
+    for label, text in zip(axes.get_yticklabels(), labels, strict=True):
+        if text.endswith("slowest"):
             label.set_color(COLOURS["slowest tab"])
             label.set_fontweight("bold")
-    for change in timeline.world_changes:
-        axes.axvline(change.t_s, color=COLOURS["world change"], linestyle="--", linewidth=1.5)
-        size = "?" if change.size is None else change.size
-        axes.text(
-            change.t_s,
-            count - 0.5,
-            f" world {size}",
-            color=COLOURS["world change"],
-            va="top",
-            fontsize=8,
-        )
-    _png_columns(axes, timeline)
+    _png_world_changes(axes, timeline)
+    _png_columns(figure, axes, timeline, first)
+    _png_legend(figure)
+    _png_fit_labels(canvas, axes)
     figure.savefig(path, format="png")
 
 
+def _png_world_changes(axes: Any, timeline: Timeline) -> None:
+    """A dashed line through the rows at each world change, its new size over the rows
+    (left of the line near the end, clear of the columns)."""
+    end_s = max(timeline.end_s, 1e-3)
+    for change in timeline.world_changes:
+        axes.axvline(change.t_s, color=COLOURS["world change"], linestyle="--", linewidth=1.5)
+        size = "?" if change.size is None else change.size
+        late = change.t_s > 0.85 * end_s  # its label left of the line, clear of the columns
+        text = f"world {size} " if late else f" world {size}"
+        axes.text(
+            change.t_s,
+            -0.5,
+            text,
+            color=COLOURS["world change"],
+            fontsize=8,
+            ha="right" if late else "left",
+        )  # over the rows, under the title
+
+
+def _png_fit_labels(canvas: Any, axes: Any) -> None:
+    """Move the plot's left edge so that the longest row label fits left of it."""
+    renderer = canvas.get_renderer()
+    labels = axes.get_yticklabels()
+    widest = max((label.get_window_extent(renderer).width for label in labels), default=0.0)
+    left = min(max((widest + PNG_LABEL_PAD_PX) / (PNG_W_IN * PNG_DPI), 0.06), 0.4)
+    bottom, height = axes.get_position().y0, axes.get_position().height
+    axes.set_position((left, bottom, PNG_PLOT_RIGHT - left, height))
+
+
 def _png_bars(
-    axes: Any, events: list[dict], row: float, top: float, height: float, colour: str
+    axes: Any, events: list[dict], row: float, top: float, height: float, colour: Any
 ) -> None:
     spans = [(e["ts"] / US, e["dur"] / US) for e in events]
     if spans:
         axes.broken_barh(
             spans, (row - 0.5 + top, height), facecolors=colour, edgecolors="white", linewidth=0.3
         )
+
+
+def _png_driver(axes: Any, timeline: Timeline) -> None:
+    """The driver's row: its attempts above its generations, each named where it fits."""
+    pid = format.DRIVER
+    axes.axhspan(-0.5, 0.5, color="#f7f7f7", zorder=0)
+    lanes = (
+        (format.JOB, 0.08, (COLOURS["attempt"], "#807dba")),
+        (format.GENERATIONS, 0.5, (COLOURS["generation"], "#9e9ac8")),
+    )
+    per_s = PNG_W_IN * PNG_DPI * (PNG_PLOT_RIGHT - 0.2) / max(timeline.end_s, 1e-3)
+    for lane, top, fills in lanes:
+        events = timeline.slices(pid, lane)
+        colours = [fills[index % 2] for index in range(len(events))]
+        _png_bars(axes, events, 0, top, 0.38, colours)
+        for event in events:
+            name, size = event.get("name", ""), (event.get("args") or {}).get("ranks")
+            text = f"{name} · {size} ranks" if isinstance(size, int) else name
+            if event["dur"] / US * per_s > 7 * len(text):  # it fits in its bar
+                middle = (event["ts"] + event["dur"] / 2) / US
+                axes.text(middle, top - 0.5 + 0.19, text, ha="center", va="center", fontsize=7)
+    for event in timeline.slices(pid, format.STALLS):
+        _png_bars(axes, [event], 0, 0.0, 1.0, COLOURS["stall"])
 
 
 def _png_row(axes: Any, timeline: Timeline, summary: RankSummary, row: int, slowest: bool) -> None:
@@ -634,7 +696,9 @@ def _png_row(axes: Any, timeline: Timeline, summary: RankSummary, row: int, slow
     for event in timeline.slices(pid, format.LAUNCH):
         colour = COLOURS.get(event.get("name", ""), COLOURS["scheduled"])
         _png_bars(axes, [event], row, 0.06, 0.14, colour)
-    _png_bars(axes, timeline.slices(pid, format.STEPS), row, 0.24, 0.36, COLOURS["step"])
+    steps = timeline.slices(pid, format.STEPS)
+    fills = [COLOURS["step"], COLOURS["step alt"]]
+    _png_bars(axes, steps, row, 0.24, 0.36, [fills[index % 2] for index in range(len(steps))])
     _png_bars(axes, timeline.slices(pid, format.DATA_WAIT), row, 0.64, 0.14, COLOURS["data wait"])
     _png_bars(axes, timeline.slices(pid, format.CHECKPOINT), row, 0.8, 0.12, COLOURS["checkpoint"])
     for event in timeline.slices(pid, format.STALLS):
@@ -651,16 +715,40 @@ def _png_row(axes: Any, timeline: Timeline, summary: RankSummary, row: int, slow
         )
 
 
-def _png_columns(axes: Any, timeline: Timeline) -> None:
+def _png_columns(figure: Any, axes: Any, timeline: Timeline, first: int) -> None:
     """The data-wait share, mean step and GPU peak of each rank, right of the plot."""
     from matplotlib.transforms import blended_transform_factory
 
-    across = blended_transform_factory(axes.transAxes, axes.transData)
+    across = blended_transform_factory(figure.transFigure, axes.transData)
     for index, head in enumerate(COLUMNS):
-        x = 1.04 + index * 0.16
+        x = PNG_COLUMN_X[index]
         axes.text(
             x, -0.5, head, transform=across, ha="center", va="bottom", fontsize=9, fontweight="bold"
         )
-        for row, summary in enumerate(timeline.ranks):
+        for row, summary in enumerate(timeline.ranks, start=first):
             value = _column_values(summary)[index]
             axes.text(x, row, value, transform=across, ha="center", va="center", fontsize=9)
+
+
+def _png_legend(figure: Any) -> None:
+    """What each colour is, in one line under the time axis."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=COLOURS[key], label=label) for key, label in LEGEND[:-2]]
+    handles.append(
+        Line2D([], [], color=COLOURS["failure"], marker="X", linestyle="", label="failure")
+    )
+    handles.append(
+        Line2D([], [], color=COLOURS["world change"], linestyle="--", label="world change")
+    )
+    figure.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.45, 0.0),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        handlelength=1.4,
+        columnspacing=1.2,
+    )
