@@ -3,6 +3,8 @@ records the job in it. Against a real `mlflow server` on 127.0.0.1."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers import log_from_every_rank
 
 from sparkdist import HorovodRunner
@@ -23,6 +25,11 @@ def test_rank_zero_logs_into_the_driver_run(sc, driver_mlflow):
     assert data.tags["sparkdist.launcher"] == "direct"
     assert data.tags["sparkdist.outcome"] == "succeeded"
     assert "torch" not in data.tags["sparkdist.backend"]
+    # The job's trace and its picture, as artifacts of the run (issue 63).
+    logged = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "sparkdist")}
+    assert logged == {"sparkdist/trace.json", "sparkdist/timeline.html"}
+    local = MlflowClient().download_artifacts(run.info.run_id, "sparkdist/trace.json")
+    assert Path(local).read_bytes() == Path(runner.last_job.trace).read_bytes()
 
 
 def test_no_active_run_needs_nothing(sc, driver_mlflow):
