@@ -387,17 +387,29 @@ def _svg_heads(scale: _Scale, rows_bottom: float) -> list[str]:
 
 
 def _svg_bars(
-    scale: _Scale, events: list[dict], top: float, height: float, fills: tuple[str, ...]
+    scale: _Scale,
+    events: list[dict],
+    top: float,
+    height: float,
+    fills: tuple[str, ...],
+    dense: bool = False,
 ) -> list[str]:
     """A lane's slices as rectangles, alternating `fills`; those narrower than `MIN_PX`
-    merge with their near neighbours into one, whose tooltip counts them."""
+    merge with their near neighbours into one, whose tooltip counts them. `dense` (a lane
+    whose share of time counts: the data waits): a merged shape is as opaque as the time
+    its slices hold fills it, so a thousand waits of a millisecond stay faint."""
     parts: list[str] = []
     run: list[Any] = []  # [x0, x1, slices, seconds] of the narrow ones being merged
 
     def flush() -> None:
         if run:
             tip = f"{run[2]} slices, {run[3]:.3g} s in all"
-            parts.append(_rect(run[0], top, max(run[1] - run[0], 1.0), height, fills[0], tip))
+            width = max(run[1] - run[0], 1.0)
+            held = run[3] * US / scale.end_us * PLOT_W  # the pixels its time would fill
+            faint = {}
+            if dense and held < width:
+                faint["fill_opacity"] = f"{max(held / width, 0.15):.2f}"
+            parts.append(_rect(run[0], top, width, height, fills[0], tip, **faint))
             run.clear()
 
     for index, event in enumerate(events):
@@ -453,7 +465,7 @@ def _svg_lanes(timeline: Timeline, pid: int, scale: _Scale, y: float) -> list[st
     steps = timeline.slices(pid, format.STEPS)
     parts += _svg_bars(scale, steps, y + 11, 14, (COLOURS["step"], COLOURS["step alt"]))
     waits = timeline.slices(pid, format.DATA_WAIT)
-    parts += _svg_bars(scale, waits, y + 27, 6, (COLOURS["data wait"],))
+    parts += _svg_bars(scale, waits, y + 27, 6, (COLOURS["data wait"],), dense=True)
     saves = timeline.slices(pid, format.CHECKPOINT)
     parts += _svg_bars(scale, saves, y + 34, 5, (COLOURS["checkpoint"],))
     for event in timeline.slices(pid, format.STALLS):
@@ -523,10 +535,23 @@ def _svg_driver_row(timeline: Timeline, scale: _Scale, y: float) -> list[str]:
     parts += _svg_bars(scale, attempts, y + 4, 14, (COLOURS["attempt"], "#807dba"))
     generations = timeline.slices(pid, format.GENERATIONS)
     parts += _svg_bars(scale, generations, y + 21, 14, (COLOURS["generation"], "#9e9ac8"))
+    for event, top in [(e, y + 4) for e in attempts] + [(e, y + 21) for e in generations]:
+        x0, x1 = scale.x(event["ts"]), scale.x(event["ts"] + event["dur"])
+        name = _driver_label(event, x1 - x0, px_per_char=6.0)
+        if name:
+            parts.append(_text((x0 + x1) / 2, top + 11, name, size=10, text_anchor="middle"))
     stalls = timeline.slices(pid, format.STALLS)
     parts += _svg_bars(scale, stalls, y, 3, (COLOURS["stall"],))
     parts.append("</g>")
     return parts
+
+
+def _driver_label(event: dict, width_px: float, px_per_char: float) -> str:
+    """The longest name of a driver's slice that fits in its bar: "generation 1 · 2 ranks",
+    "2 ranks", "attempt 1"; "" when none does."""
+    name, size = event.get("name", ""), (event.get("args") or {}).get("ranks")
+    names = [f"{name} · {size} ranks", f"{size} ranks"] if isinstance(size, int) else [name]
+    return next((n for n in names if px_per_char * len(n) + 8 < width_px), "")
 
 
 def _svg_world_changes(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> list[str]:
@@ -680,11 +705,10 @@ def _png_driver(axes: Any, timeline: Timeline) -> None:
         colours = [fills[index % 2] for index in range(len(events))]
         _png_bars(axes, events, 0, top, 0.38, colours)
         for event in events:
-            name, size = event.get("name", ""), (event.get("args") or {}).get("ranks")
-            text = f"{name} · {size} ranks" if isinstance(size, int) else name
-            if event["dur"] / US * per_s > 7 * len(text):  # it fits in its bar
+            name = _driver_label(event, event["dur"] / US * per_s, px_per_char=5.5)
+            if name:
                 middle = (event["ts"] + event["dur"] / 2) / US
-                axes.text(middle, top - 0.5 + 0.19, text, ha="center", va="center", fontsize=7)
+                axes.text(middle, top - 0.5 + 0.19, name, ha="center", va="center", fontsize=7)
     for event in timeline.slices(pid, format.STALLS):
         _png_bars(axes, [event], 0, 0.0, 1.0, COLOURS["stall"])
 
