@@ -24,6 +24,10 @@ import launch_overhead  # noqa: E402
 from sparkdist.trace import format as trace_format  # noqa: E402
 
 DATA = ROOT / "docs" / "figures" / "data"
+OTHER_FIGURES = {"timeline-example": "docs/monitoring.md"}
+"""Committed figures that benchmarks/figures.py does not draw, and the page that shows each:
+the picture of a real job's trace (`Timeline.svg()`, written by benchmarks/trace_example.py
+with the trace the recovery figure draws)."""
 GENERATIONS, EVENTS = trace_format.GENERATIONS, trace_format.EVENTS
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -121,10 +125,13 @@ def test_the_committed_figures_are_drawn_from_their_data_and_shown_in_the_docs()
     drawn = [name for name, *_ in figures.FIGURES]
     if (DATA / figures.RECOVERY_TRACE).exists():
         drawn.append("recovery")
-    committed = sorted(p.stem for p in (ROOT / "docs" / "figures").glob("*.svg"))
+    figures_dir = ROOT / "docs" / "figures"
+    committed = sorted(p.stem for p in figures_dir.glob("*.svg") if p.stem not in OTHER_FIGURES)
     assert committed == sorted(drawn)
     for name in drawn:
         assert f"](figures/{name}.svg)" in page, f"docs/benchmarks.md does not show {name}"
+    for name, shown_in in OTHER_FIGURES.items():
+        assert f"](figures/{name}.svg)" in (ROOT / shown_in).read_text(), f"{shown_in}: {name}"
     for data in DATA.glob("*.json"):
         for table in json.loads(data.read_text()).get("tables", []):
             assert table.get("source"), f"{data.name} {table['key']}: no source"
