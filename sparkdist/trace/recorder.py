@@ -225,7 +225,10 @@ class JobTrace:
         self.driver = Track(DRIVER, "driver", DRIVER_LANES)
         self.ranks: dict[int, Track] = {}
         self._per_task = 1
+        self.np = 0
         self._submitted: float | None = None
+        self._last_loss: float | None = None
+        """When a rank was last lost: a task that starts later was scheduled again then."""
         self._tasks: dict[int, float] = {}
         self.outcome = "running"
 
@@ -245,12 +248,13 @@ class JobTrace:
 
     # --- the driver's events -----------------------------------------------------------
 
-    def attempt_started(self, number: int, why: str, per_task: int) -> None:
+    def attempt_started(self, number: int, why: str, per_task: int, np: int = 0) -> None:
         with self._lock:
             now = self.now_us()
             name = f"attempt {number + 1}"
             self.driver.begin(JOB, name, now, {"why": why} if number else None)
             self._per_task, self._submitted, self._tasks = max(per_task, 1), None, {}
+            self._last_loss, self.np = None, np or self.np
 
     def attempt_ended(self, outcome: str) -> None:
         with self._lock:
@@ -280,7 +284,8 @@ class JobTrace:
             track.label = f"rank {rank} ({host})"
             task_start = self._tasks.get(rank // self._per_task)
             if self._submitted is not None and task_start is not None:
-                track.begin(LAUNCH, "scheduled", self._submitted)
+                again = self._last_loss is not None and self._last_loss <= task_start
+                track.begin(LAUNCH, "scheduled", self._last_loss if again else self._submitted)
                 track.begin(LAUNCH, "starting", task_start)
             track.begin(LAUNCH, "loading", now)
             track.instant("rank started", now, {"host": host})
@@ -304,6 +309,7 @@ class JobTrace:
             track.end(LAUNCH, now, {"ended": how})
             if how == "failed":
                 track.instant("failure", now, {"reason": reason[:500]})
+                self._last_loss = now
 
     def world(self, size: int, generation: int | None, why: str) -> None:
         """The world has `size` ranks now (an in-process world's `generation`)."""
@@ -398,7 +404,8 @@ class JobTrace:
             "version": VERSION,
             "job_id": self.job_id,
             "name": self.name,
-            "np": len(self.ranks),
+            "np": self.np or len(self.ranks),
+            "ranks": len(self.ranks),
             "outcome": self.outcome,
             "start_unix_s": self.start_unix_s,
             "merged": {

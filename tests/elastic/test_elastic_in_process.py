@@ -167,10 +167,25 @@ def test_lost_task_leaves_its_ranks_behind_and_its_retry_joins_back(sc, tmp_path
     assert job.attempts == 1 and job.failures == []
     assert len(job.reformed) == 2 and job.reformed[1].startswith("grew: 2 more rank slot(s)")
     assert still_alive(runner) == []
-    _assert_traced_world(job, sizes=[4, 2, 4], lost="lost contact with rank 2")
+    trace = _assert_traced_world(job, sizes=[4, 2, 4], lost="lost contact with rank 2")
+    # The lost task's ranks end where they were lost, with a failure saying why; its
+    # retry's ranks were scheduled again from then, not from the stage's start.
+    events = trace["traceEvents"]
+    changes = [e["ts"] for e in events if e["name"] == "world change"]
+    for rank in (2, 3):
+        pid = format.rank_pid(rank)
+        (failure,) = [e for e in events if e["name"] == "failure" and e["pid"] == pid]
+        assert "lost contact with" in failure["args"]["reason"]
+        (main,) = [e for e in events if e["pid"] == pid and e["name"] == "main"]
+        assert main["ts"] + main["dur"] <= changes[0] + 1e6, (main, changes)
+    for rank in (4, 5):
+        pid = format.rank_pid(rank)
+        (scheduled,) = [e for e in events if e["pid"] == pid and e["name"] == "scheduled"]
+        assert scheduled["ts"] >= min(e["ts"] for e in events if e["name"] == "failure")
+    assert trace["otherData"]["sparkdist"]["np"] == 4
 
 
-def _assert_traced_world(job, sizes: list[int], lost: str) -> None:
+def _assert_traced_world(job, sizes: list[int], lost: str) -> dict:
     """The job's trace (issue 63): the world-size counter goes through `sizes`, each
     generation is a slice on the driver's track, each change an instant saying why."""
     trace = json.loads(Path(job.trace).read_text())
@@ -188,6 +203,7 @@ def _assert_traced_world(job, sizes: list[int], lost: str) -> None:
     changes = [e for e in driver if e["name"] == "world change"]
     assert [c["args"]["ranks"] for c in changes] == sizes[1:]
     assert lost in changes[0]["args"]["why"]
+    return trace
 
 
 def test_task_standing_by_joins_the_running_world(sc, tmp_path):

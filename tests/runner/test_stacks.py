@@ -356,6 +356,20 @@ def test_a_straggler_is_named_once_with_its_host_and_again_when_it_recovers():
     assert stragglers.slow == {} and len(stragglers.notes) == 2
 
 
+def test_a_rank_the_world_went_on_without_is_no_straggler():
+    """An in-process world that lost ranks 2 and 3 measures them no more: their rates
+    fall to 0, which would name them (and drag the median) if they counted."""
+    ranks, stragglers = _records(4), Stragglers()
+    _feed(stragglers, ranks, {0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0}, 10)
+    said = []
+    for now in range(11, 30):
+        for rank in (0, 1):
+            _counts[rank] += 10.0
+            stragglers.progress(rank, "report", int(_counts[rank]), float(now))
+        said += stragglers.check(float(now), ranks, gone={2, 3})
+    assert said == [] and stragglers.slow == {}
+
+
 def test_even_ranks_and_a_mild_slowdown_name_nobody():
     ranks, stragglers = _records(3), Stragglers()
     assert _feed(stragglers, ranks, {0: 10.0, 1: 9.0, 2: 11.0}, 30) == []

@@ -53,6 +53,7 @@ from sparkdist.errors import (
 from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.membership import Loss, Membership
 from sparkdist.runner.driver.records import Growth, Processes, RankRecords, SparkTasks
+from sparkdist.trace.recorder import JobTrace
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ class Losses:
         processes: Processes,
         failures: FailureTracker,
         membership: Membership,
+        trace: JobTrace | None = None,
     ):
+        self._trace = trace if trace is not None else JobTrace(job.job_id, enabled=False)
         self._job = job
         self._ranks = ranks
         self._tasks = tasks
@@ -135,6 +138,8 @@ class Losses:
                 self._ranks.by_rank[rank].host = host
         per_task = self._job.ranks_per_task
         ranks = [r for r in range(first, first + per_task) if r in self._ranks.by_rank]
+        for lost in ranks:
+            self._trace.rank_ended(lost, "failed", reason)
         # Each of the task's ranks is lost with it (in process: a member to go on without).
         if ranks and all(self._membership.lose(r, reason, True) for r in ranks):
             return
@@ -170,6 +175,7 @@ class Losses:
             f"lost contact with rank {rank} (its supervisor process died, or its host "
             "or network was lost)"
         )
+        self._trace.rank_ended(rank, "failed", reason)
         if not self._membership.lose(rank, reason, outside_user_code=False):
             self._failures.notice(rank, reason)
 

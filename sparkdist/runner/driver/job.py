@@ -188,7 +188,7 @@ class Attempt:
             self.trace,
         )
         self.trace.job_id = self.trace.job_id or report.job_id
-        self.trace.attempt_started(number, why, self.options.ranks_per_task)
+        self.trace.attempt_started(number, why, self.options.ranks_per_task, self.options.num_ranks)
         try:
             self.world = kind.form(plan, why)
         except BaseException as exc:

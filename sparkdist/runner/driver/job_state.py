@@ -83,7 +83,13 @@ class JobState:
             self.succeeded,
         )
         self.losses = Losses(
-            job, self.rank_records, self.tasks, self.processes, self.failures, self.membership
+            job,
+            self.rank_records,
+            self.tasks,
+            self.processes,
+            self.failures,
+            self.membership,
+            self.trace,
         )
         self.stacks = StackRequests(cond, self.peers, self.rank_records)
         """The driver's requests for its ranks' stacks (`stalls.py`)."""

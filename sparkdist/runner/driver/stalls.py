@@ -128,9 +128,12 @@ class Stragglers:
                 return rates
         return {}
 
-    def check(self, now: float, ranks) -> list[str]:
-        """What to say now: ranks that became slow, and ranks that recovered."""
-        rates = {r: v for r, v in self.rates(now).items() if not _ended(ranks, r)}
+    def check(self, now: float, ranks, gone: set[int] = frozenset()) -> list[str]:
+        """What to say now: ranks that became slow, and ranks that recovered (`gone`:
+        ranks no longer in the world, measured no more)."""
+        rates = {r: v for r, v in self.rates(now).items() if not _ended(ranks, r) and r not in gone}
+        for rank in gone & self.slow.keys():
+            del self.slow[rank]
         if len(rates) < 2:
             return []
         median = statistics.median(rates.values())
@@ -272,7 +275,9 @@ class StallWatch:
 
     def _tick(self) -> None:
         state, life = self.state, self.state.life
-        notes = life.stragglers.check(time.monotonic(), state.rank_records)
+        with state.cond:  # ranks an in-process world went on without step no more
+            gone = set(state.membership.left)
+        notes = life.stragglers.check(time.monotonic(), state.rank_records, gone)
         for note in notes:
             self.announce(f"sparkdist job {self.job_id}: {note}")
         if notes:
