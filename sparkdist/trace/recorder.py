@@ -46,7 +46,8 @@ MAX_POINTS = 1024
 
 class Lane:
     """One lane's slices, `[ts, dur, count, name, args]` each, in time order. Past `limit`
-    slices, neighbours merge two by two and each later slice takes in twice as many."""
+    slices, neighbours merge two by two and each later slice takes in twice as many
+    (a slice that starts where the last ended, to within 1 µs of float error, joins it)."""
 
     def __init__(self, lane: int, limit: int = MAX_SLICES_PER_LANE):
         self.lane, self.limit = lane, limit
@@ -57,7 +58,7 @@ class Lane:
 
     def add(self, ts: float, dur: float, name: str, args: dict | None) -> None:
         last = self.slices[-1] if self.slices else None
-        if last is not None and last[2] < self.per_slice and ts >= last[0] + last[1]:
+        if last is not None and last[2] < self.per_slice and ts >= last[0] + last[1] - 1.0:
             self._merge(last, [ts, dur, 1, name, dict(args or {})])
             return
         self.slices.append([ts, max(dur, 0.0), 1, name, dict(args or {})])

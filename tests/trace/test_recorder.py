@@ -27,6 +27,26 @@ def test_a_lane_past_its_limit_merges_and_keeps_every_step():
     assert ends[-1] == 999 * 10.0 + 9.0  # a merged step spans its first to its last
 
 
+def test_steps_back_to_back_on_a_rank_s_clock_merge_as_many_as_the_lane_says():
+    """A step's start is the last one's end, converted apart: a float's error must not
+    keep it from joining the last slice (half the steps did not, and the lane halved
+    again and again)."""
+    rank_trace.start(0.0, 0.0, 0.0)
+    try:
+        rank_trace.main_entered()
+        for _ in range(10_000):
+            rank_trace.step("report")
+        events = rank_trace.drain()
+    finally:
+        rank_trace.start(-1.0, 0.0, 0.0)
+    trace = JobTrace("j")
+    trace.rank_events(0, events)
+    lane = trace.ranks[0].lanes[format.STEPS]
+    assert lane.per_slice == 16  # 10,000 steps in at most 1,024 slices: 16 a slice
+    assert sum(s[4]["steps"] for s in lane.slices) == 10_000
+    assert len(lane.slices) == -(-10_000 // 16)
+
+
 def test_merged_waits_keep_their_summed_time_inside_their_span():
     lane = Lane(format.DATA_WAIT, limit=16)
     for i in range(500):
