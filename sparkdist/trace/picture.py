@@ -42,6 +42,8 @@ class RankSummary:
     """The reasons of its "failure" instants."""
     peak_gpu_mib: float | None
     """The most GPU memory allocated; None where it had no GPU (no counter)."""
+    gpu_percent: float | None = None
+    """Its GPU's mean utilisation (NVML's samples); None without NVML or a GPU."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ class Timeline:
         )
         memory = [e["args"].get("allocated_mib") for e in self._counters[pid, "gpu memory"]]
         memory = [m for m in memory if isinstance(m, (int, float))]
+        used = [e["args"].get("percent") for e in self._counters[pid, "gpu utilisation"]]
+        used = [u for u in used if isinstance(u, (int, float))]
         return RankSummary(
             rank=rank,
             host=_host(self._process_names.get(pid, "")),
@@ -184,6 +188,7 @@ class Timeline:
                 str((e.get("args") or {}).get("reason", "")) for e in self.instants(pid, "failure")
             ),
             peak_gpu_mib=max(memory) if memory else None,
+            gpu_percent=sum(used) / len(used) if used else None,
         )
 
     # --- outputs --------------------------------------------------------------------------
@@ -508,8 +513,16 @@ def _column_values(summary: RankSummary) -> tuple[str, str, str]:
     return (
         "-" if share is None else f"{share:.0%}",
         "-" if summary.mean_step_s is None else f"{summary.mean_step_s:.3g} s",
-        "-" if summary.peak_gpu_mib is None else f"{summary.peak_gpu_mib:,.0f} MiB",
+        _gpu(summary),
     )
+
+
+def _gpu(summary: RankSummary) -> str:
+    """Peak memory, and the mean utilisation where NVML gave one: "512 MiB · 87%"."""
+    if summary.peak_gpu_mib is None:
+        return "-"
+    text = f"{summary.peak_gpu_mib:,.0f} MiB"
+    return text if summary.gpu_percent is None else f"{text} · {summary.gpu_percent:.0f}%"
 
 
 def _svg_columns(summary: RankSummary, y: float) -> list[str]:

@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from traces import MS, job_trace
+from traces import MS, counter, job_trace
 
 from sparkdist.trace import format
 from sparkdist.trace.picture import Timeline
@@ -56,8 +56,19 @@ def test_no_steps_no_slowest_rank_and_gpu_peaks():
     assert timeline.slowest_rank is None
     assert [r.mean_step_s for r in timeline.ranks] == [None, None]
     assert [r.peak_gpu_mib for r in timeline.ranks] == [2048.5, None]
+    assert [r.gpu_percent for r in timeline.ranks] == [None, None]  # no NVML samples
     svg = timeline.svg()
     assert "2,048 MiB" in svg and "slowest" not in svg
+
+
+def test_nvml_s_utilisation_shows_beside_the_gpu_peak():
+    trace = job_trace([100], steps=0, gpu_mib={0: [512.0]})
+    pid = format.rank_pid(0)
+    for ts, percent in ((1000, 80.0), (2000, 90.0)):
+        trace["traceEvents"].append(counter(pid, "gpu utilisation", ts, percent=percent))
+    timeline = Timeline(trace)
+    assert timeline.ranks[0].gpu_percent == 85.0
+    assert "512 MiB · 85%" in timeline.svg()
 
 
 def test_the_svg_marks_the_slowest_rank_a_failure_and_world_changes():
