@@ -53,7 +53,21 @@ def run_job(
         out["failures"] = job.failures
         out["wall_time_s"] = job.wall_time_s
         out["reformed"] = job.reformed
+        out["trace_instants"] = _instants(job.trace)
     return out
+
+
+def _instants(path: str | None) -> list[dict]:
+    """The job trace's instants (issue 63), as (pid, name, args) records; [] without one."""
+    if path is None:
+        return []
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return [
+        {"pid": e["pid"], "name": e["name"], "args": e.get("args", {})}
+        for e in events
+        if e["ph"] == "i"
+    ]
 
 
 def executor_hosts(spark) -> list[str]:

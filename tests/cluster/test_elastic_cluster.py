@@ -712,6 +712,10 @@ def test_notice_in_process_the_leaving_rank_goes_at_its_next_commit(
         if "being decommissioned" in line and "world 3 -> 2 ranks" in line
     ]
     assert len(lines) == 1 and address in lines[0], lines
+    # The trace (issue 63): the notice on the driver and on the leaving rank's track.
+    notices = [i for i in result["trace_instants"] if i["name"] == "notice"]
+    assert {i["pid"] for i in notices} == {0, gone + 1}, notices
+    assert all(address in i["args"]["why"] for i in notices), notices
     print(
         f"in process, notice: world of 2 stepping {smaller['at'] - notice:.1f} s after the "
         f"notice, {killed - smaller['at']:.1f} s before the kill; 0 steps redone"
