@@ -78,7 +78,6 @@ MAX_SLICES_PER_LANE = 1024
 later slices arrive merged as many), so a job of 10,000 steps at np=64, with a data wait
 and a commit every step, writes 11.9 MiB (tests/trace/test_recorder.py);
 `SIZE_CAP_BYTES` is the promise."""
-SIZE_CAP_BYTES` is the promise."""
 SIZE_CAP_BYTES = 32 * 2**20
 """No trace file is larger than this (32 MiB): the lanes merge to fit it."""
 
