@@ -107,18 +107,12 @@ class Lane:
             start, end = bounds[i]
             if i + 1 < len(bounds) and start <= bounds[i + 1][0] < end <= bounds[i + 1][0] + 1:
                 end = bounds[i + 1][0]
-            out.append(
-                {
-                    "name": name,
-                    "ph": "X",
-                    "ts": start,
-                    "dur": round(end - start, 1),
-                    "pid": pid,
-                    "tid": self.lane,
-                    "args": args,
-                }
-            )
+            out.append(_slice(pid, self.lane, name, start, round(end - start, 1), args))
         return out
+
+
+def _slice(pid: int, tid: int, name: str, ts: float, dur: float, args: dict) -> dict:
+    return {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
 
 
 def _step_number(name: str) -> int:
@@ -190,18 +184,7 @@ class Track:
             out += lane.events(self.pid)
         for lane, (begun, name, args) in self.open.items():
             start, dur = round(begun, 1), round(max(0.0, now - begun), 1)
-            args = {**args, "unfinished": True}
-            out.append(
-                {
-                    "name": name,
-                    "ph": "X",
-                    "ts": start,
-                    "dur": dur,
-                    "pid": self.pid,
-                    "tid": lane,
-                    "args": args,
-                }
-            )
+            out.append(_slice(self.pid, lane, name, start, dur, {**args, "unfinished": True}))
         out += self.instants.kept
         out += [{**c, "tid": 0} for c in self.counters.kept]
         return out
