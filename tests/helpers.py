@@ -328,3 +328,15 @@ def write_row_groups(path: Path, table, groups: list[int]) -> None:
         for size in groups:
             writer.write_table(table.slice(start, size), row_group_size=size)
             start += size
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`sparkdist ARGV...` in this process: its exit code, stdout and stderr."""
+    from sparkdist.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

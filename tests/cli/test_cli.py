@@ -17,20 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 import sparkdist
 from sparkdist import HorovodRunner
-from sparkdist.cli import _runner_options, build_parser, main
+from sparkdist.cli import _runner_options, build_parser
 from sparkdist.runner.driver.job_spec import RunnerOptions
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(text: str) -> str:

@@ -10,21 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 from traces import job_trace
 
-from sparkdist.cli import main
 from sparkdist.trace import format, validate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def check_outputs(paths: list[str], ranks: int) -> None:
