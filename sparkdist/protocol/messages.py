@@ -15,7 +15,8 @@ The channels (see docs/architecture.md):
   then a task reports `TASK_REPORTS`, a supervisor `SUPERVISOR_REPORTS`, and a rank
   sends `RANK_REQUESTS`, each answered with `Ok`, `Missing`, `Failed` or `Rejected`;
   the driver sends `Finish` or `Abort` to tasks and supervisors, `AgentPlaces` to task
-  0, `Bye` to a supervisor whose exit it recorded, and `Welcome` to a rank. A warm
+  0, `Bye` to a supervisor whose exit it recorded, `KillRank` to the supervisor of a
+  rank an in-process elastic world drops, and `Welcome` to a rank. A warm
   world's rank asks for its next run (`WarmNext`, answered by `WarmRun` or
   `WarmRelease`) and says when it finished one (`WarmDone`). A task's
   supervisors and ranks reach the driver through their task's relay: each one's frames
@@ -206,6 +207,15 @@ class Abort(NamedTuple):
 @register("bye")
 class Bye(NamedTuple):
     pass
+
+
+@register("kill_rank")
+class KillRank(NamedTuple):
+    """To a supervisor: SIGKILL your rank's process group now (a rank an in-process
+    elastic world drops: it stopped, or is stuck, `stalls.StallWatch`); its end is then
+    reported as any (`RankExit`). SIGKILL ends even a SIGSTOPped process."""
+
+    reason: str
 
 
 @register("dump_stacks")
@@ -556,7 +566,7 @@ RANK_REQUESTS = (
     WarmNext,
     WarmDone,
 )
-ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks)
+ORDERS = (Finish, Abort, Bye, Rejected, DumpStacks, KillRank)
 TASK_ORDERS = ORDERS + (AgentPlaces,) + RELAY_FRAMES
 RANK_REPLIES = (Welcome, Ok, Missing, Failed, Rejected, WarmRun, WarmRelease)
 AGENT_REPLIES = (OrtedOutput, OrtedExit, Rejected)

@@ -123,6 +123,14 @@ class Losses:
         self._membership = membership
         self.workers_lost: set[int] = set()
         """Parameter-server workers the job went on without."""
+        self._silenced: dict[int, str] = {}
+        """Ranks the stall watch kills (silent in an in-process world): why."""
+
+    def silenced(self, rank: int, reason: str) -> None:
+        """The stall watch kills rank `rank` (`stalls.StallWatch`): its end, when it comes,
+        is lost for `reason` (it was silent), not for the signal that ended it."""
+        with self._ranks.cond:
+            self._silenced[rank] = reason
 
     def task_lost(self, index: int, host: str) -> None:
         """A task's connection broke before it said it was done."""
@@ -171,7 +179,7 @@ class Losses:
         if self._job.tolerates_loss(rank):
             self.worker_lost(rank, None)
             return
-        reason = (
+        reason = self._silenced.get(rank) or (
             f"lost contact with rank {rank} (its supervisor process died, or its host "
             "or network was lost)"
         )
@@ -198,7 +206,8 @@ class Losses:
 
     def _ended(self, rank: int, exit_code: int) -> str:
         host = self._ranks.by_rank[rank].host
-        return f"rank {rank} on host {host} ended with {describe_exit(exit_code)}"
+        silenced = self._silenced.get(rank)
+        return silenced or f"rank {rank} on host {host} ended with {describe_exit(exit_code)}"
 
     def refused(self, losses: list[Loss]) -> None:
         """The job's loop did not re-form the world in process after `losses`: they

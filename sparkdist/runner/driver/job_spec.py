@@ -218,7 +218,9 @@ class RunnerOptions:
     )
     stall_timeout: float | None = field(
         default=None,
-        metadata=_off_flag("no sign of life for S seconds: fail, saying where each rank is"),
+        metadata=_off_flag(
+            "no sign of life for S s: fail (in-process elastic: drop stopped ranks first; 300)"
+        ),
     )
     env: Mapping[str, str] = field(
         default_factory=dict,

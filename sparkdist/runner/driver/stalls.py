@@ -12,7 +12,10 @@
   others run) the stacks go into the error, or are shown before the ranks are stopped.
 * `StallWatch`: a thread per attempt: no sign of life for `stall_warning` seconds logs
   the stacks and goes on, for `stall_timeout` fails the job with them
-  (`failures.FailureTracker.fail_now`); it also names stragglers.
+  (`failures.FailureTracker.fail_now`); it also names stragglers. In an in-process
+  elastic world (`stall_timeout` 300 s unless given) it first drops the members that
+  hold the others back, stopped or stuck (`stacks.stopped`): they are killed, and lost
+  as a killed rank is (`failures.Losses`), so the world re-forms without them.
 * `Stragglers`: a rank that steps at least `RATIO` times slower than the median rank.
   Each rank's step rate comes from its signs of life that count steps: its data
   loader's batches (`Alive`) or its `report()` calls, whichever every measured rank has
@@ -34,10 +37,13 @@ from collections.abc import Callable
 from sparkdist.errors import JobFailedError, JobStalledError, JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, stack_dumps
 from sparkdist.runner.driver.records import Peers, RankRecords, send
-from sparkdist.runner.driver.stacks import RankStacks, group
+from sparkdist.runner.driver.stacks import RankStacks, group, stopped
 
 logger = logging.getLogger(__name__)
 
+ELASTIC_STALL_TIMEOUT_S = 300.0
+"""An in-process elastic job's `stall_timeout` when none is given: a member silent this
+long while the others wait for it is dropped (the job itself never fails of it)."""
 WAIT_S = stack_dumps.WAIT_S + 1.0
 """How long the driver waits for every rank's stacks (the supervisor waits `WAIT_S`)."""
 TICK_S = 1.0
@@ -192,13 +198,21 @@ class SignsOfLife:
 def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> str:
     """Ask every running rank for its stacks; each full dump goes to its rank log (NCCL
     dumps beside them); return the grouped stacks, "" when no rank runs."""
+    return taken(state, why, nccl, only_answers)[1]
+
+
+def taken(
+    state, why: str, nccl: bool = False, only_answers: bool = False
+) -> tuple[dict[int, RankStacks], str]:
+    """`where`, with each rank's answer (text "" for a rank that gave none)."""
     started = time.monotonic()
     answers, dumps = state.stacks.ask(nccl=nccl)
     if only_answers:  # ranks that ended meanwhile say nothing
         answers = {rank: answer for rank, answer in answers.items() if answer.text}
     answered = [rank for rank, answer in answers.items() if answer.text]
     state.trace.instant("stacks", {"why": why, "ranks": len(answered)}, answered)
-    return shown(state, why, answers, dumps, f"stacks taken in {time.monotonic() - started:.1f}s")
+    when = f"stacks taken in {time.monotonic() - started:.1f}s"
+    return answers, shown(state, why, answers, dumps, when)
 
 
 def shown(
@@ -248,11 +262,25 @@ def show_where(state, exc: BaseException, announce: Callable[[str], None]) -> No
 
 
 class StallWatch:
-    """An attempt's watch for stalls and stragglers (a daemon thread, `TICK_S`)."""
+    """An attempt's watch for stalls and stragglers (a daemon thread, `TICK_S`).
+
+    In an in-process elastic world (`membership.py`) a stall at `stall_timeout` (not
+    given: `ELASTIC_STALL_TIMEOUT_S`) first looks for the members that hold the others
+    back (`stacks.stopped`): each is named, killed (`KillRank`), and lost as a killed rank
+    is, so the world re-forms without it. Only when none can be singled out, or the world
+    cannot lose them (fewer than `min_np` left), does a `stall_timeout` given fail the
+    job; the default one never does (the job goes on, as after a warning)."""
 
     def __init__(self, state, options, job_id: str, announce: Callable[[str], None]):
         self.state, self.job_id, self.announce = state, job_id, announce
         self.warning_s, self.timeout_s = options.stall_warning, options.stall_timeout
+        self.default = self.timeout_s is None and state.membership.min_np is not None
+        """The in-process elastic default: it drops stopped ranks, and fails no job."""
+        if self.default:
+            self.timeout_s = ELASTIC_STALL_TIMEOUT_S
+        self._looked = time.monotonic()
+        """`stall_timeout` counts from here too: the watch's start (a re-formed world is
+        watched anew), and the last look that killed a rank or, by default, found none."""
         self._stop = threading.Event()
         self._warned_at: float | None = None
         self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
@@ -284,26 +312,79 @@ class StallWatch:
             state.metrics.straggling(sorted(life.stragglers.slow))
         if not state.rank_records.all_started():
             return  # start_timeout watches the start
-        idle = time.monotonic() - life.last
+        now = time.monotonic()
+        idle = now - life.last
         if self._warned_at is not None and self._warned_at != life.last:
             self._trace_stall(life)  # the ranks spoke again: the stall ends here
-        if self.timeout_s is not None and idle >= self.timeout_s:
-            why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
-            text = where(state, why, nccl=True)
-            reason = f"stalled: no rank showed a sign of life for {idle:.0f}s; the job was stopped."
-            state.failures.fail_now(JobStalledError(reason).with_stacks(text))
-            self._warned_at = self._warned_at or life.last
-            self._trace_stall(life)
-            self._stop.set()
+        if self.timeout_s is not None and now - max(life.last, self._looked) >= self.timeout_s:
+            self._timed_out(idle)
         elif self.warning_s is not None and idle >= self.warning_s:
             if self._warned_at != life.last:
                 self._warned_at = life.last
                 why = f"no sign of life for {idle:.0f}s, stall_warning={self.warning_s:g}"
-                self.announce(
-                    f"sparkdist job {self.job_id}: no rank showed a sign of life for "
-                    f"{idle:.0f}s (stall_warning={self.warning_s:g}); the job goes on.\n"
-                    + where(state, why, nccl=True)
-                )
+                self._warn(idle, where(state, why, nccl=True))
+
+    def _warn(self, idle: float, text: str) -> None:
+        """Say where each rank is (`text`); the job goes on."""
+        self.announce(
+            f"sparkdist job {self.job_id}: no rank showed a sign of life for "
+            f"{idle:.0f}s (stall_warning={self.warning_s:g}); the job goes on.\n" + text
+        )
+
+    def _timed_out(self, idle: float) -> None:
+        """No sign of life for `stall_timeout`: drop the ranks that hold an in-process
+        world back, else fail the job (by default: go on, as after a warning)."""
+        state, since = self.state, self.state.life.last
+        why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
+        answers, text = taken(state, why, nccl=True)
+        if self._drop_stopped(answers, text, idle):
+            self._warned_at = self._warned_at or since  # traced once a rank speaks again
+            return
+        if self.default:
+            self._looked = time.monotonic()
+            warn = self.warning_s is not None and idle >= self.warning_s
+            if warn and self._warned_at != since:
+                self._warned_at = since
+                self._warn(idle, text)
+            return
+        reason = f"stalled: no rank showed a sign of life for {idle:.0f}s; the job was stopped."
+        state.failures.fail_now(JobStalledError(reason).with_stacks(text))
+        self._warned_at = self._warned_at or since
+        self._trace_stall(state.life)
+        self._stop.set()
+
+    def _drop_stopped(self, answers: dict[int, RankStacks], text: str, idle: float) -> bool:
+        """An in-process elastic world's members that hold the others back (`stacks.
+        stopped`): name each, with why, kill it and let the world re-form without it.
+        False when there is none, or the world cannot go on without them."""
+        state, membership = self.state, self.state.membership
+        with state.cond:
+            if membership.min_np is None:
+                return False
+            members = membership.survivors()
+            links = {r: state.peers.channel("supervisor", r) for r in members}
+            chosen = stopped(answers, members).items()
+            dropped = {r: why for r, why in chosen if links[r] is not None}
+            left = len(members) - len(dropped)  # the world re-forms in process without them
+            if not dropped or left < membership.min_np or not membership.in_process(dropped):
+                return False
+        limit = f"stall_timeout={self.timeout_s:g}"
+        for rank, why in dropped.items():
+            host = answers[rank].host
+            state.losses.silenced(
+                rank, f"rank {rank} on host {host} was silent for {idle:.0f}s ({limit}): {why}"
+            )
+            said = (
+                f"rank {rank} (host {host}) is silent: no sign of life for {idle:.0f}s "
+                f"({limit}); {why}. It is killed; the world goes on without it."
+            )
+            state.console.keep(rank, [f"[sparkdist] {said}"])
+            self.announce(f"sparkdist job {self.job_id}: {said}")
+        self.announce(text)
+        for rank in dropped:
+            send([links[rank]], messages.KillRank(f"silent for {idle:.0f}s ({limit})"))
+        self._looked = time.monotonic()
+        return True
 
     def _trace_stall(self, life: SignsOfLife) -> None:
         """The stall that began at the last warning's sign of life, in the trace: on the

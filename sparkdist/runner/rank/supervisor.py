@@ -2,7 +2,8 @@
 
 It starts the rank's Python process, streams the rank's stdout and stderr to the
 driver line by line, and reports how the rank ended, even when it was killed by a
-signal and could report nothing itself. A SIGTERM it receives goes on to the rank.
+signal and could report nothing itself (the driver's `KillRank` among them: a rank an
+in-process elastic world drops, stopped or stuck). A SIGTERM it receives goes on to the rank.
 In a relayed job, cut off from its task (its parent gone, or the channel), it leaves
 its rank's stacks on its host for the client before it stops the rank
 (`protocol/left_stacks.py`).
@@ -190,7 +191,7 @@ class Supervisor:
                 self.lines.put((stream, line))
 
     def _listen(self) -> None:
-        """An abort from the driver, or the driver's loss, ends the rank."""
+        """An abort from the driver, or the driver's loss, ends the rank (`KillRank` too)."""
         aborted = False
         try:
             while True:
@@ -204,6 +205,8 @@ class Supervisor:
                 if isinstance(order, messages.Finish) and self.child is not None:
                     self.finished.set()
                     stop_group(self.child, grace_s=TERM_GRACE_S)
+                if isinstance(order, messages.KillRank) and self.child is not None:
+                    signal_group(self.child.pid, signal.SIGKILL)  # stopped or stuck: now
                 if isinstance(order, messages.DumpStacks) and self.child is not None:
                     threading.Thread(target=self._dump, args=(order,), daemon=True).start()
                 if isinstance(order, messages.Rejected):

@@ -1,0 +1,248 @@
+"""A stopped rank in an in-process elastic world is a lost rank (issue 64): when no rank
+showed a sign of life for `stall_timeout`, the stall watch takes every rank's stacks, names
+the members that hold the others back (one whose stacks did not come: a SIGSTOPped
+process runs no faulthandler; one in its own code while the others wait in a collective),
+kills them through their supervisors, and the world re-forms without them in process.
+
+* the decision itself, on dumps as faulthandler writes them (`stacks.stopped`);
+* on real Spark (local-cluster, the session's; two ranks per task, a world of four in
+  `sparkdist.elastic.run` with torch's gloo): launch rank 3 SIGSTOPs itself at step 5,
+  or blocks on a lock in its own code there, while the others wait in `all_reduce`. The
+  job ends with the three others; its log and rank 3's log say why; nothing is left.
+
+`SPARKDIST_ELASTIC_TIMEOUT_S` is longer than the test, so that the stall watch, not gloo's
+timeout, ends the blocked collective. The ranks print a line a second until training
+starts (importing torch takes seconds, in silence, on a loaded machine): the short
+`stall_timeout` counts from the stall.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import stall_jobs
+from helpers import assert_nothing_left
+
+import sparkdist
+from sparkdist.runner.driver import stacks
+from sparkdist.runner.driver.job_spec import RunnerOptions
+from sparkdist.runner.driver.stacks import NO_STACKS, RankStacks
+from sparkdist.runner.driver.stalls import ELASTIC_STALL_TIMEOUT_S, StallWatch
+
+ENV = {"SPARKDIST_ELASTIC_TIMEOUT_S": "300"}
+STALL_TIMEOUT_S = 8
+STOP_AT = 5
+STEPS = 30
+
+# --- the decision ----------------------------------------------------------------------
+
+SITE = "/venv/lib/python3.11/site-packages"
+RANK_MAIN = (
+    'File "/work/job/train.py", line 60 in train',
+    'File "/opt/sparkdist/elastic/run.py", line 131 in _enter',
+    'File "/opt/sparkdist/elastic/run.py", line 86 in run',
+    'File "/opt/sparkdist/runner/rank/main.py", line 80 in main',
+    'File "<frozen runpy>", line 88 in _run_code',
+)
+BEAT = textwrap.dedent(
+    """\
+    Thread 0x00007f0000000001 (most recent call first):
+      File "/usr/lib/python3.11/threading.py", line 331 in wait
+      File "/opt/sparkdist/elastic/generations.py", line 120 in _run
+      File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+
+    """
+)
+
+
+def dump(*innermost: str) -> str:
+    """A rank's dump: a watcher thread, then its main thread, whose innermost frames are
+    `innermost` (faulthandler's lines) above the training function."""
+    frames = "".join(f"  {line}\n" for line in (*innermost, *RANK_MAIN))
+    return f"{BEAT}Current thread 0x00007f0000000002 (most recent call first):\n{frames}"
+
+
+IN_ALL_REDUCE = dump(
+    f'File "{SITE}/torch/distributed/distributed_c10d.py", line 2950 in all_reduce',
+    f'File "{SITE}/torch/distributed/c10d_logger.py", line 81 in wrapper',
+)
+ON_A_LOCK = dump('File "/work/job/stall_jobs.py", line 17 in stuck')
+IN_BACKWARD = dump(  # DDP's reducer all-reduces the gradients inside backward
+    f'File "{SITE}/torch/autograd/graph.py", line 825 in _engine_run_backward',
+    f'File "{SITE}/torch/autograd/__init__.py", line 347 in backward',
+    f'File "{SITE}/torch/_tensor.py", line 581 in backward',
+)
+WAITING_FOR_A_WORLD = dump(  # gloo timed out: back to the last commit, waiting for a world
+    'File "/usr/lib/python3.11/ssl.py", line 1134 in read',
+    'File "/opt/sparkdist/protocol/wire.py", line 200 in recv',
+    'File "/opt/sparkdist/protocol/driver_channel.py", line 38 in request',
+    'File "/opt/sparkdist/elastic/generations.py", line 78 in _ask',
+)
+WAITING_FOR_A_BATCH = dump(  # its reader thread runs the user's transform, which hangs
+    'File "/usr/lib/python3.11/threading.py", line 331 in wait',
+    'File "/usr/lib/python3.11/queue.py", line 171 in get',
+    'File "/opt/sparkdist/data/loader.py", line 90 in __iter__',
+)
+PY_SPY_ONLY = (  # py-spy read a stopped process's memory; faulthandler gave nothing
+    "\nnative stacks (py-spy dump --native --pid 42):\n"
+    'Thread 0x7F0000000002 (idle): "MainThread"\n'
+    "    all_reduce (torch/distributed/distributed_c10d.py:2950)\n"
+)
+
+
+def answers(**texts: str) -> dict[int, RankStacks]:
+    return {int(name[1:]): RankStacks("10.0.0.7", text) for name, text in texts.items()}
+
+
+def test_a_member_whose_stacks_did_not_come_is_the_one_that_stopped():
+    world = answers(r0=IN_ALL_REDUCE, r1=IN_ALL_REDUCE, r2=IN_ALL_REDUCE, r3="")
+    assert stacks.stopped(world, [0, 1, 2, 3]) == {3: NO_STACKS}
+    # py-spy's native stacks of a stopped process are no answer of its own
+    world[3] = RankStacks("10.0.0.7", PY_SPY_ONLY)
+    assert stacks.stopped(world, [0, 1, 2, 3]) == {3: NO_STACKS}
+    # whatever the others do: they answered, it did not
+    assert stacks.stopped(answers(r0=ON_A_LOCK, r1=""), [0, 1]) == {1: NO_STACKS}
+
+
+def test_a_member_in_its_own_code_while_the_others_wait_in_a_collective_is_the_one():
+    world = answers(r0=IN_ALL_REDUCE, r1=IN_ALL_REDUCE, r2=IN_ALL_REDUCE, r3=ON_A_LOCK)
+    found = stacks.stopped(world, [0, 1, 2, 3])
+    assert list(found) == [3]
+    assert "its own code (stuck (stall_jobs.py:17) <- train (train.py:60))" in found[3]
+    assert "while ranks 0-2 wait in a collective" in found[3]
+    # waiting in DDP's backward, or for the driver's next world, is waiting on the peers
+    world = answers(r0=IN_BACKWARD, r1=WAITING_FOR_A_WORLD, r2=ON_A_LOCK)
+    assert list(stacks.stopped(world, [0, 1, 2])) == [2]
+    # a main thread that waits for its own reader thread is in its own code
+    world = answers(r0=IN_ALL_REDUCE, r1=WAITING_FOR_A_BATCH)
+    found = stacks.stopped(world, [0, 1])
+    assert list(found) == [1] and "while rank 0 waits in a collective" in found[1]
+
+
+def test_members_alike_single_out_nobody():
+    assert stacks.stopped(answers(r0=IN_ALL_REDUCE, r1=IN_BACKWARD), [0, 1]) == {}
+    assert stacks.stopped(answers(r0=ON_A_LOCK, r1=WAITING_FOR_A_BATCH), [0, 1]) == {}
+    assert stacks.stopped(answers(r0="", r1=""), [0, 1]) == {}
+    assert stacks.stopped({}, [0, 1]) == {}
+
+
+def test_only_members_are_singled_out():
+    """A rank that is not a member (a newcomer not yet in a world, one that left) is
+    neither dropped nor counted."""
+    world = answers(r0=IN_ALL_REDUCE, r1=IN_ALL_REDUCE, r4="", r5=ON_A_LOCK)
+    assert stacks.stopped(world, [0, 1]) == {}
+    assert list(stacks.stopped(world, [0, 1, 5])) == [5]
+
+
+def test_an_in_process_elastic_world_has_a_stall_timeout_by_default():
+    """300 s unless given, for an in-process elastic world only (`min_np` set on its
+    membership: the direct launcher); it drops stopped ranks, and fails no job itself."""
+
+    def watch(min_np: int | None, **given) -> StallWatch:
+        state = SimpleNamespace(membership=SimpleNamespace(min_np=min_np))
+        options = RunnerOptions(np=4, min_np=2, max_np=4, **given)
+        return StallWatch(state, options, "job", print)
+
+    elastic = watch(2)
+    assert elastic.timeout_s == ELASTIC_STALL_TIMEOUT_S == 300 and elastic.default
+    assert RunnerOptions(np=4, min_np=2, max_np=4).stall_timeout is None  # not given
+    given = watch(2, stall_timeout=60)
+    assert given.timeout_s == 60 and not given.default
+    fixed = watch(None)  # a fixed-size world, or the mpi launcher's
+    assert fixed.timeout_s is None and not fixed.default
+
+
+# --- on real Spark -------------------------------------------------------------------------
+
+
+def stop_one_rank(out: str, how: str, stop_rank: int = 3) -> dict:
+    """Steps of a gloo `all_reduce` and a commit inside `sparkdist.elastic.run`; at step
+    `STOP_AT` launch rank `stop_rank` stops: SIGSTOPs itself (`how="sigstop"`) or blocks on
+    a lock in its own code (`how="lock"`, until `out/lock` is removed), so that the others
+    wait in `all_reduce`. Each member returns its world's size and its last step."""
+    started = threading.Event()
+    threading.Thread(target=stall_jobs._beat_until, args=(started,), daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    launch_rank = int(os.environ["RANK"])
+
+    @elastic.run
+    def train(state) -> dict:
+        started.set()
+        value = torch.ones(1)
+        while state.step < STEPS:
+            if state.step == STOP_AT and launch_rank == stop_rank:
+                Path(out, "stopped").write_text(str(time.time()))
+                if how == "sigstop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    stall_jobs.stuck(str(Path(out, "lock")))
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return {"rank": launch_rank, "size": dist.get_world_size(), "step": state.step}
+
+    return train(elastic.ObjectState(step=0))
+
+
+def run_stopping(out: Path, how: str, caplog):
+    runner = sparkdist.HorovodRunner(
+        np=4, min_np=2, max_np=4, ranks_per_task=2, stall_timeout=STALL_TIMEOUT_S, env=ENV
+    )
+    with caplog.at_level(logging.WARNING, logger="sparkdist"):
+        results = runner.run_all(stop_one_rank, out=str(out), how=how)
+    reformed_at = time.time()
+    stopped_at = float((out / "stopped").read_text())
+    print(f"{how}: {reformed_at - stopped_at:.1f} s from the stop to the job's end")
+    log = "\n".join(record.getMessage() for record in caplog.records)
+    return runner, results, log
+
+
+def assert_dropped(runner, results, log: str, why: str) -> str:
+    """Rank 3 was dropped as silent, for `why`; the others ended the job; rank 3's log."""
+    assert sorted(r["rank"] for r in results) == [0, 1, 2], results
+    assert all(r["size"] == 3 and r["step"] == STEPS for r in results), results
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [], job.failures
+    assert len(job.reformed) == 1, job.reformed
+    assert "rank 3 on host " in job.reformed[0] and " was silent for " in job.reformed[0]
+    assert why in job.reformed[0], job.reformed
+    silent = [line for line in log.splitlines() if "is silent: no sign of life" in line]
+    assert len(silent) == 1 and "rank 3 (host " in silent[0] and why in silent[0], log
+    assert f"stall_timeout={STALL_TIMEOUT_S}" in silent[0]
+    assert "world 4 -> 3 ranks in process: rank 3 on host " in log, log
+    assert_nothing_left(runner)
+    rank_log = Path(job.rank_logs, "rank-3.log").read_text()
+    assert "[sparkdist] rank 3 (host " in rank_log and why in rank_log, rank_log
+    return rank_log
+
+
+def test_a_sigstopped_rank_is_dropped_and_the_others_go_on(sc, tmp_path, caplog):
+    runner, results, log = run_stopping(tmp_path, "sigstop", caplog)
+    assert_dropped(runner, results, log, NO_STACKS)
+    assert "(no stacks within " in log  # the grouped stacks say it too
+    assert "all_reduce <- train (test_elastic_stopped_rank.py:" in log, log
+
+
+def test_a_rank_stuck_on_a_lock_has_its_stacks_logged_and_is_dropped(sc, tmp_path, caplog):
+    (tmp_path / "lock").touch()
+    runner, results, log = run_stopping(tmp_path, "lock", caplog)
+    stuck = "stuck (stall_jobs.py:"
+    rank_log = assert_dropped(runner, results, log, f"its own code ({stuck}")
+    # its stacks, grouped, in the job's log (beside the others', in all_reduce) ...
+    assert "rank 3 (host " in log and f"{stuck}" in log, log
+    assert "ranks 0-2 (host " in log and "all_reduce <- train" in log, log
+    # ... and in full in its rank log
+    assert "[sparkdist] stacks (no sign of life for " in rank_log, rank_log
+    assert "stall_jobs.py" in rank_log and " in stuck" in rank_log, rank_log
