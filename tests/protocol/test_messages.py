@@ -40,7 +40,8 @@ def _rank_client(service: DriverService, secret: bytes) -> driver_channel.Driver
     client = driver_channel.DriverClient(f"{service.address[0]}:{service.address[1]}", secret)
     client._channel.sock.settimeout(REPLY_TIMEOUT_S)
     welcome = client.request(messages.RankHello(1, "127.0.0.1", os.getpid()))
-    assert welcome == messages.Welcome(b"payload", False, "job")
+    assert welcome._replace(clock_us=-1.0) == messages.Welcome(b"payload", False, "job")
+    assert 0 <= welcome.clock_us <= service.state.trace.now_us()  # the trace's clock, µs
     return client
 
 
