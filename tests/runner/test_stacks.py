@@ -654,3 +654,33 @@ def test_sigterm_to_sparkdist_run_shows_the_stacks_and_stops_the_job(tmp_path):
     assert proc.returncode == 130, err
     assert "Where each rank was (interrupted" in err, err
     assert "rank 0 (host " in err and "wait_here (waits.py:4) <- <module> (waits.py:7)" in err
+
+
+def test_stragglers_are_measured_while_the_service_adds_samples():
+    """The stall watch reads the samples while the service's loop adds them: without a
+    lock that raised "deque mutated during iteration" (hundreds of times in 2 s with a
+    short switch interval), and the watch logged a traceback and lost its tick."""
+    stragglers, stop, errors = Stragglers(), threading.Event(), []
+
+    def feed() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+            for rank in range(4):
+                stragglers.progress(rank, "report", count, count * 0.001)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    feeder.start()
+    try:
+        for _ in range(3_000):
+            try:
+                stragglers.rates(10.0)
+            except RuntimeError as exc:
+                errors.append(exc)
+    finally:
+        stop.set()
+        feeder.join()
+        sys.setswitchinterval(switch)
+    assert errors == []

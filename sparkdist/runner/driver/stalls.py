@@ -104,9 +104,11 @@ KINDS = ("batches", "report")
 
 
 class Stragglers:
-    """Each rank's step counts over time, and which ranks are named slow."""
+    """Each rank's step counts over time, and which ranks are named slow. The service's
+    loop adds samples while the stall watch reads them: `_lock` keeps them apart."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._samples: dict[tuple[int, str], deque[tuple[float, int]]] = {}
         self._slow_since: dict[int, float] = {}
         self._even_since: dict[int, float] = {}
@@ -117,16 +119,19 @@ class Stragglers:
 
     def progress(self, rank: int, kind: str, count: int, now: float) -> None:
         """Rank `rank` had made `count` steps of `kind` at `now` (seconds)."""
-        samples = self._samples.setdefault((rank, kind), deque())
-        samples.append((now, count))
-        while len(samples) > 2 and samples[1][0] < now - 2 * WINDOW_S:
-            samples.popleft()
+        with self._lock:
+            samples = self._samples.setdefault((rank, kind), deque())
+            samples.append((now, count))
+            while len(samples) > 2 and samples[1][0] < now - 2 * WINDOW_S:
+                samples.popleft()
 
     def rates(self, now: float) -> dict[int, float]:
         """Steps a second over the last `WINDOW_S`, of each rank measured that long."""
+        with self._lock:
+            measured = [(key, list(samples)) for key, samples in self._samples.items()]
         for kind in KINDS:
             rates = {}
-            for (rank, of), samples in self._samples.items():
+            for (rank, of), samples in measured:
                 if of == kind and samples[0][0] <= now - WINDOW_S:
                     then = max(c for t, c in samples if t <= now - WINDOW_S)
                     rates[rank] = (samples[-1][1] - then) / WINDOW_S
