@@ -98,19 +98,21 @@ def test_a_stall_warning_shows_the_stacks_and_the_job_goes_on(scenarios):
 
 
 def test_an_elastic_job_that_stalls_fails_with_the_stacks(scenarios):
-    """`sparkdist.elastic.run` at np=3 (min_np=2): one rank blocks in the user's code
-    inside the training function, the others wait in all_reduce, commits stop; the job's
-    6 s `stall_timeout` ends it."""
+    """`sparkdist.elastic.run` at np=3 (min_np=2): world rank 1 blocks in the user's code
+    inside the training function, the others wait in all_reduce, commits stop. At the
+    6 s `stall_timeout` the stuck rank (launch rank 1) is dropped and the world goes on as
+    2 (issue 64); its new world rank 1 (launch rank 2) reaches the same step and blocks
+    too, and a world at min_np cannot shrink: the job fails with the stacks of that
+    second stall, launch rank 0 in all_reduce and launch rank 2 stuck."""
     outcome = scenarios[0]["elastic"]
     assert outcome["error"] == "JobStalledError", outcome
     where = outcome["stacks"]
-    assert re.search(
-        r"ranks \d,\d \(hosts? [^)]+\): all_reduce <- train \(stall_jobs\.py:\d+\) <- elastic",
-        where,
-    ), where
-    assert re.search(r"rank \d \(host [^)]+\): stuck \(stall_jobs\.py:\d+\) <- train \(", where), (
+    in_all_reduce = r"rank 0 \(host [^)]+\): all_reduce <- train \(stall_jobs\.py:\d+\) <- elastic"
+    assert re.search(in_all_reduce, where), where
+    assert re.search(r"rank 2 \(host [^)]+\): stuck \(stall_jobs\.py:\d+\) <- train \(", where), (
         where
     )
+    assert "rank 1 (host" not in where, where  # dropped at the first stall
     assert where in outcome["message"] and outcome["left"] == []
 
 
