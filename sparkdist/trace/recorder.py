@@ -283,8 +283,9 @@ class JobTrace:
                 _add_rank_event(track, event)
 
     def rank_ended(self, rank: int, how: str, reason: str = "") -> None:
-        """Rank `rank` returned ("returned"), exited ("exited") or failed ("failed": an
-        instant with why); only its first end counts (an error, then its exit)."""
+        """Rank `rank` returned ("returned"), exited ("exited"), was stopped with the job
+        ("stopped") or failed ("failed": an instant with why); only its first end counts
+        (an error, then its exit)."""
         with self._lock:
             now = self.now_us()
             track = self._rank(rank)

@@ -335,7 +335,9 @@ class _SupervisorPeer(_StreamPeer):
             case messages.RankStacks(request, text, nccl):
                 self.state.stacks.answered(self.number, request, text, nccl)
             case messages.RankExit(code, tail):
-                how = "failed" if code else "exited"
+                # A rank stopped because the job is stopping is no failure of its own.
+                stopping = self.state.failures.stopping
+                how = "exited" if not code else "stopped" if stopping else "failed"
                 self.state.trace.rank_ended(self.number, how, f"exited with code {code}")
                 self.state.losses.rank_exited(self.number, code, tail)
                 self.link.send(messages.encode(messages.Bye()))

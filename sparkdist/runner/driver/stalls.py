@@ -288,6 +288,8 @@ class StallWatch:
         watched anew), and the last look that killed a rank or, by default, found none."""
         self._stop = threading.Event()
         self._warned_at: float | None = None
+        self._silent: list[int] = []
+        """The ranks running when the stall was noticed (the trace's silent ranks)."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
 
     def __enter__(self) -> StallWatch:
@@ -325,7 +327,7 @@ class StallWatch:
             self._timed_out(idle)
         elif self.warning_s is not None and idle >= self.warning_s:
             if self._warned_at != life.last:
-                self._warned_at = life.last
+                self._noticed(life.last)
                 why = f"no sign of life for {idle:.0f}s, stall_warning={self.warning_s:g}"
                 self._warn(idle, where(state, why, nccl=True))
 
@@ -343,18 +345,18 @@ class StallWatch:
         why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
         answers, text = taken(state, why, nccl=True)
         if self._drop_stopped(answers, text, idle):
-            self._warned_at = self._warned_at or since  # traced once a rank speaks again
+            self._noticed(self._warned_at or since)  # traced once a rank speaks again
             return
         if self.default:
             self._looked = time.monotonic()
             warn = self.warning_s is not None and idle >= self.warning_s
             if warn and self._warned_at != since:
-                self._warned_at = since
+                self._noticed(since)
                 self._warn(idle, text)
             return
         reason = f"stalled: no rank showed a sign of life for {idle:.0f}s; the job was stopped."
         state.failures.fail_now(JobStalledError(reason).with_stacks(text))
-        self._warned_at = self._warned_at or since
+        self._noticed(self._warned_at or since)
         self._trace_stall(state.life)
         self._stop.set()
 
@@ -391,6 +393,13 @@ class StallWatch:
         self._looked = time.monotonic()
         return True
 
+    def _noticed(self, since: float) -> None:
+        """A stall since `since` (monotonic): its running ranks are its silent ones."""
+        if self._warned_at != since:
+            with self.state.cond:
+                self._silent = self.state.rank_records.running()
+        self._warned_at = since
+
     def _trace_stall(self, life: SignsOfLife) -> None:
         """The stall that began at the last warning's sign of life, in the trace: on the
         driver, and each rank silent since then from its own last sign of life; it ended
@@ -399,8 +408,9 @@ class StallWatch:
         trace, now = self.state.trace, time.monotonic()
         until = life.last if life.last > since else now
         to_us = trace.now_us() - now * 1e6
-        with self.state.cond:
-            running = self.state.rank_records.running()  # one never heard: since the stall
-        silent = {r: min(life.by_rank.get(r, since), since) * 1e6 + to_us for r in running}
+        # Each rank running when the stall was noticed, from its last sign of life (one
+        # never heard: from the stall's start).
+        last = {r: min(life.by_rank.get(r, since), since) for r in self._silent}
+        silent = {r: seen * 1e6 + to_us for r, seen in last.items()}
         why = f"no sign of life for {until - since:.0f}s"
         trace.stall(since * 1e6 + to_us, until * 1e6 + to_us, why, silent)
