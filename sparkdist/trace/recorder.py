@@ -380,6 +380,17 @@ class JobTrace:
                 for track in [self.driver, *self.ranks.values()]:
                     track.halve()
 
+    def to_json(self, extra: dict | None = None) -> bytes:
+        """The trace as the file holds it (compact JSON), merged until the file fits
+        `SIZE_CAP_BYTES`: encoded once a try, the bytes measured are the bytes written."""
+        with self._lock:
+            while True:
+                data = json.dumps(self._dict(extra or {}), separators=(",", ":")).encode()
+                if len(data) <= SIZE_CAP_BYTES:
+                    return data
+                for track in [self.driver, *self.ranks.values()]:
+                    track.halve()
+
     def _dict(self, extra: dict) -> dict:
         now = self.now_us()
         events = self.driver.events(now)
@@ -407,8 +418,8 @@ class JobTrace:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, FILE_NAME)
         partial = f"{path}.partial"
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(extra), f, separators=(",", ":"))
+        with open(partial, "wb") as f:
+            f.write(self.to_json(extra))
         os.replace(partial, path)
         return path
 

@@ -19,7 +19,6 @@ from it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -315,8 +314,7 @@ def _write_trace(trace: JobTrace, logs: RunLogs, log: bool) -> str | None:
     """Write the job's trace beside its rank logs (and, with `log`, into the active MLflow
     run, with its picture); its path, None if it could not be written."""
     try:
-        data = json.dumps(trace.to_dict(), separators=(",", ":")).encode()
-        path = logs.keep(FILE_NAME_TRACE, data, trace.job_id)
+        path = logs.keep(FILE_NAME_TRACE, trace.to_json(), trace.job_id)
     except OSError as exc:
         logger.warning("could not write the job's trace: %s", exc)
         return None
