@@ -4,6 +4,7 @@ training functions its ranks run. Imported by name on the driver and by the rank
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -22,7 +23,8 @@ def run_job(
     kwargs: dict | None = None,
     id_frames: dict[str, dict] | None = None,
 ) -> dict[str, Any]:
-    """Run `main` (a function of this module) with HorovodRunner; report what happened,
+    """Run `main` (a function of this module, or "module.function" of another one on the
+    import path) with HorovodRunner; report what happened,
     failures included, as plain data. `id_frames` maps an argument of `main` to
     ``{"rows": n, "path": dir}``: a DataFrame of ids 0..n-1 stored as Parquet in `dir`
     (on the hosts' shared disk) and passed as that argument, so the ranks read it."""
@@ -35,7 +37,7 @@ def run_job(
     hr = HorovodRunner(np=np, **(runner or {}))
     out: dict[str, Any] = {"ok": False, "values": None}
     try:
-        out["values"] = hr.run_all(globals()[main], **kwargs)
+        out["values"] = hr.run_all(_function(main), **kwargs)
         out["ok"] = True
     except SparkdistError as exc:
         out["failed_at"] = time.time()
@@ -55,6 +57,14 @@ def run_job(
         out["reformed"] = job.reformed
         out["trace_instants"] = _instants(job.trace)
     return out
+
+
+def _function(name: str):
+    """A function of this module by name, or "module.function" of another module."""
+    if "." not in name:
+        return globals()[name]
+    module, function = name.rsplit(".", 1)
+    return getattr(importlib.import_module(module), function)
 
 
 def _instants(path: str | None) -> list[dict]:
