@@ -50,6 +50,7 @@ def run_job(
         )
     job = hr.last_job
     if job is not None:
+        out["job_id"] = job.job_id
         out["processes"] = [asdict(p) for p in job.processes]
         out["attempts"] = job.attempts
         out["failures"] = job.failures
