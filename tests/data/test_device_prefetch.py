@@ -1,40 +1,37 @@
-"""`sparkdist.data.rank.device_prefetch`: batches copied to the device a batch (or `depth`)
-ahead of use. On CPU the same iteration runs with `HostSide`; a recording side shows the
-copy of batch k+1 starts before batch k is handed out, and is finished before its own
-turn. `CudaSide` itself runs on CPU against stand-in streams and events (what a GPU would
-be): each batch is copied on the side stream, the compute stream waits for that copy's
-event before the batch is handed out, and every tensor of it is marked as used by the
-compute stream. With a GPU, the batches come out on it, equal to the CPU's."""
+"""`sparkdist.data.rank.device_prefetch` and `batch_pack`: batches packed into a ring of
+host buffers and copied to the device in one piece, a batch (or `depth`) ahead of use.
+
+On CPU the same iteration runs with `HostSide`: a recording side shows the copy of batch
+k+1 starts before batch k is handed out; every dtype and shape comes back equal, as views
+of one copy. The ring's safety runs against a stand-in of `CudaSide` whose copies run as
+late as a GPU may run them (only when waited for): a slot packed again before its copy ran
+would hand out the wrong rows. With a GPU, the batches come out on it, equal to the CPU's.
+"""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 
-from sparkdist.data.rank.device_prefetch import (
-    CudaSide,
-    DevicePrefetcher,
-    HostSide,
-    map_tensors,
-)
+from sparkdist.data.rank import batch_pack
+from sparkdist.data.rank.device_prefetch import CudaSide, DevicePrefetcher, HostSide, Ring
 
 
 class RecordingSide(HostSide):
     """`HostSide` that logs each start and finish, to see the order of copies."""
 
-    def __init__(self) -> None:
-        super().__init__("cpu")
+    def __init__(self, slots: int) -> None:
+        super().__init__("cpu", slots)
         self.log: list[tuple[str, int]] = []
 
     def start(self, batch):
         self.log.append(("start", int(batch["id"][0])))
         return super().start(batch)
 
-    def finish(self, moved, done):
+    def finish(self, pending):
+        moved = super().finish(pending)
         self.log.append(("finish", int(moved["id"][0])))
-        return super().finish(moved, done)
+        return moved
 
 
 def _batches(n: int) -> list[dict]:
@@ -44,7 +41,7 @@ def _batches(n: int) -> list[dict]:
 @pytest.mark.parametrize("depth", [1, 2])
 def test_each_batch_is_copied_depth_batches_ahead_of_use(depth):
     prefetcher = DevicePrefetcher(_batches(4), "cpu", depth=depth)
-    side = prefetcher.side = RecordingSide()
+    side = prefetcher.side = RecordingSide(depth + 2)
     handed = []
     for batch in prefetcher:
         handed.append(int(batch["id"][0]))
@@ -54,12 +51,58 @@ def test_each_batch_is_copied_depth_batches_ahead_of_use(depth):
     assert [k for kind, k in side.log if kind == "finish"] == [0, 1, 2, 3]
 
 
-def test_only_tensors_move_and_bad_settings_are_refused():
-    batch = {"x": torch.ones(2), "pair": (torch.zeros(1), 3), "name": ["a", "b"]}
-    seen = []
-    out = map_tensors(batch, lambda t: seen.append(t) or t + 1)
-    assert len(seen) == 2 and out["name"] == ["a", "b"] and out["pair"][1] == 3
-    assert torch.equal(out["x"], torch.full((2,), 2.0))
+def _mixed_batch(k: int) -> dict:
+    """Every kind of leaf a batch holds: dtypes with and without a numpy twin, a
+    non-contiguous tensor, an empty one, a 0-d one, strings, a tuple, a number."""
+    return {
+        "x": torch.arange(12, dtype=torch.float32).reshape(3, 4) + k,
+        "id": torch.tensor([k, k + 1, k + 2], dtype=torch.int64),
+        "mask": torch.tensor([True, False, k % 2 == 0]),
+        "half": torch.full((3,), k, dtype=torch.bfloat16),
+        "small": torch.full((3, 2), k, dtype=torch.uint8),
+        "transposed": torch.arange(6, dtype=torch.int16).reshape(2, 3).t() * k,
+        "empty": torch.zeros((0, 5)),
+        "scalar": torch.tensor(float(k)),
+        "name": [f"row {k}"] * 3,
+        "pair": (torch.full((2,), k, dtype=torch.float64), k),
+    }
+
+
+def _assert_same(got, want) -> None:
+    assert type(got) is type(want)
+    if isinstance(want, torch.Tensor):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert torch.equal(got.cpu(), want)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for key in want:
+            _assert_same(got[key], want[key])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _assert_same(g, w)
+    else:
+        assert got == want
+
+
+def test_every_leaf_comes_back_equal_as_views_of_one_copy_and_only_tensors_move():
+    batches = [_mixed_batch(k) for k in range(7)]
+    got = list(DevicePrefetcher(batches, "cpu", depth=2))  # all held: none overwritten
+    for out, want in zip(got, batches, strict=True):
+        _assert_same(out, want)
+        tensors = batch_pack.tensors_of(out)
+        assert len(tensors) == 9  # the tensors, not the strings or the number
+        # One copy a batch: every tensor is a view of the same bytes, none of the source's.
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+        assert all(not t.is_contiguous() or t.data_ptr() % 16 == 0 for t in tensors)
+        assert not any(
+            t.untyped_storage().data_ptr() == s.untyped_storage().data_ptr()
+            for t, s in zip(tensors, batch_pack.tensors_of(want), strict=True)
+        )
+    assert list(DevicePrefetcher([{"name": ["a"]}], "cpu")) == [{"name": ["a"]}]
+
+
+def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="depth"):
         DevicePrefetcher([], "cpu", depth=0)
     with pytest.raises(ValueError, match="cuda or cpu"):
@@ -67,119 +110,90 @@ def test_only_tensors_move_and_bad_settings_are_refused():
     assert list(DevicePrefetcher([], "cpu")) == []
 
 
+class LateCopy:
+    """A copy queued on a stand-in side stream: it runs only when the host waits for it,
+    or when the device catches up with its queue (`StandInDevice.catch_up`), as late as a
+    GPU running behind the host may run it, reading the host bytes as they are then."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host, self.device, self.ran = host, torch.empty_like(host), False
+
+    def run(self) -> None:
+        if not self.ran:
+            self.device.copy_(self.host)
+            self.ran = True
+
+
+class LateCudaSide(CudaSide):
+    """`CudaSide`'s ring and packing, with a stand-in device: plain host bytes, and each
+    copy a `LateCopy`. Making the compute stream wait for a copy (`ready`) runs nothing on
+    the host: the device does it when it gets there."""
+
+    def __init__(self, slots: int) -> None:
+        self.device = torch.device("cpu")
+        self.ring = Ring(self, slots)
+        self.allocated = 0
+        self.queued: list[LateCopy] = []
+        self.readied: list[LateCopy] = []
+
+    def host_bytes(self, nbytes: int) -> torch.Tensor:
+        self.allocated += 1
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def copy_out(self, host):
+        copy = LateCopy(host)
+        self.queued.append(copy)
+        return copy.device, copy
+
+    def wait_for_copy(self, done: LateCopy) -> None:
+        done.run()
+
+    def ready(self, packed, done: LateCopy) -> None:
+        self.readied.append(done)
+
+    def catch_up(self) -> None:
+        for copy in self.queued:
+            copy.run()
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_ring_slot_is_packed_again_only_after_its_copy_ran(depth):
+    """20 batches through a ring of depth+2 slots, each slot reused many times, on a
+    stand-in device that runs behind the host: no copy runs until the host waits for it
+    or the device catches up at the end. Every batch (all held to the end) equals its
+    source, so no slot was packed again under a copy still to run; the slots were
+    allocated once, and each batch was handed out after the compute stream's wait."""
+    batches = [_mixed_batch(k) for k in range(20)]
+    prefetcher = DevicePrefetcher(batches, "cpu", depth=depth)
+    side = prefetcher.side = LateCudaSide(depth + 2)
+    got = []
+    for batch in prefetcher:
+        assert len(side.readied) == len(got) + 1  # the compute stream waits, then it is out
+        assert side.readied[-1].device.untyped_storage().data_ptr() == (
+            batch["x"].untyped_storage().data_ptr()
+        )
+        got.append(batch)
+    side.catch_up()
+    for out, want in zip(got, batches, strict=True):
+        _assert_same(out, want)
+    assert side.allocated == depth + 2 and len(side.queued) == 20
+
+
+def test_a_slot_grows_for_a_larger_batch():
+    ring = Ring(HostSide("cpu", 2), slots=2)
+    _, first = ring.take(100)
+    _, second = ring.take(1000)
+    _, again = ring.take(50)
+    assert again is first and second.numel() == 1000
+    _, kept = ring.take(150)
+    _, grown = ring.take(300)  # slot 0 again, too small now
+    assert kept is second and grown is not first and grown.numel() >= 300
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_batches_arrive_on_the_gpu_equal_to_the_cpu_ones():
-    batches = _batches(5)
+    batches = [_mixed_batch(k) for k in range(5)]
     got = list(DevicePrefetcher(batches, "cuda", depth=2))
-    assert all(b["id"].device.type == "cuda" for b in got)
-    assert [b["id"].cpu().tolist() for b in got] == [b["id"].tolist() for b in batches]
-
-
-class StandInStream:
-    """A CUDA stream, as far as `CudaSide` uses one: what was queued on it, in order."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.ops = name, []
-
-    def wait_event(self, event) -> None:
-        self.ops.append(("wait", event))
-
-
-class StandInEvent:
-    """A CUDA event: the stream it was recorded on, and where in that stream's queue."""
-
-    stream, position = None, None
-
-    def record(self, stream) -> None:
-        self.stream, self.position = stream, len(stream.ops)
-        stream.ops.append(("record", self))
-
-
-class StandInGpu:
-    """torch.cuda's streams and events for `CudaSide`, and the stream now selected
-    (`torch.cuda.stream(side)` selects the side stream for the copies)."""
-
-    def __init__(self) -> None:
-        self.compute = StandInStream("compute")
-        self.selected = [self.compute]
-
-    def install(self, monkeypatch) -> None:
-        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: StandInStream("side"))
-        monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
-        monkeypatch.setattr(torch.cuda, "stream", self.stream)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.selected[-1])
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        self.selected.append(stream)
-        try:
-            yield
-        finally:
-            self.selected.pop()
-
-
-class HostTensor(torch.Tensor):
-    """A pageable host tensor of a batch: pinning it and copying it to the device are
-    recorded (the copy on the stream selected then); the copy is a `DeviceTensor`."""
-
-    gpu: StandInGpu
-
-    def is_pinned(self, device=None) -> bool:
-        return getattr(self, "pinned", False)
-
-    def pin_memory(self, device=None):
-        pinned = torch.Tensor.clone(self.as_subclass(torch.Tensor)).as_subclass(HostTensor)
-        pinned.pinned = True
-        return pinned
-
-    def to(self, device, non_blocking=False):
-        assert self.is_pinned() and non_blocking, "a copy that can overlap: pinned, async"
-        stream = HostTensor.gpu.selected[-1]
-        moved = torch.Tensor.clone(self.as_subclass(torch.Tensor)).as_subclass(DeviceTensor)
-        moved.copied_on, moved.copy_at, moved.used_on = stream, len(stream.ops), []
-        stream.ops.append(("copy", moved))
-        return moved
-
-
-class DeviceTensor(torch.Tensor):
-    """A tensor on the stand-in device: where it was copied, and the streams marked as
-    using it (`record_stream`)."""
-
-    def record_stream(self, stream) -> None:
-        self.used_on.append(stream)
-
-
-@pytest.mark.parametrize("depth", [1, 2])
-def test_a_batch_is_handed_out_after_the_compute_stream_waits_for_its_copy(monkeypatch, depth):
-    gpu = StandInGpu()
-    gpu.install(monkeypatch)
-    HostTensor.gpu = gpu
-    batches = [
-        {
-            "id": torch.full((4,), k).as_subclass(HostTensor),
-            "x": torch.ones(2, 3).as_subclass(HostTensor),
-            "name": ["a"],
-        }
-        for k in range(4)
-    ]
-    prefetcher = DevicePrefetcher(batches, "cuda", depth=depth)
-    assert isinstance(prefetcher.side, CudaSide)
-    side = prefetcher.side.stream
-    handed = []
-    for batch in prefetcher:
-        handed.append(int(batch["id"][0]))
-        tensors = [batch["id"], batch["x"]]
-        assert all(t.copied_on is side for t in tensors)  # copied on the side stream
-        # The compute stream waits (on the device) for an event recorded on the side
-        # stream after this batch's copies: the step cannot read them half done.
-        waited = [op[1] for op in gpu.compute.ops if op[0] == "wait"]
-        assert any(
-            e.stream is side and all(e.position > t.copy_at for t in tensors) for e in waited
-        ), f"batch {handed[-1]} handed out before the compute stream waited for its copy"
-        # Its memory is marked as used by the compute stream: not reused under the step.
-        assert all(t.used_on == [gpu.compute] for t in tensors), (
-            f"batch {handed[-1]}'s tensors are not marked as used by the compute stream"
-        )
-        assert batch["name"] == ["a"]
-    assert handed == [0, 1, 2, 3]
-    assert [op[0] for op in gpu.compute.ops] == ["wait"] * 4  # no copy on the compute stream
+    assert all(b["x"].device.type == "cuda" for b in got)
+    for out, want in zip(got, batches, strict=True):
+        _assert_same(out, want)

@@ -1,15 +1,25 @@
-"""Batches already on the device: each copied from pinned host memory on a side stream,
-`depth` batches ahead of the one in use, so that the copy overlaps the step.
+"""Batches already on the device: each packed into a page-locked buffer of a ring, copied
+in one piece on a side stream `depth` batches ahead of use, and handed out as views of the
+copy, so that the copy overlaps the step.
 
-Why: a training loop that moves each batch with `.to("cuda")` waits for the copy before
-every step, and a copy from pageable memory cannot overlap anything. Here batch k+1 is
-pinned (if the loader did not already pin it) and its copy queued on a side stream while
-batch k is handed out; before batch k+1 is handed out, the compute stream waits for its
-copy (on the GPU, not the host), and its tensors are marked as used by the compute stream
-so that their memory is not reused while the step still reads them.
+Why: a loop that moves each batch with `.to("cuda")` waits for every copy, and a copy
+from pageable memory cannot overlap anything; pinning each batch (`pin_memory()`) costs a
+page-locked allocation and a host copy a tensor, and a copy a tensor is many small
+copies. Here a batch's CPU tensors are packed side by side (`batch_pack`) into one slot of
+a ring of page-locked byte buffers allocated once, copied to the device in one contiguous
+copy on a side stream, and come back as views of the copied bytes. Before batch k+1 is
+handed out, the compute stream waits for its copy (on the GPU, not the host).
 
-On a CPU device the same code runs with `HostSide`, which moves tensors at once: the
-order of batches, what is moved and what is not, and the depth are what a CPU test sees.
+Nothing handed out is ever overwritten: the device bytes of a batch are a fresh block of
+torch's caching allocator (cached, so not a `cudaMalloc` a batch), marked as used by the
+compute stream (`record_stream`), so the allocator reuses it only once every view of it is
+gone and the compute stream has passed its last use, autograd's saved inputs included.
+A ring slot's page-locked bytes, which no user sees, are packed again only after the copy
+out of them has finished (the host waits for that copy's event).
+
+On a CPU device `HostSide` runs the same packing into a ring of plain buffers and hands out
+views of a fresh copy: the order of batches, what is moved and what is not, and the
+depth are what a CPU test sees.
 """
 
 from __future__ import annotations
@@ -18,77 +28,128 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
 
-def map_tensors(batch: Any, move: Any) -> Any:
-    """`batch` (a tensor, or a dict, list or tuple of them and other values) with `move`
-    applied to each tensor; other values as they are (strings stay lists)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return move(batch)
-    if isinstance(batch, dict):
-        return type(batch)((key, map_tensors(value, move)) for key, value in batch.items())
-    if type(batch) in (list, tuple):
-        return type(batch)(map_tensors(value, move) for value in batch)
-    return batch
+from sparkdist.data.rank import batch_pack
 
 
-class CudaSide:
-    """A side stream of `device` for batch copies."""
+class Ring:
+    """`slots` host byte buffers, reused in turn: a slot is packed again only after the
+    copy out of it finished. A slot grows (a new buffer) when a batch needs more bytes."""
 
-    def __init__(self, device: Any) -> None:
-        import torch
+    def __init__(self, side: Any, slots: int) -> None:
+        self.side = side
+        self.buffers: list[Any] = [None] * slots
+        self.copies: list[Any] = [None] * slots
+        self.turn = 0
 
+    def take(self, nbytes: int) -> tuple[int, Any]:
+        """The next slot, free to pack, with at least `nbytes`: (its index, its bytes)."""
+        index = self.turn
+        self.turn = (self.turn + 1) % len(self.buffers)
+        if self.copies[index] is not None:
+            self.side.wait_for_copy(self.copies[index])  # its last copy still reads it
+            self.copies[index] = None
+        buffer = self.buffers[index]
+        if buffer is None or buffer.numel() < nbytes:
+            grown = max(nbytes, 2 * buffer.numel() if buffer is not None else 0)
+            buffer = self.buffers[index] = self.side.host_bytes(grown)
+        return index, buffer
+
+    def copying(self, index: int, copy: Any) -> None:
+        """Slot `index` is being copied out until `copy` (an event) completes."""
+        self.copies[index] = copy
+
+
+class Pending:
+    """A batch on its way to the device: its copy's bytes, their event and its layout."""
+
+    def __init__(self, batch: Any, packed: Any, done: Any, leaves: list) -> None:
+        self.batch, self.packed, self.done, self.leaves = batch, packed, done, leaves
+
+
+class PackedSide:
+    """What the CUDA and the CPU sides share: pack a batch into a ring slot and start
+    its copy (`start`); hand it out as views of the copy (`finish`)."""
+
+    ring: Ring
+
+    def start(self, batch: Any) -> Pending:
+        tensors = batch_pack.tensors_of(batch)
+        if not tensors:  # nothing to move
+            return Pending(batch, None, None, [])
+        leaves, nbytes = batch_pack.layout(tensors)
+        nbytes = max(nbytes, batch_pack.ALIGN)  # empty tensors still get device views
+        index, host = self.ring.take(nbytes)
+        batch_pack.pack(tensors, leaves, host)
+        packed, done = self.copy_out(host[:nbytes])
+        self.ring.copying(index, done)
+        return Pending(batch, packed, done, leaves)
+
+    def finish(self, pending: Pending) -> Any:
+        """The batch, safe to use on the compute stream."""
+        if pending.packed is None:
+            return pending.batch
+        self.ready(pending.packed, pending.done)
+        return batch_pack.rebuild(pending.batch, pending.packed, pending.leaves)
+
+
+class CudaSide(PackedSide):
+    """Page-locked slots, one copy a batch on a side stream of `device`, an event each."""
+
+    def __init__(self, device: Any, slots: int) -> None:
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
+        self.ring = Ring(self, slots)
 
-    def start(self, batch: Any) -> tuple[Any, Any]:
-        """Queue `batch`'s copy to the device; (the batch on the device, its event)."""
-        import torch
+    def host_bytes(self, nbytes: int) -> Any:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
-        def move(tensor: Any) -> Any:
-            pinned = tensor if tensor.is_pinned() else tensor.pin_memory()
-            return pinned.to(self.device, non_blocking=True)
-
+    def copy_out(self, host: Any) -> tuple[Any, Any]:
+        """Queue `host`'s copy to fresh device bytes on the side stream: (them, its event)."""
         with torch.cuda.stream(self.stream):
-            moved = map_tensors(batch, move)
+            packed = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+            packed.copy_(host, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
-        return moved, done
+        return packed, done
 
-    def finish(self, moved: Any, done: Any) -> Any:
-        """Make the compute stream wait for the copy; the batch, safe to use on it."""
-        import torch
+    def wait_for_copy(self, done: Any) -> None:
+        done.synchronize()
 
+    def ready(self, packed: Any, done: Any) -> None:
+        """The compute stream waits for the copy, and holds the bytes while it reads them."""
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)
-        map_tensors(moved, lambda tensor: tensor.record_stream(current))
-        return moved
+        packed.record_stream(current)
 
 
-class HostSide:
-    """The same steps for a CPU device: tensors moved at once, nothing to wait for."""
+class HostSide(PackedSide):
+    """The same steps on a CPU device: plain slots, the copy made at once."""
 
-    def __init__(self, device: Any) -> None:
-        import torch
-
+    def __init__(self, device: Any, slots: int) -> None:
         self.device = torch.device(device)
+        self.ring = Ring(self, slots)
 
-    def start(self, batch: Any) -> tuple[Any, Any]:
-        return map_tensors(batch, lambda tensor: tensor.to(self.device)), None
+    def host_bytes(self, nbytes: int) -> Any:
+        return torch.empty(nbytes, dtype=torch.uint8)
 
-    def finish(self, moved: Any, done: Any) -> Any:
-        return moved
+    def copy_out(self, host: Any) -> tuple[Any, None]:
+        return host.clone(), None
+
+    def wait_for_copy(self, done: Any) -> None:
+        """Nothing to wait for: the copy was made at once."""
+
+    def ready(self, packed: Any, done: Any) -> None:
+        """Nothing to wait for: the copy was made at once."""
 
 
-def side_for(device: Any) -> CudaSide | HostSide:
-    import torch
-
+def side_for(device: Any, slots: int) -> CudaSide | HostSide:
     kind = torch.device(device).type
     if kind == "cuda":
-        return CudaSide(device)
+        return CudaSide(device, slots)
     if kind == "cpu":
-        return HostSide(device)
+        return HostSide(device, slots)
     raise ValueError(f"device={device!r}: batches can be prefetched to cuda or cpu")
 
 
@@ -105,7 +166,8 @@ class DevicePrefetcher:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1 (batches copied ahead), got {depth!r}")
         self.batches, self.depth = batches, depth
-        self.side = side_for(device)
+        # depth copies in flight and one being packed: the host seldom waits for a slot.
+        self.side = side_for(device, slots=depth + 2)
 
     def __iter__(self) -> Iterator[Any]:
         source = iter(self.batches)
@@ -115,11 +177,11 @@ class DevicePrefetcher:
             if len(ahead) == self.depth:
                 break
         while ahead:
-            moved, done = ahead.popleft()
+            pending = ahead.popleft()
             following = next(source, _END)
             if following is not _END:  # queued before this one is handed out: overlapped
                 ahead.append(self.side.start(following))
-            yield self.side.finish(moved, done)
+            yield self.side.finish(pending)
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]

@@ -8,9 +8,9 @@ reads and decodes every k-th batch of the rank, which is the order in which Data
 takes them back: the rank still gets its batches in order, each row once. ``pin_memory``
 and the other DataLoader options pass through. The loader counts the batches it hands
 out, so ``state_dict()`` is the world's position (see `sparkdist.data.rank.order`). With
-``device="cuda"`` its batches come already on the GPU, pinned and copied a batch ahead on
-a side stream (`sparkdist.data.rank.device_prefetch`); they are counted when handed out,
-not when copied.
+``device="cuda"`` its batches come already on the GPU, packed into a ring of page-locked
+buffers and copied in one piece a batch ahead on a side stream
+(`sparkdist.data.rank.device_prefetch`); they are counted when handed out, not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
 unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
@@ -138,7 +138,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
             batch_size=None,
             collate_fn=collate_fn or as_is,  # the dataset's batches are tensors already
             num_workers=num_workers,
-            pin_memory=pin_memory or _is_cuda(device),  # pinned in DataLoader's thread
+            pin_memory=pin_memory,  # device=: packed into its own page-locked ring
             **dataloader_kwargs,
         )
         self.reader = reader
@@ -159,7 +159,3 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         if self.num_workers or self.pin_memory:
             return super().__iter__()
         return map(self.collate_fn, iter(self.dataset))
-
-
-def _is_cuda(device: Any) -> bool:
-    return device is not None and torch.device(device).type == "cuda"
