@@ -293,6 +293,11 @@ class FailureTracker:
         """Why the job is being stopped on purpose, or None."""
         return self._stopping
 
+    @property
+    def failed(self) -> bool:
+        """Whether a failure was noticed: the attempt ends (or the job relaunches)."""
+        return self._first is not None or self._ended is not None
+
     def stop(self, reason: str) -> None:
         """The job is being aborted (or stops to grow): later losses are expected, not
         failures."""

@@ -291,6 +291,13 @@ class StallWatch:
         self._silent: list[int] = []
         """The ranks running when the stall was noticed (the trace's silent ranks)."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
+        self._next_state = None
+        """A relaunched attempt's state to watch from the next tick (`follow`)."""
+
+    def follow(self, state) -> None:
+        """Watch `state` from the next tick: a warm world's run whose world relaunched
+        (`warm.WarmDispatch.attach`) goes on in new ranks, which the old state never hears."""
+        self._next_state = state
 
     def __enter__(self) -> StallWatch:
         self._thread.start()
@@ -309,6 +316,8 @@ class StallWatch:
                 logger.exception("sparkdist job %s: the stall watch failed", self.job_id)
 
     def _tick(self) -> None:
+        if self._next_state is not None:
+            self._take_next()
         state, life = self.state, self.state.life
         with state.cond:  # ranks an in-process world went on without step no more
             gone = set(state.membership.left)
@@ -319,6 +328,8 @@ class StallWatch:
             state.metrics.straggling(sorted(life.stragglers.slow))
         if not state.rank_records.all_started():
             return  # start_timeout watches the start
+        if state.failures.failed:
+            return  # the attempt ends (a warm world's relaunch is watched anew: `follow`)
         now = time.monotonic()
         idle = now - life.last
         if self._warned_at is not None and self._warned_at != life.last:
@@ -330,6 +341,13 @@ class StallWatch:
                 self._noticed(life.last)
                 why = f"no sign of life for {idle:.0f}s, stall_warning={self.warning_s:g}"
                 self._warn(idle, where(state, why, nccl=True))
+
+    def _take_next(self) -> None:
+        """Watch the relaunched attempt's state anew (a stall of the old one ends here)."""
+        state, self._next_state = self._next_state, None
+        if self._warned_at is not None:
+            self._trace_stall(self.state.life)
+        self.state, self._looked = state, time.monotonic()
 
     def _warn(self, idle: float, text: str) -> None:
         """Say where each rank is (`text`); the job goes on."""
