@@ -3,7 +3,7 @@
 Why: a batch of 66 columns copied to a GPU tensor by tensor is 66 small copies, each a
 launch and (from pageable memory) a wait. Packed side by side into one page-locked buffer,
 it is one large contiguous copy; on the device the columns come back as views of the
-copied bytes, with no copy of their own (docs/gpu.md, "Feeding the GPU").
+copied bytes, with no copy of their own (docs/gpu.md, "Batches on the device").
 
 Only CPU tensors of the batch are packed; anything else (strings, numbers, tensors of
 other devices) stays as it is. A leaf starts at a multiple of `ALIGN` bytes, so that each
