@@ -421,7 +421,7 @@ class FailureTracker:
                     return
                 now = time.monotonic()
                 if start_deadline and now > start_deadline and not ranks.all_started():
-                    raise self._start_timeout()
+                    raise _start_timeout(ranks, self._tasks)
                 if deadline and now > deadline:
                     running = ranks.running()
                     raise JobTimeoutError(
@@ -429,15 +429,6 @@ class FailureTracker:
                         "limit ran out; the job was stopped." + ranks.tails(running)
                     )
                 self._cond.wait(0.2)
-
-    def _start_timeout(self) -> JobTimeoutError:
-        missing = self.ranks.not_started()
-        return JobTimeoutError(
-            f"start timeout: ranks {missing} of {len(self.ranks.by_rank)} had not started; "
-            f"Spark tasks started: {sorted(self._tasks.started)}. The cluster may lack free "
-            "task slots for a barrier stage of this size (other jobs running?), or rank "
-            "start-up is slow: raise HorovodRunner(start_timeout=...)." + self.ranks.tails(missing)
-        )
 
     def _error(self) -> JobFailedError:
         """The error that reports the first failure (a rank's shows its traceback once:
@@ -463,6 +454,16 @@ class FailureTracker:
             output_tail=tail,
             reason=reason,
         )
+
+
+def _start_timeout(ranks: RankRecords, tasks: SparkTasks) -> JobTimeoutError:
+    missing = ranks.not_started()
+    return JobTimeoutError(
+        f"start timeout: ranks {missing} of {len(ranks.by_rank)} had not started; "
+        f"Spark tasks started: {sorted(tasks.started)}. The cluster may lack free "
+        "task slots for a barrier stage of this size (other jobs running?), or rank "
+        "start-up is slow: raise HorovodRunner(start_timeout=...)." + ranks.tails(missing)
+    )
 
 
 def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:

@@ -276,7 +276,7 @@ class StallWatch:
     cannot lose them (fewer than `min_np` left), does a `stall_timeout` given fail the
     job; the default one never does (the job goes on, as after a warning)."""
 
-    def __init__(self, state, options, job_id: str, announce: Callable[[str], None]):
+    def __init__(self, state, options, job_id: str, announce: Callable[[str], None], follow=None):
         self.state, self.job_id, self.announce = state, job_id, announce
         self.warning_s, self.timeout_s = options.stall_warning, options.stall_timeout
         self.default = self.timeout_s is None and state.membership.min_np is not None
@@ -291,13 +291,9 @@ class StallWatch:
         self._silent: list[int] = []
         """The ranks running when the stall was noticed (the trace's silent ranks)."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
-        self._next_state = None
-        """A relaunched attempt's state to watch from the next tick (`follow`)."""
-
-    def follow(self, state) -> None:
-        """Watch `state` from the next tick: a warm world's run whose world relaunched
+        self._follow = follow
+        """Where the state to watch is now: a warm world's run whose world relaunched
         (`warm.WarmDispatch.attach`) goes on in new ranks, which the old state never hears."""
-        self._next_state = state
 
     def __enter__(self) -> StallWatch:
         self._thread.start()
@@ -316,8 +312,8 @@ class StallWatch:
                 logger.exception("sparkdist job %s: the stall watch failed", self.job_id)
 
     def _tick(self) -> None:
-        if self._next_state is not None:
-            self._take_next()
+        if self._follow is not None and self._follow() is not self.state:
+            self._take(self._follow())
         state, life = self.state, self.state.life
         with state.cond:  # ranks an in-process world went on without step no more
             gone = set(state.membership.left)
@@ -342,9 +338,8 @@ class StallWatch:
                 why = f"no sign of life for {idle:.0f}s, stall_warning={self.warning_s:g}"
                 self._warn(idle, where(state, why, nccl=True))
 
-    def _take_next(self) -> None:
+    def _take(self, state) -> None:
         """Watch the relaunched attempt's state anew (a stall of the old one ends here)."""
-        state, self._next_state = self._next_state, None
         if self._warned_at is not None:
             self._trace_stall(self.state.life)
         self.state, self._looked = state, time.monotonic()

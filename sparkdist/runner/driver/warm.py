@@ -100,8 +100,6 @@ class WarmDispatch:
         self.carry = None
         """Task 0's: runs a carried `messages.WarmCarry` (`relayed.HostedJob.carry`)."""
         self._idle: threading.Timer | None = None
-        self.watch: StallWatch | None = None
-        """The run's stall watch, while a run is watched: it follows a relaunch."""
 
     def attach(self, state, secret, attempt: int = 0) -> None:
         """The world job formed an attempt's state (`launch.api.AttemptPlan.new_state`).
@@ -112,8 +110,6 @@ class WarmDispatch:
             self.state, self.secret, self.attempt = state, secret, attempt
             self.finished, self.waiting = {}, {}  # the last attempt's ranks are gone
             self.world_store = state.checkpoints
-            if self.watch is not None:
-                self.watch.follow(state)
             handed = self.handed
             if handed is not None and not handed.complete:
                 handed.sign(secret, attempt)
@@ -203,8 +199,8 @@ class WarmDispatch:
         self.submit(job_id, blob, all_results, env, rank0_env, store)
         for rank in self._members():
             self.state.life.seen(rank)  # idle time before the run is no stall
-        with StallWatch(self.state, limits, job_id, announce) as watch:
-            self._watch(watch)
+        # The watch follows the world's state: a relaunch mid-run goes on in new ranks.
+        with StallWatch(self.state, limits, job_id, announce, follow=lambda: self.state):
             try:
                 return self.wait(deadline)
             except JobTimeoutError as exc:
@@ -213,17 +209,8 @@ class WarmDispatch:
                 self.state.failures.fail_now(KeyboardInterrupt())
                 join_world()
                 raise
-            finally:
-                self._watch(None)
             join_world()
         raise self.gone()
-
-    def _watch(self, watch: StallWatch | None) -> None:
-        """The run's stall watch (None: the run ended), told of a relaunch made meanwhile."""
-        with self.cond:
-            self.watch = watch
-            if watch is not None and watch.state is not self.state:
-                watch.follow(self.state)
 
     def arm_idle(self, seconds: float, expire) -> None:
         """Call `expire(runs)` after `seconds` without a run (`runs`: the count when
