@@ -99,10 +99,16 @@ def lockstep(ranks: list[SimulatedRank], steps: int | None) -> tuple[list, dict]
 
 
 @pytest.mark.parametrize(
-    ("follow", "num_workers"), [("method", 0), ("env", 0), ("method", 2)], ids=str
+    ("follow", "num_workers", "device"),
+    [("method", 0, None), ("env", 0, None), ("method", 2, None), ("method", 0, "cpu")],
+    ids=str,
 )
-def test_rows_are_read_once_across_3_2_3_ranks_in_one_process(converter, follow, num_workers):
+def test_rows_are_read_once_across_3_2_3_ranks_in_one_process(
+    converter, follow, num_workers, device
+):
+    """device="cpu": the batches go through the device feed's ring (packed, copied, views)."""
     kwargs = {"num_workers": num_workers} if num_workers else {}
+    kwargs.update({"device": device} if device else {})
     with contextlib.ExitStack() as stack:
         ranks = [SimulatedRank(stack, converter, r, 3, follow, **kwargs) for r in range(3)]
         for rank in ranks:

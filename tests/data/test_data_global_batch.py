@@ -135,14 +135,15 @@ def test_global_batch_through_3_2_3_in_process(groups_converter, caplog):
     check_epoch(record)
 
 
-def test_global_batch_through_3_2_3_by_relaunch_torch(groups_converter):
+@pytest.mark.parametrize("device", [None, "cpu"])  # "cpu": through the device feed's ring
+def test_global_batch_through_3_2_3_by_relaunch_torch(groups_converter, device):
     record: list = []
     state = None
     for world, steps in ((3, 5), (2, 6), (3, None)):
         loaders = []
         for rank in range(world):
             loader = groups_converter.make_torch_dataloader(
-                global_batch_size=G, cur_shard=rank, shard_count=world, **LOADER
+                global_batch_size=G, cur_shard=rank, shard_count=world, device=device, **LOADER
             ).__enter__()
             if state is not None:
                 loader.load_state_dict(state)
