@@ -1,21 +1,32 @@
 """Does sparkdist's torch loader keep a GPU fed? Batches per second into device memory.
 
     python benchmarks/gpu_feed.py [--device cuda] [--rows 200000] [--features 256]
+                                  [--columns 64]
 
-One Parquet file of `--rows` rows (a float32 array of `--features` and an int64 label),
-written with pyarrow (no Spark: the loader reads it as it reads a converter's copy). Each
-row of the table is one epoch, batches of `--batch-size`, each consumed on the device by a
+Two shapes, each one Parquet file written with pyarrow (no Spark: the loader reads it as
+it reads a converter's copy), batches of `--batch-size`, each consumed on the device by a
 small step (a matmul and a sum), the device synchronised at the end:
 
-* plain loop: pyarrow `iter_batches`, the array column to numpy, `torch.from_numpy`,
-  `.to(device)`: the reference;
-* sparkdist, CPU batches: `make_torch_dataloader`, each batch `.to(device)` in the loop;
-* sparkdist, pin_memory: the DataLoader pins, the loop copies with `non_blocking=True`;
-* sparkdist, device prefetch: `make_torch_dataloader(device=...)`: batches handed out on
-  the device, copied a batch ahead on a side stream.
+* array: a float32 array of `--features` and an int64 label a row;
+* wide: `--columns` float32 scalar columns and the label (a Spark table's usual shape),
+  stacked into one `[batch, columns]` tensor on the device for the step.
 
-Each row is the best of `--rounds`, the loaders taking turns in each round. The last line
-is JSON (`{"figure": ...}`) for `make gpu-check`.
+The readers, taking turns in each round:
+
+* link floor: one page-locked batch copied again and again (`non_blocking`), no reading:
+  what the link carries at this batch size;
+* plain loop: pyarrow `iter_batches`, each column to numpy, `torch.from_numpy`,
+  `.to(device)`: the reference;
+* sparkdist, CPU batches: `make_torch_dataloader`, each tensor `.to(device)` in the loop;
+* sparkdist, pin_memory: the DataLoader pins, the loop copies with `non_blocking=True`;
+* sparkdist, device=: `make_torch_dataloader(device=...)`: each batch packed into a ring
+  of page-locked buffers, copied in one piece a batch ahead on a side stream, handed out
+  as views on the device;
+* wide only, sparkdist, features= and device=: the columns stacked in the decode workers
+  into one `[batch, columns]` tensor, then device=.
+
+Each row is the best of `--rounds`. The last line is JSON (`{"figure": ...}`) for
+`make gpu-check`.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_table  # noqa: E402 (a sibling script, not a package)
 
 
-def write_data(directory: Path, rows: int, features: int) -> str:
+def write_data(directory: Path, rows: int, features: int, columns: int) -> dict[str, str]:
+    """The two shapes' files: {"array": url, "wide": url} (wide only if `columns`)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -42,9 +54,27 @@ def write_data(directory: Path, rows: int, features: int) -> str:
     column = pa.ListArray.from_arrays(
         pa.array(np.arange(0, rows * features + 1, features, dtype=np.int32)), pa.array(values)
     )
-    table = pa.table({"x": column, "label": pa.array(np.arange(rows, dtype=np.int64))})
-    pq.write_table(table, directory / "part-00000.parquet", row_group_size=8192)
-    return directory.as_uri()
+    label = pa.array(np.arange(rows, dtype=np.int64))
+    urls = {}
+    for shape, table in (
+        ("array", pa.table({"x": column, "label": label})),
+        ("wide", _wide_table(rows, columns, label) if columns else None),
+    ):
+        if table is None:
+            continue
+        (directory / shape).mkdir()
+        pq.write_table(table, directory / shape / "part-00000.parquet", row_group_size=8192)
+        urls[shape] = (directory / shape).as_uri()
+    return urls
+
+
+def _wide_table(rows: int, columns: int, label):
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(1)
+    data = {f"f{i}": rng.random(rows, dtype=np.float32) for i in range(columns)}
+    return pa.table({**data, "label": label})
 
 
 def converter(url: str):
@@ -74,30 +104,57 @@ class Step:
             torch.cuda.synchronize(self.device)
 
 
-def plain_loop(path: Path, batch_size: int, step: Step) -> int:
+def link_floor(batch_bytes: int, batches: int, step: Step) -> int:
+    """One page-locked batch copied `batches` times: the link's rate, nothing read."""
+    import torch
+
+    pinned = torch.empty(batch_bytes // 4, dtype=torch.float32)
+    if step.device.type == "cuda":
+        pinned = pinned.pin_memory()
+    flat = pinned.view(-1, step.weight.shape[0])
+    for _ in range(batches):
+        step(flat.to(step.device, non_blocking=True))
+    return batches
+
+
+def plain_loop(path: Path, batch_size: int, step: Step, wide: bool) -> int:
     import pyarrow.parquet as pq
     import torch
 
     batches = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=["x", "label"]):
-        x = batch.column(0)
-        flat = x.values.to_numpy(zero_copy_only=False).reshape(len(x), -1)
-        step(torch.from_numpy(flat).to(step.device))
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+        if wide:  # a tensor a column, stacked on the device
+            features = [
+                torch.from_numpy(batch.column(i).to_numpy()).to(step.device)
+                for i in range(batch.num_columns - 1)
+            ]
+            step(torch.stack(features, 1))
+        else:
+            x = batch.column(0)
+            flat = x.values.to_numpy(zero_copy_only=False).reshape(len(x), -1)
+            step(torch.from_numpy(flat).to(step.device))
         batches += 1
     return batches
 
 
-def sparkdist_loop(handle, batch_size: int, step: Step, how: str) -> int:
-    options = {"pin_memory": True} if how == "pin_memory" else {}
-    if how == "prefetch":
+def sparkdist_loop(handle, batch_size: int, step: Step, how: str, columns: list[str]) -> int:
+    """`how`: cpu, pin_memory, device or features (features= and device=)."""
+    import torch
+
+    options: dict = {"pin_memory": True} if how == "pin_memory" else {}
+    if how in ("device", "features"):
         options = {"device": step.device}
+    if how == "features":
+        options["features"] = {"x": columns}
     batches = 0
     with handle.make_torch_dataloader(batch_size=batch_size, num_epochs=1, **options) as loader:
         for batch in loader:
-            x = batch["x"]
-            if how != "prefetch":
-                x = x.to(step.device, non_blocking=how == "pin_memory")
-            step(x)
+            tensors = (
+                [batch["x"]] if not columns or how == "features" else [batch[c] for c in columns]
+            )
+            if how in ("cpu", "pin_memory"):
+                tensors = [t.to(step.device, non_blocking=how == "pin_memory") for t in tensors]
+            step(tensors[0] if len(tensors) == 1 else torch.stack(tensors, 1))
             batches += 1
     return batches
 
@@ -116,11 +173,37 @@ def measure(cases: dict, device: str, features: int, rounds: int) -> dict[str, f
     return best
 
 
+def cases_of(shape: str, url: str, args, columns: list[str]) -> dict:
+    """The readers of one shape, by row name."""
+    path = Path(url.removeprefix("file://"), "part-00000.parquet")
+    handle = converter(url)
+    wide = shape == "wide"
+    features = len(columns) if wide else args.features
+    count = -(-args.rows // args.batch_size)
+    cases = {
+        "link floor (one pinned batch, copied)": lambda s: link_floor(
+            args.batch_size * features * 4, count, s
+        ),
+        "plain loop (pyarrow to tensor, .to)": lambda s: plain_loop(path, args.batch_size, s, wide),
+    }
+    for name, how in (
+        ("sparkdist, CPU batches, .to", "cpu"),
+        ("sparkdist, pin_memory, non_blocking", "pin_memory"),
+        ("sparkdist, device=", "device"),
+        *((("sparkdist, features= and device=", "features"),) if wide else ()),
+    ):
+        cases[name] = lambda s, how=how: sparkdist_loop(
+            handle, args.batch_size, s, how, columns if wide else []
+        )
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if any)")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--features", type=int, default=256)
+    parser.add_argument("--columns", type=int, default=64, help="wide shape (0: none)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -128,39 +211,40 @@ def main() -> None:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     warnings.filterwarnings("ignore", message=".*(not writable|pin_memory).*")
+    columns = [f"f{i}" for i in range(args.columns)]
+    rates: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sparkdist-gpu-feed-") as tmp:
-        url = write_data(Path(tmp), args.rows, args.features)
-        handle = converter(url)
-        cases = {
-            "plain loop (pyarrow to tensor, .to)": lambda s: plain_loop(
-                Path(tmp, "part-00000.parquet"), args.batch_size, s
-            ),
-            "sparkdist, CPU batches, .to": lambda s: sparkdist_loop(
-                handle, args.batch_size, s, "cpu"
-            ),
-            "sparkdist, pin_memory, non_blocking": lambda s: sparkdist_loop(
-                handle, args.batch_size, s, "pin_memory"
-            ),
-            "sparkdist, device prefetch": lambda s: sparkdist_loop(
-                handle, args.batch_size, s, "prefetch"
-            ),
-        }
-        shape = f"{args.rows} rows x {args.features} float32, batches of {args.batch_size}"
-        print(f"{shape}, into {device} (torch {torch.__version__}), best of {args.rounds}")
-        rates = measure(cases, device, args.features, args.rounds)
-    batch_mb = args.batch_size * args.features * 4 / 1e6
-    lines = [f"{'loader':<40} {'batches/s':>10} {'MB/s':>8}"]
-    for name, rate in rates.items():
-        lines.append(f"{name:<40} {rate:>10.1f} {rate * batch_mb:>8.0f}")
-    cells = [[name, rate, rate * batch_mb] for name, rate in rates.items()]
-    title = f"{shape}, into {device} (torch {torch.__version__}), best of {args.rounds}"
-    columns = ["loader", "batches/s", "MB/s"]
-    bench_table.print_table(device, title, columns, cells, text="\n".join(lines))
-    short = ["plain loop", "CPU batches", "pin_memory", "prefetch"]
-    figure = f"{device} batches/s: " + ", ".join(
-        f"{label} {rate:.0f}" for label, rate in zip(short, rates.values(), strict=True)
+        urls = write_data(Path(tmp), args.rows, args.features, args.columns)
+        for shape, url in urls.items():
+            width = args.features if shape == "array" else args.columns
+            cases = cases_of(shape, url, args, columns)
+            rates[shape] = measure(cases, device, width, args.rounds)
+    head = f"{args.rows} rows, batches of {args.batch_size}, into {device}"
+    title = f"{head} (torch {torch.__version__}), best of {args.rounds}"
+    widths = {"array": args.features, "wide": args.columns}
+    cells = [
+        [
+            f"{shape} ({widths[shape]} float32): {name}",
+            rate,
+            rate * args.batch_size * widths[shape] * 4 / 1e6,
+        ]
+        for shape, by_name in rates.items()
+        for name, rate in by_name.items()
+    ]
+    lines = [f"{'shape: loader':<62} {'batches/s':>10} {'MB/s':>8}"]
+    lines += [f"{name:<62} {rate:>10.1f} {mb:>8.0f}" for name, rate, mb in cells]
+    bench_table.print_table(
+        device, title, ["loader", "batches/s", "MB/s"], cells, text=title + "\n" + "\n".join(lines)
+    )
+    figure = f"{device} batches/s: " + "; ".join(
+        f"{shape}: " + ", ".join(f"{_short(name)} {rate:.0f}" for name, rate in by_name.items())
+        for shape, by_name in rates.items()
     )
     print(json.dumps({"figure": figure, "rates": rates, "device": device}))
+
+
+def _short(name: str) -> str:
+    return name.split(" (")[0].removeprefix("sparkdist, ")
 
 
 if __name__ == "__main__":
