@@ -177,8 +177,12 @@ class RankOutput(NamedTuple):
 
 @register("rank_exit")
 class RankExit(NamedTuple):
+    """The rank's end; `passed_on`: it was sent a SIGTERM its supervisor got (orted ending
+    the job, its task stopping, an operator), so a signal it died of was not its doing."""
+
     exit_code: int
     tail: list
+    passed_on: bool = False
 
 
 @register("rank_stacks")

@@ -4,11 +4,13 @@ is explained by its lost task, not by the stage failure it causes."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from sparkdist.errors import JobFailedError
+from sparkdist.runner.driver.failures import FAILURE_SETTLE_S, PASSED_ON_SETTLE_S
 from sparkdist.runner.driver.job_spec import JobSpec
 from sparkdist.runner.driver.job_state import JobState
 
@@ -65,3 +67,59 @@ def test_a_task_lost_by_another_task_explains_the_ranks_stopped_after_it():
     )
     assert "rank 0 on host 10.0.0.1 failed first: lost contact with Spark task 0" in error
     assert "executor died" in outside
+
+
+# --- a rank the machinery stopped, and a lost contact (issue 64) --------------------------
+
+
+def passed_on_sigterm(state):
+    """Rank 0 died of a SIGTERM its supervisor passed on (orted ending the job, Spark
+    stopping its task): not its own doing."""
+    state.losses.rank_exited(0, -15, [], passed_on=True)
+
+
+def later(seconds, notice):
+    """`notice`, `seconds` after the others: past FAILURE_SETTLE_S, as a cut-off host's
+    connection breaks on its timeout, seconds after the rest of its job was stopped."""
+
+    def noticed(state):
+        timer = threading.Timer(seconds, notice, args=(state,))
+        timer.daemon = True
+        timer.start()
+
+    return noticed
+
+
+def test_a_lost_contact_explains_a_rank_the_machinery_stopped_seconds_before():
+    gap = FAILURE_SETTLE_S + 1
+    error, outside = reported([passed_on_sigterm, later(gap, lost)])
+    assert "lost contact with Spark task 1" in error.splitlines()[0], error
+    assert "executor died" in outside
+
+
+def test_a_rank_the_machinery_stopped_is_reported_once_no_lost_contact_came():
+    started = time.monotonic()
+    error, outside = reported([passed_on_sigterm])
+    waited = time.monotonic() - started
+    assert PASSED_ON_SETTLE_S <= waited < PASSED_ON_SETTLE_S + 2, waited
+    assert "rank 0" in error.splitlines()[0] and "SIGTERM" in error, error
+    assert "SIGTERM" in outside
+
+
+def test_a_rank_that_died_of_its_own_sigterm_is_not_explained_by_a_later_loss():
+    """A SIGTERM that no supervisor passed on (the rank's own code, or sent to it alone)
+    is reported at once, as before; a loss after it changes nothing."""
+    started = time.monotonic()
+    error, _ = reported([lambda state: state.losses.rank_exited(0, -15, []), lost])
+    assert time.monotonic() - started < FAILURE_SETTLE_S, "reported late"
+    assert "rank 0" in error.splitlines()[0] and "SIGTERM" in error, error
+
+
+def test_a_ranks_error_does_not_replace_a_rank_the_machinery_stopped():
+    """Its peers' collectives raise once it is gone: a consequence too."""
+
+    def peer_raised(state):
+        state.losses.rank_error(1, "Traceback\nRuntimeError: gloo", "gloo")
+
+    error, _ = reported([passed_on_sigterm, peer_raised])
+    assert "rank 0" in error.splitlines()[0] and "SIGTERM" in error, error

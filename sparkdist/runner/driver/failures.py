@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 FAILURE_SETTLE_S = 3.0
 """After a rank reports an exception, how long to wait for its exit status and last
 output lines before reporting the failure anyway."""
+PASSED_ON_SETTLE_S = 10.0
+"""How long a rank's end by a SIGTERM its supervisor passed on (orted ending the job,
+Spark stopping its task, an operator) waits for a lost contact that explains it."""
 NEVER_RETRIED = (PayloadError, NotEnoughSlotsError, JobTimeoutError)
 MPI_START_FAILURES = ("orte_session_dir failed", "ORTE was unable to reliably start")
 
@@ -95,6 +98,11 @@ class Failure:
     task_raised: bool = False
     """The Spark stage failed because a task's own code raised (e.g. a missing network
     interface): the cause of the task losses Spark's cancelling then brings."""
+    lost_contact: bool = False
+    """The driver lost a Spark task (its executor, host or network gone)."""
+    passed_on: bool = False
+    """The rank died of a SIGTERM its supervisor passed on, not of its own code: the
+    machinery stopping it is a consequence (of a lost host, say), not a cause."""
 
 
 # --- 1. which ends fail the job ----------------------------------------------------------
@@ -151,7 +159,7 @@ class Losses:
         # Each of the task's ranks is lost with it (in process: a member to go on without).
         if ranks and all(self._membership.lose(r, reason, True) for r in ranks):
             return
-        self._failures.notice(rank, reason, outside_user_code=True)
+        self._failures.notice(rank, reason, outside_user_code=True, lost_contact=True)
 
     def task_lost_by(self, by: int, index: int, host: str, detail: str) -> None:
         """Task `by` lost its channel to task `index` (`messages.TaskLost`): the task is
@@ -193,7 +201,10 @@ class Losses:
         if rank not in self._membership.left:
             self._failures.notice(rank, reason)
 
-    def rank_exited(self, rank: int, exit_code: int, tail: list[str]) -> None:
+    def rank_exited(
+        self, rank: int, exit_code: int, tail: list[str], passed_on: bool = False
+    ) -> None:
+        """The rank ended (`passed_on`: of a SIGTERM its supervisor passed on to it)."""
         self._ranks.exited(rank, exit_code, tail)
         if exit_code == 0 or rank in self._membership.left:
             return
@@ -202,7 +213,8 @@ class Losses:
         if self._job.tolerates_loss(rank) and not raised:
             self.worker_lost(rank, exit_code)
         elif raised or not self._membership.lose(rank, self._ended(rank, exit_code), killed):
-            self._failures.notice(rank, None, outside_user_code=killed)
+            passed_on = passed_on and not raised and exit_code < 0
+            self._failures.notice(rank, None, outside_user_code=killed, passed_on=passed_on)
 
     def _ended(self, rank: int, exit_code: int) -> str:
         host = self._ranks.by_rank[rank].host
@@ -310,19 +322,23 @@ class FailureTracker:
         reason: str | None,
         outside_user_code: bool = False,
         task_raised: bool = False,
+        lost_contact: bool = False,
+        passed_on: bool = False,
     ) -> None:
         """Remember a failure; the first one (see above) explains the job's."""
         with self._cond:
             if self._stopping and self._first is None:
                 return  # the job is being stopped on purpose: losses are expected
             now = time.monotonic()
-            failure = Failure(rank, reason, now, outside_user_code, task_raised)
+            failure = Failure(
+                rank, reason, now, outside_user_code, task_raised, lost_contact, passed_on
+            )
             logger.debug("failure noticed: %s", failure)
             if not self._stopping:
                 self._noticed.append(failure)
             first = self._first
             if first is None or (
-                now - first.noticed_at < FAILURE_SETTLE_S
+                now - first.noticed_at < _settle_s(first)
                 and _explains_better(failure, first, stopping=self._stopping is not None)
             ):
                 self._first = failure
@@ -385,8 +401,8 @@ class FailureTracker:
         failure = self._first
         if failure is None:
             return False
-        settled = time.monotonic() - failure.noticed_at >= FAILURE_SETTLE_S
-        if failure.rank is None:
+        settled = time.monotonic() - failure.noticed_at >= _settle_s(failure)
+        if failure.rank is None or failure.passed_on:
             return settled
         return self.ranks.by_rank[failure.rank].exited or settled
 
@@ -466,18 +482,29 @@ def _start_timeout(ranks: RankRecords, tasks: SparkTasks) -> JobTimeoutError:
     )
 
 
+def _settle_s(first: Failure) -> float:
+    """How long after `first` a failure that explains the job better may replace it (and
+    so how long `first` waits before it is reported, once its rank's end is known)."""
+    return PASSED_ON_SETTLE_S if first.passed_on else FAILURE_SETTLE_S
+
+
 def _explains_better(new: Failure, first: Failure, stopping: bool) -> bool:
     """Whether a failure noticed soon after the first one explains the job's better.
 
     A rank's failure explains more than one without a rank (mpirun's exit, the Spark stage
     failing). But a task that raised, before the job was being stopped, is the cause of the
     losses that follow: Spark cancels the other tasks, whose connections then break, in
-    either order.
+    either order. A lost contact (a host cut off, its executor gone) explains a rank that
+    the machinery stopped (a SIGTERM its supervisor passed on: orted ending the job, Spark
+    cancelling its task) up to `PASSED_ON_SETTLE_S` before it: a connection to a cut-off
+    host breaks only on its timeout, seconds after the others were stopped.
     """
     if new.task_raised:
         return first.outside_user_code and not stopping
     if first.task_raised:
         return False
+    if first.passed_on:
+        return new.lost_contact
     return first.rank is None and new.rank is not None
 
 

@@ -334,12 +334,12 @@ class _SupervisorPeer(_StreamPeer):
                 self.state.rank_records.output(self.number, lines)
             case messages.RankStacks(request, text, nccl):
                 self.state.stacks.answered(self.number, request, text, nccl)
-            case messages.RankExit(code, tail):
+            case messages.RankExit(code, tail, passed_on):
                 # A rank stopped because the job is stopping is no failure of its own.
                 stopping = self.state.failures.stopping
                 how = "exited" if not code else "stopped" if stopping else "failed"
                 self.state.trace.rank_ended(self.number, how, f"exited with code {code}")
-                self.state.losses.rank_exited(self.number, code, tail)
+                self.state.losses.rank_exited(self.number, code, tail, passed_on)
                 self.link.send(messages.encode(messages.Bye()))
                 return True
         return False

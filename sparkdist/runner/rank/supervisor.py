@@ -78,14 +78,14 @@ class Supervisor:
         """A server rank (parameter-server job) that the driver stopped: its chief is done."""
         self.role = roles.rank_role({**self.env, **self.layout})
         self.child = None
-        self.stacks = StackTaker(self.env)
-        """Where the rank answers the driver's requests for its stacks."""
+        self.stacks = StackTaker(self.env)  # answers the driver's requests for stacks
         self.leave_prefix = self.env.get(job_environment.LEFT_STACKS)
         self._cut_lock = threading.Lock()
         self._cut_thread: threading.Thread | None = None
         self._leave_lock = threading.Lock()  # held while the rank's stacks are left
         self._left = False  # this rank's stacks were left on the host
         self._rank_ended = threading.Event()
+        self.passed_on = False  # the rank was sent a SIGTERM this process got
         self.channel = wire.connect(split_address(self.place.job.driver), self.secret)
 
     def _send(self, message) -> None:
@@ -137,7 +137,7 @@ class Supervisor:
             reader.join(timeout=5)
         self.lines.put(None)
         sender.join(timeout=5)
-        self._send(messages.RankExit(exit_code, list(self.tail)))
+        self._send(messages.RankExit(exit_code, list(self.tail), self.passed_on))
         self.bye.wait(timeout=10)
         self.channel.close()
         self.stacks.close()
@@ -152,9 +152,9 @@ class Supervisor:
 
     def _pass_on_sigterm(self, signum, frame) -> None:
         """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
-        to the rank, which may stop cleanly, e.g. save a checkpoint; its end is then
-        reported like any other, so the driver knows the rank died of a signal, not of
-        its code. A rank still running TERM_GRACE_S later is killed."""
+        to the rank, which may stop cleanly (save a checkpoint); its end says the signal was
+        passed on, not its code's doing. A rank still running TERM_GRACE_S later is killed."""
+        self.passed_on = True
         if self._cut_thread is not None:
             return  # cut off already: the rank stops once its stacks are taken
         if self.leave_prefix:  # relay mode: the stage may be ending (cancelled, orted)
