@@ -72,6 +72,7 @@ CHECKS = [
     Check("10b", "10 warm world: NCCL, kept tensor, cache freed, CUDA", True, 120),
     Check("11a", "11 a job's trace: no GPU counter on the CPU", False, 90),
     Check("11b", "11 a job's trace: GPU memory (and NVML) counters, CUDA", True, 90),
+    Check("12", "12 GPT-2 step, 3 ways (benchmarks/gpu_train.py)", True, 150),
 ]
 
 
@@ -163,6 +164,8 @@ def run_check(key: str, work: Path) -> str:
         "10b": lambda: warm_check.check_warm("cuda"),
         "11a": lambda: trace_check.check_trace("cpu"),
         "11b": lambda: trace_check.check_trace("cuda"),
+        # eager and few steps to fit the budget; the full run compiles (docs/gpu.md)
+        "12": lambda: _benchmark("gpu_train.py", "--no-compile", "--steps", "20", "--warmup", "3"),
     }
     return table[key]()
 
