@@ -544,9 +544,9 @@ def test_the_docstring_checks_catch_stale_words():
     protocol = ROOT / "sparkdist" / "protocol" / "__init__.py"
     assert len(_listing_problems(protocol, package, old)) == 5  # and left_stacks, rank_trace
     rank = ROOT / "sparkdist" / "runner" / "rank" / "__init__.py"
-    assert _listing_problems(rank, package, "`supervisor`, `main`, `warm`, with `channel`") == [
-        "sparkdist/runner/rank/__init__.py names `channel`, no module of it"
-    ]
+    assert _listing_problems(
+        rank, package, "`supervisor`, `main`, `warm`, `kept_group`, with `channel`"
+    ) == ["sparkdist/runner/rank/__init__.py names `channel`, no module of it"]
     refs = _section_references('See "Elastic training"\n    in the README. (docs/data.md, "Codec")')
     assert refs == [("README", "Elastic training"), ("docs/data.md", "Codec")]
     assert not _is_section("Elastic training", ROOT / "README.md")
