@@ -25,6 +25,7 @@ from typing import Any
 from sparkdist import job_environment
 from sparkdist.errors import SparkdistError
 from sparkdist.protocol import messages
+from sparkdist.runner.rank import kept_group
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def serve() -> None:
     client = driver_channel.driver_client()
     if client is None or _start is None:
         raise SparkdistError("sparkdist's warm-world loop runs only inside a sparkdist rank")
+    kept_group.install(client, _start[2].task_host)
     after = 0
     while True:
         order = client.request(messages.WarmNext(after))
@@ -100,6 +102,7 @@ def run_one(order: messages.WarmRun, client) -> Any:
     prepare_rank(rank_context(client, place, os.environ))
     tracking.setup_rank()
     fn, kwargs = payload.unpack(order.payload)
+    kept_group.begin_run()  # the group an earlier run formed, checked and quiet
     try:
         value = fn(**kwargs)
         checkpoint.wait()  # an async save still in flight is written and committed
@@ -116,14 +119,11 @@ def run_one(order: messages.WarmRun, client) -> Any:
 
 
 def free_run() -> None:
-    """What a run leaves that would fail or weigh on the next: a default torch process
-    group still up (the next run's `init_process_group` would raise) and torch's cached
-    CUDA memory. What modules hold is kept: that is what a warm world is for."""
-    if "torch.distributed" in sys.modules:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    """What a run leaves that would fail or weigh on the next: a torch process group it
+    formed itself (the next run's `init_process_group` would raise; the world's kept
+    group stays, `kept_group.py`) and torch's cached CUDA memory. What modules hold is
+    kept: that is what a warm world is for."""
+    kept_group.end_run()
     if "torch" in sys.modules:
         import torch
 
