@@ -420,14 +420,17 @@ def child_environment() -> dict[str, str]:
 
 
 def run_way(run: Run, work: Path) -> dict:
-    """Run one way in a process of its own; its figures."""
+    """Run one way in a process of its own; its figures, or its `error` (the other ways'
+    figures are still worth having: a GPU machine is lent for minutes)."""
     result = work / f"result-{run.way}.json"
     argv = [sys.executable, __file__, "--child", json.dumps(asdict(run)), "--result", str(result)]
+    began = time.perf_counter()
     done = subprocess.run(argv, env=child_environment(), capture_output=True, text=True)
+    took = time.perf_counter() - began
     if done.returncode != 0 or not result.exists():
-        tail = (done.stdout + done.stderr)[-2000:]
-        raise RuntimeError(f"way {run.way} exited {done.returncode}: {tail}")
-    return json.loads(result.read_text())
+        tail = (done.stdout + done.stderr)[-3000:]
+        return {"way": run.way, "error": f"exited {done.returncode}: {tail}", "process_s": took}
+    return {**json.loads(result.read_text()), "process_s": took}
 
 
 def child_main(run_json: str, result: Path) -> None:
@@ -440,6 +443,9 @@ def table_rows(found: dict[str, dict], flops: float, peak: float | None) -> list
     floor = found.get("floor", {}).get("tokens_per_s")
     rows = []
     for way, r in found.items():
+        if "error" in r:
+            rows.append([f"{WAYS[way]}: failed", *[None] * (len(COLUMNS) - 2), r["process_s"]])
+            continue
         rate = r["tokens_per_s"]
         mfu = 100 * rate * flops / (peak * 1e12) if peak else None
         rows.append(
@@ -454,6 +460,7 @@ def table_rows(found: dict[str, dict], flops: float, peak: float | None) -> list
                 r["report_ms"],
                 r["commit_ms"],
                 r["losses"][-1],
+                r["process_s"],
             ]
         )
     return rows
@@ -470,7 +477,9 @@ COLUMNS = [
     "report ms/step",
     "ms/commit",
     "last loss",
+    "process s",
 ]
+"""The last: the way's whole process, its start, the model's build and compile included."""
 
 
 def figure_line(device: str, model: str, found: dict[str, dict], mfu: float | None) -> str:
@@ -478,6 +487,9 @@ def figure_line(device: str, model: str, found: dict[str, dict], mfu: float | No
     parts = []
     floor = found.get("floor", {}).get("tokens_per_s")
     for way, r in found.items():
+        if "error" in r:
+            parts.append(f"{way} failed")
+            continue
         rate = r["tokens_per_s"]
         text = f"{way} {rate:,.0f} tok/s" + (f" ({rate / floor:.2f}x)" if floor else "")
         if r["commit_ms"] is not None:
@@ -531,7 +543,8 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.device(args.device)
     shape = Shape(**{**asdict(MODELS[args.model]), "seq": args.seq})
-    flops = flops_per_token(Decoder(shape), shape)
+    model = Decoder(shape)
+    flops, params = flops_per_token(model, shape), sum(p.numel() for p in model.parameters())
     peak = peak_tflops(device, args.peak_tflops)
     with tempfile.TemporaryDirectory(prefix="sparkdist-gpu-train-") as tmp:
         data = Path(tmp, "data", "part-00000.parquet")
@@ -543,7 +556,6 @@ def main(argv: list[str] | None = None) -> None:
             run = Run(way, **options, compile=args.compile, device=args.device, data=str(data))
             found[way] = run_way(run, Path(tmp))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    params = sum(p.numel() for p in Decoder(shape).parameters())
     title = (
         f"{args.model} ({params / 1e6:.1f}M parameters, {flops / 1e9:.3f} GFLOP/token), "
         f"batch {args.batch} x {args.seq} tokens, on {name} (torch {torch.__version__}), "
@@ -555,7 +567,12 @@ def main(argv: list[str] | None = None) -> None:
     floor_mfu = rows[0][5] if args.ways[0] == "floor" else None
     figure = figure_line(device.type, args.model, found, floor_mfu)
     line = {"figure": figure, "ways": found, "flops_per_token": flops, "peak_tflops": peak}
-    print(json.dumps({**line, "device": name}))
+    print(json.dumps({**line, "device": name}), flush=True)
+    failed = {way: r["error"] for way, r in found.items() if "error" in r}
+    for way, error in failed.items():
+        print(f"gpu_train: way {way} {error}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
