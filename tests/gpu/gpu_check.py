@@ -70,6 +70,7 @@ CHECKS = [
     Check("9", "9 NCCL stall: flight recorder dump, the torchfrtrace command", True, 90),
     Check("10a", "10 warm world: 2 runs, one process, gloo, CPU", False, 120),
     Check("10b", "10 warm world: NCCL, kept tensor, cache freed, CUDA", True, 120),
+    Check("10c", "10 warm world: NCCL group and communicator kept, warm run ms", True, 90),
     Check("11a", "11 a job's trace: no GPU counter on the CPU", False, 90),
     Check("11b", "11 a job's trace: GPU memory (and NVML) counters, CUDA", True, 90),
     Check("12", "12 GPT-2 step, 3 ways (benchmarks/gpu_train.py)", True, 150),
@@ -162,6 +163,7 @@ def run_check(key: str, work: Path) -> str:
         "9": stall_check.check_nccl_stall,
         "10a": lambda: warm_check.check_warm("cpu"),
         "10b": lambda: warm_check.check_warm("cuda"),
+        "10c": warm_check.check_kept_nccl,
         "11a": lambda: trace_check.check_trace("cpu"),
         "11b": lambda: trace_check.check_trace("cuda"),
         # eager and few steps to fit the budget; the full run compiles (docs/gpu.md)

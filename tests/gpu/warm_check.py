@@ -5,8 +5,13 @@ Run 1 (cold) starts the rank, forms a process group (NCCL on CUDA, gloo on CPU),
 a tensor in a module and leaves a large temporary tensor and its process group behind.
 Run 2 on the same world must find the same process, the kept tensor still on the device,
 the temporary tensor's blocks given back (`torch.cuda.memory_reserved` no more than the
-kept tensor and some slack) and a new process group that works. The figure: run 1's
-and run 2's wall times.
+kept tensor and some slack) and the process group run 1 formed, kept and working (issue
+61). The figure: run 1's and run 2's wall times.
+
+Check 10c (issue 61): a warm world keeps its NCCL group. Runs 2 to 4 of a script that forms
+the group and destroys it at its end find run 1's group and NCCL backend (its communicator,
+built at once on the GPU with `device_id`), `init_process_group` returns in microseconds,
+and a warm run takes tens of milliseconds (0.6 s when each run built a communicator).
 """
 
 from __future__ import annotations
@@ -81,3 +86,84 @@ def check_warm(device: str) -> str:
         f", reserved at run 2 {two['reserved_at_start_mb']:.0f} MiB" if device == "cuda" else ""
     )
     return f"cold {cold_s:.2f} s, warm {warm_s:.3f} s, same pid{reserved}"
+
+
+KEPT_RUNS = 4
+KEPT_WARM_LIMIT_S = 0.25
+"""A warm run that forms a new NCCL communicator takes 0.6 s (issue 61); one on the kept
+group, tens of milliseconds. Above this, the group was not kept."""
+KEPT_INIT_LIMIT_S = 0.01
+"""`init_process_group` on the kept group returns at once; a new communicator costs
+0.2-0.8 s on one node."""
+
+
+def kept_nccl_main() -> dict:
+    """A script's run on NCCL: form the group, one all_reduce, destroy it. On a warm world
+    every run after the first finds the group (and the NCCL backend that holds its
+    communicator) of the first: the backend run 1 kept in a module is the group's."""
+    import os
+    import sys
+    import time
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    began = time.perf_counter()
+    dist.init_process_group("nccl")
+    init_s = time.perf_counter() - began
+    value = torch.ones(1, device="cuda")
+    dist.all_reduce(value)
+    torch.cuda.synchronize()
+    group = dist.group.WORLD
+    backend = group._get_backend(torch.device("cuda"))  # one Python object while held
+    kept = sys.modules.setdefault("gpu_check_kept_nccl", types.ModuleType("gpu_check_kept_nccl"))
+    first = not hasattr(kept, "backend")
+    if first:
+        kept.group, kept.backend = group, backend
+    result = {
+        "pid": os.getpid(),
+        "first": first,
+        "same": kept.group is group and kept.backend is backend,
+        "bound": str(getattr(group, "bound_device_id", "n/a")),
+        "init_s": init_s,
+        "reduced": value.item(),
+    }
+    dist.destroy_process_group()
+    return result
+
+
+def check_kept_nccl() -> str:
+    """KEPT_RUNS runs of `kept_nccl_main` on one warm world of one rank: runs 2.. must be
+    in run 1's process, on its process group and NCCL backend (the communicator kept),
+    bound to the GPU at once (`device_id`), and fast."""
+    import statistics
+
+    from sparkdist import HorovodRunner
+
+    times, results = [], []
+    with HorovodRunner(np=-1, launcher="direct", keep_warm=120) as runner:
+        for _ in range(KEPT_RUNS):
+            began = time.monotonic()
+            results.append(runner.run(kept_nccl_main))
+            times.append(time.monotonic() - began)
+    first, rest = results[0], results[1:]
+    same = {r["pid"] for r in results} == {first["pid"]} and all(r["same"] for r in results)
+    if not same or [r["first"] for r in results] != [True] + [False] * len(rest):
+        raise AssertionError(f"the runs are not on run 1's process and group: {results}")
+    if any(r["reduced"] != 1.0 for r in results):
+        raise AssertionError(f"an all_reduce of one rank's 1.0 gave another sum: {results}")
+    if first["bound"] not in ("cuda:0", "n/a"):
+        raise AssertionError(f"the group was not bound to the GPU at once: {first}")
+    slow_init = [r["init_s"] for r in rest if r["init_s"] > KEPT_INIT_LIMIT_S]
+    warm_s = statistics.median(times[1:])
+    if slow_init or warm_s > KEPT_WARM_LIMIT_S:
+        raise AssertionError(
+            f"warm runs {times[1:]} s, init {[r['init_s'] for r in rest]} s: not the kept group"
+        )
+    init_ms = max(r["init_s"] for r in rest) * 1000
+    return (
+        f"cold {times[0]:.2f} s (init {first['init_s']:.2f} s), warm median {warm_s * 1000:.0f} ms"
+        f" (min {min(times[1:]) * 1000:.0f} ms), init {init_ms:.2f} ms, one communicator"
+    )
