@@ -11,7 +11,7 @@ from a Parquet file this script writes: one int32 array column `ids` of seq+1 id
 a learnable pattern (each row counts from a random start by a random stride, modulo 256).
 
 Each way runs in a process of its own (a fresh CUDA context), reads the same rows in the
-same order (one epoch of `warmup + steps` batches) and runs the same step:
+same order (`warmup + steps` batches of one epoch) and runs the same step:
 
 * floor: every token already in device memory, each batch a slice of it;
 * pyarrow, .to: a plain `pyarrow` `iter_batches` loop, `torch.from_numpy`, then
@@ -39,8 +39,11 @@ FLOPs per token: 6 N + 12 L H Q T (nanoGPT's `estimate_mfu`, after the PaLM pape
 appendix B): N the parameters without the position embedding (the output layer is tied to
 the token embedding), L layers, H heads, Q the head size, T the sequence length.
 
-The table is printed (and written by `bench_table`); the last line is JSON
-(`{"figure": ...}`) for `make gpu-check`.
+`--profile DIR` writes a Chrome trace of one more step a way (after the timed ones, so
+the figures are not the profiler's) to `DIR/<way>.json`. A way that fails leaves the
+others' rows (its own reads "failed", its error goes to stderr, the exit status is 1).
+The table is printed (and written by `bench_table`) with each way's whole process time;
+the last line is JSON (`{"figure": ...}`) for `make gpu-check`.
 """
 
 from __future__ import annotations
@@ -193,6 +196,8 @@ class Run:
     device: str
     data: str
     """The Parquet file of token ids."""
+    profile: str | None = None
+    """A folder for a Chrome trace of one step after the timed ones (None: no trace)."""
 
 
 def shape_of(run: Run) -> Shape:
@@ -292,7 +297,32 @@ def train(
     synchronize(device)
     seconds = time.perf_counter() - began
     losses.append(previous.item())
+    if run.profile:
+        profile_step(run, batches, step, after, losses[-1])
     return summary(run, seconds, clock.step_ms(), costs, losses, int(checksum.item()))
+
+
+def profile_step(
+    run: Run,
+    batches: Iterator[torch.Tensor],
+    step: Callable[[torch.Tensor], torch.Tensor],
+    after: Callable[[int, float | None], Costs] | None,
+    loss: float,
+) -> None:
+    """One more step (the batch after the timed ones, its `after` too) under torch's
+    profiler, written as `<profile>/<way>.json`: where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(run.device)
+    activities = [ProfilerActivity.CPU]
+    activities += [ProfilerActivity.CUDA] if device.type == "cuda" else []
+    with profile(activities=activities) as profiler:
+        step(next(batches))
+        if after:
+            after(run.warmup + run.steps, loss)
+        synchronize(device)
+    Path(run.profile).mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(Path(run.profile, f"{run.way}.json")))
 
 
 def summary(
@@ -493,7 +523,8 @@ def figure_line(device: str, model: str, found: dict[str, dict], mfu: float | No
         rate = r["tokens_per_s"]
         text = f"{way} {rate:,.0f} tok/s" + (f" ({rate / floor:.2f}x)" if floor else "")
         if r["commit_ms"] is not None:
-            text += f", loader {r['loader_ms']:.2f} ms, commit {r['commit_ms']:.1f} ms"
+            text += f", loader {r['loader_ms']:.2f} ms, report {r['report_ms']:.2f} ms"
+            text += f", commit {r['commit_ms']:.1f} ms"
         parts.append(text)
     head = f"{device} {model}" + (f", floor MFU {mfu:.1f}%" if mfu is not None else ", MFU n/a")
     return head + ": " + "; ".join(parts)
@@ -512,6 +543,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--ways", default=",".join(WAYS), help=f"of {', '.join(WAYS)}")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak")
+    parser.add_argument("--profile", help="a folder: a Chrome trace of one more step a way")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -549,11 +581,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="sparkdist-gpu-train-") as tmp:
         data = Path(tmp, "data", "part-00000.parquet")
         data.parent.mkdir()
-        write_tokens(data, args.batch * (args.warmup + args.steps), args.seq, args.batch)
+        write_tokens(data, args.batch * (args.warmup + args.steps + 1), args.seq, args.batch)
         found = {}
+        profile = str(Path(args.profile).resolve()) if args.profile else None
         for way in args.ways:
             options = {k: getattr(args, k) for k in ("model", "seq", "batch", "warmup", "steps")}
-            run = Run(way, **options, compile=args.compile, device=args.device, data=str(data))
+            options.update(compile=args.compile, device=args.device, profile=profile)
+            run = Run(way, **options, data=str(data))
             found[way] = run_way(run, Path(tmp))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     title = (

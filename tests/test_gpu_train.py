@@ -40,7 +40,8 @@ def run_script(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.C
 @pytest.mark.timeout(300)
 def test_every_way_trains_the_same_model_on_the_same_tokens(tmp_path):
     options = ["--device", "cpu", "--model", "tiny", "--seq", "32", "--batch", "4"]
-    done = run_script(tmp_path, *options, "--steps", str(STEPS), "--warmup", str(WARMUP))
+    steps = ["--steps", str(STEPS), "--warmup", str(WARMUP), "--profile", "traces"]
+    done = run_script(tmp_path, *options, *steps)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     ways = line["ways"]
@@ -71,6 +72,9 @@ def test_every_way_trains_the_same_model_on_the_same_tokens(tmp_path):
     assert all(row[5] is None for row in table["rows"])  # MFU n/a on CPU
     for name in table["rows"]:
         assert name[0] in done.stdout
+    for way in WAYS:  # one more step each, under the profiler, written where asked
+        trace = json.loads((tmp_path / "traces" / f"{way}.json").read_text())
+        assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"]), way
 
 
 def test_an_unknown_way_is_refused_before_anything_runs(tmp_path):
