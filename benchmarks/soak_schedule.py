@@ -72,6 +72,16 @@ def draw(seed: int, minutes: float, mean_gap_s: float = MEAN_GAP_S) -> list[Faul
     return faults
 
 
+def every_kind(seed: int, gap_s: float) -> list[Fault]:
+    """Each kind once, in an order drawn from `seed`, `gap_s` apart (the cluster tests'
+    short soak); the grow comes right after the lost host, which it brings back."""
+    rng = random.Random(seed)
+    kinds = [kind for kind in KINDS if kind != "grow"]
+    rng.shuffle(kinds)
+    kinds.insert(kinds.index("lose_host") + 1, "grow")
+    return [_fault(rng, gap_s * (i + 1), kind, follows=False) for i, kind in enumerate(kinds)]
+
+
 def _fault(rng: random.Random, at: float, kind: str, follows: bool) -> Fault:
     span = KINDS[kind][1]
     duration = 0.0 if span is None else round(rng.uniform(*span), 1)

@@ -1,0 +1,191 @@
+"""The chaos soak's invariants and its table (issue 64), from a run's records: the
+steps world rank 0 wrote (`steps.jsonl`), the faults as they were done, the job's
+result and log, and what was left after it.
+
+Each check returns (ok, why) so that the soak reports every one, and the test asserts
+every one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+
+WEIGHT_TOLERANCE = 1e-4
+"""Final weights against the fault-free control's, absolute on weights of order 1-8:
+every step reads the same G rows in the same order whatever the world's size (the loader's
+global batch), and redone steps start from the committed state, so the only difference
+is the summation order of the gradient (DDP sums 2 or 3 partial sums, each over its share
+of the rows, in float32): a relative 1e-7 a step, which SGD's contraction keeps from
+growing (measured: below 1e-5 after 300 steps)."""
+LOSS_TOLERANCE = 0.005
+MEMORY_RATIO = 1.2
+
+
+def committed(steps: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the committed steps, the redone lines): a step written again after a world went
+    back to its last commit replaces the one written before (the last line of a step
+    number is the one that stood)."""
+    kept: dict[int, dict] = {}
+    redone: list[dict] = []
+    high = 0
+    for row in steps:
+        if row["step"] <= high:
+            redone.append(row)
+        high = max(high, row["step"])
+        kept[row["step"]] = row
+    return [kept[s] for s in sorted(kept)], redone
+
+
+def check_steps(steps: list[dict], target: int, fired: list, per_fault: int) -> tuple[bool, str]:
+    """Committed steps 1..target, each once; each redone step charged to the fault before
+    it, at most `per_fault` per fault."""
+    kept, redone = committed(steps)
+    numbers = [row["step"] for row in kept]
+    if numbers != list(range(1, target + 1)):
+        return False, f"committed steps are not 1..{target}: {numbers[:5]}...{numbers[-5:]}"
+    times = [row["at"] for row in kept]
+    if any(b <= a for a, b in zip(times, times[1:], strict=False)):
+        return False, "committed steps out of time order"
+    charged = charge(redone, fired)
+    worst = max(charged.values(), default=0)
+    if worst > per_fault or len(redone) > sum(charged.values()):
+        return False, f"steps redone {dict(charged)} (at most {per_fault} a fault)"
+    return True, f"{target} committed once each; {len(redone)} redone (at most {worst} a fault)"
+
+
+def charge(redone: list[dict], fired: list) -> Counter:
+    """index of the fault -> lines redone after it and before the next one."""
+    counts: Counter = Counter()
+    done = [f for f in fired if not f.skipped]
+    for row in redone:
+        before = [i for i, f in enumerate(done) if f.at <= row["at"]]
+        counts[before[-1] if before else -1] += 1
+    return counts
+
+
+def check_rows(steps: list[dict], rows: int, global_batch: int) -> tuple[bool, str]:
+    """Every committed step read `global_batch` rows; every finished epoch each row once,
+    the unfinished last one no row twice."""
+    kept, _ = committed(steps)
+    short = [row["step"] for row in kept if len(row["ids"]) != global_batch]
+    if short:
+        return False, f"steps not at the global batch of {global_batch}: {short[:10]}"
+    epochs = defaultdict(Counter)
+    for row in kept:
+        epochs[row["epoch"]].update(row["ids"])
+    for epoch, counts in sorted(epochs.items()):
+        twice = [i for i, n in counts.items() if n > 1]
+        if twice:
+            return False, f"epoch {epoch}: rows read twice {twice[:10]}"
+        if epoch != max(epochs) and len(counts) != rows:
+            return False, f"epoch {epoch}: {rows - len(counts)} rows never read"
+    return True, f"{len(epochs)} epochs, each row once, {global_batch} rows a step"
+
+
+def final_values(result: dict) -> list[dict]:
+    return [v for v in result.get("values") or [] if v is not None]
+
+
+def check_final(soak: dict, control: dict) -> tuple[bool, str]:
+    """The final weights within WEIGHT_TOLERANCE of the control's, the loss within 0.5 %."""
+    mine, theirs = final_values(soak), final_values(control)
+    if not mine or not theirs:
+        return False, "no final values"
+    diff = max(abs(a - b) for a, b in zip(mine[0]["weights"], theirs[0]["weights"], strict=True))
+    loss = abs(mine[0]["loss"] - theirs[0]["loss"]) / theirs[0]["loss"]
+    ok = diff <= WEIGHT_TOLERANCE and loss <= LOSS_TOLERANCE
+    return ok, f"weights within {diff:.1e} (<= {WEIGHT_TOLERANCE:g}), loss within {loss:.2%}"
+
+
+def check_target(result: dict, target: int) -> tuple[bool, str]:
+    if not result.get("ok"):
+        return False, f"the job failed: {result.get('error_type')}: {result.get('error')}"
+    steps = {v["step"] for v in final_values(result)}
+    if steps != {target}:
+        return False, f"the ranks ended at steps {steps}, not {target}"
+    return True, f"step {target} reached by {len(final_values(result))} ranks, one attempt"
+
+
+def check_silent(fired: list, log: str, stall_timeout_s: float, step_s: float) -> tuple[bool, str]:
+    """Each SIGSTOPped or stuck rank named silent in the job's log (with its stacks or why
+    there are none), and gone within stall_timeout + a step + the stacks' wait (4 s)."""
+    allowed = stall_timeout_s + step_s + 4.0
+    notes = []
+    for f in fired:
+        if f.fault.kind not in ("sigstop", "stuck") or f.skipped:
+            continue
+        took = None if f.dropped_at is None else f.dropped_at - f.at
+        if took is None or took > allowed:
+            return False, f"{f.fault.kind} of {f.target}: dropped after {took} s (> {allowed} s)"
+        notes.append(f"{f.fault.kind} {took:.1f}s")
+    named = log.count("is silent: no sign of life")
+    wanted = sum(1 for f in fired if f.fault.kind in ("sigstop", "stuck") and not f.skipped)
+    if named < wanted or (wanted and "Where each rank was" not in log):
+        return False, f"{named} silent ranks named in the job's log, {wanted} stopped or stuck"
+    return True, f"named silent with stacks or why not, dropped in {', '.join(notes) or '-'}"
+
+
+def check_memory(soak: dict, control: dict) -> tuple[bool, str]:
+    worse = {
+        who: (peak, control.get(who, 0))
+        for who, peak in soak.items()
+        if peak > MEMORY_RATIO * control.get(who, math.inf)
+    }
+    if worse:
+        return False, f"peaks above {MEMORY_RATIO}x the control's (MiB): {worse}"
+    ratio = max(peak / control[who] for who, peak in soak.items() if control.get(who))
+    return True, f"peak memory at most {ratio:.2f}x the control's"
+
+
+def median_step_s(steps: list[dict]) -> float:
+    kept, _ = committed(steps)
+    gaps = [b["at"] - a["at"] for a, b in zip(kept, kept[1:], strict=False)]
+    return statistics.median(gaps) if gaps else math.nan
+
+
+def recovery_s(fired, following, steps: list[dict]) -> float | None:
+    """From the fault to the first committed step of a world formed after it (before the
+    next fault); for a fault that changed no world, to the first committed step after it
+    (after its end, for one that lasts)."""
+    kept, _ = committed(steps)
+    stop = following.at if following is not None else math.inf
+    newer = [r for r in kept if fired.at < r["at"] < stop and r["generation"] > fired.generation]
+    if newer:
+        return newer[0]["at"] - fired.at
+    start = fired.ended_at or fired.at
+    later = [r for r in kept if r["at"] > start]
+    return later[0]["at"] - fired.at if later else None
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
+
+
+def table(fired: list, steps: list[dict], job_ok: bool) -> tuple[str, dict]:
+    """The per-kind table (injected, survived, steps redone, fault -> next committed
+    step p50/p99) as text, and the same as data."""
+    done = [f for f in fired if not f.skipped]
+    charged = charge(committed(steps)[1], fired)
+    kinds: dict[str, dict] = {}
+    for i, f in enumerate(done):
+        row = kinds.setdefault(f.fault.kind, {"injected": 0, "survived": 0, "redone": 0, "s": []})
+        row["injected"] += 1
+        took = recovery_s(f, done[i + 1] if i + 1 < len(done) else None, steps)
+        if took is not None and job_ok:
+            row["survived"] += 1
+            row["s"].append(took)
+        row["redone"] += charged.get(i, 0)
+    lines = [f"{'fault':<14}{'injected':>9}{'survived':>9}{'redone':>7}{'p50 s':>8}{'p99 s':>8}"]
+    for kind, row in sorted(kinds.items()):
+        p50 = f"{percentile(row['s'], 0.5):8.1f}" if row["s"] else f"{'-':>8}"
+        p99 = f"{percentile(row['s'], 0.99):8.1f}" if row["s"] else f"{'-':>8}"
+        lines.append(
+            f"{kind:<14}{row['injected']:>9}{row['survived']:>9}{row['redone']:>7}{p50}{p99}"
+        )
+    skipped = [f"{f.fault.kind}: {f.skipped}" for f in fired if f.skipped]
+    if skipped:
+        lines.append("not done: " + "; ".join(skipped))
+    return "\n".join(lines), kinds

@@ -1,0 +1,166 @@
+"""The chaos soak's training job (issue 64), run by every rank of an in-process elastic
+world (`sparkdist.elastic.run`): a deterministic DDP regression at a fixed global batch
+over a loader of generated row ids, to a target step.
+
+What the soak's injector cannot do from outside it asks of the job through files in
+`control_dir`, named by the rank's pid (or by nobody, for the saver): `stuck-<pid>` (the
+rank blocks on a lock in its own code while the file exists), `slow-<pid>` (each step
+takes 3x as long while it exists), `exit-<pid>` (the rank calls os._exit, or segfaults if
+the file says "segv"), `die-in-save` (the next rank to write a disk checkpoint is killed
+half-way through it), `stop-at` (the step to stop at, when the soak has done its faults).
+
+Records (for the soak's invariants): world rank 0 appends every step to
+`progress_dir/steps.jsonl` (step, world size, generation, time, the loader's epoch, the
+ids the whole world read, the step's loss); each rank appends its entries to
+`progress_dir/events-<pid>.jsonl`. World rank 0 writes a disk checkpoint every
+`save_every` steps to `checkpoint_dir` (tmp file, then rename); a full disk skips it
+and says so in the events.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from jobs import _append_line
+
+ROW_FEATURES = 8
+
+
+def rows(count: int):
+    """The generated rows: x (count x 8) and y, the same on every rank and in every run."""
+    import torch
+
+    x = torch.randn(count, ROW_FEATURES, generator=torch.Generator().manual_seed(0))
+    return x, x @ torch.arange(1.0, ROW_FEATURES + 1.0) + 0.5
+
+
+def _obey(control_dir: str, pid: int, step_s: float) -> None:
+    """Do what the injector asks of this rank before its next step."""
+    mine = os.path.join(control_dir, f"%s-{pid}")
+    if os.path.exists(mine % "exit"):
+        with open(mine % "exit") as f:
+            how = f.read().strip()
+        if how == "segv":
+            ctypes.string_at(0)  # a segmentation fault
+        os._exit(3)
+    if os.path.exists(mine % "stuck"):
+        held = threading.Lock()
+        held.acquire()
+        while os.path.exists(mine % "stuck"):  # stuck in user code, on a lock nobody frees
+            held.acquire(timeout=0.2)
+    if os.path.exists(mine % "slow"):
+        time.sleep(2 * step_s)  # 3x the step's time
+
+
+def _save(state, checkpoint_dir: str, control_dir: str, log) -> None:
+    """World rank 0's disk checkpoint: a tmp file renamed into place; a full disk skips it."""
+    import torch
+
+    path = os.path.join(checkpoint_dir, "latest.pt")
+    blob = {"step": state.step, "model": state.model.state_dict()}
+    die = os.path.join(control_dir, "die-in-save")
+    try:
+        with open(path + ".tmp", "wb") as f:
+            if os.path.exists(die):
+                os.unlink(die)
+                f.write(b"half a checkpoint")
+                f.flush()
+                log(event="dying_in_save", step=state.step)
+                os.kill(os.getpid(), signal.SIGKILL)
+            torch.save(blob, f)
+        os.replace(path + ".tmp", path)
+    except (OSError, RuntimeError) as exc:  # the store is full (torch may wrap ENOSPC)
+        log(event="save_failed", step=state.step, error=str(exc))
+
+
+def soak_main(
+    progress_dir: str,
+    control_dir: str,
+    checkpoint_dir: str,
+    target_step: int,
+    row_count: int,
+    global_batch: int,
+    train,
+    step_s: float = 0.3,
+    save_every: int = 5,
+    elastic_timeout_s: float = 8.0,
+) -> dict[str, Any] | None:
+    """Train to `target_step` at `global_batch` rows a step; returns the final weights and
+    loss (a rank that is no longer a member returns None)."""
+    import torch
+
+    from sparkdist import elastic
+
+    os.environ["SPARKDIST_ELASTIC_TIMEOUT_S"] = str(elastic_timeout_s)
+    pid = os.getpid()
+    events = os.path.join(progress_dir, f"events-{pid}.jsonl")
+    torch.manual_seed(0)
+    x, y = rows(row_count)
+    model = torch.nn.Linear(ROW_FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    with train.make_torch_dataloader(
+        global_batch_size=global_batch, num_epochs=None, shuffle=True, seed=1
+    ) as loader:
+        state = elastic.TorchState(model=model, optimizer=optimizer, step=0, loader=loader)
+
+        def log(**event) -> None:
+            _append_line(events, {**event, "pid": pid, "at": time.time(), "gen": state.generation})
+
+        @elastic.run
+        def loop(state) -> dict[str, Any]:
+            host = os.environ["SPARKDIST_TASK_HOST"]
+            log(event="enter", step=state.step, rank=state.rank, size=state.world_size, host=host)
+            ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=False)
+            batches = iter(state.loader)
+            while state.step < _target(control_dir, target_step):
+                _obey(control_dir, pid, step_s)
+                _step(state, ddp, x, y, batches, progress_dir)
+                if state.rank == 0 and state.step % save_every == 0:
+                    _save(state, checkpoint_dir, control_dir, log)
+                log(event="stepped", step=state.step)
+                state.commit()
+                time.sleep(step_s)
+            with torch.no_grad():
+                final = float(torch.nn.functional.mse_loss(state.model(x).squeeze(1), y))
+            weights = [float(v) for p in state.model.parameters() for v in p.reshape(-1)]
+            out = {"pid": pid, "rank": state.rank, "size": state.world_size, "step": state.step}
+            return {**out, "loss": final, "weights": weights}
+
+        return loop(state)
+
+
+def _target(control_dir: str, target_step: int) -> int:
+    """The step to stop at: `target_step`, or the one the soak wrote to `stop-at` (a few
+    steps ahead of the world, so that every rank reads it before then)."""
+    try:
+        with open(os.path.join(control_dir, "stop-at")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return target_step
+
+
+def _step(state, ddp, x, y, batches, progress_dir: str) -> None:
+    """One step at the global batch; world rank 0 records what the world read."""
+    import torch.distributed as dist
+
+    epoch = state.loader.epoch
+    batch = next(batches)
+    real = batch["row_weight"] > 0
+    ids, weight = batch["id"], batch["row_weight"]
+    every: list = [None] * state.world_size
+    dist.all_gather_object(every, ids[real].tolist())
+    loss = ((ddp(x[ids]).squeeze(1) - y[ids]) ** 2 * weight).sum()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    state.step += 1
+    if state.rank == 0:
+        row = {"step": state.step, "world_size": state.world_size, "epoch": epoch}
+        row.update(generation=state.generation, at=time.time())
+        line = {**row, "ids": [i for part in every for i in part]}
+        _append_line(os.path.join(progress_dir, "steps.jsonl"), line)
