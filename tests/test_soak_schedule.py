@@ -80,3 +80,13 @@ def test_a_fault_picks_its_target_among_the_live_ones():
     assert fault.target([0, 1, 2]) == 1 and fault.target(["a", "b"]) == "b"
     with pytest.raises(ValueError, match="no live target for sigkill"):
         fault.target([])
+
+
+def test_the_short_soak_has_every_kind_once_and_a_grow_after_the_lost_host():
+    faults = schedule.every_kind(64, gap_s=5.0)
+    kinds = [f.kind for f in faults]
+    assert sorted(kinds) == sorted(schedule.KINDS)
+    assert kinds[kinds.index("lose_host") + 1] == "grow"
+    assert [f.at_s for f in faults] == [5.0 * (i + 1) for i in range(len(faults))]
+    assert faults == schedule.every_kind(64, gap_s=5.0)
+    assert kinds != [f.kind for f in schedule.every_kind(65, gap_s=5.0)]

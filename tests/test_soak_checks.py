@@ -1,0 +1,60 @@
+"""The chaos soak's invariants (issue 64, `benchmarks/soak_checks.py`) on made-up step
+records: a step written again after a world went back to its commit replaces the first,
+each redone step is charged to the fault before it, and an epoch with a row twice or a
+row missing fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import soak_checks as checks  # noqa: E402
+
+ROWS, BATCH = 8, 4  # two steps an epoch
+
+
+def step(number: int, at: float, epoch: int, ids: list[int], generation: int = 0) -> dict:
+    return {"step": number, "at": at, "epoch": epoch, "ids": ids, "generation": generation}
+
+
+def fired(at: float, kind: str = "sigkill") -> SimpleNamespace:
+    return SimpleNamespace(at=at, skipped="", fault=SimpleNamespace(kind=kind), generation=0)
+
+
+STEPS = [
+    step(1, 1.0, 0, [0, 1, 2, 3]),
+    step(2, 2.0, 0, [4, 5, 6, 7]),
+    step(3, 3.0, 1, [7, 6, 5, 4]),  # its commit broke: redone below
+    step(3, 5.0, 1, [7, 6, 5, 4], generation=1),
+    step(4, 6.0, 1, [3, 2, 1, 0], generation=1),
+]
+
+
+def test_a_redone_step_replaces_the_first_and_is_charged_to_the_fault_before_it():
+    kept, redone = checks.committed(STEPS)
+    assert [r["step"] for r in kept] == [1, 2, 3, 4] and kept[2]["at"] == 5.0
+    assert [r["at"] for r in redone] == [5.0]
+    assert checks.check_steps(STEPS, 4, [fired(3.5)], per_fault=1)[0]
+    assert not checks.check_steps(STEPS, 4, [], per_fault=1)[0]  # no fault to charge it to
+    assert not checks.check_steps(STEPS, 5, [fired(3.5)], per_fault=1)[0]  # target missed
+    twice = [*STEPS, step(4, 7.0, 1, [3, 2, 1, 0], generation=2)]
+    assert not checks.check_steps(twice, 4, [fired(3.5)], per_fault=1)[0]
+
+
+def test_every_row_once_an_epoch_at_the_global_batch():
+    assert checks.check_rows(STEPS, ROWS, BATCH)[0]
+    missing = [*STEPS[:4], step(4, 6.0, 1, [3, 2, 1, 1])]
+    ok, why = checks.check_rows(missing, ROWS, BATCH)
+    assert not ok and "read twice" in why
+    short = [*STEPS[:4], step(4, 6.0, 1, [3, 2, 1])]
+    ok, why = checks.check_rows(short, ROWS, BATCH)
+    assert not ok and "global batch" in why
+
+
+def test_recovery_is_timed_to_the_first_step_of_a_world_formed_after_the_fault():
+    assert checks.recovery_s(fired(3.5), None, STEPS) == 1.5
+    assert checks.percentile([1.0, 2.0, 3.0, 10.0], 0.5) == 2.0
+    assert checks.percentile([1.0, 2.0, 3.0, 10.0], 0.99) == 10.0
