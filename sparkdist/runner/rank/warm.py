@@ -7,8 +7,9 @@ run it asks the driver for the next one (`WarmNext`), checks that the payload wa
 for that run (`JobSecret.verify_run`: a payload of an earlier run, or signed with its
 key, is refused), sets the job's environment afresh (the variables the rank started
 with, the run's job id, a new rendezvous, so a new torch port), runs `main(**kwargs)`
-from the directory the rank started in, frees what the run left set up (a default
-torch process group, torch's CUDA cache), and says it is done (`WarmDone`). A run that
+from the directory the rank started in, frees what the run left set up (a torch process
+group of its own, torch's CUDA cache; the world's kept group stays, `kept_group.py`), and
+says it is done (`WarmDone`). A run that
 raises ends the rank as in any job, so that the world is never reused after a failure.
 A release (idle too long, closed, another shape wanted) returns.
 """
