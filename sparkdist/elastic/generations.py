@@ -74,9 +74,18 @@ class Generations:
             if found is not None:
                 return found
 
-    def _ask(self, after: int, timeout_s: float) -> Generation | None:
+    def finish(self, number: int) -> Generation | None:
+        """This rank's function returned in generation `number`: a newer one that includes
+        the rank (formed meanwhile: run again there), or None (done; also when the job
+        stops)."""
+        try:
+            return self._ask(number, 0.0, done=True)
+        except WorldEnded:
+            return None
+
+    def _ask(self, after: int, timeout_s: float, done: bool = False) -> Generation | None:
         reply = self.client.request(
-            messages.ElasticWorld(self.launch_rank, after, float(timeout_s))
+            messages.ElasticWorld(self.launch_rank, after, float(timeout_s), done)
         )
         if isinstance(reply, messages.Missing):
             return None

@@ -83,7 +83,16 @@ class _Loop:
         reformed = False
         while generation.world_rank(self.launch_rank) is not None:
             try:
-                return self._enter(generation, reformed, func, args, kwargs)
+                value = self._enter(generation, reformed, func, args, kwargs)
+                later = self.generations.finish(generation.number)
+                if later is None:
+                    return value
+                # A grow formed a world with this rank as it returned: newcomers wait in
+                # it. Run again there, from the state committed last (they get it).
+                logger.info("elastic: world %d formed as rank returned", later.number)
+                torch_group.end_left_formed()
+                generation, reformed = later, True
+                continue
             except WorldChanged:
                 logger.info("elastic: world %d ends at a commit", generation.number)
                 failure = None

@@ -410,11 +410,15 @@ class ElasticWorld(NamedTuple):
     """An in-process elastic rank (`sparkdist.elastic.run`) asks for the first world
     generation newer than `after` (-1: the one to join). Answered with `Ok(Generation)`
     once it forms, `Missing` when `timeout_s` passes first, `Failed` when the job stops.
-    `rank` is the rank's launch rank (its `RANK` at start), which never changes."""
+    `rank` is the rank's launch rank (its `RANK` at start), which never changes.
+    `done`: the rank's function returned in generation `after`; answered at once, with a
+    newer generation that includes the rank (to run again in) or `Missing` (it is done:
+    no grown world forms with it in this run)."""
 
     rank: int
     after: int
     timeout_s: float
+    done: bool = False
 
 
 class Generation(NamedTuple):

@@ -47,7 +47,71 @@ Reply = Callable[[tuple], None]
 """How a waiting `ElasticWorld` is answered: `Ok(generation)` or `Failed(why)`."""
 
 
-class Membership:
+class Grows:
+    """A grow of an in-process elastic world (`Membership`'s part): newcomers are seated,
+    and the world that includes them forms once every one entered, but never with a
+    member whose `elastic.run` returned (`done`): newcomers seated in a run's last moments
+    would wait for a world whose members went on. A warm world's next run
+    (`warm.WarmDispatch`) seats them again (`strayed` until then)."""
+
+    def seat(self, newcomers: list[int], reason: str) -> None:
+        """A grow seated tasks that run `newcomers` (fresh launch ranks): the next
+        generation includes them once every one has entered."""
+        with self.cond:
+            self.joining.update(newcomers)
+            self._grow_reason = reason
+
+    def size(self) -> int:
+        """Members and newcomers: the world's size once they are in."""
+        with self.cond:
+            return len(self.generation.members) + len(self.joining)
+
+    def _form_grown(self) -> None:
+        with self.cond:
+            if not self.joining or not self.joining <= self.entered:
+                return  # formed by another rank's request already
+            if self.done & set(self.generation.members):
+                return  # a member's run returned: its newcomers join the next run
+            newcomers = sorted(self.joining)
+            self.joining.clear()
+            members = [*self.generation.members, *newcomers]
+            reason = f"{self._grow_reason}: ranks {newcomers} joined"
+        self._form(members, reason)
+
+    def finish(self, rank: int, after: int) -> tuple | None:
+        """Rank `rank`'s function returned in generation `after`: a newer generation that
+        includes it (a grow formed as it returned: it runs again there), else None: it is
+        done, and no grown world forms with it in this run (its newcomers would wait for it)."""
+        with self.cond:
+            if self.generation.number > after and rank in self.generation.members:
+                return messages.Ok(self.generation)
+            self.done.add(rank)
+            return None
+
+    def new_run(self) -> None:
+        """A warm world's next run: its code says again that it is elastic, and its
+        members may grow again."""
+        with self.cond:
+            self.entered.clear()
+            self.done.clear()
+
+    def end_run(self) -> None:
+        """A warm run ended: newcomers seated too late to be in its world leave it (their
+        `elastic.run` returns None); they join the next run's world."""
+        with self.cond:
+            self.strayed |= self.joining
+            stray = [(r, a, reply) for r, a, reply in self._waiting if r in self.strayed]
+            self._waiting = [waiting for waiting in self._waiting if waiting[0] not in self.strayed]
+        for rank, after, reply in stray:
+            reply(self._answer(rank, after) or messages.Missing(f"generation>{after}"))
+
+    def took_run(self, rank: int) -> None:
+        """Rank `rank` took a warm world's next run: a newcomer waits for its world again."""
+        with self.cond:
+            self.strayed.discard(rank)
+
+
+class Membership(Grows):
     """The membership of one attempt's in-process elastic world (see the module)."""
 
     def __init__(self, cond: threading.Condition, ranks: RankRecords, min_np: int | None) -> None:
@@ -66,6 +130,8 @@ class Membership:
         self.leaving: dict[int, str] = {}
         """Members to leave at their next commit (a decommission notice): why; for the
         driver's loop to form the generation without them (`let_leave`)."""
+        self.done: set[int] = set()  # members whose `elastic.run` returned in this run
+        self.strayed: set[int] = set()  # newcomers whose warm run ended before their world
         self._grow_reason = ""
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
@@ -78,7 +144,7 @@ class Membership:
         one now (or the job is stopping); else None, and `reply` (if given: the rank
         waits) is called once there is."""
         with self.cond:
-            if after < 0:
+            if after < 0 and rank not in self.strayed:
                 self.entered.add(rank)
             grown = bool(self.joining) and self.joining <= self.entered
         if grown:
@@ -92,7 +158,7 @@ class Membership:
     def _answer(self, rank: int, after: int) -> tuple | None:
         if self._closed is not None:
             return messages.Failed(self._closed)
-        if self.generation.number > after and rank not in self.joining:
+        if self.generation.number > after and (rank not in self.joining or rank in self.strayed):
             return messages.Ok(self.generation)
         return None
 
@@ -189,18 +255,6 @@ class Membership:
             self.min_np = None
             return losses
 
-    def seat(self, newcomers: list[int], reason: str) -> None:
-        """A grow seated tasks that run `newcomers` (fresh launch ranks): the next
-        generation includes them once every one has entered."""
-        with self.cond:
-            self.joining.update(newcomers)
-            self._grow_reason = reason
-
-    def size(self) -> int:
-        """Members and newcomers: the world's size once they are in."""
-        with self.cond:
-            return len(self.generation.members) + len(self.joining)
-
     def close(self, reason: str) -> None:
         """The job stops: every waiting rank is answered `Failed`."""
         with self.cond:
@@ -210,16 +264,6 @@ class Membership:
             reply(messages.Failed(reason))
 
     # --- forming a generation --------------------------------------------------------------
-
-    def _form_grown(self) -> None:
-        with self.cond:
-            if not self.joining or not self.joining <= self.entered:
-                return  # formed by another rank's request already
-            newcomers = sorted(self.joining)
-            self.joining.clear()
-            members = [*self.generation.members, *newcomers]
-            reason = f"{self._grow_reason}: ranks {newcomers} joined"
-        self._form(members, reason)
 
     def _form(self, members: list[int], reason: str, planned: bool = False) -> None:
         """Make `members` the next generation and answer every rank waiting for it."""

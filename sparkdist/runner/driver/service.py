@@ -448,6 +448,9 @@ class _RankPeer(_Peer):
             self._reply(messages.Failed(f"rank {self.rank} asked as rank {request.rank}"))
             return
         membership, missing = self.state.membership, messages.Missing(f"generation>{request.after}")
+        if request.done:
+            self._reply(membership.finish(self.rank, request.after) or missing)
+            return
         if request.timeout_s <= 0:
             self._reply(membership.ask(self.rank, request.after, None) or missing)
             return

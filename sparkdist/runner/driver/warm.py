@@ -139,6 +139,7 @@ class WarmDispatch:
             if self.released is not None:
                 reply(messages.WarmRelease(self.released))
             elif (h := self.handed) and h.order.run > after and not h.complete:  # not done
+                self.state.membership.took_run(rank)
                 reply(h.for_rank(rank, self.state.membership.generation))
             else:
                 self.waiting[rank] = reply
@@ -170,12 +171,12 @@ class WarmDispatch:
             self.handed.sign(self.secret, self.attempt)
             if store is not None:
                 self.state.checkpoints = store
-            with self.state.cond:  # this run's own code says again whether it is elastic
-                self.state.membership.entered.clear()
+            self.state.membership.new_run()  # its code says again whether it is elastic
             self.finished = {}
             waiting, self.waiting = self.waiting, {}
             generation = self.state.membership.generation
             for rank, reply in waiting.items():
+                self.state.membership.took_run(rank)
                 reply(self.handed.for_rank(rank, generation))
 
     def run(
@@ -239,6 +240,7 @@ class WarmDispatch:
                     )
                 self.cond.wait(0.2)
             self.handed.complete = True
+            self.state.membership.end_run()  # newcomers too late for it leave it
             self.state.checkpoints = self.world_store
             return [self.finished[r] for r in self._members()]
 
