@@ -112,9 +112,11 @@ class State:
         import torch.distributed as dist
 
         seen = self._watcher is not None and self._watcher.newer is not None
-        flag = torch.tensor([1 if seen else 0], dtype=torch.int32, device=self._group.device)
-        dist.broadcast(flag, src=0)
-        if flag.item():
+        if self.world_size > 1:  # alone, no one to agree with: no collective, no GPU wait
+            flag = torch.tensor([1 if seen else 0], dtype=torch.int32, device=self._group.device)
+            dist.broadcast(flag, src=0)
+            seen = bool(flag.item())
+        if seen:
             raise WorldChanged(f"generation {self.generation} ends: a newer world formed")
 
     check_host_updates = check_world  # Horovod's name
