@@ -40,6 +40,9 @@ from soak_faults import Fired, Injector, Store, World  # noqa: E402
 logger = logging.getLogger("soak")
 
 HOSTS = 3
+ELASTIC_TIMEOUT_S = 8.0
+"""The ranks' collective timeout (SPARKDIST_ELASTIC_TIMEOUT_S): a cut host's peers give up
+on it after this (tests/cluster/test_elastic_cluster.py's figure)."""
 
 
 @dataclass
@@ -274,6 +277,7 @@ def job_arguments(workdir: Path, opts: SoakOptions) -> dict:
         "global_batch": opts.global_batch,
         "step_s": opts.step_s,
         "save_every": opts.save_every,
+        "elastic_timeout_s": ELASTIC_TIMEOUT_S,
     }
     frames = {"train": {"rows": opts.rows, "path": str(workdir / "ids")}}
     return {"runner": runner, "kwargs": kwargs, "id_frames": frames}
@@ -301,7 +305,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
         "rows once an epoch": checks.check_rows(steps, opts.rows, opts.global_batch),
         "final weights and loss": checks.check_final(result, control["result"]),
         "silent ranks dropped": checks.check_silent(
-            fired, soaked["log"], opts.stall_timeout_s, step_s
+            fired, soaked["log"], opts.stall_timeout_s, opts.step_s, ELASTIC_TIMEOUT_S
         ),
         "nothing left": (not left and slots <= 60, f"left: {left}; slots free in {slots:.0f} s"),
         "peak memory": checks.check_memory(soaked["peaks"], control["peaks"]),

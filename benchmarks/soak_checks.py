@@ -108,10 +108,14 @@ def check_target(result: dict, target: int) -> tuple[bool, str]:
     return True, f"step {target} reached by {len(final_values(result))} ranks, one attempt"
 
 
-def check_silent(fired: list, log: str, stall_timeout_s: float, step_s: float) -> tuple[bool, str]:
+def check_silent(
+    fired: list, log: str, stall_timeout_s: float, step_s: float, collective_timeout_s: float
+) -> tuple[bool, str]:
     """Each SIGSTOPped or stuck rank named silent in the job's log (with its stacks or why
-    there are none), and gone within stall_timeout + a step + the stacks' wait (4 s)."""
-    allowed = stall_timeout_s + step_s + 4.0
+    there are none), and gone within stall_timeout + a step + the stacks' wait (4 s) after
+    the others' last sign of life: their own line when their collective times out
+    (`collective_timeout_s` after the fault) is one, so the stall counts from there."""
+    allowed = collective_timeout_s + stall_timeout_s + step_s + 4.0
     notes = []
     for f in fired:
         if f.fault.kind not in ("sigstop", "stuck") or f.skipped:
