@@ -5,11 +5,14 @@ executors) with real ranks:
   for stalls: one that goes silent gets the run's stall warning, then its stall timeout
   (before, the watch kept watching the first attempt's ranks, and the run only ended at
   its `timeout`).
+
+A host lost while a warm world is idle: `test_warm_idle_loss.py`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -63,8 +66,6 @@ def test_a_warm_world_relaunched_mid_run_watches_its_new_ranks_for_stalls(sc, tm
 
 
 def _alive(pid: int) -> bool:
-    import os
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
