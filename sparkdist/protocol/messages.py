@@ -205,7 +205,12 @@ class Finish(NamedTuple):
 
 @register("abort")
 class Abort(NamedTuple):
+    """Stop the job now. `leave_stacks`: a task was lost first (its stage may end with no
+    answer, e.g. cancelled): a relayed job's supervisor leaves its rank's stacks on its
+    host for the client (`protocol/left_stacks.py`) instead of removing them."""
+
     reason: str
+    leave_stacks: bool = False
 
 
 @register("bye")

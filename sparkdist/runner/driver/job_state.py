@@ -118,7 +118,8 @@ class JobState:
             self.failures.stop(reason)
             self.rendezvous.close()
         self.membership.close(f"the job is stopping: {reason}")
-        order = messages.Abort(reason) if how == "abort" else messages.Finish(reason)
+        lost = bool(self.tasks.lost)  # a relayed job's stage may end with no answer
+        order = messages.Abort(reason, lost) if how == "abort" else messages.Finish(reason)
         send(self.peers.select(lambda kind, _: kind == "task" or how == "abort"), order)
 
     def agent_placed(self, index: int, place: messages.AgentPlace) -> None:

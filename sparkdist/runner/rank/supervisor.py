@@ -121,8 +121,8 @@ class Supervisor:
         ]
         for reader in readers:
             reader.start()
-        send = self._send_output
-        sender = threading.Thread(target=send_in_batches, args=(self.lines, send), daemon=True)
+        batches = (self.lines, lambda batch: self._send(messages.RankOutput(batch)))
+        sender = threading.Thread(target=send_in_batches, args=batches, daemon=True)
         sender.start()
 
         exit_code = self.child.wait()
@@ -146,9 +146,6 @@ class Supervisor:
             # another worker is left); a non-zero exit here would make mpirun end it.
             return 0
         return exit_status(exit_code)
-
-    def _send_output(self, batch: list) -> None:
-        self._send(messages.RankOutput(batch))
 
     def _pass_on_sigterm(self, signum, frame) -> None:
         """SIGTERM (an operator, a host being decommissioned, orted ending the job) goes
@@ -192,7 +189,7 @@ class Supervisor:
 
     def _listen(self) -> None:
         """An abort from the driver, or the driver's loss, ends the rank (`KillRank` too)."""
-        aborted = False
+        aborted = None
         try:
             while True:
                 order = messages.decode(self.channel.recv(), messages.ORDERS)
@@ -200,7 +197,7 @@ class Supervisor:
                     self.bye.set()
                     return
                 if isinstance(order, messages.Abort):
-                    aborted = True
+                    aborted = order
                     break
                 if isinstance(order, messages.Finish) and self.child is not None:
                     self.finished.set()
@@ -215,9 +212,11 @@ class Supervisor:
             if self.leave_prefix and not self._rank_ended.is_set():
                 self._cut_off_soon()  # ends this process
                 return
+        if aborted and aborted.leave_stacks and self.leave_prefix:
+            self._leave_stacks()  # a task was lost: its stage may end with no answer
         with self._leave_lock:  # a relayed job's stacks being left are left first
-            if aborted and self.leave_prefix:  # the driver, alive, stops the job itself:
-                self._left = True  # no client collects stacks (its task's SIGTERM left)
+            if aborted and self.leave_prefix and not aborted.leave_stacks:  # the driver
+                self._left = True  # stops the job itself: no client collects the stacks
                 left_stacks.remove(self.leave_prefix, self.rank)
             if self.child is not None:
                 stop_group(self.child, grace_s=1.0)
