@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -108,10 +109,12 @@ def init_process_group(
     import torch.distributed as dist
 
     args = (backend, init_method, timeout, world_size, rank, store, group_name, pg_options)
+    if device_id is not None:
+        rest["device_id"] = device_id  # a keyword: torch before 2.3 has no such parameter
     plain = store is None and init_method in (None, "env://") and not group_name
-    if not plain or pg_options is not None or rest:
+    if not plain or pg_options is not None or set(rest) - {"device_id"}:
         forget()
-        return _original["init"](*args, device_id, **rest)
+        return _original["init"](*args, **rest)
     rank = rank if rank >= 0 else int(os.environ["RANK"])
     world_size = world_size if world_size > 0 else int(os.environ["WORLD_SIZE"])
     device_id = _device_for(backend, device_id)
@@ -121,7 +124,7 @@ def init_process_group(
         return None
     drop()
     if dist.is_initialized():  # the run's own group, not ours: torch says it is formed
-        return _original["init"](*args, device_id)
+        return _original["init"](*args, **rest)
     _form(backend, rank, world_size, timeout, device_id, key)
     return None
 
@@ -142,9 +145,12 @@ def _is_default(group: Any) -> bool:
 
 
 def _device_for(backend: str | None, device_id: Any) -> Any:
-    """NCCL's device, so that its communicator is built at once and bound to it."""
+    """NCCL's device, so that its communicator is built at once and bound to it (where
+    torch's `init_process_group` takes a `device_id`: 2.3 and later)."""
     if device_id is not None or backend is None or "nccl" not in str(backend).lower():
         return device_id
+    if "device_id" not in inspect.signature(_original["init"]).parameters:
+        return None
     import torch
 
     if not torch.cuda.is_available():
@@ -159,13 +165,14 @@ def _form(backend, rank: int, world_size: int, timeout, device_id, key: tuple) -
     _formed_in_run += 1
     store = _world_store(rank, world_size)
     prefix = f"{os.environ.get(job_environment.JOB_ID, 'run')}/{_formed_in_run}/"
+    device = {"device_id": device_id} if device_id is not None else {}
     _original["init"](
         backend,
         store=dist.PrefixStore(prefix, store.store),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
-        device_id=device_id,
+        **device,
     )
     wait = min(timeout, BARRIER_TIMEOUT) if timeout is not None else BARRIER_TIMEOUT
     _kept = _Kept(dist.distributed_c10d.GroupMember.WORLD, key, wait)
