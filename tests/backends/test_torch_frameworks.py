@@ -208,30 +208,32 @@ def test_local_mode_function_and_script(spark, tmp_path, ddp_reference):
     _assert_weights(ranks[0]["weights"], ddp_reference)
 
 
-GPU_CHILD = textwrap.dedent(
+FAKE_GPU_CHILD = textwrap.dedent(
     """
     import json, sys
     from pyspark.sql import SparkSession
     from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorch
-    from sparkdist import TorchDistributor
+    from sparkdist import HorovodRunner, NotEnoughSlotsError, TorchDistributor
 
     fake = sys.argv[1]
-    spark = (
-        SparkSession.builder.master("local-cluster[1,2,1024]")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.worker.resource.gpu.amount", "2")
-        .config("spark.worker.resource.gpu.discoveryScript", fake)
-        .config("spark.executor.resource.gpu.amount", "2")
-        .config("spark.task.resource.gpu.amount", "1")
-        .config("spark.driver.resource.gpu.amount", "2")
-        .config("spark.driver.resource.gpu.discoveryScript", fake)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+
+
+    def session(master, gpus):
+        builder = (
+            SparkSession.builder.master(master)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executor.memory", "512m")
+            .config("spark.worker.resource.gpu.discoveryScript", fake)
+        )
+        for key, value in gpus.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
 
     def devices():
         import os
@@ -243,59 +245,33 @@ GPU_CHILD = textwrap.dedent(
         dist.destroy_process_group()
         return seen
 
-    out = {
-        "pyspark cluster": PysparkTorch(2, local_mode=False, use_gpu=True).run(devices),
-        "cluster": TorchDistributor(2, local_mode=False, use_gpu=True).run(devices),
-        "pyspark driver": PysparkTorch(2, local_mode=True, use_gpu=True).run(devices),
-        "driver": TorchDistributor(2, local_mode=True, use_gpu=True).run(devices),
-        "cluster, no gpu": TorchDistributor(2, local_mode=False, use_gpu=False).run(devices),
-    }
-    # More ranks than the driver's GPUs: pyspark lowers num_processes to their number.
-    out["driver, 3 ranks"] = [
-        cls(3, local_mode=True, use_gpu=True).num_processes
-        for cls in (PysparkTorch, TorchDistributor)
-    ]
-    print("RESULT " + json.dumps(out), flush=True)
-    spark.stop()
-    """
-)
 
+    def one_gpu_per_task():
+        spark = session(
+            "local-cluster[1,2,1024]",
+            {
+                "spark.worker.resource.gpu.amount": "2",
+                "spark.executor.resource.gpu.amount": "2",
+                "spark.task.resource.gpu.amount": "1",
+                "spark.driver.resource.gpu.amount": "2",
+                "spark.driver.resource.gpu.discoveryScript": fake,
+            },
+        )
+        out = {
+            "pyspark cluster": PysparkTorch(2, local_mode=False, use_gpu=True).run(devices),
+            "cluster": TorchDistributor(2, local_mode=False, use_gpu=True).run(devices),
+            "pyspark driver": PysparkTorch(2, local_mode=True, use_gpu=True).run(devices),
+            "driver": TorchDistributor(2, local_mode=True, use_gpu=True).run(devices),
+            "cluster, no gpu": TorchDistributor(2, local_mode=False, use_gpu=False).run(devices),
+        }
+        # More ranks than the driver's GPUs: pyspark lowers num_processes to their number.
+        out["driver, 3 ranks"] = [
+            cls(3, local_mode=True, use_gpu=True).num_processes
+            for cls in (PysparkTorch, TorchDistributor)
+        ]
+        spark.stop()
+        return out
 
-def test_gpus_from_spark_task_resources(tmp_path):
-    """Its own Spark with (fake) GPUs, in a child process, as in test_backend_gpu."""
-    out = run_with_fake_gpus(GPU_CHILD, tmp_path)
-    # One Spark GPU per task, as pyspark's distributor gives them.
-    assert sorted(out["cluster"]) == sorted(out["pyspark cluster"]) == ["0", "1"]
-    # On the driver every rank sees the driver's GPUs, as torchrun's processes do
-    # (pyspark lists them in no fixed order).
-    for seen in (out["driver"], out["pyspark driver"]):
-        assert [sorted(gpus.split(",")) for gpus in seen] == [["0", "1"]] * 2
-    assert out["cluster, no gpu"] == ["", ""]
-    assert out["driver, 3 ranks"] == [2, 2]
-
-
-TWO_GPU_TASKS_CHILD = textwrap.dedent(
-    """
-    import json, sys
-    from pyspark.sql import SparkSession
-    from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorch
-    from sparkdist import HorovodRunner, NotEnoughSlotsError, TorchDistributor
-
-    fake = sys.argv[1]
-    spark = (
-        SparkSession.builder.master("local-cluster[2,2,1024]")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.worker.resource.gpu.amount", "2")
-        .config("spark.worker.resource.gpu.discoveryScript", fake)
-        .config("spark.executor.resource.gpu.amount", "2")
-        .config("spark.task.resource.gpu.amount", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
 
     def place():
         import os
@@ -314,27 +290,62 @@ TWO_GPU_TASKS_CHILD = textwrap.dedent(
         dist.destroy_process_group()
         return seen
 
-    out = {"pyspark": PysparkTorch(4, local_mode=False, use_gpu=True).run(place)}
-    for launcher in ("direct", "mpi"):
-        ours = TorchDistributor(4, local_mode=False, use_gpu=True, launcher=launcher)
-        out[launcher] = ours.run(place)
-        runner = ours._runner()
-        out[launcher + " tasks"] = runner.options.ranks_per_task
-    try:
-        HorovodRunner(np=6, ranks_per_task=2, start_timeout=5).run(place)
-    except NotEnoughSlotsError as exc:
-        out["slots"] = str(exc)
+
+    def two_gpus_per_task():
+        spark = session(
+            "local-cluster[2,2,1024]",
+            {
+                "spark.worker.resource.gpu.amount": "2",
+                "spark.executor.resource.gpu.amount": "2",
+                "spark.task.resource.gpu.amount": "2",
+            },
+        )
+        out = {"pyspark": PysparkTorch(4, local_mode=False, use_gpu=True).run(place)}
+        for launcher in ("direct", "mpi"):
+            ours = TorchDistributor(4, local_mode=False, use_gpu=True, launcher=launcher)
+            out[launcher] = ours.run(place)
+            runner = ours._runner()
+            out[launcher + " tasks"] = runner.options.ranks_per_task
+        try:
+            HorovodRunner(np=6, ranks_per_task=2, start_timeout=5).run(place)
+        except NotEnoughSlotsError as exc:
+            out["slots"] = str(exc)
+        spark.stop()
+        return out
+
+
+    # One process, one driver JVM, two Spark applications in turn (each stopped before
+    # the next starts): their configurations cannot share one SparkContext.
+    out = {"one gpu per task": one_gpu_per_task(), "two gpus per task": two_gpus_per_task()}
     print("RESULT " + json.dumps(out), flush=True)
-    spark.stop()
     """
 )
 
 
-def test_two_gpus_per_task_run_two_ranks_per_task(tmp_path):
+@pytest.fixture(scope="module")
+def fake_gpu_runs(tmp_path_factory):
+    """Both GPU layouts' runs, from one child process (its own Spark with fake GPUs): the
+    process, its imports and its driver JVM start once for the two tests below."""
+    return run_with_fake_gpus(FAKE_GPU_CHILD, tmp_path_factory.mktemp("fake-gpus"))
+
+
+def test_gpus_from_spark_task_resources(fake_gpu_runs):
+    out = fake_gpu_runs["one gpu per task"]
+    # One Spark GPU per task, as pyspark's distributor gives them.
+    assert sorted(out["cluster"]) == sorted(out["pyspark cluster"]) == ["0", "1"]
+    # On the driver every rank sees the driver's GPUs, as torchrun's processes do
+    # (pyspark lists them in no fixed order).
+    for seen in (out["driver"], out["pyspark driver"]):
+        assert [sorted(gpus.split(",")) for gpus in seen] == [["0", "1"]] * 2
+    assert out["cluster, no gpu"] == ["", ""]
+    assert out["driver, 3 ranks"] == [2, 2]
+
+
+def test_two_gpus_per_task_run_two_ranks_per_task(fake_gpu_runs):
     """spark.task.resource.gpu.amount=2: pyspark's TorchDistributor runs 4 processes as
     2 tasks of 2 (torchrun's nproc_per_node=2); so does sparkdist's, under both
     launchers, with the same rank layout and GPUs."""
-    out = run_with_fake_gpus(TWO_GPU_TASKS_CHILD, tmp_path)
+    out = fake_gpu_runs["two gpus per task"]
     expected = [
         {
             "RANK": str(rank),
