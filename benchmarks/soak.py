@@ -72,7 +72,9 @@ class SoakOptions:
         stall_timeout, so that the stall watch is what ends it."""
         scaled = fault.duration_s * self.time_scale
         if fault.kind in ("sigstop", "stuck"):
-            scaled = max(scaled, self.stall_timeout_s + 10.0)
+            # The rank is dropped about collective timeout + stall_timeout + the stacks'
+            # wait after it stops: a SIGCONT before that races the stall watch.
+            scaled = max(scaled, self.stall_timeout_s + ELASTIC_TIMEOUT_S + 20.0)
         if fault.kind == "cut_host":
             # Not below the issue's 20 s: a cut the driver does not notice (its dead-peer
             # detection takes 15 s) leaves every rank waiting for a world that never forms.
