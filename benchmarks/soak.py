@@ -91,9 +91,9 @@ class Peaks(threading.Thread):
     """Peak resident memory (MiB) of the driver's processes and of each host's
     executors (with their Python workers and ranks), sampled every second."""
 
-    def __init__(self, cluster, driver_pid: int):
+    def __init__(self, cluster, driver_pid: int, app_id: str):
         super().__init__(daemon=True)
-        self.cluster, self.driver_pid = cluster, driver_pid
+        self.cluster, self.driver_pid, self.app_id = cluster, driver_pid, app_id
         self.peaks: dict[str, float] = {}
         self.stopping = threading.Event()
 
@@ -106,12 +106,24 @@ class Peaks(threading.Thread):
                 pass
         return total / 2**20
 
+    def _executors(self, host: int) -> list:
+        """The soak application's executors on `host` and all under them (other
+        applications' executors, such as the tests' main driver's, are not counted)."""
+        found = []
+        for executor in self.cluster.executors(host):
+            try:
+                if self.app_id in " ".join(executor.cmdline()):
+                    found += [executor, *executor.children(recursive=True)]
+            except psutil.Error:
+                pass
+        return found
+
     def run(self) -> None:
         while not self.stopping.wait(1.0):
             driver = psutil.Process(self.driver_pid)
             now = {"driver": self._rss([driver, *driver.children(recursive=True)])}
             for i in range(HOSTS):
-                now[f"host {i}"] = self._rss(self.cluster.descendants(i))
+                now[f"host {i}"] = self._rss(self._executors(i))
             for who, rss in now.items():
                 self.peaks[who] = max(self.peaks.get(who, 0.0), rss)
 
@@ -181,16 +193,22 @@ def inject(injector: Injector, job, faults: list, opts: SoakOptions, start: floa
     return fired
 
 
-def leftovers(cluster, result: dict, driver_pid: int, ports_before: set[int]) -> list[str]:
-    """What the job left: rank or supervisor processes, its /tmp/sparkdist-<id>* files,
-    listening ports of the driver's processes that were not there before it."""
+def leftovers(
+    cluster, result: dict, driver_pid: int, ports_before: set[int], killed_tasks: int
+) -> list[str]:
+    """What the job left: rank or supervisor processes, listening ports of the driver's
+    processes that were not there before it, and its /tmp/sparkdist-<id>-task* folders
+    beyond the `killed_tasks` whose process was SIGKILLed (by the soak, or with a lost
+    host): a killed task cannot remove its own."""
     from checks import records, wait_all_gone, wait_no_job_processes
 
     left = [f"process {r.pid} ({r.role})" for r in wait_all_gone(records(result), 60)]
     left += wait_no_job_processes(cluster, 60)
     job_id = result.get("job_id")
     if job_id:
-        left += [str(p) for p in Path(tempfile.gettempdir()).glob(f"sparkdist-{job_id}*")]
+        files = sorted(Path(tempfile.gettempdir()).glob(f"sparkdist-{job_id}*"))
+        if len(files) > killed_tasks:
+            left += [f"{len(files)} /tmp/sparkdist-{job_id}* ({killed_tasks} tasks killed)"]
     left += [f"listening port {port}" for port in listening(driver_pid) - ports_before]
     return left
 
@@ -221,7 +239,7 @@ def run_once(cluster, remote, workdir: Path, faults: list, opts: SoakOptions, st
     wait_executors(remote, HOSTS)
     ports = listening(remote.pid)
     offset = remote.log_path.stat().st_size
-    peaks = Peaks(cluster, remote.pid)
+    peaks = Peaks(cluster, remote.pid, remote.call("app_id"))
     peaks.start()
     start = time.time()
     job = remote.submit(
@@ -248,7 +266,7 @@ def run_once(cluster, remote, workdir: Path, faults: list, opts: SoakOptions, st
         "fired": fired,
         "log": text,
         "peaks": peaks.peaks,
-        "left": leftovers(cluster, result, remote.pid, ports),
+        "left": leftovers(cluster, result, remote.pid, ports, injector.killed_tasks()),
         "slots_s": slots_s,
     }
 

@@ -154,6 +154,8 @@ class Injector:
         self.threads: list[threading.Thread] = []
         """Threads that stop a host's worker: done before it is brought back."""
         self.stopped: set[int] = set()
+        self.released = 0
+        self.hosts_lost = 0
         self.tasks: dict[int, int] = {}
         """rank pid -> the pid of the Python worker of its Spark task."""
         self.lock = threading.Lock()
@@ -214,7 +216,13 @@ class Injector:
                 if alive(task):
                     _signal(task, signal.SIGKILL)
                     ended.append(task)
+        self.released += len(ended)
         return ended
+
+    def killed_tasks(self) -> int:
+        """How many Spark tasks were SIGKILLed: those `release_slots` ended, and one with
+        each host lost (one slot a host)."""
+        return self.released + self.hosts_lost
 
     def _host(self, fault: Fault, fired: Fired, spare_master: bool) -> int:
         hosts = [i for i in self.hosts_up() if not (spare_master and i == 0)]
@@ -299,12 +307,14 @@ class Injector:
         host = self._host(fault, fired, spare_master=False)
         with self.lock:
             self.down.add(host)
+            self.hosts_lost += 1
         self._background(lambda: self.cluster.stop_worker(host))
 
     def _notice(self, fault: Fault, duration_s: float, fired: Fired) -> None:
         host = self._host(fault, fired, spare_master=False)
         with self.lock:
             self.down.add(host)
+            self.hosts_lost += 1
         self.cluster.decommission_worker(host)
 
         def kill_later() -> None:

@@ -32,11 +32,14 @@ ROW_FEATURES = 8
 
 
 def rows(count: int):
-    """The generated rows: x (count x 8) and y, the same on every rank and in every run."""
+    """The generated rows: x (count x 8) and y, the same on every rank and in every run;
+    y has noise, so that the final loss is not near 0 (where 0.5 % means nothing)."""
     import torch
 
-    x = torch.randn(count, ROW_FEATURES, generator=torch.Generator().manual_seed(0))
-    return x, x @ torch.arange(1.0, ROW_FEATURES + 1.0) + 0.5
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(count, ROW_FEATURES, generator=generator)
+    noise = torch.randn(count, generator=generator)
+    return x, x @ torch.arange(1.0, ROW_FEATURES + 1.0) + 0.5 + noise
 
 
 def _obey(control_dir: str, pid: int, step_s: float) -> None:

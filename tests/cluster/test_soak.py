@@ -1,0 +1,59 @@
+"""The short chaos soak (issue 64) on the session's namespaced cluster: every fault kind
+of the issue's table once, in an order drawn from a fixed seed, done to an in-process
+elastic DDP job (benchmarks/soak.py, tests/cluster/soak_job.py) at a quarter of the
+issue's durations; then the fault-free control to the same step; every invariant of the
+issue asserted.
+
+What a fault takes away comes back (hosts, links, the disk), so later tests see three
+live workers and the main driver one executor on each host.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from remote_driver import RemoteDriver
+from test_elastic_cluster import restore_one_executor_per_host, submit_conf, wait_executors
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import soak  # noqa: E402
+import soak_schedule as schedule  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+SEED = 64
+TIME_SCALE = 0.25
+
+
+@pytest.fixture(scope="module")
+def soak_driver(cluster, driver):
+    """An application with one executor on each host that takes decommission notices (it
+    asks for the main driver first, so that the main one's executors are placed first)."""
+    with submit_conf(soak.driver_conf()):
+        remote = RemoteDriver(cluster, "soak", cores=3)
+    try:
+        wait_executors(remote, 3)
+        yield remote
+    finally:
+        remote.close()
+
+
+@pytest.mark.timeout(1500)
+def test_short_soak_every_fault_kind_once(cluster, driver, soak_driver, tmp_path):
+    faults = schedule.every_kind(SEED, gap_s=5.0)
+    opts = soak.SoakOptions(time_scale=TIME_SCALE, step_s=0.2)
+    out = soak.soak(cluster, soak_driver, faults, opts, tmp_path)
+    print(schedule.describe(faults))
+    print(soak.summary(out))
+    print(soak.last_line(out, SEED))
+
+    assert out["faults"] == {kind: 1 for kind in schedule.KINDS}, out["table"]
+    assert all(row["survived"] == 1 for row in out["kinds"].values()), out["table"]
+    failed = {name: c["why"] for name, c in out["invariants"].items() if not c["ok"]}
+    assert not failed, failed
+    everywhere = [cluster.address(i) for i in range(3)]
+    assert cluster.alive_worker_hosts() == everywhere
+    assert restore_one_executor_per_host(cluster, driver) == everywhere
