@@ -323,6 +323,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
         "target reached": checks.check_target(result, target),
         "commits": checks.check_steps(steps, target, fired, per_fault=1),
         "rows once an epoch": checks.check_rows(steps, opts.rows, opts.global_batch),
+        "the control's rows": checks.check_same_rows(steps, control["steps"]),
         "final weights and loss": checks.check_final(result, control["result"]),
         "silent ranks dropped": checks.check_silent(
             fired, soaked["log"], opts.stall_timeout_s, opts.step_s, ELASTIC_TIMEOUT_S

@@ -84,6 +84,17 @@ def check_rows(steps: list[dict], rows: int, global_batch: int) -> tuple[bool, s
     return True, f"{len(epochs)} epochs, each row once, {global_batch} rows a step"
 
 
+def check_same_rows(steps: list[dict], control: list[dict]) -> tuple[bool, str]:
+    """Every committed step read the rows the control's step of that number read: the
+    condition under which the final weights can equal the control's."""
+    mine = {row["step"]: sorted(row["ids"]) for row in committed(steps)[0]}
+    theirs = {row["step"]: sorted(row["ids"]) for row in committed(control)[0]}
+    other = [step for step, ids in mine.items() if theirs.get(step) != ids]
+    if other:
+        return False, f"{len(other)} steps read other rows than the control's: {other[:5]}"
+    return True, f"{len(mine)} steps read the control's rows"
+
+
 def final_values(result: dict) -> list[dict]:
     return [v for v in result.get("values") or [] if v is not None]
 

@@ -58,3 +58,10 @@ def test_recovery_is_timed_to_the_first_step_of_a_world_formed_after_the_fault()
     assert checks.recovery_s(fired(3.5), None, STEPS) == 1.5
     assert checks.percentile([1.0, 2.0, 3.0, 10.0], 0.5) == 2.0
     assert checks.percentile([1.0, 2.0, 3.0, 10.0], 0.99) == 10.0
+
+
+def test_each_step_reads_the_control_s_rows():
+    assert checks.check_same_rows(STEPS, STEPS[:2] + STEPS[3:])[0]
+    other = [*STEPS[:4], step(4, 6.0, 1, [0, 1, 2, 7])]
+    ok, why = checks.check_same_rows(other, STEPS)
+    assert not ok and "[4]" in why
