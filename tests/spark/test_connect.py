@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import TEST_JVM_OPTIONS, free_port
+from helpers import free_port
 
 from sparkdist.spark.connect_server import LocalConnectServer
 
@@ -34,15 +34,8 @@ UI_PORT = free_port()
 def connect_url(tmp_path_factory):
     log = tmp_path_factory.mktemp("connect") / "server.log"
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    conf = {
-        "spark.ui.enabled": "true",
-        "spark.ui.port": str(UI_PORT),
-        # spark-submit gives SPARK_SUBMIT_OPTS to the server's JVM but ignores pyspark's
-        # PYSPARK_SUBMIT_ARGS: the executors get the tests' JVM options only from this (a
-        # server, two clients' jobs, stopped: 90 -> 68 CPU-s here).
-        "spark.executor.defaultJavaOptions": TEST_JVM_OPTIONS,
-    }
-    server = LocalConnectServer(log_path=log, env={"PYTHONPATH": pythonpath}, conf=conf)
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)}
+    server = LocalConnectServer(log_path=log, env={"PYTHONPATH": pythonpath}, conf=ui)
     server.start()
     yield server.url
     server.stop()
