@@ -110,7 +110,11 @@ class Peaks(threading.Thread):
         """The soak application's executors on `host` and all under them (other
         applications' executors, such as the tests' main driver's, are not counted)."""
         found = []
-        for executor in self.cluster.executors(host):
+        try:
+            executors = self.cluster.executors(host)
+        except psutil.Error:  # the host's worker is lost
+            return []
+        for executor in executors:
             try:
                 if self.app_id in " ".join(executor.cmdline()):
                     found += [executor, *executor.children(recursive=True)]
