@@ -261,6 +261,17 @@ def still_alive(runner) -> list:
     return running
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still exists. A zombie counts: a rank its supervisor has not
+    reaped means the supervisor lives on (a test's own child that it never waits for
+    needs a zombie-aware check instead, as test_connect's server has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
 
     deadline = time.monotonic() + timeout_s

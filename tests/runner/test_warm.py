@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import interrupt_once_ranks_ran
+from helpers import interrupt_once_ranks_ran, pid_alive
 
 from sparkdist import HorovodRunner, JobTimeoutError, RankFailedError
 from sparkdist.protocol import messages, wire
@@ -111,18 +111,10 @@ def _gone(pids, timeout_s=30.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     alive = list(pids)
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
+        alive = [p for p in alive if pid_alive(p)]
         if alive:
             time.sleep(0.1)
     return alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _wait_released(world: warm.WarmWorld, timeout_s: float = 60.0) -> None:
@@ -357,7 +349,7 @@ def test_a_killed_driver_or_stopped_session_leaves_no_rank_or_task(tmp_path, end
         line = driver.stdout.readline().decode()
         pids = [int(p) for p in line.split()]
         assert pids, "the driver's warm run recorded no process"
-        assert [p for p in pids if _alive(p)] == pids  # warm: still there after the run
+        assert [p for p in pids if pid_alive(p)] == pids  # warm: still there after the run
         if end == "stop":  # the driver lives on: its world's processes end
             assert driver.stdout.readline().decode().strip() == "released"
             left = _gone(pids, timeout_s=30.0)

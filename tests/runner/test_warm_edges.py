@@ -16,7 +16,7 @@ import os
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import pid_alive, wait_for
 
 from sparkdist import HorovodRunner, JobStalledError
 
@@ -29,7 +29,6 @@ def silent_after_relaunch(marker: str) -> int:
     """First attempt: launch rank 0 dies of SIGKILL (its peer waits, silent, to be
     stopped). The relaunched attempt: rank 1 writes `marker` and waits for ever in
     silence; rank 0 returns."""
-    import os
     import signal
     import threading
 
@@ -62,12 +61,4 @@ def test_a_warm_world_relaunched_mid_run_watches_its_new_ranks_for_stalls(sc, tm
     assert "silent_after_relaunch" in str(stalled.value)  # rank 1's stacks
     warned = [r.getMessage() for r in caplog.records if "stall_warning=4" in r.getMessage()]
     assert warned, caplog.text
-    wait_for(lambda: not _alive(int(marker.read_text())), "the silent rank to stop", 30)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    wait_for(lambda: not pid_alive(int(marker.read_text())), "the silent rank to stop", 30)

@@ -15,7 +15,7 @@ import os
 import signal
 
 import psutil
-from helpers import wait_for
+from helpers import pid_alive, wait_for
 
 from sparkdist import HorovodRunner, RankFailedError
 from sparkdist.runner.driver import warm
@@ -37,7 +37,7 @@ def _lose_task_1(first: list[dict]) -> None:
     worker = first[1]["worker"]
     assert "python" in " ".join(psutil.Process(worker).cmdline())
     os.kill(worker, signal.SIGKILL)
-    wait_for(lambda: not _alive(first[1]["pid"]), "rank 1 to go with its task", 30)
+    wait_for(lambda: not pid_alive(first[1]["pid"]), "rank 1 to go with its task", 30)
 
 
 def test_a_fixed_world_that_lost_a_host_while_idle_is_replaced_at_the_next_run(sc):
@@ -50,7 +50,7 @@ def test_a_fixed_world_that_lost_a_host_while_idle_is_replaced_at_the_next_run(s
         second = runner.run_all(where)
     assert {r["pid"] for r in second}.isdisjoint(r["pid"] for r in first)
     assert [r["rank"] for r in second] == [0, 1]
-    wait_for(lambda: not _alive(first[0]["pid"]), "the old world's rank 0 to end", 30)
+    wait_for(lambda: not pid_alive(first[0]["pid"]), "the old world's rank 0 to end", 30)
 
 
 def test_an_elastic_world_that_lost_a_host_while_idle_relaunches_for_the_next_run(sc):
@@ -124,11 +124,3 @@ def test_a_run_right_after_an_idle_world_lost_a_host_fails_clearly_or_runs_anew(
             second = runner.run_all(where)
     assert [r["rank"] for r in second] == [0, 1]
     assert {r["pid"] for r in second}.isdisjoint(r["pid"] for r in first)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
