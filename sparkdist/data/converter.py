@@ -103,6 +103,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        rank_split: str = "contiguous",
         features: Mapping[str, Sequence[str] | str] | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int = 0,
@@ -122,24 +123,23 @@ class SparkDatasetConverter:
 
         Batches are ``{column: tensor}`` (or what ``collate_fn`` makes of a ``{column: numpy
         array}`` batch), of the converter's ``tensor_types``. Rank ``cur_shard`` of ``shard_count``
-        (default: this rank, from env RANK / WORLD_SIZE or Horovod's or MPI's, else the whole data)
+        (default: this rank, from env RANK / WORLD_SIZE, Horovod's or MPI's, else all the data)
         reads its equal slice of each epoch's global order: every rank gets the same number of
         batches (padded, or ``drop_last``); ``pad_column="is_pad"`` marks the padded rows in each
         batch. ``global_batch_size=G``: G rows a step for the world, whatever its size, each row
-        weighted in ``weight_column`` (docs/data.md, "A global batch"). ``features={"x": ["f0", ...,
-        "f63"]}`` (or a pattern, ``r"f\\d+"``) stacks those columns into one ``[batch, 64]`` tensor
-        ``x`` as the rows are decoded (docs/data.md, "Wide tables"). ``shuffle`` (or petastorm's
-        ``shuffling_queue_capacity``) draws a new global order each epoch from ``seed`` (the same on
-        every rank, 0 by default). Each iteration reads ``num_epochs`` epochs (None: forever) from
-        the loader's position, which ``state_dict()`` / ``load_state_dict()`` save and restore.
-        ``transform_spec`` is a `TransformSpec`; ``workers_count`` threads decode side by side
-        (default: the rank's share of the cores); a thread reads ``prefetch`` decoded chunks (about
-        8 MiB each, 2 MiB shuffled) ahead (0: none; petastorm's ``reader_pool_type="dummy"`` is
-        neither); ``num_workers`` / ``pin_memory`` / other keywords go to DataLoader.
-        ``data_loader_fn`` makes the loader instead, called as petastorm calls it:
-        ``data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...)``
-        (`BatchedDataLoader` is the default). ``device``: batches handed out there
-        (`DevicePrefetcher`).
+        weighted in ``weight_column`` (docs/data.md, "A global batch"); ``rank_split="per_step"``:
+        step ``s`` reads the same G rows in any world (docs/data.md, "The same steps in any world").
+        ``features={"x": ["f0", ..., "f63"]}`` (or a pattern, ``r"f\\d+"``) stacks those columns
+        into one ``[batch, 64]`` tensor ``x`` as the rows are decoded (docs/data.md, "Wide tables").
+        ``shuffle`` (or petastorm's ``shuffling_queue_capacity``) draws a new global order each
+        epoch from ``seed`` (the same on every rank, default 0). Each iteration reads ``num_epochs``
+        epochs (None: forever) from the loader's position, which ``state_dict()`` /
+        ``load_state_dict()`` save and restore. ``transform_spec`` is a `TransformSpec`;
+        ``workers_count`` threads decode side by side (default: the rank's share of the cores); a
+        thread reads ``prefetch`` decoded chunks ahead (0: none); ``num_workers`` / ``pin_memory`` /
+        other keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
+        petastorm calls it (``reader=``, ``batch_size=``, ``shuffling_queue_capacity=``; default:
+        `BatchedDataLoader`). ``device``: batches handed out there (`DevicePrefetcher`).
         """
         options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
         _check_device(device, data_loader_fn, self._use_petastorm(options))
@@ -165,6 +165,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        rank_split: str = "contiguous",
         features: Mapping[str, Sequence[str] | str] | None = None,
         shuffle_buffer_rows: int | None = None,
         shuffling_queue_capacity: int | None = None,
@@ -178,9 +179,9 @@ class SparkDatasetConverter:
         A ``tf.compat.v1`` dataset, as petastorm's (TF1's ``make_one_shot_iterator()``
         works). ``batch_size=None`` means 32, as in petastorm; ``prefetch=None`` means
         AUTOTUNE. The other arguments and the guarantees (equal steps, global shuffle,
-        position, ``pad_column``) are those of ``make_torch_dataloader``;
-        ``dataset.steps_per_epoch`` is the number of batches per epoch on every rank, for
-        Keras ``fit``.
+        position, ``pad_column``, ``global_batch_size`` and ``rank_split``) are those of
+        ``make_torch_dataloader``; ``dataset.steps_per_epoch`` is the number of batches per
+        epoch on every rank, for Keras ``fit``.
         """
         options = ReadOptions.of(
             locals(),
@@ -212,6 +213,7 @@ class SparkDatasetConverter:
         pad_column: str | None = None,
         global_batch_size: int | None = None,
         weight_column: str = "row_weight",
+        rank_split: str = "contiguous",
         features: Mapping[str, Sequence[str] | str] | None = None,
         cur_shard: int | None = None,
         shard_count: int | None = None,
@@ -225,9 +227,10 @@ class SparkDatasetConverter:
 
         Neither torch nor TensorFlow is imported: for JAX, scikit-learn or plain numpy.
         The arguments and the guarantees (equal steps, global shuffle, the position with
-        ``len()``, ``epoch``, ``state_dict()`` / ``load_state_dict()``, ``pad_column``) are
-        those of ``make_torch_dataloader``; the arrays are the caller's to write to. A new
-        API, so every argument but ``batch_size`` is given by keyword.
+        ``len()``, ``epoch``, ``state_dict()`` / ``load_state_dict()``, ``pad_column``,
+        ``global_batch_size`` and ``rank_split``) are those of ``make_torch_dataloader``;
+        the arrays are the caller's to write to. A new API, so every argument but
+        ``batch_size`` is given by keyword.
         """
         options = ReadOptions.of(locals(), writable=True)
         return ReaderContext(self.layout, options, NumpyBatches)

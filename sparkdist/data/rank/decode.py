@@ -185,13 +185,9 @@ class WindowDecoder:
         if epoch_order.shuffle:
             yield from self._read_shuffled(epoch_order, window, ranges, scratch, pool)
             return
-        # The files' own order: each range is a run of consecutive rows, streamed.
-        bounds = np.cumsum([0] + [block.rows for block in window.blocks])
-        for lo, hi in ranges:
-            for index, block in enumerate(window.blocks):
-                start, stop = max(lo, bounds[index]), min(hi, bounds[index + 1])
-                if start < stop:
-                    yield from self._stream(block, start - bounds[index], stop - bounds[index])
+        # The files' own order: the ranges' rows of each row group, streamed in one pass.
+        for index, run in _runs(ranges, [block.rows for block in window.blocks]):
+            yield from self._stream(window.blocks[index], run)
 
     def _batches(self, block: order.Block, rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """The row group's rows, ``rows`` at a time (Arrow decodes a batch's columns on
@@ -203,21 +199,28 @@ class WindowDecoder:
             rows or self.chunk_rows, row_groups=[block.row_group], columns=names
         )
 
-    def _stream(self, block: order.Block, start: int, stop: int) -> Iterator[Chunk]:
-        """Rows ``[start, stop)`` of one row group, in chunks of about ``chunk_rows``.
+    def _stream(self, block: order.Block, ranges: list[tuple[int, int]]) -> Iterator[Chunk]:
+        """The rows of ``ranges`` (increasing ``[start, stop)`` of one row group), in chunks
+        of at most ``chunk_rows``, in one pass over the row group (a per-step split has a
+        range a step in it).
 
         Spark writes row groups of up to 128 MiB: decoding one whole, then copying it for
         torch, costs fresh memory (page faults) that a streaming read reuses, and reads
-        the rows after ``stop`` that the rank does not want.
+        the rows after the last range that the rank does not want.
         """
-        offset = 0
+        index, offset = 0, 0
         for batch in self._batches(block):
-            rows = batch.num_rows
-            lo, hi = max(start - offset, 0), min(stop - offset, rows)
-            if lo < hi:
-                yield self._decode(batch.slice(lo, hi - lo))
-            offset += rows
-            if offset >= stop:
+            end, parts = offset + batch.num_rows, []
+            while index < len(ranges) and ranges[index][0] < end:
+                lo, hi = ranges[index]
+                parts.append((max(lo, offset) - offset, min(hi, end) - offset))
+                if hi > end:  # it goes on in the next batch
+                    break
+                index += 1
+            if parts:
+                yield self._decode(_picked(batch, parts))
+            offset = end
+            if index == len(ranges):
                 return
 
     def _decode(self, batch: pa.RecordBatch) -> Chunk:
@@ -352,6 +355,35 @@ class WindowDecoder:
         parquet = fs.open_parquet(self.layout.file_urls[block.file_index])
         table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
         return to_numpy_chunk(table, columns)
+
+
+def _runs(ranges: list, block_rows: Sequence[int]) -> Iterator[tuple[int, list]]:
+    """``ranges`` (positions in a window of the files' order) cut at its row groups' edges,
+    in order, as runs of increasing ranges inside one row group: ``(row group's index in
+    the window, [(start, stop), ...])``; a range that goes back (a pad) starts a new run."""
+    bounds = np.cumsum([0, *block_rows]).tolist()
+    current, run = -1, []
+    for lo, hi in ranges:
+        for index in range(len(block_rows)):
+            start, stop = max(lo, bounds[index]), min(hi, bounds[index + 1])
+            if start >= stop:
+                continue
+            local = (start - bounds[index], stop - bounds[index])
+            if index != current or local[0] < run[-1][1]:
+                if run:
+                    yield current, run
+                current, run = index, []
+            run.append(local)
+    if run:
+        yield current, run
+
+
+def _picked(batch: pa.RecordBatch, parts: list[tuple[int, int]]) -> pa.RecordBatch:
+    """The rows of ``parts`` (increasing ``[lo, hi)``) of ``batch``: a slice if one."""
+    if len(parts) == 1:
+        lo, hi = parts[0]
+        return batch.slice(lo, hi - lo)
+    return batch.take(pa.array(np.concatenate([np.arange(lo, hi) for lo, hi in parts])))
 
 
 @dataclass(frozen=True)

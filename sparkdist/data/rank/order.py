@@ -15,6 +15,12 @@ between ranks. Equal steps: every slice has ``ceil(R/W)`` rows, the last ones pa
 repeating the first rows of the remaining order (as torch's DistributedSampler pads), or
 ``floor(R/W)`` rows with ``drop_last`` (the tail is not read this epoch).
 
+With a global batch of G rows (`GlobalSplit`) the default split stays contiguous: rank
+``r`` reads one contiguous part of what is left, so which rows a step reads depends on the
+world's size. ``rank_split="per_step"`` makes step ``s`` read exactly positions ``[s*G,
+(s+1)*G)`` of what is left, whatever the world's size, rank ``r`` the ``r``-th part of each
+step (`per_step_rank_slice`); every rank then touches every window of the order.
+
 Position: ranks step in lockstep (one batch each per step, as DDP/Horovod/TF allreduce
 force), so after ``s`` steps of batch ``b`` every rank has read the first ``min(s*b,
 slice)`` rows of its slice, and the world has consumed ``W * s * b`` rows (less at the end
@@ -162,13 +168,26 @@ def total(intervals: Sequence[Interval]) -> int:
 
 def take(intervals: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
     """Positions ``[lo, hi)`` of the sequence the intervals make, as intervals."""
-    out, offset = [], 0
-    for start, stop in intervals:
-        n = stop - start
-        a, b = max(lo - offset, 0), min(hi - offset, n)
-        if a < b:
-            out.append((start + a, start + b))
-        offset += n
+    return take_many(intervals, [(lo, hi)])
+
+
+def take_many(intervals: Sequence[Interval], ranges: Sequence[Interval]) -> list[Interval]:
+    """Positions of each of ``ranges`` (increasing, apart) of the sequence the intervals
+    make, as intervals, in one pass over both: a per-step slice has an interval a step."""
+    out: list[Interval] = []
+    index, offset = 0, 0  # the interval ``index`` starts at ``offset`` in the sequence
+    for lo, hi in ranges:
+        while index < len(intervals) and offset + intervals[index][1] - intervals[index][0] <= lo:
+            offset += intervals[index][1] - intervals[index][0]
+            index += 1
+        at, base = index, offset
+        while at < len(intervals) and base < hi:
+            start, stop = intervals[at]
+            a, b = max(lo - base, 0), min(hi - base, stop - start)
+            if a < b:
+                out.append((start + a, start + b))
+            base += stop - start
+            at += 1
     return out
 
 
@@ -289,6 +308,53 @@ def global_left_after(
     return _merge(left)
 
 
+def per_step_rank_slice(
+    remaining: Sequence[Interval], rank: int, world: int, global_batch: int, drop_last: bool
+) -> list[Interval]:
+    """Rank ``rank``'s rows when step ``s`` reads positions ``[s*G, (s+1)*G)`` of the
+    remaining order whatever the world's size: the ``rank``-th part of each step, shared as
+    `GlobalSplit` shares it (a pad, the first row, where the last step leaves it none)."""
+    split = global_split(total(remaining), world, global_batch, drop_last)
+    if not split.steps:
+        return []
+    offset, share = sum(split.share[:rank]), split.share[rank]
+    wanted = [
+        (s * global_batch + offset, s * global_batch + offset + share)
+        for s in range(split.steps - 1)
+    ]
+    last = (split.steps - 1) * global_batch + sum(split.last[:rank])
+    wanted.append((last, last + split.last[rank]))
+    own = _merge(take_many(remaining, wanted))
+    if not split.last[rank]:
+        own += take(remaining, 0, 1)  # a pad, so that this rank takes the last step too
+    return own
+
+
+def per_step_left_after(
+    remaining: Sequence[Interval], global_batch: int, drop_last: bool, steps: int
+) -> list[Interval]:
+    """What is left once the world took ``steps`` steps of ``global_batch`` rows, each the
+    next rows of the remaining order: the same for every world size."""
+    size = total(remaining)
+    if steps >= global_split(size, 1, global_batch, drop_last).steps:
+        return []  # the epoch is read (with ``drop_last``, its tail is not this epoch)
+    return take(remaining, steps * global_batch, size)
+
+
+RANK_SPLITS = ("contiguous", "per_step")
+
+
+def check_rank_split(rank_split: str, global_batch_size: int | None) -> None:
+    """Refuse an unknown split, and a per-step split without a global batch to step by."""
+    if rank_split not in RANK_SPLITS:
+        raise ValueError(f"rank_split must be one of {RANK_SPLITS}, not {rank_split!r}")
+    if rank_split == "per_step" and global_batch_size is None:
+        raise ValueError(
+            'rank_split="per_step" splits each step of global_batch_size rows among the ranks: '
+            "give global_batch_size too"
+        )
+
+
 @dataclass
 class Position:
     """Where the world is: epoch, and what is left of the epoch's global order.
@@ -298,7 +364,8 @@ class Position:
     a resize. It counts the batches this rank has handed out since the epoch (or the
     resume) started, and assumes every rank handed out as many (lockstep). With
     ``global_batch_size`` a step is that many rows for the whole world, whatever its size
-    (`GlobalSplit`), and ``batch_size`` is not used.
+    (`GlobalSplit`), and ``batch_size`` is not used; ``rank_split="per_step"`` makes a
+    step's rows those of the same step of any other world (`per_step_rank_slice`).
     """
 
     num_rows: int
@@ -311,11 +378,13 @@ class Position:
     remaining: list[Interval] = field(default_factory=list)
     batches: int = 0  # handed out in this epoch since `remaining` was set
     global_batch_size: int | None = None
+    rank_split: str = "contiguous"
 
     def __post_init__(self) -> None:
         if not self.remaining:
             self.remaining = [(0, self.num_rows)] if self.num_rows else []
         check_global_batch(self.global_batch_size, self.world)
+        check_rank_split(self.rank_split, self.global_batch_size)
 
     def split(self) -> GlobalSplit:
         """The world's steps over what is left (only with ``global_batch_size``)."""
@@ -334,6 +403,10 @@ class Position:
         return dataclasses.replace(self, remaining=list(self.remaining))
 
     def slice(self) -> list[Interval]:
+        if self.rank_split == "per_step":
+            return per_step_rank_slice(
+                self.remaining, self.rank, self.world, self.global_batch_size, self.drop_last
+            )
         if self.global_batch_size is not None:
             return global_rank_slice(
                 self.remaining, self.rank, self.world, self.global_batch_size, self.drop_last
@@ -377,6 +450,10 @@ class Position:
         self.batches = 0
 
     def _left(self) -> list[Interval]:
+        if self.rank_split == "per_step":
+            return per_step_left_after(
+                self.remaining, self.global_batch_size, self.drop_last, self.batches
+            )
         if self.global_batch_size is not None:
             return global_left_after(
                 self.remaining, self.world, self.global_batch_size, self.drop_last, self.batches
@@ -456,10 +533,8 @@ def wanted_intervals(
         return list(rank_slice)
     rows = total(rank_slice)
     first = (worker - batches_before) % workers
-    out: list[Interval] = []
-    for start in range(first * batch_size, rows, workers * batch_size):
-        out += take(rank_slice, start, min(start + batch_size, rows))
-    return out
+    starts = range(first * batch_size, rows, workers * batch_size)
+    return take_many(rank_slice, [(start, min(start + batch_size, rows)) for start in starts])
 
 
 @dataclass(frozen=True)

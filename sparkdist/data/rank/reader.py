@@ -60,8 +60,10 @@ class ReadOptions:
     every batch, True on the rows repeated to keep the steps equal (a metric leaves them
     out). ``global_batch_size`` makes a step that many rows for the whole world, whatever
     its size (`order.GlobalSplit`); the batches then carry ``weight_column``, each row's
-    weight in the step's mean (`global_weights`). ``features`` stacks named scalar columns
-    into one ``[batch, k]`` array each (`row_block.resolve_stacks`).
+    weight in the step's mean (`global_weights`); ``rank_split="per_step"`` makes a step's
+    rows the same whatever the world's size (`order.per_step_rank_slice`). ``features``
+    stacks named scalar columns into one ``[batch, k]`` array each
+    (`row_block.resolve_stacks`).
     """
 
     batch_size: int = 32
@@ -81,6 +83,7 @@ class ReadOptions:
     pad_column: str | None = None
     global_batch_size: int | None = None
     weight_column: str = "row_weight"
+    rank_split: str = "contiguous"
     features: Any = None  # {name: [columns] or a pattern}, kept as (name, columns) pairs
     # Whether the shard is the environment's (`rank_place.default_shard`): the reader then
     # follows the environment's place from iteration to iteration.
@@ -101,6 +104,7 @@ class ReadOptions:
         if self.workers_count is not None and self.workers_count < 1:
             raise ValueError(f"workers_count must be None or at least 1, got {self.workers_count}")
         order.check_global_batch(self.global_batch_size, self.shard_count)
+        order.check_rank_split(self.rank_split, self.global_batch_size)
         object.__setattr__(self, "features", row_block.frozen_features(self.features))
 
     @classmethod
@@ -192,6 +196,7 @@ class ShardReader:
             batch_size=self.batch_size,
             drop_last=options.drop_last,
             global_batch_size=options.global_batch_size,
+            rank_split=options.rank_split,
         )
         log_shares(self.position, self.options.weight_column)
         if self.num_epochs is None and self.position.batches_in_epoch() == 0:
