@@ -363,7 +363,8 @@ class FailureTracker:
         reported can be a consequence: when a rank is killed, its peers' collectives
         raise at about the same moment as its death is reported. A Spark task lost at any
         time (its executor or host gone) counts, and so does a rank that died of a signal
-        without raising when it was the first failure. Call it after the job stopped.
+        without raising when it was the first failure (in an elastic job, as a world in
+        process takes it: any non-zero end without raising). Call it after the job stopped.
         """
         with self._cond:
             if self._first is not None and self._first.task_raised:
@@ -381,7 +382,8 @@ class FailureTracker:
             if first is not None and first.rank is not None:
                 state = self.ranks.by_rank[first.rank]
                 code = state.exit_code
-                if state.traceback is None and code is not None and code < 0:
+                lost = code is not None and (code < 0 or self._membership.min_np is not None)
+                if state.traceback is None and code != 0 and lost:  # elastic: os._exit too
                     return self._describe(first)
             return None
 

@@ -374,9 +374,11 @@ class StallWatch:
         self._stop.set()
 
     def _drop_stopped(self, answers: dict[int, RankStacks], text: str, idle: float) -> bool:
-        """An in-process elastic world's members that hold the others back (`stacks.
-        stopped`): name each, with why, kill it and let the world re-form without it.
-        False when there is none, or the world cannot go on without them."""
+        """An elastic world's members that hold the others back (`stacks.stopped`): name
+        each, with why, kill it and let the world re-form without it (in process), or
+        relaunch from its checkpoint (the relaunch path: its death is a loss like any
+        killed rank's; only with a `stall_timeout` given). False when there is none, or
+        the world cannot go on without them."""
         state, membership = self.state, self.state.membership
         with state.cond:
             if membership.min_np is None:
@@ -386,8 +388,10 @@ class StallWatch:
             chosen = stopped(answers, members).items()
             dropped = {r: why for r, why in chosen if links[r] is not None}
             left = len(members) - len(dropped)  # the world re-forms in process without them
-            if not dropped or left < membership.min_np or not membership.in_process(dropped):
+            in_process = membership.in_process(dropped)
+            if not dropped or left < membership.min_np or (self.default and not in_process):
                 return False
+        goes_on = "the world goes on without it" if in_process else "the job relaunches"
         limit = f"stall_timeout={self.timeout_s:g}"
         for rank, why in dropped.items():
             host = answers[rank].host
@@ -396,7 +400,7 @@ class StallWatch:
             )
             said = (
                 f"rank {rank} (host {host}) is silent: no sign of life for {idle:.0f}s "
-                f"({limit}); {why}. It is killed; the world goes on without it."
+                f"({limit}); {why}. It is killed; {goes_on}."
             )
             state.console.keep(rank, [f"[sparkdist] {said}"])
             self.announce(f"sparkdist job {self.job_id}: {said}")
