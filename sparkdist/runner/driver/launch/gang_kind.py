@@ -17,7 +17,11 @@ In process (every rank in `sparkdist.elastic.run`, the direct launcher; an elast
 whose launcher is "auto" gets "direct"): a lost rank is dropped from the running world
 (`membership.py`; counted by `max_failures` like a relaunch), and the tasks standing by
 are seated into the running attempt as new tasks with fresh launch ranks
-(`change_in_process`); the survivors keep their processes either way.
+(`change_in_process`); the survivors keep their processes either way. A task whose every
+rank the world went on without, while its executor lives, is told to end, so that its
+slot goes back to Spark, and one more task is submitted in its place (`_SlotReturns`):
+it checks in and stands by, and the world grows back into it. The task ends well, so
+`spark.task.maxFailures` counts none of these.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 
 from sparkdist.errors import SparkdistError
 from sparkdist.network import join_address
+from sparkdist.protocol import messages
 from sparkdist.protocol.processes import ProcessRecord
 from sparkdist.runner.driver import notices
 from sparkdist.runner.driver.failures import Relaunch, RelaunchBudget, WorldChange
@@ -37,6 +42,7 @@ from sparkdist.runner.driver.job_state import JobState
 from sparkdist.runner.driver.launch.api import AttemptPlan, World
 from sparkdist.runner.driver.launch.barrier import wait_local_gone
 from sparkdist.runner.driver.launch.gang import Gang
+from sparkdist.runner.driver.records import send
 from sparkdist.runner.driver.service import DriverService
 from sparkdist.runner.task.spark_task import run_gang_task
 from sparkdist.spark import Cluster, job_tag, spark_error_summary
@@ -124,6 +130,7 @@ class GangKind:
             auto,
         )
         seated = _SeatedWorld(tasks, gang, state, watcher, driver, len(chosen))
+        watcher.returns = _SlotReturns(state, tasks, seated)
         return World(state, service, seated, started)
 
     def _size(self) -> int:
@@ -166,7 +173,8 @@ class GangKind:
 
 
 class _TaskJob:
-    """The attempt's Spark job of plain tasks, run from a thread."""
+    """The attempt's Spark jobs of plain tasks, each run from a thread: the first of
+    `max` tasks, and one more for each task that gave its slot back (`add`)."""
 
     def __init__(
         self, cluster: Cluster, template, gang: Gang, num_tasks: int, tag: str, description: str
@@ -177,15 +185,26 @@ class _TaskJob:
         self.state: JobState | None = None
         self.cancelled = False
         self.gang = gang
-        task = functools.partial(run_gang_task, template, gang.address)
-        self._thread = threading.Thread(
-            target=self._run, args=(num_tasks, task), name=tag, daemon=True
-        )
-        self._thread.start()
+        self._task = functools.partial(run_gang_task, template, gang.address)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.add(num_tasks)
 
-    def _run(self, num_tasks: int, task) -> None:
+    def add(self, num_tasks: int) -> None:
+        """Submit `num_tasks` more tasks, in a Spark job of their own with the same tag
+        (so that `stop` cancels it too); none once stopped."""
+        with self._lock:
+            if self.cancelled:
+                return
+            thread = threading.Thread(
+                target=self._run, args=(num_tasks,), name=self.tag, daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _run(self, num_tasks: int) -> None:
         try:
-            self.cluster.run_tasks(num_tasks, task, self.tag, self.description)
+            self.cluster.run_tasks(num_tasks, self._task, self.tag, self.description)
         except BaseException as exc:  # noqa: BLE001 - reported through the job's state
             if self.cancelled:
                 logger.debug("elastic tasks %s ended: %s", self.tag, spark_error_summary(exc))
@@ -200,11 +219,15 @@ class _TaskJob:
             )
 
     def stop(self) -> None:
-        self.cancelled = True
-        if self._thread.is_alive():
+        with self._lock:
+            self.cancelled = True
+            running = [t for t in self._threads if t.is_alive()]
+        if running:
             logger.info("cancelling the elastic tasks %s", self.tag)
             self.cluster.cancel(self.tag)
-            self._thread.join(timeout=JOIN_TIMEOUT_S)
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
+            for thread in running:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class _GrowWatcher:
@@ -218,6 +241,8 @@ class _GrowWatcher:
         self._thread = threading.Thread(target=self._run, name="sparkdist-grow", daemon=True)
         self.notices: notices.NoticeWatcher | None = None
         """The attempt's decommission notices (stopped with it)."""
+        self.returns: _SlotReturns | None = None
+        """Gives the slots of tasks whose ranks are all gone back to Spark, each tick."""
 
     def start(self) -> None:
         """Watch while the world is below max_np, or may fall below it (in process)."""
@@ -230,6 +255,8 @@ class _GrowWatcher:
         while not self._stop.wait(0.5):
             if growth.resizing is not None:
                 return  # rank 0 stops at its checkpoint: the job relaunches larger
+            if self.returns is not None:
+                self.returns.check()
             room = self.max_np - self.state.membership.size()
             extra = min(self.gang.standing_by() * self.per_task, room)
             if extra <= 0 or growth.reason is not None:  # nothing to grow into, or asked
@@ -247,6 +274,55 @@ class _GrowWatcher:
         self._stop.set()
         if self.notices is not None:
             self.notices.stop()
+
+
+class _SlotReturns:
+    """Gives back to Spark the slot of each seated task whose every rank an in-process
+    world went on without (killed, exited, dropped as silent, left), while the task and
+    its executor live: the task is told to finish (it stops what is left of its ranks and
+    ends well, so no task failure is counted), and one more task is submitted in its
+    place, which checks in with the gang and stands by for the world to grow into. A task
+    whose executor was lost needs none of this: Spark runs it again."""
+
+    def __init__(self, state: JobState, tasks: _TaskJob, seated: _SeatedWorld):
+        self.state, self.tasks, self.seated = state, tasks, seated
+        self.released: set[int] = set()
+
+    def check(self) -> None:
+        """Release the tasks whose ranks are all gone, and submit as many in their place."""
+        state = self.state
+        if state.job.in_process_min_np is None:
+            return
+        per_task = state.job.ranks_per_task
+        released: list[tuple[int, list[int]]] = []
+        with state.cond:
+            for index in range(self.seated.num_tasks):
+                if index in self.released or index in state.tasks.lost:
+                    continue
+                ranks = list(range(index * per_task, (index + 1) * per_task))
+                if state.peers.channel("task", index) and all(map(self._gone, ranks)):
+                    self.released.add(index)
+                    released.append((index, ranks))
+        for index, ranks in released:
+            logger.info(
+                "sparkdist elastic job: task %d's ranks %s left the world: its slot goes "
+                "back to Spark, and a new task is submitted to take it",
+                index,
+                ranks,
+            )
+            channel = state.peers.channel("task", index)
+            send([channel] if channel else [], messages.Finish(f"its ranks {ranks} left"))
+        if released:
+            self.tasks.add(len(released))
+
+    def _gone(self, rank: int) -> bool:
+        """The world went on without `rank`, and its process ended (or its supervisor,
+        which the task's end then stops for good)."""
+        state = self.state
+        if rank not in state.membership.left:
+            return False
+        record = state.ranks.get(rank)
+        return record is None or record.exited or not state.peers.channel("supervisor", rank)
 
 
 class _SeatedWorld:
