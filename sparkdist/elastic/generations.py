@@ -50,10 +50,11 @@ class Generations:
             )
         return found
 
-    def newer(self, after: int, timeout_s: float) -> Generation | None:
+    def newer(self, after: int, timeout_s: float, broke: bool = False) -> Generation | None:
         """The newest generation after `after`, waiting up to `timeout_s` for one; None if
-        none formed. Raises `WorldEnded` when the job stops."""
-        found = self._ask(after, timeout_s)
+        none formed (`broke`: generation `after` broke under this rank). Raises
+        `WorldEnded` when the job stops."""
+        found = self._ask(after, timeout_s, broke=broke)
         while found is not None:  # a later one may be formed already
             later = self._ask(found.number, 0.0)
             if later is None:
@@ -61,8 +62,10 @@ class Generations:
             found = later
         return found
 
-    def wait_next(self, after: int, limit_s: float) -> Generation:
-        """The next generation after `after`: waits in steps of `WAIT_STEP_S` up to `limit_s`."""
+    def wait_next(self, after: int, limit_s: float, broke: bool = False) -> Generation:
+        """The next generation after `after`: waits in steps of `WAIT_STEP_S` up to `limit_s`.
+        `broke`: a collective of `after` failed here; the driver, told so by every member
+        of a world that lost nobody, forms the next of them all (nobody else would)."""
         deadline = time.monotonic() + limit_s
         while True:
             left = deadline - time.monotonic()
@@ -70,7 +73,7 @@ class Generations:
                 raise TimeoutError(
                     f"no world formed after generation {after} within {limit_s:.0f} s"
                 )
-            found = self.newer(after, min(WAIT_STEP_S, left))
+            found = self.newer(after, min(WAIT_STEP_S, left), broke)
             if found is not None:
                 return found
 
@@ -83,9 +86,11 @@ class Generations:
         except WorldEnded:
             return None
 
-    def _ask(self, after: int, timeout_s: float, done: bool = False) -> Generation | None:
+    def _ask(
+        self, after: int, timeout_s: float, done: bool = False, broke: bool = False
+    ) -> Generation | None:
         reply = self.client.request(
-            messages.ElasticWorld(self.launch_rank, after, float(timeout_s), done)
+            messages.ElasticWorld(self.launch_rank, after, float(timeout_s), done, broke)
         )
         if isinstance(reply, messages.Missing):
             return None

@@ -159,7 +159,8 @@ class _Loop:
     def _next(self, generation: Generation, failure: BaseException | None) -> Generation:
         """The world after `generation`; a failure that no new world answers is raised."""
         try:
-            return self.generations.wait_next(generation.number, self.wait_s)
+            broke = failure is not None  # the driver re-forms a world broken by no loss
+            return self.generations.wait_next(generation.number, self.wait_s, broke)
         except (WorldEnded, TimeoutError):
             if failure is not None:
                 raise failure from None

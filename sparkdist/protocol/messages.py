@@ -418,12 +418,15 @@ class ElasticWorld(NamedTuple):
     `rank` is the rank's launch rank (its `RANK` at start), which never changes.
     `done`: the rank's function returned in generation `after`; answered at once, with a
     newer generation that includes the rank (to run again in) or `Missing` (it is done:
-    no grown world forms with it in this run)."""
+    no grown world forms with it in this run). `broke`: the rank's collective in
+    generation `after` failed or timed out, and it waits for the next: once every member
+    says so and none is known lost, the driver forms the next of them all."""
 
     rank: int
     after: int
     timeout_s: float
     done: bool = False
+    broke: bool = False
 
 
 class Generation(NamedTuple):

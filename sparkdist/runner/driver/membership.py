@@ -13,7 +13,10 @@ process (`shrink`) or relaunch as for any failure (`refuse`). A grow seats newco
 Members are ordered: survivors keep their relative order, newcomers follow by launch
 rank, so world rank 0 is a survivor whenever one exists (it broadcasts the state).
 A rank that is no longer a member is answered with the newest generation, ends, and is
-a tolerated leave (`left`).
+a tolerated leave (`left`). A world can also break with nobody lost: every member's
+collective timed out (a host cut off for less than the driver's dead-peer detection, a
+rank stuck for longer than the collective timeout); once every member says its world
+broke (`broke`), the next generation forms of them all (`Breaks`).
 
 Waiters are answered by callbacks, outside the lock (the service runs them on its loop,
 as it does the rendezvous store's), with `Ok(generation)` or `Failed(why)` once the job
@@ -111,7 +114,36 @@ class Grows:
             self.strayed.discard(rank)
 
 
-class Membership(Grows):
+class Breaks:
+    """A world broken with no member known lost (`Membership`'s part, issue 64): each
+    member whose collective failed goes back to its commit and says so as it waits for
+    the next world. Nobody was lost, so no loss forms one: once every member said so,
+    the next generation forms of the same members (a member cut off says so once it
+    reaches the driver again). A member that never does is the stall watch's
+    (`stalls.StallWatch`: stacks, then dropped as silent) or the dead-peer detection's
+    (its task lost)."""
+
+    def broke(self, rank: int, after: int) -> None:
+        """Member `rank`'s world, generation `after`, broke under it."""
+        with self.cond:
+            current = self.generation
+            if after != current.number or rank not in current.members:
+                return  # a newer world formed already: the rank is answered with it
+            if self._broken_in != after:
+                self._broken_in, self._broken = after, set()
+            self._broken.add(rank)
+            if self.pending or self.leaving or not set(current.members) <= self._broken:
+                return  # a loss (or a leave) forms the next world, or some are yet to say
+            members = list(current.members)
+        reason = (
+            f"world {after} broke with no member lost (every member's collective failed "
+            "or timed out: a host cut off briefly, or a rank stuck longer than "
+            "SPARKDIST_ELASTIC_TIMEOUT_S); the same members again"
+        )
+        self._form(members, reason)
+
+
+class Membership(Breaks, Grows):
     """The membership of one attempt's in-process elastic world (see the module)."""
 
     def __init__(self, cond: threading.Condition, ranks: RankRecords, min_np: int | None) -> None:
@@ -133,6 +165,7 @@ class Membership(Grows):
         self.done: set[int] = set()  # members whose `elastic.run` returned in this run
         self.strayed: set[int] = set()  # newcomers whose warm run ended before their world
         self._grow_reason = ""
+        self._broken_in, self._broken = -1, set()  # members whose world broke, and its number
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
         self.on_form: Callable[[Generation], None] | None = None  # the job's trace

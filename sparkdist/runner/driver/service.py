@@ -451,6 +451,8 @@ class _RankPeer(_Peer):
         if request.done:
             self._reply(membership.finish(self.rank, request.after) or missing)
             return
+        if request.broke:  # its world broke: once every member says so, the next forms
+            membership.broke(self.rank, request.after)
         if request.timeout_s <= 0:
             self._reply(membership.ask(self.rank, request.after, None) or missing)
             return
