@@ -1,13 +1,16 @@
-"""The chaos soak (issue 64): an in-process elastic DDP job on the 3-host namespaced
-cluster (tests/cluster) under a seeded schedule of faults, against a fault-free control
-of the same seed; a table per fault kind, the goodput, and every invariant's result.
+"""The chaos soak (issue 64): an elastic DDP job on the 3-host namespaced cluster
+(tests/cluster) under a seeded schedule of faults, against a fault-free control of the
+same seed; a table per fault kind, the goodput, and every invariant's result.
 
     python benchmarks/soak.py --minutes 10 --seed 7                 # as root
+    python benchmarks/soak.py --minutes 10 --seed 7 --mode relaunch
     python benchmarks/soak.py --minutes 3 --time-scale 0.25 --every-kind --seed 64
     python benchmarks/soak.py --replay schedule.jsonl --minutes 30
 
 It builds the cluster itself and tears it down. The job (tests/cluster/soak_job.py) trains
-to a target step at a fixed global batch over generated rows; the injector
+to a target step at a fixed global batch over generated rows: in process
+(`sparkdist.elastic.run`, `--mode inprocess`) or relaunched from its last checkpoint
+(`checkpoint.save(..., every=K)` into the driver's store, `--mode relaunch`); the injector
 (soak_faults.py) does each fault to the live ranks and hosts when its time comes, once
 the world is whole again (a fault on a world at `min_np` would end it: with 3 hosts, one
 fault at a time, except the schedule's followers). `--time-scale` scales the issue's
@@ -21,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -35,7 +39,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "cluster"), str(HERE.pare
 import psutil  # noqa: E402
 import soak_checks as checks  # noqa: E402
 import soak_schedule as schedule  # noqa: E402
-from soak_faults import Fired, Injector, Store, World  # noqa: E402
+from soak_faults import DriverStore, Fired, Injector, Store, World, read_lines  # noqa: E402
 
 logger = logging.getLogger("soak")
 
@@ -66,6 +70,13 @@ class SoakOptions:
     slots (the world never exceeds the 3 slots, one a host)."""
     settle_steps: int = 3
     """Steps of the whole world between one fault and the next (followers excepted)."""
+    mode: str = "inprocess"
+    """"relaunch": the job on the relaunch path (`soak_job.soak_relaunch_main`, the
+    driver's checkpoint store, `max_np` 3: each launch asks for the slots there are)."""
+
+    @property
+    def relaunch(self) -> bool:
+        return self.mode == "relaunch"
 
     def duration_s(self, fault: schedule.Fault) -> float:
         """The fault's duration at this time scale; a stopped or stuck rank outlasts
@@ -95,6 +106,8 @@ class Peaks(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.driver_pid, self.app_id = cluster, driver_pid, app_id
         self.peaks: dict[str, float] = {}
+        self.parts: dict[str, str] = {}
+        """What each peak was made of: the processes' count and the largest (MiB)."""
         self.stopping = threading.Event()
 
     def _rss(self, procs: list) -> float:
@@ -125,11 +138,17 @@ class Peaks(threading.Thread):
     def run(self) -> None:
         while not self.stopping.wait(1.0):
             driver = psutil.Process(self.driver_pid)
-            now = {"driver": self._rss([driver, *driver.children(recursive=True)])}
+            now = {"driver": [driver, *driver.children(recursive=True)]}
             for i in range(HOSTS):
-                now[f"host {i}"] = self._rss(self._executors(i))
-            for who, rss in now.items():
-                self.peaks[who] = max(self.peaks.get(who, 0.0), rss)
+                now[f"host {i}"] = self._executors(i)
+            for who, procs in now.items():
+                rss = self._rss(procs)
+                if rss > self.peaks.get(who, 0.0):
+                    self.peaks[who] = rss
+                    each = sorted((self._rss([p]) for p in procs), reverse=True)
+                    self.parts[who] = f"{len(each)} processes, " + "+".join(
+                        f"{v:.0f}" for v in each[:4]
+                    )
 
 
 CHANGES_WORLD = {"sigkill", "sigstop", "stuck", "cut_host", "lose_host", "notice", "exit"}
@@ -137,9 +156,10 @@ CHANGES_WORLD |= {"in_checkpoint", "grow"}
 
 
 def whole(injector: Injector, since_step: int, settle: int, before: Fired | None = None) -> bool:
-    """Every host up and in the world, `settle` steps after `since_step`, and (after a
-    fault that changes the world) in a world formed since the fault `before`."""
-    last = injector.world.last_step()
+    """Every host up and in the world, `settle` steps after `since_step` and as many of
+    the world's own (a relaunched world resumes before `since_step`), and (after a fault
+    that changes the world) in a world formed since the fault `before`."""
+    last, made = injector.world.last_step(), injector.world.steps_of_generation()
     if before is not None and before.fault.kind in CHANGES_WORLD and not before.skipped:
         if last["generation"] <= before.generation:
             return False
@@ -148,6 +168,7 @@ def whole(injector: Injector, since_step: int, settle: int, before: Fired | None
         and last["world_size"] == HOSTS
         and len(injector.world.members()) == HOSTS
         and last["step"] >= since_step + settle
+        and made >= settle
     )
 
 
@@ -198,21 +219,23 @@ def inject(injector: Injector, job, faults: list, opts: SoakOptions, start: floa
 
 
 def leftovers(
-    cluster, result: dict, driver_pid: int, ports_before: set[int], killed_tasks: int
+    cluster, result: dict, log: str, driver_pid: int, ports_before: set[int], killed_tasks: int
 ) -> list[str]:
     """What the job left: rank or supervisor processes, listening ports of the driver's
-    processes that were not there before it, and its /tmp/sparkdist-<id>-task* folders
+    processes that were not there before it, and the /tmp/sparkdist-<id>-task* folders of
+    its attempts (each relaunch is a job id of its own, named in the driver's `log`)
     beyond the `killed_tasks` whose process was SIGKILLed (by the soak, or with a lost
     host): a killed task cannot remove its own."""
     from checks import records, wait_all_gone, wait_no_job_processes
 
     left = [f"process {r.pid} ({r.role})" for r in wait_all_gone(records(result), 60)]
     left += wait_no_job_processes(cluster, 60)
-    job_id = result.get("job_id")
-    if job_id:
-        files = sorted(Path(tempfile.gettempdir()).glob(f"sparkdist-{job_id}*"))
-        if len(files) > killed_tasks:
-            left += [f"{len(files)} /tmp/sparkdist-{job_id}* ({killed_tasks} tasks killed)"]
+    ids = set(re.findall(r"sparkdist job ([0-9a-f]{12})\b", log)) | {result.get("job_id")}
+    files = [f for i in ids - {None} for f in Path(tempfile.gettempdir()).glob(f"sparkdist-{i}*")]
+    if len(files) > killed_tasks:
+        left += [
+            f"{len(files)} /tmp/sparkdist-<job>* of {len(ids)} attempts ({killed_tasks} killed)"
+        ]
     left += [f"listening port {port}" for port in listening(driver_pid) - ports_before]
     return left
 
@@ -238,17 +261,16 @@ def run_once(cluster, remote, workdir: Path, faults: list, opts: SoakOptions, st
     progress, control = workdir / "progress", workdir / "control"
     for folder in (progress, control):
         folder.mkdir(parents=True)
-    store = Store(workdir / "store", cluster)
+    store = DriverStore(workdir / "store") if opts.relaunch else Store(workdir / "store", cluster)
     injector = Injector(cluster, progress, control, store, opts.time_scale)
+    injector.releases = not opts.relaunch  # a relaunch ends every task of its attempt
     wait_executors(remote, HOSTS)
     ports = listening(remote.pid)
     offset = remote.log_path.stat().st_size
     peaks = Peaks(cluster, remote.pid, remote.call("app_id"))
     peaks.start()
     start = time.time()
-    job = remote.submit(
-        "run_job", main="soak_job.soak_main", np=HOSTS, **job_arguments(workdir, opts)
-    )
+    job = remote.submit("run_job", main=MAINS[opts.mode], np=HOSTS, **job_arguments(workdir, opts))
     try:
         fired = inject(injector, job, faults, opts, start)
         if stop:
@@ -267,10 +289,12 @@ def run_once(cluster, remote, workdir: Path, faults: list, opts: SoakOptions, st
     return {
         "result": result,
         "steps": World(progress).steps(),
+        "saved": read_lines(progress / "saved.jsonl"),
         "fired": fired,
         "log": text,
         "peaks": peaks.peaks,
-        "left": leftovers(cluster, result, remote.pid, ports, injector.killed_tasks()),
+        "parts": peaks.parts,
+        "left": leftovers(cluster, result, text, remote.pid, ports, injector.killed_tasks()),
         "slots_s": slots_s,
     }
 
@@ -289,9 +313,14 @@ def finish(injector: Injector, job, opts: SoakOptions, start: float) -> None:
     injector.stop_at(injector.world.last_step()["step"] + 5)
 
 
+MAINS = {"inprocess": "soak_job.soak_main", "relaunch": "soak_job.soak_relaunch_main"}
+
+
 def job_arguments(workdir: Path, opts: SoakOptions) -> dict:
     runner = {"min_np": 2, "max_np": opts.max_np, "start_timeout": 120, "timeout": 3600}
     runner["stall_timeout"] = opts.stall_timeout_s
+    if opts.relaunch:  # no limit on relaunches (max_failures): min_np bounds them
+        runner.update(max_np=HOSTS, checkpoint_dir=str(workdir / "store"))
     kwargs = {
         "progress_dir": str(workdir / "progress"),
         "control_dir": str(workdir / "control"),
@@ -323,22 +352,32 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
     step_s = checks.median_step_s(control["steps"])
     left = soaked["left"] + control["left"]
     slots = max(soaked["slots_s"], control["slots_s"])
+    # Redone: a step a fault in process, a checkpoint interval a relaunch; a relaunch
+    # job's peers wait in their collective (no elastic timeout) until the stall watch.
+    per_fault = opts.save_every if opts.relaunch else 1
+    waits_s = 0.0 if opts.relaunch else ELASTIC_TIMEOUT_S
     invariants = {
         "target reached": checks.check_target(result, target),
-        "commits": checks.check_steps(steps, target, fired, per_fault=1),
+        "commits": checks.check_steps(steps, target, fired, per_fault=per_fault),
         "rows once an epoch": checks.check_rows(steps, opts.rows, opts.global_batch),
         "the control's rows": checks.check_same_rows(steps, control["steps"]),
         "final weights and loss": checks.check_final(result, control["result"]),
         "silent ranks dropped": checks.check_silent(
-            fired, soaked["log"], opts.stall_timeout_s, opts.step_s, ELASTIC_TIMEOUT_S
+            fired, soaked["log"], opts.stall_timeout_s, opts.step_s, waits_s
         ),
         "nothing left": (not left and slots <= 60, f"left: {left}; slots free in {slots:.0f} s"),
         "peak memory": checks.check_memory(soaked["peaks"], control["peaks"]),
     }
+    if not invariants["peak memory"][0]:
+        why = invariants["peak memory"][1] + f"; soak {soaked['parts']}, control {control['parts']}"
+        invariants["peak memory"] = (False, why)
+    if opts.relaunch:
+        invariants["checkpoints"] = checks.check_saved(soaked["saved"], target)
     kept, _ = checks.committed(steps)
     wall = kept[-1]["at"] - kept[0]["at"] if len(kept) > 1 else float("nan")
     text, kinds = checks.table(fired, steps, bool(result.get("ok")))
     return {
+        "mode": opts.mode,
         "goodput": (len(kept) - 1) * step_s / wall,
         "control_step_s": step_s,
         "wall_s": wall,
@@ -365,7 +404,8 @@ def summary(out: dict) -> str:
 def last_line(out: dict, seed: int) -> str:
     """The JSON line printed last: goodput, faults by kind, each invariant's result."""
     invariants = {name: check["ok"] for name, check in out["invariants"].items()}
-    line = {"seed": seed, "goodput": round(out["goodput"], 4), "faults": out["faults"]}
+    line = {"seed": seed, "mode": out["mode"], "goodput": round(out["goodput"], 4)}
+    line["faults"] = out["faults"]
     return json.dumps({**line, "invariants": invariants})
 
 
@@ -373,7 +413,7 @@ def schedule_of(args) -> list:
     if args.replay:
         return schedule.read(args.replay)
     if args.every_kind:
-        return schedule.every_kind(args.seed, gap_s=5.0)
+        return schedule.every_kind(args.seed, gap_s=5.0, only=tuple(args.kinds))
     return schedule.draw(args.seed, args.minutes, schedule.MEAN_GAP_S * args.time_scale)
 
 
@@ -427,21 +467,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the schedule here (JSON lines)")
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--every-kind", action="store_true", help="each kind once, 5 s apart")
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: text.split(","),
+        default=[],
+        help="with --every-kind: only these",
+    )
     parser.add_argument("--stall-timeout", type=float, default=30.0)
     parser.add_argument("--prefix", default="sdsoak")
     parser.add_argument("--subnet", default="10.213.64")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)  # a stopped soak still tears its cluster down
-    if args.mode == "relaunch":
-        parser.error("--mode relaunch is not built yet (issue 64): only inprocess")
     faults = schedule_of(args)
     if args.out:
         schedule.write(faults, args.out)
     print(f"soak schedule (seed {args.seed}, time scale {args.time_scale:g}):")
     print(schedule.describe(faults), flush=True)
     minutes = 0.0 if args.every_kind else args.minutes
-    opts = SoakOptions(minutes=minutes, time_scale=args.time_scale)
+    opts = SoakOptions(minutes=minutes, time_scale=args.time_scale, mode=args.mode)
     opts.stall_timeout_s = args.stall_timeout
     out = run_on_new_cluster(faults, opts, args.prefix, args.subnet)
     print(summary(out))

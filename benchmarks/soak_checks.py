@@ -116,17 +116,32 @@ def check_target(result: dict, target: int) -> tuple[bool, str]:
     steps = {v["step"] for v in final_values(result)}
     if steps != {target}:
         return False, f"the ranks ended at steps {steps}, not {target}"
-    return True, f"step {target} reached by {len(final_values(result))} ranks, one attempt"
+    attempts = result.get("attempts") or 1
+    return True, f"step {target} reached by {len(final_values(result))} ranks, {attempts} attempts"
+
+
+def check_saved(saved: list[dict], target: int) -> tuple[bool, str]:
+    """The relaunch path's commits: the checkpoints rank 0 saved, in the order saved,
+    strictly increase (none saved twice: a relaunch resumes from the newest), up to at
+    most the target."""
+    numbers = [row["step"] for row in saved]
+    back = [(a, b) for a, b in zip(numbers, numbers[1:], strict=False) if b <= a]
+    if back:
+        return False, f"checkpoints saved out of order or twice: {back[:5]}"
+    if numbers and numbers[-1] > target:
+        return False, f"a checkpoint of step {numbers[-1]} beyond the target {target}"
+    return True, f"{len(numbers)} checkpoints saved, each step once, in order"
 
 
 def check_silent(
     fired: list, log: str, stall_timeout_s: float, step_s: float, collective_timeout_s: float
 ) -> tuple[bool, str]:
     """Each SIGSTOPped or stuck rank named silent in the job's log (with its stacks or why
-    there are none), and gone within stall_timeout + a step + the stacks' wait (4 s) after
-    the others' last sign of life: their own line when their collective times out
-    (`collective_timeout_s` after the fault) is one, so the stall counts from there."""
-    allowed = collective_timeout_s + stall_timeout_s + step_s + 4.0
+    there are none), and gone within stall_timeout + a step + the stacks' wait (4 s) + the
+    stall watch's tick (1 s) after the others' last sign of life: their own line when their
+    collective times out (`collective_timeout_s` after the fault) is one, so the stall
+    counts from there."""
+    allowed = collective_timeout_s + stall_timeout_s + step_s + 4.0 + 1.0
     notes = []
     for f in fired:
         if f.fault.kind not in ("sigstop", "stuck") or f.skipped:
@@ -161,12 +176,12 @@ def median_step_s(steps: list[dict]) -> float:
 
 
 def recovery_s(fired, following, steps: list[dict]) -> float | None:
-    """From the fault to the first committed step of a world formed after it (before the
-    next fault); for a fault that changed no world, to the first committed step after it
-    (after its end, for one that lasts)."""
+    """From the fault to the first step of a world formed after it (before the next fault;
+    a step the next fault has redone counts); for a fault that changed no world, to the
+    first committed step after it (after its end, for one that lasts)."""
     kept, _ = committed(steps)
     stop = following.at if following is not None else math.inf
-    newer = [r for r in kept if fired.at < r["at"] < stop and r["generation"] > fired.generation]
+    newer = [r for r in steps if fired.at < r["at"] < stop and r["generation"] > fired.generation]
     if newer:
         return newer[0]["at"] - fired.at
     start = fired.ended_at or fired.at

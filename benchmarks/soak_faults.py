@@ -72,6 +72,38 @@ class Store:
         self.free()
 
 
+class DriverStore:
+    """The relaunch path's checkpoint store: the driver's folder
+    (`HorovodRunner(checkpoint_dir=...)`; the driver runs in the root's mount namespace),
+    a tmpfs of its own mounted there for the run. A filler file makes it full and its
+    removal frees it: what was saved before stays in view, as on a real full disk."""
+
+    SIZE = 64 << 20
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={self.SIZE}", "soakstore", str(path)]
+        subprocess.run(mount, check=True, capture_output=True)
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        chunk = bytes(1 << 16)
+        with open(self.filler, "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError:  # ENOSPC: full
+                pass
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.free()
+        subprocess.run(["umount", str(self.path)], capture_output=True)
+
+
 def read_lines(path: Path) -> list[dict]:
     """A JSON-lines file's records (a half-written last line is not one yet)."""
     if not path.exists():
@@ -115,6 +147,12 @@ class World:
     def steps(self) -> list[dict]:
         return read_lines(self.progress / "steps.jsonl")
 
+    def steps_of_generation(self) -> int:
+        """How many steps the newest world made."""
+        steps = self.steps()
+        newest = steps[-1]["generation"] if steps else None
+        return sum(1 for row in steps if row["generation"] == newest)
+
     def last_step(self) -> dict:
         steps = self.steps()
         return steps[-1] if steps else {"step": 0, "world_size": 0, "generation": -1, "at": 0.0}
@@ -155,6 +193,8 @@ class Injector:
         """Threads that stop a host's worker: done before it is brought back."""
         self.stopped: set[int] = set()
         self.released = 0
+        self.releases = True
+        """Whether `release_slots` ends the Spark tasks of lost ranks (in process)."""
         self.hosts_lost = 0
         self.tasks: dict[int, int] = {}
         """rank pid -> the pid of the Python worker of its Spark task."""
@@ -210,7 +250,7 @@ class Injector:
         """Stand in for a defect (see SLOT_HELD): end the Spark task of each rank that
         is gone, so that its slot takes a task that joins the world. Returns their pids."""
         ended = []
-        for rank, task in list(self.tasks.items()):
+        for rank, task in list(self.tasks.items()) if self.releases else []:
             if not alive(rank):
                 del self.tasks[rank]
                 if alive(task):

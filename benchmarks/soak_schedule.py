@@ -72,13 +72,15 @@ def draw(seed: int, minutes: float, mean_gap_s: float = MEAN_GAP_S) -> list[Faul
     return faults
 
 
-def every_kind(seed: int, gap_s: float) -> list[Fault]:
-    """Each kind once, in an order drawn from `seed`, `gap_s` apart (the cluster tests'
-    short soak); the grow comes right after the lost host, which it brings back."""
+def every_kind(seed: int, gap_s: float, only: tuple[str, ...] = ()) -> list[Fault]:
+    """Each kind (of `only`, if given) once, in an order drawn from `seed`, `gap_s` apart
+    (the cluster tests' short soaks); the grow comes right after the lost host, which it
+    brings back."""
     rng = random.Random(seed)
-    kinds = [kind for kind in KINDS if kind != "grow"]
+    kinds = [kind for kind in KINDS if kind != "grow" and (not only or kind in only)]
     rng.shuffle(kinds)
-    kinds.insert(kinds.index("lose_host") + 1, "grow")
+    if "grow" in (only or KINDS):
+        kinds.insert(kinds.index("lose_host") + 1, "grow")
     return [_fault(rng, gap_s * (i + 1), kind, follows=False) for i, kind in enumerate(kinds)]
 
 

@@ -11,10 +11,19 @@ half-way through it), `stop-at` (the step to stop at, when the soak has done its
 
 Records (for the soak's invariants): world rank 0 appends every step to
 `progress_dir/steps.jsonl` (step, world size, generation, time, the loader's epoch, the
-ids the whole world read, the step's loss); each rank appends its entries to
+ids the whole world read, the step's loss) and every checkpoint it saved to
+`progress_dir/saved.jsonl`; each rank appends its entries to
 `progress_dir/events-<pid>.jsonl`. World rank 0 writes a disk checkpoint every
 `save_every` steps to `checkpoint_dir` (tmp file, then rename); a full disk skips it
 and says so in the events.
+
+`soak_relaunch_main` is the same training as an elastic job on the relaunch path (no
+`elastic.run`): every rank starts from `checkpoint.resume()` (model, optimizer, the
+loader's `state_dict()`), and `checkpoint.save(..., every=save_every)` keeps the state in
+the driver's store (`HorovodRunner(checkpoint_dir=...)`), at once when the job is about
+to grow or leave a host. Its generation is the attempt (`checkpoint.attempt()`); a death
+in a checkpoint write is a SIGKILL while rank 0's `save` is under way; a full store
+fails the save, which is skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from jobs import _append_line
@@ -60,7 +70,12 @@ def _obey(control_dir: str, pid: int, step_s: float) -> None:
         time.sleep(2 * step_s)  # 3x the step's time
 
 
-def _save(state, checkpoint_dir: str, control_dir: str, log) -> None:
+def _saved(progress_dir: str, step: int) -> None:
+    """World rank 0 saved the checkpoint of `step` (the soak checks they only increase)."""
+    _append_line(os.path.join(progress_dir, "saved.jsonl"), {"step": step, "at": time.time()})
+
+
+def _save(state, checkpoint_dir: str, control_dir: str, progress_dir: str, log) -> None:
     """World rank 0's disk checkpoint: a tmp file renamed into place; a full disk skips it."""
     import torch
 
@@ -77,6 +92,7 @@ def _save(state, checkpoint_dir: str, control_dir: str, log) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             torch.save(blob, f)
         os.replace(path + ".tmp", path)
+        _saved(progress_dir, state.step)
     except (OSError, RuntimeError) as exc:  # the store is full (torch may wrap ENOSPC)
         log(event="save_failed", step=state.step, error=str(exc))
 
@@ -124,15 +140,11 @@ def soak_main(
                 _obey(control_dir, pid, step_s)
                 _step(state, ddp, x, y, batches, progress_dir)
                 if state.rank == 0 and state.step % save_every == 0:
-                    _save(state, checkpoint_dir, control_dir, log)
+                    _save(state, checkpoint_dir, control_dir, progress_dir, log)
                 log(event="stepped", step=state.step)
                 state.commit()
                 time.sleep(step_s)
-            with torch.no_grad():
-                final = float(torch.nn.functional.mse_loss(state.model(x).squeeze(1), y))
-            weights = [float(v) for p in state.model.parameters() for v in p.reshape(-1)]
-            out = {"pid": pid, "rank": state.rank, "size": state.world_size, "step": state.step}
-            return {**out, "loss": final, "weights": weights}
+            return _final(state, x, y, pid)
 
         return loop(state)
 
@@ -167,3 +179,106 @@ def _step(state, ddp, x, y, batches, progress_dir: str) -> None:
         row.update(generation=state.generation, at=time.time())
         line = {**row, "ids": [i for part in every for i in part]}
         _append_line(os.path.join(progress_dir, "steps.jsonl"), line)
+
+
+def soak_relaunch_main(
+    progress_dir: str,
+    control_dir: str,
+    checkpoint_dir: str,
+    target_step: int,
+    row_count: int,
+    global_batch: int,
+    train,
+    step_s: float = 0.3,
+    save_every: int = 5,
+    elastic_timeout_s: float = 8.0,
+) -> dict[str, Any]:
+    """`soak_main`'s training on the relaunch path: from the newest checkpoint to
+    `target_step`, a checkpoint every `save_every` steps (`checkpoint_dir` is the
+    driver's, given to the runner; `elastic_timeout_s` has no use here)."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import checkpoint
+
+    dist.init_process_group("gloo")
+    pid = os.getpid()
+    events = os.path.join(progress_dir, f"events-{pid}.jsonl")
+    torch.manual_seed(0)
+    x, y = rows(row_count)
+    model = torch.nn.Linear(ROW_FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    found = checkpoint.resume()
+    with train.make_torch_dataloader(
+        global_batch_size=global_batch, num_epochs=None, shuffle=True, seed=1
+    ) as loader:
+        state = SimpleNamespace(model=model, optimizer=optimizer, loader=loader, step=0)
+        state.rank, state.world_size = dist.get_rank(), dist.get_world_size()
+        state.generation = checkpoint.attempt()
+        if found:
+            _restore(state, found)
+
+        def log(**event) -> None:
+            _append_line(events, {**event, "pid": pid, "at": time.time(), "gen": state.generation})
+
+        host = os.environ["SPARKDIST_TASK_HOST"]
+        log(event="enter", step=state.step, rank=state.rank, size=state.world_size, host=host)
+        ddp = torch.nn.parallel.DistributedDataParallel(state.model)
+        batches = iter(state.loader)
+        while state.step < _target(control_dir, target_step):
+            _obey(control_dir, pid, step_s)
+            _step(state, ddp, x, y, batches, progress_dir)
+            _checkpoint(state, save_every, control_dir, progress_dir, log)
+            log(event="stepped", step=state.step)
+            time.sleep(step_s)
+        out = _final(state, x, y, pid)
+    dist.destroy_process_group()
+    return out
+
+
+def _restore(state, found) -> None:
+    """Take the state of the checkpoint `found` (`checkpoint.resume()`)."""
+    state.step = found.step
+    state.model.load_state_dict(found.state["model"])
+    state.optimizer.load_state_dict(found.state["optimizer"])
+    state.loader.load_state_dict(found.state["loader"])
+
+
+def _checkpoint(state, save_every: int, control_dir: str, progress_dir: str, log) -> None:
+    """`checkpoint.save(..., every=save_every)` of the relaunch path: a full store skips
+    it; `die-in-save` kills rank 0 while its save is under way; a grow or a notice ends
+    the rank right after the save (`checkpoint.Resize`)."""
+    from sparkdist import checkpoint
+
+    blob = {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict()}
+    blob["loader"] = state.loader.state_dict()
+    die = os.path.join(control_dir, "die-in-save")
+    due = state.rank == 0 and state.step % save_every == 0 and os.path.exists(die)
+    if due:
+        os.unlink(die)
+        log(event="dying_in_save", step=state.step)
+        killer = threading.Timer(0.002, os.kill, (os.getpid(), signal.SIGKILL))
+        killer.start()
+    try:
+        saved = checkpoint.save(blob, state.step, every=save_every)
+    except checkpoint.Resize:
+        _saved(progress_dir, state.step)
+        raise
+    except RuntimeError as exc:  # the driver's store is full
+        log(event="save_failed", step=state.step, error=str(exc))
+        return
+    if due:
+        time.sleep(10)  # the kill lands now if it has not yet
+    if saved:
+        _saved(progress_dir, state.step)
+
+
+def _final(state, x, y, pid: int) -> dict[str, Any]:
+    """The final weights and loss, as `soak_main` returns them."""
+    import torch
+
+    with torch.no_grad():
+        final = float(torch.nn.functional.mse_loss(state.model(x).squeeze(1), y))
+    weights = [float(v) for p in state.model.parameters() for v in p.reshape(-1)]
+    out = {"pid": pid, "rank": state.rank, "size": state.world_size, "step": state.step}
+    return {**out, "loss": final, "weights": weights}
