@@ -65,3 +65,20 @@ def test_each_step_reads_the_control_s_rows():
     other = [*STEPS[:4], step(4, 6.0, 1, [0, 1, 2, 7])]
     ok, why = checks.check_same_rows(other, STEPS)
     assert not ok and "[4]" in why
+
+
+def test_a_relaunched_world_s_first_step_times_the_fault_even_when_a_later_one_redid_it():
+    """Relaunch mode: the world of generation 1 stepped 3 after the fault at 2.5; the fault
+    at 3.5 sent the job back to its checkpoint (step 2), so that step was redone."""
+    relaunched = [*STEPS[:2], step(3, 3.0, 1, [7, 6, 5, 4], generation=1)]
+    relaunched += [step(3, 5.0, 1, [7, 6, 5, 4], generation=2)]
+    assert checks.recovery_s(fired(2.5), fired(3.5), relaunched) == 0.5
+
+
+def test_relaunch_checkpoints_are_saved_once_each_in_order():
+    saved = [{"step": 5, "at": 1.0}, {"step": 10, "at": 2.0}, {"step": 12, "at": 3.0}]
+    assert checks.check_saved(saved, 12)[0]
+    again = [*saved, {"step": 10, "at": 4.0}]  # resumed from an older one and saved again
+    ok, why = checks.check_saved(again, 12)
+    assert not ok and "(12, 10)" in why
+    assert not checks.check_saved(saved, 11)[0]  # beyond where the job stopped
