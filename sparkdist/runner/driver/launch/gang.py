@@ -58,6 +58,10 @@ class Gang:
         self._waiting: list[_Arrival] = []
         self._closed = False
         self._failed: str | None = None
+        self.room: Callable[[], int] | None = None
+        """Once the world is seated: how many more tasks it can take (its `max_np` less
+        its members and newcomers). A task that checks in beyond that is released at once,
+        so that a task Spark ran again beside the one submitted in its place holds no slot."""
         self._server = wire.Server(secret, self._serve, host=bind, name="sparkdist-gang")
         self.address = join_address(advertise, self._server.address[1])
 
@@ -68,9 +72,14 @@ class Gang:
             channel.send(messages.encode(messages.Rejected(str(exc))))
             return
         arrival = _Arrival(check_in, channel, time.monotonic())
+        room = self.room() if self.room is not None else None
         with self._cond:
             if self._closed:
                 arrival.decision = messages.encode(messages.GangRelease("the job is over"))
+                arrival.decided.set()
+            elif room is not None and len(self._waiting) >= room:
+                full = messages.GangRelease("the world has no room for more tasks (max_np)")
+                arrival.decision = messages.encode(full)
                 arrival.decided.set()
             else:
                 self._waiting.append(arrival)

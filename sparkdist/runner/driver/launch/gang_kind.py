@@ -131,6 +131,7 @@ class GangKind:
         )
         seated = _SeatedWorld(tasks, gang, state, watcher, driver, len(chosen))
         watcher.returns = _SlotReturns(state, tasks, seated)
+        gang.room = functools.partial(_room, state, max_np, per_task)
         return World(state, service, seated, started)
 
     def _size(self) -> int:
@@ -170,6 +171,15 @@ class GangKind:
         if budget.max_failures is None:
             return f"{why} (relaunch {budget.used}; no limit, as max_failures was not given)"
         return f"{why} (relaunch {budget.used} of at most {budget.max_failures})"
+
+
+def _room(state: JobState, max_np: int, per_task: int) -> int:
+    """How many more tasks the world can take: `max_np` less its members (but those lost,
+    whose tasks are replaced) and newcomers, in tasks."""
+    membership = state.membership
+    with state.cond:
+        taken = len(membership.survivors()) + len(membership.joining)
+    return max(0, max_np - taken) // per_task
 
 
 class _TaskJob:
@@ -282,7 +292,10 @@ class _SlotReturns:
     its executor live: the task is told to finish (it stops what is left of its ranks and
     ends well, so no task failure is counted), and one more task is submitted in its
     place, which checks in with the gang and stands by for the world to grow into. A task
-    whose executor was lost needs none of this: Spark runs it again."""
+    whose executor was lost (its channel to the driver broke) gets one submitted in its
+    place too: Spark runs it again only when its executor died, not when the task ended
+    well after the driver lost it (a host cut off for longer than the dead-peer
+    detection); a task beyond the world's room is released at check-in (`Gang.room`)."""
 
     def __init__(self, state: JobState, tasks: _TaskJob, seated: _SeatedWorld):
         self.state, self.tasks, self.seated = state, tasks, seated
@@ -295,14 +308,25 @@ class _SlotReturns:
             return
         per_task = state.job.ranks_per_task
         released: list[tuple[int, list[int]]] = []
+        lost: list[int] = []
         with state.cond:
             for index in range(self.seated.num_tasks):
-                if index in self.released or index in state.tasks.lost:
-                    continue
                 ranks = list(range(index * per_task, (index + 1) * per_task))
-                if state.peers.channel("task", index) and all(map(self._gone, ranks)):
-                    self.released.add(index)
+                if index in self.released or not all(map(self._gone, ranks)):
+                    continue
+                self.released.add(index)
+                if index in state.tasks.lost:
+                    lost.append(index)
+                elif state.peers.channel("task", index):
                     released.append((index, ranks))
+                else:
+                    self.released.discard(index)  # ended or not connected yet: look again
+        if lost:
+            logger.info(
+                "sparkdist elastic job: tasks %s were lost: as many new tasks are submitted "
+                "to take their place",
+                lost,
+            )
         for index, ranks in released:
             logger.info(
                 "sparkdist elastic job: task %d's ranks %s left the world: its slot goes "
@@ -312,8 +336,8 @@ class _SlotReturns:
             )
             channel = state.peers.channel("task", index)
             send([channel] if channel else [], messages.Finish(f"its ranks {ranks} left"))
-        if released:
-            self.tasks.add(len(released))
+        if released or lost:
+            self.tasks.add(len(released) + len(lost))
 
     def _gone(self, rank: int) -> bool:
         """The world went on without `rank`, and its process ended (or its supervisor,
