@@ -1,0 +1,199 @@
+"""An in-process elastic world keeps its size through faults that kill no executor (issue 64,
+the chaos soak's first two findings), on real Spark (local-cluster, the session's: two
+one-core executors, so two task slots and `max_np=2`).
+
+* a rank SIGKILLed while its executor lives: its task ends and gives its slot back to
+  Spark, a new task takes it and checks in, and the world grows back to two, each time
+  (before, the task waited for the job's end and the world stayed at one for good);
+* a world that broke with nobody lost (every member's collective timed out, here because
+  one rank was stuck in its own code longer than `SPARKDIST_ELASTIC_TIMEOUT_S`, as when
+  a host is cut off for less than the driver's dead-peer detection): the driver forms the
+  next world from the members that say their world broke, and the job goes on (before,
+  nobody was lost, no world formed, and every rank waited until the job failed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from helpers import still_alive, wait_for
+from test_elastic_in_process import markers, run_beside
+
+import sparkdist
+
+
+def test_a_killed_rank_gives_its_slot_back_and_the_world_grows_back(sc, tmp_path):
+    """Kill the rank of task 1, then the rank of the task that took its slot: the world
+    goes 2 -> 1 -> 2 -> 1 -> 2, rank 0 in its one process throughout, and the job ends
+    well in its first attempt."""
+    out = tmp_path
+
+    def kill(rank: int, generation: int) -> None:
+        os.kill(int((out / f"pid-{rank}").read_text()), signal.SIGKILL)
+        wait_for(lambda: markers(out, generation).keys() == {0}, f"generation {generation}")
+
+    def grown(generation: int) -> list[int]:
+        wait_for(lambda: len(markers(out, generation)) == 2, f"generation {generation}", 150)
+        return markers(out, generation)[0]["members"]
+
+    def kill_twice_then_stop() -> None:
+        wait_for(lambda: len(markers(out, 0)) == 2, "generation 0 entered by both ranks")
+        kill(1, 1)
+        newcomer = grown(2)[1]
+        kill(newcomer, 3)
+        grown(4)
+        (out / "stop").touch()
+
+    runner = sparkdist.HorovodRunner(np=2, min_np=1, max_np=2)
+    result = run_beside(kill_twice_then_stop, runner, out)
+
+    worlds = [markers(out, g)[0]["members"] for g in range(5)]
+    print(f"worlds: {worlds}")
+    assert [len(members) for members in worlds] == [2, 1, 2, 1, 2]
+    assert worlds[0] == [0, 1] and worlds[1] == [0]
+    first, second = worlds[2][1], worlds[4][1]
+    assert worlds[2] == [0, first] and worlds[3] == [0] and worlds[4] == [0, second]
+    assert 1 < first < second  # fresh launch ranks, of the tasks that took the slot
+    assert "SIGKILL" in markers(out, 1)[0]["reason"]
+    assert "joined" in markers(out, 2)[0]["reason"]
+    pids = {markers(out, g)[0]["pid"] for g in range(5)}
+    assert len(pids) == 1  # rank 0 kept its process
+    assert result == {**markers(out, 4)[0], "rank": 0}
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert [r.split(":")[0] for r in job.reformed] == [
+        job.reformed[0].split(":")[0],
+        "grew",
+        job.reformed[2].split(":")[0],
+        "grew",
+    ], job.reformed
+    assert still_alive(runner) == []
+
+
+def stuck_once(out: str, steps: int, stuck_s: float) -> dict:
+    """A gloo `all_reduce` and a commit a step in `sparkdist.elastic.run`; at step 3, launch
+    rank 1 sleeps `stuck_s` in its own code (once), longer than the collective timeout, so
+    that rank 0's `all_reduce` times out and then rank 1's fails on the freed group."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    launch_rank = int(os.environ["RANK"])
+    stuck = Path(out, "stuck")
+
+    @elastic.run
+    def train(state) -> dict:
+        Path(out, f"gen{state.generation}-rank{launch_rank}").write_text(str(os.getpid()))
+        value = torch.ones(1)
+        while state.step < steps:
+            if state.step == 3 and launch_rank == 1 and not stuck.exists():
+                stuck.write_text(str(time.time()))
+                time.sleep(stuck_s)
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+        return {"rank": launch_rank, "size": dist.get_world_size(), "step": state.step}
+
+    return train(elastic.ObjectState(step=0))
+
+
+def test_a_world_broken_with_nobody_lost_re_forms_and_goes_on(sc, tmp_path, caplog):
+    """Rank 1 is stuck for 6 s, the collective timeout is 3 s: both ranks' collectives
+    fail, both say their world broke, and the driver forms generation 1 of the same two
+    ranks in their processes; the job ends well, in its first attempt."""
+    runner = sparkdist.HorovodRunner(
+        np=2,
+        min_np=1,
+        max_np=2,
+        timeout=150,
+        env={"SPARKDIST_ELASTIC_TIMEOUT_S": "3"},
+    )
+    with caplog.at_level("WARNING", logger="sparkdist"):
+        results = runner.run_all(stuck_once, out=str(tmp_path), steps=8, stuck_s=6.0)
+
+    assert results == [{"rank": r, "size": 2, "step": 8} for r in (0, 1)], results
+    for rank in (0, 1):  # in generation 1, in the same process as in generation 0
+        before = (tmp_path / f"gen0-rank{rank}").read_text()
+        assert (tmp_path / f"gen1-rank{rank}").read_text() == before
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [] and job.reformed == []
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert "world 2 -> 2 ranks in process: world 0 broke" in log, log
+    assert still_alive(runner) == []
+
+
+def test_driver_forms_the_next_world_once_every_member_says_it_broke():
+    """The protocol on a real `DriverService`, without Spark: members that say their world
+    broke wait until the last one says so too, then all get the next generation of the
+    same members; while a loss is pending, the loss (the loop's shrink) forms it instead."""
+    from driver_peers import rank_client
+
+    from sparkdist.protocol import messages, wire
+    from sparkdist.runner.driver.job_spec import JobSpec
+    from sparkdist.runner.driver.job_state import JobState
+    from sparkdist.runner.driver.service import DriverService
+
+    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=1))
+    secret = wire.new_secret()
+    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
+    try:
+        ranks = [rank_client(service, secret, rank) for rank in range(3)]
+        for rank, client in enumerate(ranks):
+            assert client.request(messages.ElasticWorld(rank, -1, 5.0)).value.number == 0
+        broke = [messages.ElasticWorld(rank, 0, 0.3, broke=True) for rank in range(3)]
+        assert isinstance(ranks[0].request(broke[0]), messages.Missing)  # rank 1 and 2 yet to say
+        ranks[1]._channel.send(messages.encode(broke[1]._replace(timeout_s=30.0)))
+        reply = ranks[2].request(broke[2])  # the last one: the next world forms at once
+        assert reply.value.number == 1 and reply.value.members == (0, 1, 2)
+        assert "world 0 broke with no member lost" in reply.value.reason
+        assert messages.decode(ranks[1]._channel.recv(), messages.RANK_REPLIES) == reply
+        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)) == reply
+        # World 1 breaks under ranks 0 and 1, and rank 2 is lost: its loss forms the next.
+        for rank in (0, 1):
+            assert isinstance(ranks[rank].request(broke[rank]._replace(after=1)), messages.Missing)
+        state.losses.rank_exited(2, -signal.SIGKILL, [])
+        assert isinstance(ranks[0].request(broke[0]._replace(after=1)), messages.Missing)
+        assert state.membership.generation.number == 1 and sorted(state.membership.pending) == [2]
+        state.membership.shrink()  # as the loop of attempts decides
+        assert ranks[1].request(broke[1]._replace(after=1)).value.members == (0, 1)
+    finally:
+        service.close()
+
+
+def test_a_task_beyond_the_worlds_room_is_released_at_check_in():
+    """Once seated, the gang keeps standing by only as many tasks as the world can take
+    (`Gang.room`): a task Spark ran again beside the one submitted in its place ends at
+    once instead of holding a slot."""
+    import threading
+
+    from sparkdist.network import split_address
+    from sparkdist.protocol import messages, wire
+    from sparkdist.runner.driver.launch.gang import Gang
+
+    secret = wire.new_secret()
+    gang = Gang(secret, "127.0.0.1", "127.0.0.1")
+    gang.room = lambda: 1
+    answers: dict[int, tuple] = {}
+
+    def check_in(task_id: int) -> None:
+        channel = wire.connect(split_address(gang.address), secret)
+        check = messages.GangCheckIn(task_id, "127.0.0.1", 1000 + task_id, task_id)
+        answers[task_id] = messages.decode(
+            channel.request(messages.encode(check)), messages.GANG_ORDERS
+        )
+
+    first = threading.Thread(target=check_in, args=(1,), daemon=True)
+    first.start()
+    try:
+        wait_for(lambda: gang.standing_by() == 1, "the first task standing by", 30)
+        check_in(2)  # beyond the room: answered at once
+        assert isinstance(answers[2], messages.GangRelease) and "no room" in answers[2].reason
+        assert gang.standing_by() == 1 and 1 not in answers
+    finally:
+        gang.close()
+        first.join(timeout=10)
+    assert isinstance(answers[1], messages.GangRelease)  # the attempt ended
