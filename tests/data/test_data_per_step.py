@@ -180,6 +180,49 @@ def test_any_resize_history_reads_the_unresized_steps(
     assert state["epoch"] == 1 and state["rows_consumed"] == 0
 
 
+def take_one_by_one(intervals, ranges):
+    """`order.take_many` as a loop over the positions: the reference."""
+    sequence = [(p, i) for i, (start, stop) in enumerate(intervals) for p in range(start, stop)]
+    out = []
+    for lo, hi in ranges:
+        for p, i in sequence[lo:hi]:
+            if out and out[-1][1] == p and out[-1][2] == (lo, hi, i):
+                out[-1][1] = p + 1
+            else:
+                out.append([p, p + 1, (lo, hi, i)])
+    return [(start, stop) for start, stop, _ in out]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), max_size=6),
+    gaps=st.lists(st.integers(0, 5), min_size=6, max_size=6),
+    cuts=st.lists(st.integers(0, 200), max_size=12),
+    batch_size=st.integers(1, 20),
+    workers=st.integers(1, 4),
+    before=st.integers(0, 5),
+)
+def test_take_many_and_worker_rows_are_the_loops_they_replace(
+    lengths, gaps, cuts, batch_size, workers, before
+):
+    """Pieces of the sequence the intervals make, one a range and an interval (a range across
+    intervals gives one of each); a worker's share of a slice's first rows, counted."""
+    intervals, start = [], 0
+    for length, gap in zip(lengths, gaps, strict=False):
+        start += gap
+        intervals.append((start, start + length))
+        start += length
+    points = sorted(set(cuts))
+    ranges = list(zip(points[::2], points[1::2], strict=False))
+    assert order.take_many(intervals, ranges) == take_one_by_one(intervals, ranges)
+    rows = order.total(intervals)
+    for worker in range(workers):
+        for first in (0, rows // 2, rows):
+            listed = order.wanted_intervals([(0, first)], batch_size, worker, workers, before)
+            counted = order.worker_rows(first, batch_size, worker, workers, before)
+            assert counted == order.total(listed)
+
+
 # -- through the real loaders --
 
 

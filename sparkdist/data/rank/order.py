@@ -173,22 +173,25 @@ def take(intervals: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
 
 def take_many(intervals: Sequence[Interval], ranges: Sequence[Interval]) -> list[Interval]:
     """Positions of each of ``ranges`` (increasing, apart) of the sequence the intervals
-    make, as intervals, in one pass over both: a per-step slice has an interval a step."""
-    out: list[Interval] = []
-    index, offset = 0, 0  # the interval ``index`` starts at ``offset`` in the sequence
-    for lo, hi in ranges:
-        while index < len(intervals) and offset + intervals[index][1] - intervals[index][0] <= lo:
-            offset += intervals[index][1] - intervals[index][0]
-            index += 1
-        at, base = index, offset
-        while at < len(intervals) and base < hi:
-            start, stop = intervals[at]
-            a, b = max(lo - base, 0), min(hi - base, stop - start)
-            if a < b:
-                out.append((start + a, start + b))
-            base += stop - start
-            at += 1
-    return out
+    make, as intervals (a range across intervals gives a piece of each). Vectorised: a
+    per-step slice has an interval a step, 200k for 10M rows at ``G=48``."""
+    cut = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    if not len(intervals) or not len(cut):
+        return []
+    bounds = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)
+    edges = np.concatenate([[0], np.cumsum(bounds[:, 1] - bounds[:, 0])])  # in the sequence
+    lo, hi = cut[:, 0], np.minimum(cut[:, 1], edges[-1])
+    lo, hi = lo[lo < hi], hi[lo < hi]
+    if not len(lo):
+        return []
+    points = np.unique(np.concatenate([lo, hi, edges]))  # pieces in one range and one interval
+    begin, end = points[:-1], points[1:]
+    owner = np.searchsorted(lo, begin, side="right") - 1
+    inside = (owner >= 0) & (begin < hi[np.maximum(owner, 0)])
+    begin, end = begin[inside], end[inside]
+    which = np.searchsorted(edges, begin, side="right") - 1  # the interval a piece is in
+    first = bounds[which, 0] + begin - edges[which]
+    return list(zip(first.tolist(), (first + end - begin).tolist(), strict=True))
 
 
 def _merge(intervals: Sequence[Interval]) -> list[Interval]:
@@ -317,13 +320,10 @@ def per_step_rank_slice(
     split = global_split(total(remaining), world, global_batch, drop_last)
     if not split.steps:
         return []
-    offset, share = sum(split.share[:rank]), split.share[rank]
-    wanted = [
-        (s * global_batch + offset, s * global_batch + offset + share)
-        for s in range(split.steps - 1)
-    ]
+    firsts = np.arange(split.steps - 1, dtype=np.int64) * global_batch + sum(split.share[:rank])
+    wanted = np.stack([firsts, firsts + split.share[rank]], axis=1)
     last = (split.steps - 1) * global_batch + sum(split.last[:rank])
-    wanted.append((last, last + split.last[rank]))
+    wanted = np.concatenate([wanted, [(last, last + split.last[rank])]])
     own = _merge(take_many(remaining, wanted))
     if not split.last[rank]:
         own += take(remaining, 0, 1)  # a pad, so that this rank takes the last step too
@@ -533,8 +533,18 @@ def wanted_intervals(
         return list(rank_slice)
     rows = total(rank_slice)
     first = (worker - batches_before) % workers
-    starts = range(first * batch_size, rows, workers * batch_size)
-    return take_many(rank_slice, [(start, min(start + batch_size, rows)) for start in starts])
+    starts = np.arange(first * batch_size, rows, workers * batch_size, dtype=np.int64)
+    return take_many(rank_slice, np.stack([starts, np.minimum(starts + batch_size, rows)], 1))
+
+
+def worker_rows(first_rows: int, batch_size: int, worker: int, workers: int, before: int) -> int:
+    """How many of a slice's first ``first_rows`` rows decode worker ``worker`` of
+    ``workers`` reads (`wanted_intervals`, counted without making them)."""
+    if workers == 1:
+        return first_rows
+    cycles, rest = divmod(first_rows, workers * batch_size)  # a cycle: a batch of each worker
+    mine = (worker - before) % workers * batch_size  # where its batch starts in a cycle
+    return cycles * batch_size + min(max(rest - mine, 0), batch_size)
 
 
 @dataclass(frozen=True)
@@ -590,13 +600,12 @@ def epoch_plan(
     (``before``: the iteration's batches before this epoch)."""
     size = position.rank_batch_size()
 
-    def rows(interval_rows: int) -> int:  # this worker's rows of the slice's first ones
-        return total(wanted_intervals([(0, interval_rows)], size, worker, workers, before))
-
     wanted = wanted_intervals(position.slice(), size, worker, workers, before)
     # Pads end the slice: this worker's rows before that end are its own.
-    real = rows(position.own_rows())
-    full = rows(max(position.batches_in_epoch() - 1, 0) * size)
+    real = worker_rows(position.own_rows(), size, worker, workers, before)
+    full = worker_rows(
+        max(position.batches_in_epoch() - 1, 0) * size, size, worker, workers, before
+    )
     weights = global_weights(position) if position.global_batch_size else (1.0, 1.0)
     return EpochPlan(epoch_order, _by_window(epoch_order.pieces(wanted)), real, full, weights)
 
