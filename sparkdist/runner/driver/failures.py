@@ -209,7 +209,10 @@ class Losses:
         if exit_code == 0 or rank in self._membership.left:
             return
         raised = self._ranks.by_rank[rank].traceback is not None
-        killed = exit_code == -signal.SIGKILL and not raised
+        # Lost, not the training code's failure: killed, or (an elastic job) ended non-zero
+        # without raising (os._exit), whether its peers' collectives raised first or not.
+        elastic = self._membership.min_np is not None
+        killed = not raised and (exit_code == -signal.SIGKILL or (elastic and not passed_on))
         if self._job.tolerates_loss(rank) and not raised:
             self.worker_lost(rank, exit_code)
         elif raised or not self._membership.lose(rank, self._ended(rank, exit_code), killed):
@@ -363,8 +366,7 @@ class FailureTracker:
         reported can be a consequence: when a rank is killed, its peers' collectives
         raise at about the same moment as its death is reported. A Spark task lost at any
         time (its executor or host gone) counts, and so does a rank that died of a signal
-        without raising when it was the first failure (in an elastic job, as a world in
-        process takes it: any non-zero end without raising). Call it after the job stopped.
+        without raising when it was the first failure. Call it after the job stopped.
         """
         with self._cond:
             if self._first is not None and self._first.task_raised:
@@ -382,8 +384,7 @@ class FailureTracker:
             if first is not None and first.rank is not None:
                 state = self.ranks.by_rank[first.rank]
                 code = state.exit_code
-                lost = code is not None and (code < 0 or self._membership.min_np is not None)
-                if state.traceback is None and code != 0 and lost:  # elastic: os._exit too
+                if state.traceback is None and code is not None and code < 0:
                     return self._describe(first)
             return None
 
