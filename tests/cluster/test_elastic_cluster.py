@@ -489,6 +489,62 @@ def test_in_process_ranks_hung_on_a_cut_host_are_unblocked_within_the_timeout(
     assert restore_one_executor_per_host(cluster, driver) == [cluster.address(i) for i in range(3)]
 
 
+def test_in_process_world_cut_off_for_less_than_dead_peer_detection_re_forms_whole(
+    cluster, driver, host_driver, tmp_path
+):
+    """A host is cut off for longer than the elastic timeout but less than the driver's
+    dead-peer detection (issue 64, the soak's second finding): every rank's collective
+    times out, nobody is lost, and each says its world broke as it waits for the next;
+    once the cut one reaches the driver again, the driver forms generation 1 of all three,
+    in their processes. Before, no world formed and the job stalled until it failed."""
+    timeout_s, cut_s = 4.0, 9.0  # cut_s < wire.DEAD_PEER_S (15 s), TCP's retries included
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    stop_file = tmp_path / "stop"
+    wait_executors(host_driver, 3)
+    job = host_driver.submit(
+        "run_job",
+        main="in_process_elastic_main",
+        np=3,
+        runner=IN_PROCESS,
+        kwargs={
+            "progress_dir": str(progress),
+            "stop_file": str(stop_file),
+            "step_s": 0.3,
+            "elastic_timeout_s": timeout_s,
+        },
+    )
+    try:
+        wait_step(progress, job, step=3, world_size=3, generation=0)
+        first = {launch: entries(evs)[0] for launch, evs in read_events(progress).items()}
+        cut = host_index(cluster, next(e["host"] for e in first.values() if e["rank"] == 2))
+        cluster.set_link(cut, up=False)
+        cut_at = time.time()
+        time.sleep(cut_s)  # the cut's length is what the test is about
+        cluster.set_link(cut, up=True)
+        whole = wait_step(progress, job, world_size=3, generation=1)
+        wait_step(progress, job, step=whole["step"] + 3, world_size=3)
+    finally:
+        stop_file.touch()
+    result = job.result(timeout=240)
+
+    assert result["ok"], result.get("error")
+    assert (result["attempts"], result["failures"], result["reformed"]) == (1, [], []), result
+    events = read_events(progress)
+    assert sorted(events) == sorted(first), sorted(events)  # nobody new, nobody left
+    for launch, entered in first.items():
+        again = entries(events[launch])[1]
+        assert (again["generation"], again["size"], again["pid"]) == (1, 3, entered["pid"])
+        assert again["rank"] == entered["rank"] and again["equal"]
+        assert [e for e in events[launch] if e["event"] == "restored" and e["at"] > cut_at]
+    print(
+        f"in process, a {cut_s:.0f} s cut (timeout {timeout_s:.0f} s): the world of 3 "
+        f"stepped again {whole['at'] - cut_at:.1f} s after the cut"
+    )
+    assert wait_all_gone(records(result), 60) == []
+    assert wait_no_job_processes(cluster, 60) == []
+
+
 # --- decommission notices (issue 41): a host is given Spark's decommission signal, and
 # --- killed NOTICE_S later, as a cloud takes back a spot instance ----------------------
 
