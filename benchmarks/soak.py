@@ -151,6 +151,7 @@ class Peaks(threading.Thread):
                     )
 
 
+ON_RANKS = {"sigkill", "sigstop", "stuck", "exit", "slow_rank"}
 CHANGES_WORLD = {"sigkill", "sigstop", "stuck", "cut_host", "lose_host", "notice", "exit"}
 CHANGES_WORLD |= {"in_checkpoint", "grow"}
 
@@ -184,8 +185,10 @@ def wait_for_turn(injector: Injector, job, fault, at: float, before: Fired | Non
         for task in injector.release_slots():
             logger.info("ended the Spark task (pid %d) of a lost rank: its slot is free", task)
         since = before.step if before is not None else 0
+        # A follower waits for a rank to hit (none while a job relaunches).
+        ranks = fault.kind not in ON_RANKS or bool(injector.world.members())
         ready = (
-            fault.follows
+            (fault.follows and ranks)
             or fault.kind == "grow"
             or whole(injector, since, opts.settle_steps, before)
         )
