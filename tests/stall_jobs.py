@@ -4,7 +4,9 @@ reference on the ranks (the driver's import path reaches them)."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import threading
 import time
 
@@ -178,3 +180,54 @@ def wait_noting_supervisor(note_file: str) -> int:
     os.replace(note_file + ".partial", note_file)
     while True:
         time.sleep(1)
+
+
+def slow_import(module_dir: str) -> None:
+    """Import `slow_start` from `module_dir`: its import sleeps, in silence (a slow
+    `import torch` on a loaded host; the test writes the module)."""
+    sys.path.insert(0, module_dir)
+    importlib.import_module("slow_start")
+
+
+def slow_start(module_dir: str, slow_rank: int = 1) -> int:
+    """Rank `slow_rank` starts slowly (`slow_import`), then says so (a file); the others
+    print a line at once and wait for it, in silence."""
+    rank = int(os.environ["RANK"])
+    started = os.path.join(module_dir, "started")
+    if rank == slow_rank:
+        slow_import(module_dir)
+        print("started", flush=True)
+        open(started, "w").close()
+    else:
+        print("ready", flush=True)
+        while not os.path.exists(started):
+            time.sleep(0.05)
+    return rank
+
+
+def silent_forever() -> int:
+    """Never a sign of life: no line, no report."""
+    while True:
+        time.sleep(1)
+
+
+def elastic_slow_start(module_dir: str, slow_rank: int = 1, steps: int = 5) -> int:
+    """Rank `slow_rank` starts slowly (`slow_import`), the others print a line at once;
+    then `steps` commits inside `sparkdist.elastic.run`. Returns the world's size."""
+    if int(os.environ["RANK"]) == slow_rank:
+        slow_import(module_dir)
+    else:
+        print("ready", flush=True)
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    @elastic.run
+    def train(state) -> int:
+        while state.step < steps:
+            state.step += 1
+            state.commit()
+            time.sleep(0.05)
+        return dist.get_world_size()
+
+    return train(elastic.ObjectState(step=0))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import textwrap
 import threading
@@ -142,7 +143,7 @@ def test_only_members_are_singled_out():
 
 
 def test_an_in_process_elastic_world_has_a_stall_timeout_by_default():
-    """300 s unless given, for an in-process elastic world only (`min_np` set on its
+    """60 s unless given, for an in-process elastic world only (`min_np` set on its
     membership: the direct launcher); it drops stopped ranks, and fails no job itself."""
 
     def watch(min_np: int | None, **given) -> StallWatch:
@@ -151,7 +152,7 @@ def test_an_in_process_elastic_world_has_a_stall_timeout_by_default():
         return StallWatch(state, options, "job", print)
 
     elastic = watch(2)
-    assert elastic.timeout_s == ELASTIC_STALL_TIMEOUT_S == 300 and elastic.default
+    assert elastic.timeout_s == ELASTIC_STALL_TIMEOUT_S == 60 and elastic.default
     assert RunnerOptions(np=4, min_np=2, max_np=4).stall_timeout is None  # not given
     given = watch(2, stall_timeout=60)
     assert given.timeout_s == 60 and not given.default
@@ -183,6 +184,7 @@ def stop_one_rank(out: str, how: str, stop_rank: int = 3) -> dict:
         while state.step < STEPS:
             if state.step == STOP_AT and launch_rank == stop_rank:
                 Path(out, "stopped").write_text(str(time.time()))
+                print(f"rank {launch_rank} stops", flush=True)  # its last sign of life
                 if how == "sigstop":
                     os.kill(os.getpid(), signal.SIGSTOP)
                 else:
@@ -246,3 +248,68 @@ def test_a_rank_stuck_on_a_lock_has_its_stacks_logged_and_is_dropped(sc, tmp_pat
     # ... and in full in its rank log
     assert "[sparkdist] stacks (no sign of life for " in rank_log, rank_log
     assert "stall_jobs.py" in rank_log and " in stuck" in rank_log, rank_log
+
+
+# --- a stopped rank costs stall_timeout, whatever the others say meanwhile ------------------
+
+COLLECTIVE_TIMEOUT_S = 8
+"""The elastic collective timeout, shorter than `stall_timeout`: the others' collective
+breaks first, and they say so (their own signs of life, not the stopped rank's)."""
+SILENT_TIMEOUT_S = 10
+MARGIN_S = 3.0
+"""The watch's tick (1 s), the stopped rank's last line reaching the driver, and the
+machine's load: far less than the collective timeout, which the drop cost before the fix."""
+
+
+def _decided_at(records: list[logging.LogRecord]) -> float:
+    """When the world decided to go on without the stopped rank (wall seconds): the stall
+    watch's look (its silent line, less the time the stacks it logged with it took), else
+    the world's change."""
+    messages = [(record.created, record.getMessage()) for record in records]
+    silent = [at for at, message in messages if "is silent: no sign of life" in message]
+    if not silent:
+        return next(at for at, message in messages if "world 4 -> 3 ranks in process" in message)
+    pattern = re.compile(r"Where each rank was \(.*; stacks taken in ([\d.]+)s\)")
+    taken = [(at, float(m.group(1))) for at, text in messages if (m := pattern.search(text))]
+    _, taken_s = min(taken, key=lambda found: abs(found[0] - silent[0]))
+    return silent[0] - taken_s
+
+
+def test_a_stopped_rank_costs_stall_timeout_after_its_own_last_sign_of_life(sc, tmp_path, caplog):
+    """Launch rank 3 prints a line and SIGSTOPs itself; the others' collective times out
+    (8 s) and they say so, going back to their commit. Rank 3 is dropped
+    `stall_timeout` after its own last line, not after theirs (before the fix: 8 s later,
+    at 18-19 s), and the three others end the job."""
+    runner = sparkdist.HorovodRunner(
+        np=4,
+        min_np=2,
+        max_np=4,
+        ranks_per_task=2,
+        stall_timeout=SILENT_TIMEOUT_S,
+        env={"SPARKDIST_ELASTIC_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S)},
+    )
+    with caplog.at_level(logging.WARNING, logger="sparkdist"):
+        results = runner.run_all(stop_one_rank, out=str(tmp_path), how="sigstop")
+    assert sorted(r["rank"] for r in results) == [0, 1, 2], results
+    assert all(r["size"] == 3 and r["step"] == STEPS for r in results), results
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [], job.failures
+    assert len(job.reformed) == 1 and "rank 3 on host " in job.reformed[0], job.reformed
+    stopped_at = float((tmp_path / "stopped").read_text())  # its last line came after this
+    cost = _decided_at(caplog.records) - stopped_at
+    print(f"rank 3 left the world {cost:.1f} s after its last sign of life")
+    assert cost <= SILENT_TIMEOUT_S + MARGIN_S, cost
+    assert_nothing_left(runner)
+
+
+def test_a_member_slow_to_start_is_no_stall(sc, tmp_path):
+    """Launch rank 1's import sleeps three stall timeouts, in silence; rank 0 printed its
+    line and waits for it in the world's forming. Nothing is stalled while a member starts
+    (its start counts against `start_timeout`): the world forms with both and the job ends
+    well (before the fix: `JobStalledError`, as rank 1 could not be dropped below min_np)."""
+    (tmp_path / "slow_start.py").write_text("import time\n\ntime.sleep(15)\n")
+    runner = sparkdist.HorovodRunner(np=2, min_np=2, max_np=2, ranks_per_task=2, stall_timeout=5)
+    sizes = runner.run_all(stall_jobs.elastic_slow_start, module_dir=str(tmp_path))
+    assert sizes == [2, 2], sizes
+    assert runner.last_job.failures == [] and runner.last_job.reformed == []
+    assert_nothing_left(runner)

@@ -52,14 +52,17 @@ class HorovodRunner:
             before the driver logs every rank's stack, grouped, and goes on (default
             300; None: never). Raise it for jobs of long silent steps.
         stall_timeout: seconds without a sign of life before the job fails with every
-            rank's stack (default None: never). In an in-process elastic job
-            (`sparkdist.elastic.run`, min_np/max_np) it first drops the ranks that hold
-            the others back (stopped, or stuck in their own code while the others wait
-            in a collective): they are killed and the world goes on without them; the job
-            fails only when none can be singled out or fewer than min_np would be left.
-            There, not given, it is 300 s and drops such ranks only (the job never fails
-            of it). See "When a job hangs" in docs/troubleshooting.md and "A rank that
-            stops without dying" in docs/elastic.md.
+            rank's stack (default None: never), counted from each rank's first sign of
+            life: a rank's start before it (imports, building a model) counts against
+            start_timeout instead. In an in-process elastic job (`sparkdist.elastic.run`,
+            min_np/max_np) each member is watched alone: one silent that long is dropped
+            if it holds the others back (stopped, or stuck in its own code while the
+            others wait in a collective): it is killed and the world goes on without it;
+            the job fails only when no rank spoke for that long and none can be singled
+            out, or fewer than min_np would be left. There, not given, it is 60 s and
+            drops such ranks only (the job never fails of it). See "When a job hangs"
+            in docs/troubleshooting.md and "A rank that stops without dying" in
+            docs/elastic.md.
         env: extra environment variables for the ranks.
         mpi_args: extra arguments for mpirun (e.g. ["--mca", "btl_tcp_links", "2"]).
         network_interface: the interface (e.g. "eth0") the ranks and sparkdist's

@@ -219,7 +219,7 @@ class RunnerOptions:
     stall_timeout: float | None = field(
         default=None,
         metadata=_off_flag(
-            "no sign of life for S s: fail (in-process elastic: drop stopped ranks first; 300)"
+            "no sign of life for S s: fail (in-process elastic: drop stopped ranks first; 60)"
         ),
     )
     env: Mapping[str, str] = field(

@@ -518,8 +518,8 @@ class _RankPeer(_Peer):
             case messages.Alive(counts, events):
                 for kind, count in counts.items():
                     state.life.seen(rank, count, kind)
-                if not counts:
-                    state.life.seen(rank)
+                if not counts and not any(event[0] == "main" for event in events):
+                    state.life.seen(rank)  # the launch's end (`main_entered`) is sparkdist's
                 state.trace.rank_events(rank, events)
         return messages.Ok()
 

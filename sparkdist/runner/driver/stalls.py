@@ -13,9 +13,12 @@
 * `StallWatch`: a thread per attempt: no sign of life for `stall_warning` seconds logs
   the stacks and goes on, for `stall_timeout` fails the job with them
   (`failures.FailureTracker.fail_now`); it also names stragglers. In an in-process
-  elastic world (`stall_timeout` 300 s unless given) it first drops the members that
-  hold the others back, stopped or stuck (`stacks.stopped`): they are killed, and lost
-  as a killed rank is (`failures.Losses`), so the world re-forms without them.
+  elastic world (`stall_timeout` 60 s unless given) each member is watched alone: one
+  silent that long is dropped if it holds the others back, stopped or stuck
+  (`stacks.stopped`): it is killed, and lost as a killed rank is (`failures.Losses`),
+  so the world re-forms without it.
+* `StallClock`: when each rank's silence starts to count: at its first sign of life;
+  its start before that (imports, building a model) counts against `start_timeout`.
 * `Stragglers`: a rank that steps at least `RATIO` times slower than the median rank.
   Each rank's step rate comes from its signs of life that count steps: its data
   loader's batches (`Alive`) or its `report()` calls, whichever every measured rank has
@@ -36,14 +39,24 @@ from collections.abc import Callable
 
 from sparkdist.errors import JobFailedError, JobStalledError, JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, stack_dumps
+from sparkdist.runner.driver.console import spans
 from sparkdist.runner.driver.records import Peers, RankRecords, send
 from sparkdist.runner.driver.stacks import RankStacks, group, stopped
 
 logger = logging.getLogger(__name__)
 
-ELASTIC_STALL_TIMEOUT_S = 300.0
+ELASTIC_STALL_TIMEOUT_S = 60.0
 """An in-process elastic job's `stall_timeout` when none is given: a member silent this
-long while the others wait for it is dropped (the job itself never fails of it)."""
+long while the others wait for it is dropped (the job itself never fails of it).
+
+Twice the elastic collective timeout (`torch_group.DEFAULT_TIMEOUT_S`, 30 s): a member
+that keeps the others waiting longer than that has broken their collective already, so a
+silence to be tolerated must be shorter, and 60 s leaves room for what is silent on one
+rank alone before a step of the others (a first step under torch.compile that ends at
+other times on other ranks, an evaluation or a checkpoint written outside
+`sparkdist.checkpoint`, whose writes are signs of life). A stopped rank then costs about
+a minute (the 300 s of before cost five); the issue's 30 s at p99 per fault needs a
+`stall_timeout` of about 20 s, given by a job whose steps are short and even."""
 WAIT_S = stack_dumps.WAIT_S + 1.0
 """How long the driver waits for every rank's stacks (the supervisor waits `WAIT_S`)."""
 TICK_S = 1.0
@@ -266,15 +279,54 @@ def show_where(state, exc: BaseException, announce: Callable[[str], None]) -> No
         announce(text)
 
 
+class StallClock:
+    """When each rank's silence starts to count against `stall_timeout`.
+
+    A rank is starting until its first sign of life: importing torch or building a model
+    takes seconds to minutes, in silence, on a loaded host, and every rank may do it at
+    once. Its start counts against `start_timeout` (from when the watch saw it started):
+    one silent that long is silent since its start. While a rank of the world starts,
+    nothing is stalled (the others may be waiting for it)."""
+
+    def __init__(self, start_timeout: float) -> None:
+        self.start_timeout = start_timeout
+        self._started: dict[int, float] = {}
+        """When the watch first saw each rank started (monotonic seconds)."""
+
+    def note(self, records: RankRecords, now: float) -> None:
+        """Note the ranks that started since the last tick (under the job's lock)."""
+        for rank, record in records.by_rank.items():
+            if record.started:
+                self._started.setdefault(rank, now)
+
+    def starting(self, life: SignsOfLife, ranks: list[int], now: float) -> list[int]:
+        """The `ranks` that showed no sign of life yet, within `start_timeout` of their start."""
+        return [
+            r
+            for r in ranks
+            if r not in life.by_rank and now - self._started.get(r, now) < self.start_timeout
+        ]
+
+    def silences(
+        self, life: SignsOfLife, ranks: list[int], since: float, now: float
+    ) -> dict[int, float]:
+        """How long each of `ranks` has been silent, counted from `since` at the earliest
+        (the watch's last look), from its start when it never spoke."""
+        return {r: now - max(life.by_rank.get(r, self._started.get(r, now)), since) for r in ranks}
+
+
 class StallWatch:
     """An attempt's watch for stalls and stragglers (a daemon thread, `TICK_S`).
 
-    In an in-process elastic world (`membership.py`) a stall at `stall_timeout` (not
-    given: `ELASTIC_STALL_TIMEOUT_S`) first looks for the members that hold the others
-    back (`stacks.stopped`): each is named, killed (`KillRank`), and lost as a killed rank
-    is, so the world re-forms without it. Only when none can be singled out, or the world
-    cannot lose them (fewer than `min_np` left), does a `stall_timeout` given fail the
-    job; the default one never does (the job goes on, as after a warning)."""
+    `stall_timeout` counts from each rank's first sign of life (`StallClock`). In an
+    in-process elastic world (`membership.py`; not given: `ELASTIC_STALL_TIMEOUT_S`) each
+    member is watched alone: one silent that long, whatever the others said meanwhile
+    (their own lines when their collective timed out), is dropped if it holds the others
+    back (`stacks.stopped`): named, killed (`KillRank`), and lost as a killed rank is, so
+    the world re-forms without it. Only when no rank showed a sign of life for
+    `stall_timeout` and none can be singled out, or the world cannot lose them (fewer than
+    `min_np` left), does a `stall_timeout` given fail the job; the default one never does
+    (the job goes on, as after a warning)."""
 
     def __init__(self, state, options, job_id: str, announce: Callable[[str], None], follow=None):
         self.state, self.job_id, self.announce = state, job_id, announce
@@ -283,6 +335,7 @@ class StallWatch:
         """The in-process elastic default: it drops stopped ranks, and fails no job."""
         if self.default:
             self.timeout_s = ELASTIC_STALL_TIMEOUT_S
+        self._clock = StallClock(options.start_timeout)
         self._looked = time.monotonic()
         """`stall_timeout` counts from here too: the watch's start (a re-formed world is
         watched anew), and the last look that killed a rank or, by default, found none."""
@@ -330,8 +383,9 @@ class StallWatch:
         idle = now - life.last
         if self._warned_at is not None and self._warned_at != life.last:
             self._trace_stall(life)  # the ranks spoke again: the stall ends here
-        if self.timeout_s is not None and now - max(life.last, self._looked) >= self.timeout_s:
-            self._timed_out(idle)
+        due = self._due(now) if self.timeout_s is not None else None
+        if due is not None:
+            self._timed_out(idle, *due)
         elif self.warning_s is not None and idle >= self.warning_s:
             if self._warned_at != life.last:
                 self._noticed(life.last)
@@ -343,6 +397,24 @@ class StallWatch:
         if self._warned_at is not None:
             self._trace_stall(self.state.life)
         self.state, self._looked = state, time.monotonic()
+        self._clock = StallClock(self._clock.start_timeout)
+
+    def _due(self, now: float) -> tuple[bool, dict[int, float]] | None:
+        """What `stall_timeout` finds now: whether no rank showed a sign of life that long,
+        and the elastic world's members silent that long; None: nothing (or a rank of the
+        world still starts: `StallClock`)."""
+        state, life = self.state, self.state.life
+        with state.cond:
+            self._clock.note(state.rank_records, now)
+            by_rank = state.rank_records.by_rank
+            ranks = [r for r in state.membership.survivors() if not by_rank[r].exited]
+            elastic = state.membership.min_np is not None
+        if self._clock.starting(life, ranks, now):
+            return None
+        stalled = now - max(life.last, self._looked) >= self.timeout_s
+        silences = self._clock.silences(life, ranks, self._looked, now) if elastic else {}
+        silent = {r: s for r, s in silences.items() if s >= self.timeout_s}
+        return (stalled, silent) if stalled or silent else None
 
     def _warn(self, idle: float, text: str) -> None:
         """Say where each rank is (`text`); the job goes on."""
@@ -351,16 +423,21 @@ class StallWatch:
             f"{idle:.0f}s (stall_warning={self.warning_s:g}); the job goes on.\n" + text
         )
 
-    def _timed_out(self, idle: float) -> None:
-        """No sign of life for `stall_timeout`: drop the ranks that hold an in-process
-        world back, else fail the job (by default: go on, as after a warning)."""
+    def _timed_out(self, idle: float, stalled: bool, silent: dict[int, float]) -> None:
+        """No sign of life for `stall_timeout` (`stalled`: from any rank; `silent`: from
+        these members): drop the ranks that hold an in-process world back, else fail a
+        stalled job (by default: go on, as after a warning)."""
         state, since = self.state, self.state.life.last
         why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
+        if not stalled:
+            who = spans(sorted(silent))
+            why = f"rank{'s' if len(silent) > 1 else ''} {who} silent for "
+            why += f"{max(silent.values()):.0f}s, stall_timeout={self.timeout_s:g}"
         answers, text = taken(state, why, nccl=True)
-        if self._drop_stopped(answers, text, idle):
+        if self._drop_stopped(answers, text, silent):
             self._noticed(self._warned_at or since)  # traced once a rank speaks again
             return
-        if self.default:
+        if self.default or not stalled:
             self._looked = time.monotonic()
             warn = self.warning_s is not None and idle >= self.warning_s
             if warn and self._warned_at != since:
@@ -373,7 +450,9 @@ class StallWatch:
         self._trace_stall(state.life)
         self._stop.set()
 
-    def _drop_stopped(self, answers: dict[int, RankStacks], text: str, idle: float) -> bool:
+    def _drop_stopped(
+        self, answers: dict[int, RankStacks], text: str, silent: dict[int, float]
+    ) -> bool:
         """An elastic world's members that hold the others back (`stacks.stopped`): name
         each, with why, kill it and let the world re-form without it (in process), or
         relaunch from its checkpoint (the relaunch path: its death is a loss like any
@@ -386,7 +465,7 @@ class StallWatch:
             members = membership.survivors()
             links = {r: state.peers.channel("supervisor", r) for r in members}
             chosen = stopped(answers, members).items()
-            dropped = {r: why for r, why in chosen if links[r] is not None}
+            dropped = {r: why for r, why in chosen if links[r] is not None and r in silent}
             left = len(members) - len(dropped)  # the world re-forms in process without them
             in_process = membership.in_process(dropped)
             if not dropped or left < membership.min_np or (self.default and not in_process):
@@ -396,17 +475,18 @@ class StallWatch:
         for rank, why in dropped.items():
             host = answers[rank].host
             state.losses.silenced(
-                rank, f"rank {rank} on host {host} was silent for {idle:.0f}s ({limit}): {why}"
+                rank,
+                f"rank {rank} on host {host} was silent for {silent[rank]:.0f}s ({limit}): {why}",
             )
             said = (
-                f"rank {rank} (host {host}) is silent: no sign of life for {idle:.0f}s "
+                f"rank {rank} (host {host}) is silent: no sign of life for {silent[rank]:.0f}s "
                 f"({limit}); {why}. It is killed; {goes_on}."
             )
             state.console.keep(rank, [f"[sparkdist] {said}"])
             self.announce(f"sparkdist job {self.job_id}: {said}")
         self.announce(text)
         for rank in dropped:
-            send([links[rank]], messages.KillRank(f"silent for {idle:.0f}s ({limit})"))
+            send([links[rank]], messages.KillRank(f"silent for {silent[rank]:.0f}s ({limit})"))
         self._looked = time.monotonic()
         return True
 
