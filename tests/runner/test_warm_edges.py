@@ -27,8 +27,9 @@ RUN_TIMEOUT_S = 90
 
 def silent_after_relaunch(marker: str) -> int:
     """First attempt: launch rank 0 dies of SIGKILL (its peer waits, silent, to be
-    stopped). The relaunched attempt: rank 1 writes `marker` and waits for ever in
-    silence; rank 0 returns."""
+    stopped). The relaunched attempt: rank 1 prints a line (its start ends there: a rank
+    that never spoke is starting, `stalls.StallClock`), writes `marker` and waits for ever
+    in silence; rank 0 returns."""
     import signal
     import threading
 
@@ -40,6 +41,7 @@ def silent_after_relaunch(marker: str) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Event().wait()
     if rank == "1":
+        print("waiting", flush=True)
         with open(marker, "w") as f:
             f.write(str(os.getpid()))
         threading.Event().wait()
@@ -48,7 +50,9 @@ def silent_after_relaunch(marker: str) -> int:
 
 def test_a_warm_world_relaunched_mid_run_watches_its_new_ranks_for_stalls(sc, tmp_path, caplog):
     marker = tmp_path / "silent"
-    options = dict(np=2, min_np=1, max_np=2, launcher="direct", keep_warm=120)
+    # min_np=2: the stall cannot drop rank 1 and relaunch without it (the relaunch path's
+    # drop of a stopped rank), so the stall timeout ends the run.
+    options = dict(np=2, min_np=2, max_np=2, launcher="direct", keep_warm=120)
     limits = dict(stall_warning=STALL_WARNING_S, stall_timeout=STALL_TIMEOUT_S)
     with HorovodRunner(**options, start_timeout=120, timeout=RUN_TIMEOUT_S, **limits) as runner:
         with caplog.at_level(logging.WARNING, logger="sparkdist"):
