@@ -133,15 +133,12 @@ def check_saved(saved: list[dict], target: int) -> tuple[bool, str]:
     return True, f"{len(numbers)} checkpoints saved, each step once, in order"
 
 
-def check_silent(
-    fired: list, log: str, stall_timeout_s: float, step_s: float, collective_timeout_s: float
-) -> tuple[bool, str]:
+def check_silent(fired: list, log: str, stall_timeout_s: float, step_s: float) -> tuple[bool, str]:
     """Each SIGSTOPped or stuck rank named silent in the job's log (with its stacks or why
     there are none), and gone within stall_timeout + a step + the stacks' wait (4 s) + the
-    stall watch's tick (1 s) after the others' last sign of life: their own line when their
-    collective times out (`collective_timeout_s` after the fault) is one, so the stall
-    counts from there."""
-    allowed = collective_timeout_s + stall_timeout_s + step_s + 4.0 + 1.0
+    stall watch's tick (1 s) after it stopped: its silence counts from its own last sign
+    of life, whatever the others say meanwhile."""
+    allowed = stall_timeout_s + step_s + 4.0 + 1.0
     notes = []
     for f in fired:
         if f.fault.kind not in ("sigstop", "stuck") or f.skipped:

@@ -26,11 +26,6 @@ from soak_schedule import Fault
 logger = logging.getLogger(__name__)
 
 FULL_BYTES = 1 << 20
-SLOT_HELD = (
-    "a rank of an in-process elastic world that is lost while its executor lives (killed, "
-    "dropped as silent, exited) leaves its Spark task waiting until the job ends, so its "
-    "slot never takes a task that could join: the world stays smaller for good"
-)
 
 
 class Store:
@@ -192,12 +187,7 @@ class Injector:
         self.threads: list[threading.Thread] = []
         """Threads that stop a host's worker: done before it is brought back."""
         self.stopped: set[int] = set()
-        self.released = 0
-        self.releases = True
-        """Whether `release_slots` ends the Spark tasks of lost ranks (in process)."""
         self.hosts_lost = 0
-        self.tasks: dict[int, int] = {}
-        """rank pid -> the pid of the Python worker of its Spark task."""
         self.lock = threading.Lock()
 
     def hosts_up(self) -> list[int]:
@@ -234,35 +224,11 @@ class Injector:
     def _rank(self, fault: Fault, fired: Fired) -> dict:
         member = fault.target(self.world.members())
         fired.target = f"rank {member['rank']} (pid {member['pid']}, host {member['host']})"
-        self._note_task(member["pid"])
         return member
 
-    def _note_task(self, pid: int) -> None:
-        """Remember the Spark task (its Python worker) that runs rank `pid`."""
-        try:
-            task = psutil.Process(pid).parent().parent()
-        except (psutil.Error, AttributeError):
-            return
-        if "pyspark" in " ".join(task.cmdline()):
-            self.tasks[pid] = task.pid
-
-    def release_slots(self) -> list[int]:
-        """Stand in for a defect (see SLOT_HELD): end the Spark task of each rank that
-        is gone, so that its slot takes a task that joins the world. Returns their pids."""
-        ended = []
-        for rank, task in list(self.tasks.items()) if self.releases else []:
-            if not alive(rank):
-                del self.tasks[rank]
-                if alive(task):
-                    _signal(task, signal.SIGKILL)
-                    ended.append(task)
-        self.released += len(ended)
-        return ended
-
     def killed_tasks(self) -> int:
-        """How many Spark tasks were SIGKILLed: those `release_slots` ended, and one with
-        each host lost (one slot a host)."""
-        return self.released + self.hosts_lost
+        """How many Spark tasks were SIGKILLed: one with each host lost (one slot a host)."""
+        return self.hosts_lost
 
     def _host(self, fault: Fault, fired: Fired, spare_master: bool) -> int:
         hosts = [i for i in self.hosts_up() if not (spare_master and i == 0)]
@@ -320,8 +286,6 @@ class Injector:
 
     def _in_checkpoint(self, fault: Fault, duration_s: float, fired: Fired) -> None:
         fired.target = "world rank 0, in its next checkpoint write"
-        for member in self.world.members()[:1]:
-            self._note_task(member["pid"])
         self._touch("die-in-save")
 
     def _disk_full(self, fault: Fault, duration_s: float, fired: Fired) -> None:

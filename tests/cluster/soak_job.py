@@ -123,7 +123,7 @@ def soak_main(
     model = torch.nn.Linear(ROW_FEATURES, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     with train.make_torch_dataloader(
-        global_batch_size=global_batch, num_epochs=None, shuffle=True, seed=1
+        global_batch_size=global_batch, rank_split="per_step", num_epochs=None, shuffle=True, seed=1
     ) as loader:
         state = elastic.TorchState(model=model, optimizer=optimizer, step=0, loader=loader)
 
@@ -210,7 +210,7 @@ def soak_relaunch_main(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     found = checkpoint.resume()
     with train.make_torch_dataloader(
-        global_batch_size=global_batch, num_epochs=None, shuffle=True, seed=1
+        global_batch_size=global_batch, rank_split="per_step", num_epochs=None, shuffle=True, seed=1
     ) as loader:
         state = SimpleNamespace(model=model, optimizer=optimizer, loader=loader, step=0)
         state.rank, state.world_size = dist.get_rank(), dist.get_world_size()

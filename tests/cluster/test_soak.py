@@ -25,12 +25,6 @@ import soak_schedule as schedule  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
-KNOWN_DEFECT = {"the control's rows", "final weights and loss"}
-"""A defect the soak found, not mended yet: with `global_batch_size`, the rows a step reads
-depend on the world's size (after the first change of the world every step read other rows
-than the control's, though each epoch read every row once), so the final weights differ from
-the control's (6.8e-2; loss 0.40 % apart). Each of these two invariants may fail, and only
-for it."""
 SEED = 64
 TIME_SCALE = 0.25
 
@@ -60,9 +54,7 @@ def test_short_soak_every_fault_kind_once(cluster, driver, soak_driver, tmp_path
     assert out["faults"] == {kind: 1 for kind in schedule.KINDS}, out["table"]
     assert all(row["survived"] == 1 for row in out["kinds"].values()), out["table"]
     failed = {name: c["why"] for name, c in out["invariants"].items() if not c["ok"]}
-    assert not set(failed) - KNOWN_DEFECT, failed
-    if "the control's rows" not in failed:  # the same rows each step: the same weights
-        assert "final weights and loss" not in failed, failed
+    assert not failed, failed
     everywhere = [cluster.address(i) for i in range(3)]
     assert cluster.alive_worker_hosts() == everywhere
     assert restore_one_executor_per_host(cluster, driver) == everywhere
@@ -86,8 +78,6 @@ def test_short_relaunch_soak(cluster, driver, soak_driver, tmp_path):
     assert out["faults"] == dict.fromkeys(RELAUNCH_KINDS, 1), out["table"]
     assert all(row["survived"] == 1 for row in out["kinds"].values()), out["table"]
     failed = {name: c["why"] for name, c in out["invariants"].items() if not c["ok"]}
-    assert not set(failed) - KNOWN_DEFECT, failed
-    if "the control's rows" not in failed:
-        assert "final weights and loss" not in failed, failed
+    assert not failed, failed
     everywhere = [cluster.address(i) for i in range(3)]
     assert cluster.alive_worker_hosts() == everywhere
