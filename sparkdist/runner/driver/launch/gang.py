@@ -38,6 +38,8 @@ class _Arrival:
     decision: tuple | None = None
     decided: threading.Event = field(default_factory=threading.Event)
     gone: bool = False
+    seated_as: int | None = None
+    """The task index a world's first seating gave it (`Gang.seat`)."""
 
 
 class Gang:
@@ -62,6 +64,10 @@ class Gang:
         """Once the world is seated: how many more tasks it can take (its `max_np` less
         its members and newcomers). A task that checks in beyond that is released at once,
         so that a task Spark ran again beside the one submitted in its place holds no slot."""
+        self.closed_seat: Callable[[int, str], None] | None = None
+        """Told (task index, host) when a task the world was seated with closes its
+        check-in connection: at its end, or when its executor was lost, maybe before it
+        reached the job's service."""
         self._server = wire.Server(secret, self._serve, host=bind, name="sparkdist-gang")
         self.address = join_address(advertise, self._server.address[1])
 
@@ -86,10 +92,15 @@ class Gang:
                 self._cond.notify_all()
         threading.Thread(target=self._watch, args=(arrival,), daemon=True).start()
         arrival.decided.wait()
-        channel.send(arrival.decision)
-        if arrival.decision[0] == messages.GangSeat.tag:
-            # Held open: the seated task's end (or loss) is the job's business, not ours.
-            channel.recv()
+        try:
+            channel.send(arrival.decision)
+            if arrival.decision[0] == messages.GangSeat.tag:
+                # Held open until the task ends, or its executor is lost.
+                channel.recv()
+        except (EOFError, OSError):
+            pass
+        if arrival.seated_as is not None and self.closed_seat is not None:
+            self.closed_seat(arrival.seated_as, arrival.check_in.host)
 
     def _watch(self, arrival: _Arrival) -> None:
         """A task that waits sends nothing: its connection closing means it is gone."""
@@ -148,6 +159,7 @@ class Gang:
         """Seat `chosen` as tasks 0..n-1 of the world, whose service is `driver`."""
         with self._cond:
             for index, arrival in enumerate(chosen):
+                arrival.seated_as = index
                 self._seat(arrival, messages.GangSeat(index, len(chosen), num_ranks, driver))
 
     def seat_standing(

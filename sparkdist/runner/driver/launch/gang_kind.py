@@ -116,6 +116,7 @@ class GangKind:
         tasks.state = state
         service = DriverService(state, plan.secret, self.place.bind, self.place.advertise)
         driver = join_address(*service.address)
+        gang.closed_seat = functools.partial(_seat_closed, state)
         gang.seat(chosen, size, driver)
         watcher = _GrowWatcher(gang, state, max_np, per_task)
         watcher.notices = notices.watch(self.cluster, state, notices.elastic(state))
@@ -171,6 +172,18 @@ class GangKind:
         if budget.max_failures is None:
             return f"{why} (relaunch {budget.used}; no limit, as max_failures was not given)"
         return f"{why} (relaunch {budget.used} of at most {budget.max_failures})"
+
+
+def _seat_closed(state: JobState, index: int, host: str) -> None:
+    """A seated task closed its check-in connection: one that never reached the job's
+    service was lost as it was seated (its executor died), and is lost like any other
+    task (the world goes on or relaunches without it), not awaited until start_timeout."""
+    with state.cond:
+        reached = index in state.tasks.started or index in state.tasks.lost
+    if reached or state.failures.stopping is not None or state.failures.failed:
+        return
+    logger.info("sparkdist elastic job: task %d on host %s was lost as it was seated", index, host)
+    state.losses.task_lost(index, host)
 
 
 def _room(state: JobState, max_np: int, per_task: int) -> int:
