@@ -121,9 +121,13 @@ def _beat_until(started: threading.Event) -> None:
         print("starting", flush=True)
 
 
-def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> int:
+def elastic_lock_job(
+    lock_file: str, stuck_rank: int = 1, stuck_at: int = 5, by_launch_rank: bool = False
+) -> int:
     """`lock_job` inside `sparkdist.elastic.run`: an all_reduce and a commit per step; at
     step `stuck_at`, rank `stuck_rank` blocks in `stuck`, so the others wait in all_reduce.
+    `by_launch_rank`: the process launched as rank `stuck_rank` blocks (once: a world
+    that dropped it and grew back goes on), not whichever is world rank `stuck_rank`.
 
     A thread prints a line a second until training starts: importing torch and forming
     the group take seconds on a loaded machine, in silence, and a short `stall_timeout`
@@ -136,13 +140,15 @@ def elastic_lock_job(lock_file: str, stuck_rank: int = 1, stuck_at: int = 5) -> 
     from sparkdist import elastic
 
     print("ready", flush=True)
+    launched_as = int(os.environ["RANK"])  # elastic.run gives RANK each world's rank
 
     @elastic.run
     def train(state) -> int:
         started.set()
         value = torch.ones(1)
         while state.step < 1000:
-            if state.step == stuck_at and state.rank == stuck_rank:
+            rank = launched_as if by_launch_rank else state.rank
+            if state.step == stuck_at and rank == stuck_rank:
                 stuck(lock_file)
             dist.all_reduce(value)
             state.step += 1

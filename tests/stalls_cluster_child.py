@@ -129,6 +129,25 @@ def stragglers(slow_rank: int) -> dict:
     }
 
 
+def elastic_drop(lock: str) -> dict:
+    """An in-process elastic world of 3 (min_np=2) whose launch rank 1 blocks in the
+    user's code: what the driver said of the job, its world changes and the ranks' values."""
+    open(lock, "w").close()
+    runner = HorovodRunner(np=3, launcher="direct", min_np=2, max_np=3, **ELASTIC)
+    handler = Warnings("", runner)
+    logging.getLogger("sparkdist").addHandler(handler)
+    try:
+        result = runner.run_all(stall_jobs.elastic_lock_job, lock_file=lock, by_launch_rank=True)
+    finally:
+        logging.getLogger("sparkdist").removeHandler(handler)
+    return {
+        "result": result,
+        "said": [text for _, text in handler.said],
+        "failures": [str(failure) for failure in runner.last_job.failures],
+        "left": left(runner),
+    }
+
+
 class Settled:
     """Starts one job at a time: a scenario begins once every running one is settled, its
     rank stuck (`<lock>.stuck`, tests/stall_jobs.py) or its job ended (a scenario without
@@ -196,17 +215,7 @@ def main() -> None:
             lock + "stall",
         ),
         "stall_warning": (lambda: stall_warning(lock + "warning"), lock + "warning"),
-        "elastic": (
-            lambda: lock_timeout(
-                "direct",
-                lock + "elastic",
-                stall_jobs.elastic_lock_job,
-                min_np=2,
-                max_np=3,
-                **ELASTIC,
-            ),
-            lock + "elastic",
-        ),
+        "elastic": (lambda: elastic_drop(lock + "elastic"), lock + "elastic"),
         "straggler": (lambda: stragglers(1), ""),
         "even": (lambda: stragglers(-1), ""),
     }
