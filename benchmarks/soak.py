@@ -178,7 +178,9 @@ def wait_for_turn(injector: Injector, job, fault, at: float, before: Fired | Non
     if fault.kind != "grow" and not fault.follows:
         for host in sorted(injector.down):
             injector.bring_back(host)
-    deadline = time.monotonic() + opts.gate_s
+    # The world has gate_s to be whole once the fault is due, not from now: a fault due
+    # more than gate_s after the last one was skipped though the world was whole.
+    deadline = time.monotonic() + max(0.0, at - time.time()) + opts.gate_s
     while not job.done():
         since = before.step if before is not None else 0
         # A follower waits for a rank to hit (none while a job relaunches).

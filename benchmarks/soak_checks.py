@@ -174,15 +174,15 @@ def median_step_s(steps: list[dict]) -> float:
 
 def recovery_s(fired, following, steps: list[dict]) -> float | None:
     """From the fault to the first step of a world formed after it (before the next fault;
-    a step the next fault has redone counts); for a fault that changed no world, to the
-    first committed step after it (after its end, for one that lasts)."""
+    a step the next fault has redone counts); for a fault that changed no world (a slow
+    rank, a full disk), to the first committed step after it: the job trains on through
+    it, so its length is no cost of its own."""
     kept, _ = committed(steps)
     stop = following.at if following is not None else math.inf
     newer = [r for r in steps if fired.at < r["at"] < stop and r["generation"] > fired.generation]
     if newer:
         return newer[0]["at"] - fired.at
-    start = fired.ended_at or fired.at
-    later = [r for r in kept if r["at"] > start]
+    later = [r for r in kept if r["at"] > fired.at]
     return later[0]["at"] - fired.at if later else None
 
 
