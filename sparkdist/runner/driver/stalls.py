@@ -45,6 +45,9 @@ from sparkdist.runner.driver.stacks import RankStacks, group, stopped
 
 logger = logging.getLogger(__name__)
 
+WARM_START_TIMEOUT_S = 600.0
+"""The start bound of a relay-mode warm run, whose limits carry none (the runner's default)."""
+
 ELASTIC_STALL_TIMEOUT_S = 60.0
 """An in-process elastic job's `stall_timeout` when none is given: a member silent this
 long while the others wait for it is dropped (the job itself never fails of it).
@@ -335,7 +338,9 @@ class StallWatch:
         """The in-process elastic default: it drops stopped ranks, and fails no job."""
         if self.default:
             self.timeout_s = ELASTIC_STALL_TIMEOUT_S
-        self._clock = StallClock(options.start_timeout)
+        # A relay-mode warm run's limits (`messages.WarmCarry`) carry no start_timeout:
+        # its ranks started before the run, and were seen then.
+        self._clock = StallClock(getattr(options, "start_timeout", WARM_START_TIMEOUT_S))
         self._looked = time.monotonic()
         """`stall_timeout` counts from here too: the watch's start (a re-formed world is
         watched anew), and the last look that killed a rank or, by default, found none."""
