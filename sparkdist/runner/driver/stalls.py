@@ -40,13 +40,11 @@ from collections.abc import Callable
 from sparkdist.errors import JobFailedError, JobStalledError, JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, stack_dumps
 from sparkdist.runner.driver.console import spans
+from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.records import Peers, RankRecords, send
 from sparkdist.runner.driver.stacks import RankStacks, group, stopped
 
 logger = logging.getLogger(__name__)
-
-WARM_START_TIMEOUT_S = 600.0
-"""The start bound of a relay-mode warm run, whose limits carry none (the runner's default)."""
 
 ELASTIC_STALL_TIMEOUT_S = 60.0
 """An in-process elastic job's `stall_timeout` when none is given: a member silent this
@@ -338,9 +336,10 @@ class StallWatch:
         """The in-process elastic default: it drops stopped ranks, and fails no job."""
         if self.default:
             self.timeout_s = ELASTIC_STALL_TIMEOUT_S
-        # A relay-mode warm run's limits (`messages.WarmCarry`) carry no start_timeout:
-        # its ranks started before the run, and were seen then.
-        self._clock = StallClock(getattr(options, "start_timeout", WARM_START_TIMEOUT_S))
+        # A relay-mode warm run's limits (`messages.WarmCarry`) carry no start_timeout
+        # (its ranks started before the run, and were seen then): the runner's default.
+        start_timeout = getattr(options, "start_timeout", RunnerOptions.start_timeout)
+        self._clock = StallClock(start_timeout)
         self._looked = time.monotonic()
         """`stall_timeout` counts from here too: the watch's start (a re-formed world is
         watched anew), and the last look that killed a rank or, by default, found none."""
