@@ -117,6 +117,8 @@ class WarmCarry(NamedTuple):
     timeout_s: float | None
     stall_warning: float | None
     stall_timeout: float | None
+    start_timeout: float | None
+    """The client's: a rank that starts during the run (a relaunch) is watched against it."""
     release: str = ""
     """Not empty: release the world for this reason instead of running."""
 

@@ -40,7 +40,6 @@ from collections.abc import Callable
 from sparkdist.errors import JobFailedError, JobStalledError, JobTimeoutError, SparkdistError
 from sparkdist.protocol import messages, stack_dumps
 from sparkdist.runner.driver.console import spans
-from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.records import Peers, RankRecords, send
 from sparkdist.runner.driver.stacks import RankStacks, group, stopped
 
@@ -336,10 +335,7 @@ class StallWatch:
         """The in-process elastic default: it drops stopped ranks, and fails no job."""
         if self.default:
             self.timeout_s = ELASTIC_STALL_TIMEOUT_S
-        # A relay-mode warm run's limits (`messages.WarmCarry`) carry no start_timeout
-        # (its ranks started before the run, and were seen then): the runner's default.
-        start_timeout = getattr(options, "start_timeout", RunnerOptions.start_timeout)
-        self._clock = StallClock(start_timeout)
+        self._clock = StallClock(options.start_timeout)
         self._looked = time.monotonic()
         """`stall_timeout` counts from here too: the watch's start (a re-formed world is
         watched anew), and the last look that killed a rank or, by default, found none."""

@@ -249,7 +249,7 @@ def carry_run(warm, options, job_id, blob, all_results, env, rank0_env) -> list:
     """The client's run on a relayed warm world (`warm`, its `WarmDispatch`): carried to
     task 0's service, its outcome replayed here (lines, results, the error); every rank's
     `WarmDone`."""
-    limits = (options.timeout, options.stall_warning, options.stall_timeout)
+    limits = (options.timeout, options.stall_warning, options.stall_timeout, options.start_timeout)
     order = messages.WarmCarry(job_id, blob, all_results, env, rank0_env, *limits)
     outcome = carry(warm.address, warm.secret, order, warm.state.job.job_id)
     replay(outcome, warm.state)
@@ -266,7 +266,7 @@ def release_world(warm, reason: str) -> None:
     try:
         if warm.address is None:
             raise SparkdistError("the world's service was not announced yet")
-        order = messages.WarmCarry("", b"", False, {}, {}, None, None, None, reason)
+        order = messages.WarmCarry("", b"", False, {}, {}, None, None, None, None, reason)
         carry(warm.address, warm.secret, order, world_id)
     except Exception as exc:  # noqa: BLE001 - the world's stage is cancelled instead
         logger.info("sparkdist: cancelling the warm world's stage: %s", exc)
