@@ -373,7 +373,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
         invariants["checkpoints"] = checks.check_saved(soaked["saved"], target)
     kept, _ = checks.committed(steps)
     wall = kept[-1]["at"] - kept[0]["at"] if len(kept) > 1 else float("nan")
-    text, kinds = checks.table(fired, steps, bool(result.get("ok")))
+    text, kinds = checks.table(fired, steps, bool(result.get("ok")), step_s)
     return {
         "mode": opts.mode,
         "goodput": (len(kept) - 1) * step_s / wall,
@@ -382,6 +382,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
         "steps": target,
         "faults": {kind: row["injected"] for kind, row in kinds.items()},
         "kinds": kinds,
+        "time_lost": checks.time_lost(kinds, steps, step_s),
         "table": text,
         "invariants": {name: {"ok": ok, "why": why} for name, (ok, why) in invariants.items()},
     }
@@ -394,6 +395,8 @@ def summary(out: dict) -> str:
         f"goodput {out['goodput']:.1%}: {out['steps']} steps x {out['control_step_s']:.3f} s "
         f"(the control's median step) over {out['wall_s']:.0f} s of training"
     )
+    lost = ", ".join(f"{name} {s:.0f} s" for name, s in out["time_lost"].items())
+    lines.append(f"time that trained nothing: {lost}")
     for name, check in out["invariants"].items():
         lines.append(f"  {'ok  ' if check['ok'] else 'FAIL'} {name}: {check['why']}")
     return "\n".join(lines)

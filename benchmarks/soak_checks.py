@@ -191,28 +191,50 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
 
 
-def table(fired: list, steps: list[dict], job_ok: bool) -> tuple[str, dict]:
+def table(fired: list, steps: list[dict], job_ok: bool, step_s: float) -> tuple[str, dict]:
     """The per-kind table (injected, survived, steps redone, fault -> next committed
-    step p50/p99) as text, and the same as data."""
+    step p50/p99, and the training time the kind cost) as text, and the same as data.
+
+    A fault's cost is its recovery less the one step that would have been committed
+    meanwhile anyway (`step_s`, the control's median step): the wall time it took from
+    training. What the faults do not explain (the world growing back between them, steps
+    slower than the control's) is `unexplained_s`, from `wall_s` by the goodput."""
     done = [f for f in fired if not f.skipped]
     charged = charge(committed(steps)[1], fired)
     kinds: dict[str, dict] = {}
     for i, f in enumerate(done):
-        row = kinds.setdefault(f.fault.kind, {"injected": 0, "survived": 0, "redone": 0, "s": []})
+        row = kinds.setdefault(
+            f.fault.kind, {"injected": 0, "survived": 0, "redone": 0, "s": [], "lost_s": 0.0}
+        )
         row["injected"] += 1
         took = recovery_s(f, done[i + 1] if i + 1 < len(done) else None, steps)
         if took is not None and job_ok:
             row["survived"] += 1
             row["s"].append(took)
+            row["lost_s"] += max(0.0, took - step_s)
         row["redone"] += charged.get(i, 0)
-    lines = [f"{'fault':<14}{'injected':>9}{'survived':>9}{'redone':>7}{'p50 s':>8}{'p99 s':>8}"]
+    head = f"{'fault':<14}{'injected':>9}{'survived':>9}{'redone':>7}{'p50 s':>8}{'p99 s':>8}"
+    lines = [head + f"{'lost s':>8}"]
     for kind, row in sorted(kinds.items()):
         p50 = f"{percentile(row['s'], 0.5):8.1f}" if row["s"] else f"{'-':>8}"
         p99 = f"{percentile(row['s'], 0.99):8.1f}" if row["s"] else f"{'-':>8}"
-        lines.append(
-            f"{kind:<14}{row['injected']:>9}{row['survived']:>9}{row['redone']:>7}{p50}{p99}"
-        )
+        counts = f"{kind:<14}{row['injected']:>9}{row['survived']:>9}{row['redone']:>7}"
+        lines.append(f"{counts}{p50}{p99}{row['lost_s']:8.1f}")
     skipped = [f"{f.fault.kind}: {f.skipped}" for f in fired if f.skipped]
     if skipped:
         lines.append("not done: " + "; ".join(skipped))
     return "\n".join(lines), kinds
+
+
+def time_lost(kinds: dict, steps: list[dict], step_s: float) -> dict[str, float]:
+    """Where the wall time that trained nothing went: the faults' cost by kind
+    (`table`'s `lost_s`) and what they leave unexplained."""
+    kept, _ = committed(steps)
+    wall = kept[-1]["at"] - kept[0]["at"] if len(kept) > 1 else 0.0
+    lost = wall - (len(kept) - 1) * step_s
+    by_kind = {kind: round(row["lost_s"], 1) for kind, row in kinds.items()}
+    return {
+        "lost_s": round(lost, 1),
+        **by_kind,
+        "unexplained_s": round(lost - sum(by_kind.values()), 1),
+    }

@@ -89,3 +89,14 @@ def test_relaunch_checkpoints_are_saved_once_each_in_order():
     ok, why = checks.check_saved(again, 12)
     assert not ok and "(12, 10)" in why
     assert not checks.check_saved(saved, 11)[0]  # beyond where the job stopped
+
+
+def test_the_time_that_trained_nothing_is_charged_to_each_fault_less_one_step():
+    """STEPS at one step a second: 5 s from the first kept step to the last for 3 steps
+    after it, 2 s lost. The sigkill at 3.5 s is recovered at 5.0 s, 0.5 s more than the
+    step due then anyway; the other 1.5 s (step 3 done at 3.0 s, thrown away, done again)
+    the faults do not explain."""
+    text, kinds = checks.table([fired(3.5)], STEPS, job_ok=True, step_s=1.0)
+    assert kinds["sigkill"]["lost_s"] == 0.5 and "lost s" in text.splitlines()[0]
+    lost = checks.time_lost(kinds, STEPS, step_s=1.0)
+    assert lost == {"lost_s": 2.0, "sigkill": 0.5, "unexplained_s": 1.5}
