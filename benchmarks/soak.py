@@ -490,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     opts.stall_timeout_s = args.stall_timeout
     out = run_on_new_cluster(faults, opts, args.prefix, args.subnet)
     print(summary(out))
-    print(f"records in {out['workdir']}")
+    (Path(out["workdir"]) / "report.json").write_text(json.dumps(out, indent=1, default=str))
+    print(f"records in {out['workdir']} (the report: report.json)")
     print(last_line(out, args.seed))
     return 0 if all(check["ok"] for check in out["invariants"].values()) else 1
 
