@@ -32,16 +32,52 @@ def _cut(chunk: Chunk, start: int, stop: int) -> Chunk:
     return {name: values[start:stop] for name, values in chunk.items()}
 
 
+def _joined(parts: list[Any]) -> Any:
+    """One column's parts end to end: numpy arrays, tensors or lists (strings)."""
+    first = parts[0]
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts)
+    if isinstance(first, list):
+        return [value for part in parts for value in part]
+    import torch  # a tensor's column: torch is imported already
+
+    return torch.cat(parts)
+
+
 def _join(parts: list[Chunk]) -> Chunk:
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    return {name: _joined([part[name] for part in parts]) for name in parts[0]}
+
+
+def _pieces(values: Any, start: int, count: int, size: int) -> Any:
+    """``count`` pieces of ``size`` rows of one column from row ``start``, as views made
+    in one call: a numpy array's rows of a reshape, a tensor's ``unsafe_split`` (views
+    of its memory that autograd does not track as views: a third cheaper to make, and
+    no batch is a view of another); a list (strings) is sliced a piece at a time."""
+    stop = start + count * size
+    if isinstance(values, np.ndarray):
+        return list(values[start:stop].reshape(count, size, *values.shape[1:]))
+    if isinstance(values, list):
+        return [values[at : at + size] for at in range(start, stop, size)]
+    return values[start:stop].unsafe_split(size)
+
+
+def _whole_batches(chunk: Chunk, start: int, count: int, size: int) -> Iterator[Chunk]:
+    """``count`` batches of ``size`` rows from row ``start`` of ``chunk``: each column cut
+    once into all its pieces, and each batch a ``dict(zip(...))`` of one piece of every
+    column, so the Python work per batch does not grow with the columns (66 columns cut
+    one slice at a time cost 12 us a numpy batch, 50 us a torch batch)."""
+    names = list(chunk)
+    columns = [_pieces(values, start, count, size) for values in chunk.values()]
+    return (dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True))
 
 
 def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
     """Cut a stream of chunks into batches of exactly ``size`` rows.
 
-    Batches inside one chunk are views; only a batch that spans two chunks is copied
-    (joined). The last batch before an `EPOCH_END` (and at the end of the stream) can be
-    shorter: batches never span two epochs.
+    A chunk's columns are numpy arrays, tensors or lists. Batches inside one chunk are
+    views (`_whole_batches`); only a batch that spans two chunks is copied (joined). The
+    last batch before an `EPOCH_END` (and at the end of the stream) can be shorter:
+    batches never span two epochs.
     """
 
     def whole(parts: list[Chunk]) -> Chunk:  # one part is a view, several a copy
@@ -64,9 +100,10 @@ def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
                 continue
             yield whole(pending)
             pending, count = [], 0
-        while rows - start >= size:
-            yield _cut(chunk, start, start + size)
-            start += size
+        full = (rows - start) // size
+        if full:
+            yield from _whole_batches(chunk, start, full, size)
+            start += full * size
         if start < rows:
             pending, count = [_cut(chunk, start, rows)], rows - start
     if pending:
