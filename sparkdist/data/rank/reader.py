@@ -29,7 +29,7 @@ import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place, row_block
-from sparkdist.data.rank.batches import counted, prefetched, rebatch
+from sparkdist.data.rank.batches import counted, prefetched, rebatch, rebatch_runs
 from sparkdist.data.rank.decode import Chunk, Marks, Scratch, WindowDecoder, iteration_chunks
 from sparkdist.data.rank.transform import TransformSpec
 from sparkdist.protocol.driver_channel import steps
@@ -317,8 +317,9 @@ class ShardReader:
         """This worker's batches of one iteration, cut from its chunks (after ``convert``,
         e.g. to petastorm's types; see `rebatch`).
 
-        With ``prefetch``, a thread reads and decodes the chunks ahead; the batches are cut
-        from them here, in the consumer's thread, so the threads meet once per chunk.
+        With ``prefetch``, a thread reads and decodes the chunks ahead and cuts them into
+        batches (`rebatch_runs`): the threads meet once per chunk (its batches handed over
+        as one list), and the consumer's thread, the training loop's, does no cutting.
         """
         options, start = self.options, start or self.position
         plans = order.EpochPlans(
@@ -340,7 +341,8 @@ class ShardReader:
             convert,
         )
         if options.prefetch >= 1:
-            return rebatch(prefetched(chunks, options.prefetch, self._closed), size)
+            runs = lambda: rebatch_runs(chunks(), size)  # noqa: E731
+            return itertools.chain.from_iterable(prefetched(runs, options.prefetch, self._closed))
         return rebatch(chunks(), size)
 
     # -- consuming (counts what the user got, for state_dict) --
