@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import ColumnInfo, describe
-from sparkdist.data.rank import reader, row_block
+from sparkdist.data.rank import decode, reader, row_block
 from sparkdist.data.rank.transform import TransformSpec
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
@@ -294,7 +294,7 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "float32", "float64", "uint
     seed=st.integers(0, 2**16),
 )
 def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows, seed):
-    """Columns of any widths laid side by side, gathered, split: each column's own rows."""
+    """Columns of any widths put into blocks, gathered, split: each column's own rows."""
     rng = np.random.default_rng(seed)
     columns = [ColumnInfo(f"c{i}", "scalar", dtype) for i, dtype in enumerate(dtypes)]
     columns.append(ColumnInfo("s", "string", "object"))
@@ -307,14 +307,16 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     }
     chunk["s"] = np.array([str(i) for i in range(rows)], dtype=object)
     layout = row_block.RowLayout.of(columns, stacks)
-    assert layout.row_bytes % max(np.dtype(d).itemsize for d in dtypes) == 0
-    assert all(run.offset % run.dtype.itemsize == 0 for run in layout.runs)  # aligned
-    matrix = np.zeros((rows, layout.row_bytes), np.uint8)
+    blocks = decode.Scratch().blocks(layout, rows)
     half = [name for name in layout.decode_order if name in chunk][: len(chunk) // 2]
-    layout.fill(matrix, {name: chunk[name] for name in half})  # a stretch, then the rest
-    layout.fill(matrix, {name: chunk[name] for name in chunk if name not in half})
+    cut = rows // 3  # a stretch of columns, then the rest, in two stretches of rows
+    for start, stop in ((0, cut), (cut, rows)):
+        first = {name: chunk[name][start:stop] for name in half}
+        layout.fill(blocks, first, start)
+        rest = {name: chunk[name][start:stop] for name in chunk if name not in half}
+        layout.fill(blocks, rest, start)
     picked = rng.permutation(rows)[: max(rows // 2, 1)]
-    out = layout.split(row_block.gather(matrix, picked), {"s": chunk["s"][picked]})
+    out = layout.split(layout.gather(blocks, picked), {"s": chunk["s"][picked]})
     expected = row_block.stack_features(
         {name: values[picked] for name, values in chunk.items()},
         stacks,
@@ -341,15 +343,15 @@ def _read_counting_buffers(layout, **options) -> tuple[np.ndarray, int]:
     """(the ids read, how many window buffers the reader made)."""
     shard = reader.ShardReader(layout, **options)
     made = []
-    original = shard._scratch.rows
+    original = shard._scratch.blocks
 
-    def rows(count: int, row_bytes: int) -> np.ndarray:
-        matrix = original(count, row_bytes)
-        if not any(np.shares_memory(matrix, held) for held in made):
-            made.append(matrix)
-        return matrix
+    def blocks(layout, count: int) -> tuple:
+        out = original(layout, count)
+        if not any(np.shares_memory(out[0], held) for held in made):
+            made.append(out[0])
+        return out
 
-    shard._scratch.rows = rows  # prefetch=0: the reading thread is this one
+    shard._scratch.blocks = blocks  # prefetch=0: the reading thread is this one
     return np.concatenate([batch["id"] for batch in shard]), len(made)
 
 

@@ -125,12 +125,12 @@ def to_numpy_chunk(
 
 class Scratch(threading.local):
     """A thread's buffers that shuffled windows are decoded into, kept for the next window:
-    the window's scalar columns as rows of one byte matrix (`row_block.RowLayout`), its
-    other columns an array each."""
+    the window's scalar columns as a 2-D block a run (`row_block.RowLayout`), its other
+    columns an array each."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
-        self.matrix = np.empty((0, 0), np.uint8)
+        self.held: list[np.ndarray] = []
 
     def array(self, info: ColumnInfo, rows: int) -> np.ndarray:
         """``rows`` rows of column ``info``, from the held array if it fits."""
@@ -141,11 +141,19 @@ class Scratch(threading.local):
             held = self.arrays[info.name] = np.empty((rows, *shape), dtype)
         return held[:rows]
 
-    def rows(self, rows: int, row_bytes: int) -> np.ndarray:
-        """A ``[rows, row_bytes]`` byte matrix, from the held one if it fits."""
-        if len(self.matrix) < rows or self.matrix.shape[1] != row_bytes:
-            self.matrix = np.empty((rows, row_bytes), np.uint8)
-        return self.matrix[:rows]
+    def blocks(self, layout: row_block.RowLayout, rows: int) -> row_block.Blocks:
+        """Each run's block of ``rows`` rows, contiguous (``np.take`` copies a strided
+        one whole), in the held bytes where they fit."""
+        while len(self.held) < len(layout.runs):
+            self.held.append(np.empty(0, np.uint8))
+        out = []
+        for index, run in enumerate(layout.runs):
+            shape = run.shape(rows)
+            size = shape[0] * shape[1] * run.dtype.itemsize
+            if len(self.held[index]) < size:
+                self.held[index] = np.empty(size, np.uint8)
+            out.append(self.held[index][:size].view(run.dtype).reshape(shape))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -179,11 +187,13 @@ class WindowDecoder:
         ranges: list,
         scratch: Scratch,
         pool: ThreadPoolExecutor | None = None,
+        seen: int = 0,
     ) -> Iterator[Chunk]:
         """The rows of ``ranges`` (positions inside ``window``), decoded, in order; ``pool``
-        (`threads` threads) decodes and gathers parts of a shuffled window side by side."""
+        (`threads` threads) decodes and gathers parts of a shuffled window side by side;
+        ``seen``: the epoch's rows before them."""
         if epoch_order.shuffle:
-            yield from self._read_shuffled(epoch_order, window, ranges, scratch, pool)
+            yield from self._read_shuffled(epoch_order, window, ranges, scratch, pool, seen)
             return
         # The files' own order: the ranges' rows of each row group, streamed in one pass.
         for index, run in _runs(ranges, [block.rows for block in window.blocks]):
@@ -245,18 +255,21 @@ class WindowDecoder:
         ranges: list,
         scratch: Scratch,
         pool: ThreadPoolExecutor | None,
+        seen: int = 0,
     ) -> Iterator[Chunk]:
         """Shuffled rows: the window's row groups are decoded whole, the rows gathered in order.
 
         The row groups are decoded piece by piece into the thread's `Scratch`, reused from
         window to window: a row group decoded at once would take fresh memory (128 MiB for
         Spark's) whose page faults cost as much as the decoding on a busy machine. The
-        scalar columns go into one byte matrix, a row after another (`row_block`), so a
-        piece of the epoch's order is one gather of whole rows for all of them. It is
+        scalar columns go into a 2-D block per dtype (`row_block`), so a piece of the
+        epoch's order is one gather per block for all of its columns. It is
         decoded and gathered in pieces of a quarter chunk (about 2 MiB): 25-40 MiB less
         memory in flight than whole chunks, for about 0.1 CPU s more per 2M rows of
         per-piece work (docs/data.md). A ``pool`` decodes the window's column groups side
-        by side, and gathers as many pieces at once as it has threads.
+        by side, and gathers as many pieces at once as it has threads. The pieces end
+        where the epoch's rows (``seen`` before the window) reach a multiple of a piece,
+        whole batches of the reader's (so few batches span two pieces: a copy each).
         """
         piece = max(self.chunk_rows // 4, 1)
         permutation = epoch_order.permutation(window)
@@ -264,7 +277,7 @@ class WindowDecoder:
             rows = permutation
         else:
             rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
-        matrix, apart, offsets = self._decode_blocks(window, rows, scratch, piece, pool)
+        blocks, apart, offsets = self._decode_blocks(window, rows, scratch, piece, pool)
         if offsets is not None:  # only some row groups were decoded, one after the other
             bounds = np.cumsum([0] + [block.rows for block in window.blocks])
             rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
@@ -272,9 +285,10 @@ class WindowDecoder:
 
         def gathered(picked: np.ndarray) -> Chunk:
             columns = {name: row_block.gather(values, picked) for name, values in apart.items()}
-            return self._transformed(layout.split(row_block.gather(matrix, picked), columns))
+            return self._transformed(layout.split(layout.gather(blocks, picked), columns))
 
-        pieces = (rows[start : start + piece] for start in range(0, len(rows), piece))
+        cuts = [0, *range((-seen) % piece or piece, len(rows), piece), len(rows)]
+        pieces = (rows[lo:hi] for lo, hi in zip(cuts, cuts[1:], strict=False))
         yield from _mapped(gathered, pieces, pool, 2 * self.threads)
 
     def _decode_blocks(
@@ -284,9 +298,9 @@ class WindowDecoder:
         scratch: Scratch,
         piece: int,
         pool: ThreadPoolExecutor | None,
-    ) -> tuple[np.ndarray, Chunk, np.ndarray | None]:
-        """The window's row groups that hold ``rows``, decoded into ``scratch``: the byte
-        matrix of the scalar columns, the other columns apart.
+    ) -> tuple[row_block.Blocks, Chunk, np.ndarray | None]:
+        """The window's row groups that hold ``rows``, decoded into ``scratch``: the
+        blocks of the scalar columns, the other columns apart.
 
         All of them when the rank reads the whole window (no offsets); else those it
         needs, one after the other, with each row group's offset from its place.
@@ -297,14 +311,14 @@ class WindowDecoder:
             hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
         total = int(sum(window.blocks[index].rows for index in hit))
         layout = self.row_layout
-        matrix = scratch.rows(total, layout.row_bytes)
+        blocks = scratch.blocks(layout, total)
         known = {info.name: info for info in self.columns}
         apart = {name: scratch.array(known[name], total) for name in layout.apart}
         offsets, filled = np.zeros(len(window.blocks), dtype=np.int64), 0
 
         def fill(first: int, chunk: Chunk) -> None:
             start, stop = first, first + _rows(chunk)
-            layout.fill(matrix[start:stop], chunk)
+            layout.fill(blocks, chunk, start)
             for name in layout.apart:
                 if name in chunk:
                     apart[name][start:stop] = chunk[name]
@@ -325,7 +339,7 @@ class WindowDecoder:
                     fill(first, to_numpy_chunk(batch, self.columns))
                     first += batch.num_rows
             filled += block.rows
-        return matrix, apart, (offsets if offsets.any() else None)
+        return blocks, apart, (offsets if offsets.any() else None)
 
     def _column_groups(self, block: order.Block) -> list[list[ColumnInfo]] | None:
         """How a row group is decoded: groups of whole columns, about a chunk each, or
@@ -426,8 +440,11 @@ def _epoch_chunks(
     shared = decoder.threads > 1 and plan.order.shuffle
     pool = ThreadPoolExecutor(decoder.threads, "sparkdist-data-decode") if shared else None
     try:
+        seen = 0
         for window, ranges in plan.pieces:
-            yield from decoder.read(plan.order, window, ranges, scratch, pool)
+            for chunk in decoder.read(plan.order, window, ranges, scratch, pool, seen):
+                seen += _rows(chunk)
+                yield chunk
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -296,6 +296,11 @@ class ShardReader:
 
     def _decoder(self, transformed: list[ColumnInfo]) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
+        # Whole batches a piece (a quarter chunk, shuffled): a batch across two pieces is
+        # a copy of every column (a tenth of a wide table's cutting), one within is views.
+        unit = 4 * self.batch_size
+        if chunk_rows >= unit:
+            chunk_rows = -(-chunk_rows // unit) * unit
         return WindowDecoder(
             self.layout,
             self.columns,

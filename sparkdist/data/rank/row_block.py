@@ -1,18 +1,19 @@
-"""Rows as blocks: a table's narrow columns side by side in one buffer, and feature stacks.
+"""Rows as blocks: a table's narrow columns gathered a block at a time, and feature stacks.
 
 A Spark table usually holds its features as scalar columns, one per feature. Shuffled
-column by column, every column is a gather of its own: 66 columns are 66 random walks
-through memory, and 66 Python calls a piece. `RowLayout` lays the scalar columns of a
-window side by side, row after row, in one byte matrix, so that a shuffled piece is one
-``np.take`` of whole rows for all of them; the rows come back out as columns with one
-transposing copy per run of columns of one dtype, not one call per column
-(docs/data.md, "Wide tables").
+column by column, every column is a gather of its own: 66 columns are 66 Python calls a
+piece. `RowLayout` puts a window's scalar columns of one dtype into one 2-D block, a
+column a row (``[k, rows]``), so that a shuffled piece is one ``np.take`` along the rows
+for all of them, and each gathered column is a contiguous row of the result: no
+transposing copy on the way in (a column is one plain copy into its row) or out. (A
+block of whole rows, ``[rows, k]``, gathered rows as wholes but needed a transpose each
+way: 1.6x the gather and 3x the fill; docs/data.md, "Wide tables".)
 
-A feature stack (``features={"x": ["f0", ..., "f63"]}`` on a loader) is such a run too:
-its columns are laid out next to each other, so the gathered rows already hold the
-``[rows, 64]`` array the model wants; it is copied out once, in the decode worker, not
-stacked per batch. Read in order, where nothing is gathered, `stack_features` builds it
-with one ``np.stack`` a chunk. Array columns are already rows, and strings are Python
+A feature stack (``features={"x": ["f0", ..., "f63"]}`` on a loader) is a block of whole
+rows: its columns are laid out next to each other, so the gathered rows already are the
+``[rows, 64]`` array the model wants, made in the decode worker, not stacked per batch.
+Read in order, where nothing is gathered, `stack_features` builds it with one
+``np.stack`` a chunk. Array columns are already rows, and strings are Python
 objects: both are gathered as they are.
 """
 
@@ -169,26 +170,32 @@ def stack_features(chunk: Chunk, stacks: Stacks, columns: Sequence[ColumnInfo]) 
 
 @dataclass(frozen=True)
 class Run:
-    """Scalar columns of one dtype, side by side at ``offset`` bytes into each row; a
-    stack (``stack``, its name) comes out as one array, the others as a column each."""
+    """Scalar columns of one dtype, gathered together; a stack (``stack``, its name) comes
+    out as one ``[rows, k]`` array, the others as a column each."""
 
     columns: tuple[str, ...]
     dtype: np.dtype
-    offset: int
     stack: str | None = None
+
+    def shape(self, rows: int) -> tuple[int, int]:
+        """Its block's shape: a stack's rows hold its values side by side (``[rows, k]``),
+        the others are a column a row (``[k, rows]``)."""
+        return (rows, len(self.columns)) if self.stack is not None else (len(self.columns), rows)
+
+
+Blocks = tuple[np.ndarray, ...]  # a window's runs, one 2-D block each (`Run.shape`)
 
 
 @dataclass(frozen=True)
 class RowLayout:
-    """Where each scalar column (and each stack) sits in a row of a window's byte matrix.
+    """How a window's scalar columns are held for a shuffled read: a 2-D block a run.
 
-    ``runs`` hold the scalar columns, grouped by dtype, widest first, so that every value
-    is aligned; ``apart`` are the columns gathered on their own (arrays, strings);
-    ``order`` is the order the columns come out in.
+    ``runs`` hold the scalar columns, grouped by dtype (a stack is a run of its own);
+    ``apart`` are the columns gathered on their own (arrays, strings); ``order`` is the
+    order the columns come out in.
     """
 
     runs: tuple[Run, ...]
-    row_bytes: int
     apart: tuple[str, ...]
     order: tuple[str, ...]
 
@@ -196,8 +203,8 @@ class RowLayout:
     def of(cls, columns: Sequence[ColumnInfo], stacks: Stacks = ()) -> RowLayout:
         known = {info.name: info for info in columns}
         stacked = {column for _, names in stacks for column in names}
-        groups: list[tuple[np.dtype, tuple[str, ...], str | None]] = [
-            (np.result_type(*[known[column].dtype for column in names]), names, name)
+        runs = [
+            Run(names, np.result_type(*[known[column].dtype for column in names]), name)
             for name, names in stacks
         ]
         by_dtype: dict[np.dtype, list[str]] = {}
@@ -209,16 +216,9 @@ class RowLayout:
                 by_dtype.setdefault(np.dtype(info.dtype), []).append(info.name)
             else:
                 apart.append(info.name)
-        groups += [(dtype, tuple(names), None) for dtype, names in by_dtype.items()]
-        groups.sort(key=lambda group: -group[0].itemsize)  # aligned: widest values first
-        runs, offset = [], 0
-        for dtype, names, stack in groups:
-            runs.append(Run(names, dtype, offset, stack))
-            offset += len(names) * dtype.itemsize
-        widest = max((run.dtype.itemsize for run in runs), default=1)
-        row_bytes = -(-offset // widest) * widest
+        runs += [Run(tuple(names), dtype) for dtype, names in by_dtype.items()]
         order = tuple(info.name for info in stacked_columns(columns, stacks))
-        return cls(tuple(runs), row_bytes, tuple(apart), order)
+        return cls(tuple(runs), tuple(apart), order)
 
     @property
     def decode_order(self) -> tuple[str, ...]:
@@ -226,46 +226,52 @@ class RowLayout:
         them at a time, each group fills a stretch of each run."""
         return tuple(column for run in self.runs for column in run.columns) + self.apart
 
-    def view(
-        self, matrix: np.ndarray, run: Run, first: int = 0, last: int | None = None
-    ) -> np.ndarray:
-        """``run``'s columns ``first:last`` (default: all) in ``matrix`` (rows of bytes),
-        as a ``[rows, columns]`` view."""
-        last, size = len(run.columns) if last is None else last, run.dtype.itemsize
-        return matrix[:, run.offset + first * size : run.offset + last * size].view(run.dtype)
-
-    def fill(self, matrix: np.ndarray, chunk: Chunk) -> None:
+    def fill(self, blocks: Blocks, chunk: Chunk, start: int = 0) -> None:
         """Write ``chunk``'s scalar columns (all, or a stretch of `decode_order`) into
-        ``matrix``'s rows: a run's columns are transposed into place a tile of rows at a
-        time (about 2 MiB of them, in the cache while written; a column at a time across
-        the rows is 2-4x slower)."""
-        tile = max(TILE_BYTES // max(self.row_bytes, 1), 1)
-        for run in self.runs:
+        rows ``start:`` of ``blocks``: a column a plain copy into its row of its run's
+        block; a stack's columns transposed into place a tile of rows at a time (about
+        2 MiB of them, in the cache while written; a column at a time across the rows is
+        2-4x slower)."""
+        rows = _rows(chunk)
+        for run, block in zip(self.runs, blocks, strict=True):
             have = [j for j, column in enumerate(run.columns) if column in chunk]
             if not have:
                 continue
+            if run.stack is None:
+                for j in have:
+                    block[j, start : start + rows] = chunk[run.columns[j]]
+                continue
             first, last = have[0], have[-1] + 1
             columns = [chunk[column] for column in run.columns[first:last]]
-            view = self.view(matrix, run, first, last)
-            for start in range(0, len(view), tile):
-                stop = start + tile
-                view[start:stop] = np.array([values[start:stop] for values in columns]).T
+            view = block[start : start + rows, first:last]
+            tile = max(TILE_BYTES // max(block.shape[1] * run.dtype.itemsize, 1), 1)
+            for at in range(0, rows, tile):
+                view[at : at + tile] = np.array([values[at : at + tile] for values in columns]).T
 
-    def split(self, matrix: np.ndarray, apart: Chunk) -> Chunk:
-        """Gathered rows (``matrix``) back as columns, with the ``apart`` ones, in order.
+    def gather(self, blocks: Blocks, rows: np.ndarray) -> Blocks:
+        """Each block's ``rows``, in that order, into `fresh` memory: one ``np.take`` a
+        run for all its columns (no transposing copy: a column's values stay a row)."""
+        out = []
+        for run, block in zip(self.runs, blocks, strict=True):
+            axis = 0 if run.stack is not None else 1
+            into = fresh(run.shape(len(rows)), run.dtype)
+            out.append(np.take(block, rows, axis=axis, out=into, mode="clip"))
+        return tuple(out)
 
-        A run's columns come out of one transposing copy (each column a contiguous row of
-        it); a stack is copied out whole, ``[rows, k]``.
-        """
-        rows, out = len(matrix), dict(apart)
-        for run in self.runs:
-            values = self.view(matrix, run)
+    def split(self, gathered: Blocks, apart: Chunk) -> Chunk:
+        """Gathered blocks back as columns (each a contiguous row of its run's block; a
+        stack whole), with the ``apart`` ones, in order."""
+        out = dict(apart)
+        for run, block in zip(self.runs, gathered, strict=True):
             if run.stack is not None:
-                out[run.stack] = _copied(values, fresh(values.shape, run.dtype))
-                continue
-            columns = _copied(values.T, fresh((len(run.columns), rows), run.dtype))
-            out.update(zip(run.columns, columns, strict=True))
+                out[run.stack] = block
+            else:
+                out.update(zip(run.columns, block, strict=True))
         return {name: out[name] for name in self.order}
+
+
+def _rows(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values()))) if chunk else 0
 
 
 def _copied(values: np.ndarray, into: np.ndarray) -> np.ndarray:
