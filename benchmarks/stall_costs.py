@@ -7,7 +7,8 @@ Rows:
 * `dump, 10 threads`: faulthandler's dump of a process holding 10 threads, in process
   (the time the rank's handler runs), and through `StackTaker.take` (signal, the bytes
   complete, the quiet period that says they are: what a supervisor waits), without
-  py-spy (`SPARKDIST_PY_SPY=off`) and with it (its `dump --native` added), and with it
+  py-spy (`SPARKDIST_PY_SPY=off`) and with it (its `dump --native` added, as
+  `SPARKDIST_PY_SPY_NATIVE=1` asks), and with it
   on a process that imported torch (py-spy reads libtorch's symbols);
 * `alive()`: one call of the loader's and commits' sign of life (no driver: the dict
   update and the clock read every call pays; the request once a second is not counted);
@@ -91,7 +92,7 @@ def dump_by_supervisor(repeat: int, py_spy: str = "", torch: bool = False) -> fl
     `SPARKDIST_PY_SPY`'s value, "" to look it up; `torch`: the process imports it)."""
     from sparkdist.protocol.stack_dumps import StackTaker
 
-    taker = StackTaker({**os.environ, "SPARKDIST_PY_SPY": py_spy})
+    taker = StackTaker({**os.environ, "SPARKDIST_PY_SPY": py_spy, "SPARKDIST_PY_SPY_NATIVE": "1"})
     if py_spy != "off" and taker.py_spy is None:
         raise RuntimeError("py-spy is not installed (requirements/lock.txt)")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:

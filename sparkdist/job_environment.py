@@ -84,9 +84,15 @@ ELASTIC_BACKEND = "SPARKDIST_ELASTIC_BACKEND"
 """`sparkdist.elastic.run`'s process group backend: "nccl" or "gloo" (default: NCCL when
 the rank has a GPU, else gloo; gloo lets several ranks share one GPU)."""
 PY_SPY = "SPARKDIST_PY_SPY"
-"""py-spy's path, for native stacks in a rank's dump (`stack_dumps.find_py_spy`); "off"
-or "0": none; unset: `py-spy` on PATH, else beside the supervisor's Python."""
+"""py-spy's path, for the stacks of a rank that cannot give its own (a stopped one) in its
+dump (`stack_dumps.find_py_spy`); "off" or "0": none; unset: `py-spy` on PATH, else
+beside the supervisor's Python."""
 PY_SPY_OFF = ("off", "0")
+PY_SPY_NATIVE = "SPARKDIST_PY_SPY_NATIVE"
+""""1": py-spy adds every rank's native stacks (gloo, NCCL frames: `py-spy dump
+--native`) to each of its dumps; it then holds 100-330 MiB of the host's memory while it
+reads libtorch's symbols. Unset: py-spy reads only a rank that gave no stacks itself, and
+only its Python frames (about 8 MiB)."""
 
 DEFAULT_LAUNCHER = "direct"
 DEFAULT_LOG_MODE = "all"

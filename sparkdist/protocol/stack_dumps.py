@@ -14,9 +14,15 @@ The rank (`listen`) answers in a file of the directory its supervisor names
   starting threads) can crash it (CPython gh-116008).
 
 The supervisor (`StackTaker.take`) reads what was appended, waiting a bounded time: a
-rank whose handler was replaced, or that is gone, gives nothing. Where py-spy
-is installed (optional; `find_py_spy`) its native stacks (gloo, NCCL frames) are added:
-the rank lets its supervisor's children trace it (`processes.allow_tracer`).
+rank whose handler was replaced, or that is stopped or gone, gives nothing. Where py-spy
+is installed (optional; `find_py_spy`) it reads such a rank's Python stacks from its
+memory without pausing it (`--nonblocking`: pausing a stopped process fails, so py-spy
+gave nothing there before), in about 8 MiB: the rank lets its supervisor's children trace
+it (`processes.allow_tracer`). A rank that answered gets py-spy's native stacks (gloo,
+NCCL frames) only where `SPARKDIST_PY_SPY_NATIVE=1` asks: `py-spy dump --native` reads
+libtorch's symbols, and held 170-330 MiB of the host's memory for its second or so beside
+each rank every time a relaunched job showed where its ranks were (the soak's peak
+memory, issue 64).
 
 NCCL: torch's flight recorder keeps each rank's last collectives when
 `TORCH_FR_BUFFER_SIZE` is set (the supervisor sets it unless the user set it). A
@@ -139,8 +145,11 @@ class StackTaker:
         self.directory = tempfile.mkdtemp(prefix="sparkdist-stacks-")
         os.mkfifo(os.path.join(self.directory, STACK_FIFO))
         os.mkfifo(os.path.join(self.directory, NCCL_FIFO))
-        self.py_spy = find_py_spy(os.environ if env is None else env)
+        env = os.environ if env is None else env
+        self.py_spy = find_py_spy(env)
         """py-spy's path, looked up once (None: not installed, or turned off)."""
+        self.native = env.get(job_environment.PY_SPY_NATIVE, "") == "1"
+        """py-spy adds every rank's native stacks, not only a silent rank's Python ones."""
 
     def rank_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """What the rank's environment gets: the directory, and the flight recorder on
@@ -152,9 +161,9 @@ class StackTaker:
         return extra
 
     def take(self, pid: int, nccl: bool) -> tuple[str, bytes]:
-        """Rank `pid`'s stacks (every thread's; py-spy's native ones too where it is
-        installed) and, with `nccl`, its flight recorder dump; empty when the rank does
-        not answer within `WAIT_S`."""
+        """Rank `pid`'s stacks (every thread's; py-spy's where it is installed and the
+        rank gave none, or native ones asked for) and, with `nccl`, its flight recorder
+        dump; empty when the rank does not answer within `WAIT_S`."""
         path = os.path.join(self.directory, STACK_FILE)
         if not os.path.exists(path):
             return "", b""  # not listening yet
@@ -169,11 +178,20 @@ class StackTaker:
             except ProcessLookupError:
                 return "", b""
             text = _appended(path, before, started + WAIT_S - time.monotonic(), pid)
-        left_s = max(PY_SPY_MIN_S, started + WAIT_S - time.monotonic())
-        native = py_spy_dump(self.py_spy, pid, left_s) if self.py_spy else ""
-        if native:
-            text += f"\nnative stacks (py-spy dump --native --pid {pid}):\n{native}"
+        if self.py_spy and (self.native or not text):
+            text += self._spied(pid, max(PY_SPY_MIN_S, started + WAIT_S - time.monotonic()), text)
         return text, self._nccl() if nccl else b""
+
+    def _spied(self, pid: int, timeout_s: float, answer: str) -> str:
+        """py-spy's stacks of rank `pid`, headed by the command: a rank that gave no
+        `answer` is read without being paused (`--nonblocking`, the only way py-spy reads a
+        stopped process: pausing one fails), Python frames only; otherwise `--native`."""
+        flag = "--native" if answer else "--nonblocking"
+        spied = py_spy_dump(self.py_spy, pid, timeout_s, flag)
+        if not spied:
+            return ""
+        label = "native stacks" if answer else "stacks read by py-spy"
+        return f"\n{label} (py-spy dump {flag} --pid {pid}):\n{spied}"
 
     def _nccl(self) -> bytes:
         if not _ask(os.path.join(self.directory, NCCL_FIFO), 0.0):
@@ -248,11 +266,11 @@ def find_py_spy(env: Mapping[str, str]) -> str | None:
     return shutil.which(PY_SPY, path=env.get("PATH", "")) or shutil.which(PY_SPY, path=beside)
 
 
-def py_spy_dump(py_spy: str, pid: int, timeout_s: float) -> str:
-    """`py-spy dump --native` of `pid`; "" where it fails or takes over `timeout_s`."""
+def py_spy_dump(py_spy: str, pid: int, timeout_s: float, flag: str = "--native") -> str:
+    """`py-spy dump FLAG` of `pid`; "" where it fails or takes over `timeout_s`."""
     try:
         done = subprocess.run(
-            [py_spy, "dump", "--native", "--pid", str(pid)],
+            [py_spy, "dump", flag, "--pid", str(pid)],
             capture_output=True,
             text=True,
             timeout=timeout_s,

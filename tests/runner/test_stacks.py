@@ -537,7 +537,8 @@ def _held_lock_job(tmp_path: Path, env: dict[str, str]) -> tuple[str, str]:
 def test_py_spy_adds_the_native_frames_to_the_rank_log_and_nothing_else(tmp_path):
     """The rank is blocked in C (a lock): faulthandler's dump ends at the Python frame,
     py-spy's goes on into libpython and libc. The grouped stacks are the same without it."""
-    grouped, log = _held_lock_job(tmp_path / "with", {"SPARKDIST_PY_SPY": ""})  # look it up
+    asked = {"SPARKDIST_PY_SPY": "", "SPARKDIST_PY_SPY_NATIVE": "1"}  # look it up; native
+    grouped, log = _held_lock_job(tmp_path / "with", asked)
     assert "native stacks (py-spy dump --native --pid " in log, log
     native = log[log.index("native stacks (py-spy") :]
     assert "PyThread_acquire_lock_timed (libpython" in native, native
