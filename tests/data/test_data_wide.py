@@ -375,3 +375,58 @@ def test_decode_threads_share_one_window_and_end_with_the_iteration(layouts, shu
     next(abandoned)
     abandoned.close()  # a loop left early: the generator is closed
     assert not decode_threads()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_torch_batches_are_cut_from_one_tensor_a_chunk(converter, shuffle):
+    """A chunk's columns are made tensors once and its batches cut from them (views of
+    one storage), not a tensor made per batch and column; the batches are still each
+    their own rows."""
+    options = {"batch_size": 5, "num_epochs": 1, "shuffle": shuffle, "seed": 3}
+    with converter.make_torch_dataloader(**options) as loader:
+        batches = list(loader)
+    storages = [batch["f0"].untyped_storage().data_ptr() for batch in batches]
+    assert len(set(storages)) * 2 <= len(batches)  # 12 batches a chunk, 3 a shuffled piece
+    ids = np.concatenate([batch["id"].numpy() for batch in batches])
+    assert sorted(ids.tolist()) == list(range(sum(map(sum, ROW_GROUPS))))
+
+
+def test_shuffled_pieces_end_on_whole_batches(layouts, monkeypatch):
+    """A shuffled window's pieces end where the epoch's rows reach a multiple of a piece
+    (whole batches): a batch that spans two pieces, a copy of every column, comes at most
+    once a window, not once a piece."""
+    from sparkdist.data.rank import batches as batches_module
+
+    joined, windows = [], []
+    join = batches_module._join
+    monkeypatch.setattr(batches_module, "_join", lambda parts: joined.append(1) or join(parts))
+    read = decode.WindowDecoder._read_shuffled
+
+    def counted(self, *args, **kwargs):
+        windows.append(1)
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode.WindowDecoder, "_read_shuffled", counted)
+    options = {**SHUFFLED, "shuffle_buffer_rows": 2000}  # windows of many pieces
+    shard = reader.ShardReader(layouts["wide"], batch_size=7, num_epochs=1, prefetch=0, **options)
+    batches = list(shard)
+    assert len(batches) > 8 * len(windows)  # several pieces a window (2 batches a piece)
+    assert len(joined) <= len(windows)
+
+
+def test_a_row_groups_column_groups_are_of_equal_bytes_one_a_thread(layouts):
+    """A shuffled window's row group is decoded in column groups of about equal bytes, at
+    least one a decode thread (a chunk's worth and a remainder kept a thread waiting)."""
+    shard = reader.ShardReader(layouts["wide"], batch_size=5, **SHUFFLED)
+    from sparkdist.data.rank.order import Block
+
+    block = Block(0, 0, 40, 0)  # decoded a column group at a time (chunks of 60 rows)
+    widest = max(decode._width(info) for info in shard._decoding.columns)
+    for threads in (1, 2, 3, 4):
+        decoder = dataclasses.replace(shard._decoding, threads=threads)
+        groups = decoder._column_groups(block)
+        assert len(groups) >= threads
+        names = [info.name for group in groups for info in group]
+        assert names == list(decoder.row_layout.decode_order)  # each column once, in order
+        sizes = [sum(decode._width(info) for info in group) for group in groups]
+        assert max(sizes) - min(sizes) <= 2 * widest
