@@ -356,7 +356,9 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
     per_fault = opts.save_every if opts.relaunch else 1
     invariants = {
         "target reached": checks.check_target(result, target),
-        "commits": checks.check_steps(steps, target, fired, per_fault=per_fault),
+        "commits": checks.check_steps(
+            steps, target, fired, per_fault=per_fault, per_relaunch=opts.save_every
+        ),
         "rows once an epoch": checks.check_rows(steps, opts.rows, opts.global_batch),
         "the control's rows": checks.check_same_rows(steps, control["steps"]),
         "final weights and loss": checks.check_final(result, control["result"]),

@@ -145,12 +145,18 @@ class World:
     def steps_of_generation(self) -> int:
         """How many steps the newest world made."""
         steps = self.steps()
-        newest = steps[-1]["generation"] if steps else None
-        return sum(1 for row in steps if row["generation"] == newest)
+        newest = world_of(steps[-1]) if steps else None
+        return sum(1 for row in steps if world_of(row) == newest)
 
     def last_step(self) -> dict:
         steps = self.steps()
         return steps[-1] if steps else {"step": 0, "world_size": 0, "generation": -1, "at": 0.0}
+
+
+def world_of(row: dict) -> tuple[int, int]:
+    """(attempt, generation): which world a step ran in; a relaunch numbers its
+    generations from 0 again."""
+    return row.get("attempt", 0), row["generation"]
 
 
 @dataclass
@@ -164,6 +170,7 @@ class Fired:
     step: int
     generation: int
     skipped: str = ""
+    attempt: int = 0
     dropped_at: float | None = None
     """sigstop/stuck: when the rank's process was gone."""
     ended_at: float | None = None
@@ -199,6 +206,7 @@ class Injector:
         """Do `fault` now (its end `duration_s` later); the record says to what."""
         last = self.world.last_step()
         fired = Fired(fault, time.time(), "", last["step"], last["generation"])
+        fired.attempt = last.get("attempt", 0)
         try:
             getattr(self, f"_{fault.kind}")(fault, duration_s, fired)
         except (ValueError, RuntimeError, OSError) as exc:

@@ -21,7 +21,9 @@ def step(number: int, at: float, epoch: int, ids: list[int], generation: int = 0
 
 
 def fired(at: float, kind: str = "sigkill") -> SimpleNamespace:
-    return SimpleNamespace(at=at, skipped="", fault=SimpleNamespace(kind=kind), generation=0)
+    return SimpleNamespace(
+        at=at, skipped="", fault=SimpleNamespace(kind=kind), generation=0, attempt=0
+    )
 
 
 STEPS = [
@@ -100,3 +102,29 @@ def test_the_time_that_trained_nothing_is_charged_to_each_fault_less_one_step():
     assert kinds["sigkill"]["lost_s"] == 0.5 and "lost s" in text.splitlines()[0]
     lost = checks.time_lost(kinds, STEPS, step_s=1.0)
     assert lost == {"lost_s": 2.0, "sigkill": 0.5, "unexplained_s": 1.5}
+
+
+RELAUNCHED = [
+    step(1, 1.0, 0, [0, 1, 2, 3], generation=2),
+    step(2, 2.0, 0, [4, 5, 6, 7], generation=2),
+    step(3, 3.0, 1, [7, 6, 5, 4], generation=2),
+    # a follower took the world below min_np: attempt 1 resumed from the checkpoint at 1
+    {**step(2, 9.0, 0, [4, 5, 6, 7]), "attempt": 1},
+    {**step(3, 10.0, 1, [7, 6, 5, 4]), "attempt": 1},
+    {**step(4, 11.0, 1, [3, 2, 1, 0]), "attempt": 1},
+]
+
+
+def test_a_relaunch_in_process_may_redo_a_checkpoint_interval_and_is_timed_to_its_world():
+    """An in-process world left below min_np relaunches from its last disk checkpoint: the
+    steps since are redone once (at most a checkpoint interval), not once a fault; the
+    fault's recovery is timed to the new attempt's first step (its generation 0 is newer
+    than the old attempt's generation 2)."""
+    kill = fired(3.5)
+    kill.generation = 2
+    assert checks.relaunched_after(RELAUNCHED, [kill]) == {0}
+    assert not checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1)[0]
+    ok, why = checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, per_relaunch=5)
+    assert ok, why
+    assert not checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, per_relaunch=1)[0]
+    assert checks.recovery_s(kill, None, RELAUNCHED) == 5.5

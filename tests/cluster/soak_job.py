@@ -39,6 +39,8 @@ from typing import Any
 from jobs import _append_line
 
 ROW_FEATURES = 8
+CHECKPOINT = "latest.pt"
+"""The in-process job's own disk checkpoint, in the soak's store (rank 0 writes it)."""
 
 
 def rows(count: int):
@@ -79,8 +81,9 @@ def _save(state, checkpoint_dir: str, control_dir: str, progress_dir: str, log) 
     """World rank 0's disk checkpoint: a tmp file renamed into place; a full disk skips it."""
     import torch
 
-    path = os.path.join(checkpoint_dir, "latest.pt")
+    path = os.path.join(checkpoint_dir, CHECKPOINT)
     blob = {"step": state.step, "model": state.model.state_dict()}
+    blob.update(optimizer=state.optimizer.state_dict(), loader=state.loader.state_dict())
     die = os.path.join(control_dir, "die-in-save")
     try:
         with open(path + ".tmp", "wb") as f:
@@ -95,6 +98,18 @@ def _save(state, checkpoint_dir: str, control_dir: str, progress_dir: str, log) 
         _saved(progress_dir, state.step)
     except (OSError, RuntimeError) as exc:  # the store is full (torch may wrap ENOSPC)
         log(event="save_failed", step=state.step, error=str(exc))
+
+
+def _resume(state, checkpoint_dir: str) -> None:
+    """A relaunched attempt (a world left below `min_np`) goes on from rank 0's last disk
+    checkpoint, as docs/elastic.md tells an in-process job to: without it, it would train
+    again from step 0."""
+    import torch
+
+    path = os.path.join(checkpoint_dir, CHECKPOINT)
+    if os.path.exists(path):
+        found = torch.load(path, weights_only=False)
+        _restore(state, SimpleNamespace(step=found["step"], state=found))
 
 
 def soak_main(
@@ -126,6 +141,7 @@ def soak_main(
         global_batch_size=global_batch, rank_split="per_step", num_epochs=None, shuffle=True, seed=1
     ) as loader:
         state = elastic.TorchState(model=model, optimizer=optimizer, step=0, loader=loader)
+        _resume(state, checkpoint_dir)
 
         def log(**event) -> None:
             _append_line(events, {**event, "pid": pid, "at": time.time(), "gen": state.generation})
@@ -163,6 +179,8 @@ def _step(state, ddp, x, y, batches, progress_dir: str) -> None:
     """One step at the global batch; world rank 0 records what the world read."""
     import torch.distributed as dist
 
+    from sparkdist import checkpoint
+
     epoch = state.loader.epoch
     batch = next(batches)
     real = batch["row_weight"] > 0
@@ -176,7 +194,7 @@ def _step(state, ddp, x, y, batches, progress_dir: str) -> None:
     state.step += 1
     if state.rank == 0:
         row = {"step": state.step, "world_size": state.world_size, "epoch": epoch}
-        row.update(generation=state.generation, at=time.time())
+        row.update(generation=state.generation, attempt=checkpoint.attempt(), at=time.time())
         line = {**row, "ids": [i for part in every for i in part]}
         _append_line(os.path.join(progress_dir, "steps.jsonl"), line)
 
