@@ -92,7 +92,7 @@ WAITING_FOR_A_BATCH = dump(  # its reader thread runs the user's transform, whic
     'File "/opt/sparkdist/data/loader.py", line 90 in __iter__',
 )
 PY_SPY_ONLY = (  # py-spy read a stopped process's memory; faulthandler gave nothing
-    "\nnative stacks (py-spy dump --native --pid 42):\n"
+    "\nstacks read by py-spy (py-spy dump --nonblocking --pid 42):\n"
     'Thread 0x7F0000000002 (idle): "MainThread"\n'
     "    all_reduce (torch/distributed/distributed_c10d.py:2950)\n"
 )
@@ -105,7 +105,7 @@ def answers(**texts: str) -> dict[int, RankStacks]:
 def test_a_member_whose_stacks_did_not_come_is_the_one_that_stopped():
     world = answers(r0=IN_ALL_REDUCE, r1=IN_ALL_REDUCE, r2=IN_ALL_REDUCE, r3="")
     assert stacks.stopped(world, [0, 1, 2, 3]) == {3: NO_STACKS}
-    # py-spy's native stacks of a stopped process are no answer of its own
+    # py-spy's stacks of a stopped process are no answer of its own
     world[3] = RankStacks("10.0.0.7", PY_SPY_ONLY)
     assert stacks.stopped(world, [0, 1, 2, 3]) == {3: NO_STACKS}
     # whatever the others do: they answered, it did not
