@@ -112,11 +112,32 @@ def read_lines(path: Path) -> list[dict]:
     return found
 
 
-def alive(pid: int) -> bool:
+def same_process(pid: int, started: float) -> psutil.Process | None:
+    """The rank's process if `pid` still is it (its start time, as it logged it on
+    entering): pids are reused (pid_max is 32768 here), and a stopped rank's pid was
+    another process's 25 minutes later, which a SIGKILL would have hit."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) > 0.05 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
     except psutil.Error:
-        return False
+        return None
+
+
+def alive(member: dict) -> bool:
+    """Whether the rank that logged `member` (an `enter` event) still runs."""
+    return same_process(member["pid"], member["started"]) is not None
+
+
+def _signal(member: dict, sig: int) -> None:
+    """Send `sig` to the rank of `member`, if it is still that process."""
+    proc = same_process(member["pid"], member["started"])
+    if proc is not None:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
 
 
 class World:
@@ -130,7 +151,7 @@ class World:
         newest: dict[int, dict] = {}
         for path in self.progress.glob("events-*.jsonl"):
             entered = [e for e in read_lines(path) if e["event"] == "enter"]
-            if entered and alive(entered[-1]["pid"]):
+            if entered and alive(entered[-1]):
                 newest[entered[-1]["pid"]] = entered[-1]
         if not newest:
             return []
@@ -193,7 +214,8 @@ class Injector:
         self.timers: list[threading.Timer] = []
         self.threads: list[threading.Thread] = []
         """Threads that stop a host's worker: done before it is brought back."""
-        self.stopped: set[int] = set()
+        self.stopped: list[dict] = []
+        """The `enter` events of the ranks SIGSTOPped: each gets a SIGCONT at the end."""
         self.hosts_lost = 0
         self.lock = threading.Lock()
 
@@ -244,12 +266,12 @@ class Injector:
         fired.target = f"host {host} ({self.cluster.address(host)})"
         return host
 
-    def _watch_drop(self, pid: int, until_s: float, fired: Fired) -> None:
+    def _watch_drop(self, member: dict, until_s: float, fired: Fired) -> None:
         def watch() -> None:
             deadline = time.monotonic() + until_s
-            while alive(pid) and time.monotonic() < deadline:
+            while alive(member) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if not alive(pid):
+            if not alive(member):
                 fired.dropped_at = time.time()
 
         threading.Thread(target=watch, daemon=True).start()
@@ -267,19 +289,19 @@ class Injector:
     # --- the kinds -------------------------------------------------------------------
 
     def _sigkill(self, fault: Fault, duration_s: float, fired: Fired) -> None:
-        os.kill(self._rank(fault, fired)["pid"], signal.SIGKILL)
+        _signal(self._rank(fault, fired), signal.SIGKILL)
 
     def _sigstop(self, fault: Fault, duration_s: float, fired: Fired) -> None:
-        pid = self._rank(fault, fired)["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        self.stopped.add(pid)
-        self._watch_drop(pid, duration_s + 30, fired)
-        self._later(duration_s, lambda: _signal(pid, signal.SIGCONT), fired)
+        member = self._rank(fault, fired)
+        _signal(member, signal.SIGSTOP)
+        self.stopped.append(member)
+        self._watch_drop(member, duration_s + 30, fired)
+        self._later(duration_s, lambda: _signal(member, signal.SIGCONT), fired)
 
     def _stuck(self, fault: Fault, duration_s: float, fired: Fired) -> None:
-        pid = self._rank(fault, fired)["pid"]
-        path = self._touch(f"stuck-{pid}")
-        self._watch_drop(pid, duration_s + 30, fired)
+        member = self._rank(fault, fired)
+        path = self._touch(f"stuck-{member['pid']}")
+        self._watch_drop(member, duration_s + 30, fired)
         self._later(duration_s, lambda: path.unlink(missing_ok=True), fired)
 
     def _exit(self, fault: Fault, duration_s: float, fired: Fired) -> None:
@@ -369,12 +391,5 @@ class Injector:
         for path in self.control.iterdir():
             if path.name != "stop-at":
                 path.unlink(missing_ok=True)
-        for pid in self.stopped:
-            _signal(pid, signal.SIGCONT)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+        for member in self.stopped:
+            _signal(member, signal.SIGCONT)

@@ -5,13 +5,18 @@ row missing fails."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import soak_checks as checks  # noqa: E402
+import soak_faults  # noqa: E402
 
 ROWS, BATCH = 8, 4  # two steps an epoch
 
@@ -128,3 +133,22 @@ def test_a_relaunch_in_process_may_redo_a_checkpoint_interval_and_is_timed_to_it
     assert ok, why
     assert not checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, per_relaunch=1)[0]
     assert checks.recovery_s(kill, None, RELAUNCHED) == 5.5
+
+
+def test_a_rank_is_its_pid_and_start_time_so_a_reused_pid_is_never_signalled():
+    """The 60-minute soak SIGKILLed a pid a stopped rank had had 25 minutes before (pid_max
+    32768): a rank is known by its pid and its process's start time, as it logged them."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        member = {"pid": child.pid, "started": psutil.Process(child.pid).create_time()}
+        assert soak_faults.alive(member)
+        other = {**member, "started": member["started"] - 60.0}  # the pid's earlier owner
+        assert not soak_faults.alive(other)
+        soak_faults._signal(other, signal.SIGKILL)
+        assert child.poll() is None and soak_faults.alive(member)
+        soak_faults._signal(member, signal.SIGKILL)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        assert not soak_faults.alive(member)
+    finally:
+        child.kill()
+        child.wait()

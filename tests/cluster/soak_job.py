@@ -36,6 +36,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 from jobs import _append_line
 
 ROW_FEATURES = 8
@@ -149,7 +150,14 @@ def soak_main(
         @elastic.run
         def loop(state) -> dict[str, Any]:
             host = os.environ["SPARKDIST_TASK_HOST"]
-            log(event="enter", step=state.step, rank=state.rank, size=state.world_size, host=host)
+            log(
+                event="enter",
+                step=state.step,
+                rank=state.rank,
+                size=state.world_size,
+                host=host,
+                started=psutil.Process().create_time(),
+            )
             ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=False)
             batches = iter(state.loader)
             while state.step < _target(control_dir, target_step):
@@ -240,7 +248,14 @@ def soak_relaunch_main(
             _append_line(events, {**event, "pid": pid, "at": time.time(), "gen": state.generation})
 
         host = os.environ["SPARKDIST_TASK_HOST"]
-        log(event="enter", step=state.step, rank=state.rank, size=state.world_size, host=host)
+        log(
+            event="enter",
+            step=state.step,
+            rank=state.rank,
+            size=state.world_size,
+            host=host,
+            started=psutil.Process().create_time(),
+        )
         ddp = torch.nn.parallel.DistributedDataParallel(state.model)
         batches = iter(state.loader)
         while state.step < _target(control_dir, target_step):
