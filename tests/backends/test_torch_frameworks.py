@@ -3,7 +3,7 @@ torchrun's rank environment; `sparkdist.TorchDistributor` against pyspark's own 
 same session (same errors, same trained weights), on the cluster and on the driver, for
 functions and scripts, with Spark's GPUs; DeepSpeed ZeRO through
 `sparkdist.DeepspeedTorchDistributor`; real PyTorch Lightning through `sparkdist run` and
-through `sparkdist.TorchDistributor`, under both launchers."""
+through `sparkdist.TorchDistributor` (under both launchers)."""
 
 from __future__ import annotations
 
@@ -427,8 +427,11 @@ def _check_lightning(out: Path) -> None:
     assert ranks[0]["weights"] == ranks[1]["weights"]
 
 
-@pytest.mark.parametrize("launcher", ["direct", "mpi"])
-def test_lightning_script_through_sparkdist_run(sc, tmp_path, launcher):
+def test_lightning_script_through_sparkdist_run(sc, tmp_path):
+    """A Lightning script through the `sparkdist run` command (its own Spark, started by
+    the command), under the direct launcher. Lightning under mpi is
+    test_lightning_function_through_torch_distributor[mpi]; a script through `sparkdist
+    run` under mpi (the default launcher) is test_scripts_cli.test_sparkdist_run_command."""
     env = dict(os.environ)
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     env.update(PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -440,7 +443,7 @@ def test_lightning_script_through_sparkdist_run(sc, tmp_path, launcher):
             "--np",
             "2",
             "--launcher",
-            launcher,
+            "direct",
             str(LIGHTNING),
             "--",
             "--out",
