@@ -210,7 +210,7 @@ def test_local_mode_function_and_script(spark, tmp_path, ddp_reference):
 
 FAKE_GPU_CHILD = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys, tempfile
     from pyspark.sql import SparkSession
     from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorch
     from sparkdist import HorovodRunner, NotEnoughSlotsError, TorchDistributor
@@ -235,15 +235,25 @@ FAKE_GPU_CHILD = textwrap.dedent(
         return spark
 
 
-    def devices():
+    def devices(out):
+        # Each rank's GPUs into a file of its own (the tasks run on this host): no torch
+        # import and process group a rank just to gather a string; the layout with two
+        # GPUs a task below all-reduces through gloo.
         import os
-        import torch.distributed as dist
 
-        dist.init_process_group("gloo")
-        seen = [None] * dist.get_world_size()
-        dist.all_gather_object(seen, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        dist.destroy_process_group()
-        return seen
+        import json
+
+        with open(os.path.join(out, os.environ["RANK"]), "w") as f:
+            json.dump(os.environ.get("CUDA_VISIBLE_DEVICES"), f)
+
+
+    def devices_of(distributor):
+        # `devices` through `distributor`: each rank's CUDA_VISIBLE_DEVICES, by rank.
+        out = tempfile.mkdtemp(dir=os.getcwd())
+        distributor.run(devices, out)
+        ranks = sorted(os.listdir(out), key=int)
+        assert ranks == [str(r) for r in range(len(ranks))], ranks
+        return [json.load(open(os.path.join(out, rank))) for rank in ranks]
 
 
     def one_gpu_per_task():
@@ -258,11 +268,11 @@ FAKE_GPU_CHILD = textwrap.dedent(
             },
         )
         out = {
-            "pyspark cluster": PysparkTorch(2, local_mode=False, use_gpu=True).run(devices),
-            "cluster": TorchDistributor(2, local_mode=False, use_gpu=True).run(devices),
-            "pyspark driver": PysparkTorch(2, local_mode=True, use_gpu=True).run(devices),
-            "driver": TorchDistributor(2, local_mode=True, use_gpu=True).run(devices),
-            "cluster, no gpu": TorchDistributor(2, local_mode=False, use_gpu=False).run(devices),
+            "pyspark cluster": devices_of(PysparkTorch(2, local_mode=False, use_gpu=True)),
+            "cluster": devices_of(TorchDistributor(2, local_mode=False, use_gpu=True)),
+            "pyspark driver": devices_of(PysparkTorch(2, local_mode=True, use_gpu=True)),
+            "driver": devices_of(TorchDistributor(2, local_mode=True, use_gpu=True)),
+            "cluster, no gpu": devices_of(TorchDistributor(2, local_mode=False, use_gpu=False)),
         }
         # More ranks than the driver's GPUs: pyspark lowers num_processes to their number.
         out["driver, 3 ranks"] = [
