@@ -144,21 +144,34 @@ $(BENCH_RAY_STAMP): $(BENCH_RAY_REQS)
 	$(BENCH_RAY_VENV)/bin/python -m pip install -q --no-compile -r $(BENCH_RAY_REQS)
 	touch $@
 
+# Modules that mostly wait (on stall and collective timeouts, lost executors and their
+# relaunches): `make test` runs them in its last stage, after the runtimes' suites and beside
+# the multi-host tests, whose lane the suites leave idle for about two thirds of the stage,
+# not on the two workers of the stage before it.
+BESIDE_CLUSTER := tests/runner/test_stalls_cluster.py tests/elastic/test_elastic_slots.py \
+	tests/elastic/test_elastic_stopped_rank.py tests/elastic/test_elastic_relaunch_faults.py \
+	tests/runner/test_warm_idle_loss.py tests/runner/test_failure_order.py \
+	tests/elastic/test_elastic_seat_lost.py tests/runner/test_stall_start.py
+
 test: bootstrap petastorm-side cloudpickle-latest runtimes
 	$(PY) -m ruff check sparkdist tests benchmarks
 	$(VENV)/bin/lint-imports
 	shellcheck init_scripts/*.sh conf/*.sh
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	$(PY) -m pytest tests -n 2 --durations=40 --ignore=tests/cluster
-	@# The multi-host tests alone, with the runtimes' suites one at a time beside them: both
-	@# mostly wait (on lost hosts and Spark's timeouts; on Spark), so together they take about
-	@# what the multi-host tests take. The suites' output follows, whole.
+	$(PY) -m pytest tests -n 2 --durations=40 --ignore=tests/cluster $(addprefix --ignore=,$(BESIDE_CLUSTER))
+	@# The multi-host tests alone, with the runtimes' suites one at a time and then the
+	@# modules that mostly wait beside them: all of them mostly wait (on lost hosts and
+	@# Spark's timeouts; on Spark), so together they take about what the multi-host tests
+	@# take. The output of the lane beside them follows, whole.
 	@mkdir -p build
-	$(MAKE) --no-print-directory compat COMPAT_JOBS=1 >build/compat.log 2>&1 & compat=$$!; \
+	( $(MAKE) --no-print-directory compat COMPAT_JOBS=1 >build/compat.log 2>&1; suites=$$?; \
+		$(PY) -m pytest $(BESIDE_CLUSTER) --durations=10 >build/beside.log 2>&1; beside=$$?; \
+		echo "runtimes' suites: exit $$suites; modules beside them: exit $$beside" >>build/beside.log; \
+		test $$suites -eq 0 && test $$beside -eq 0 ) & lane=$$!; \
 		$(PY) -m pytest tests/cluster --durations=10; cluster=$$?; \
-		wait $$compat; suites=$$?; cat build/compat.log; \
-		echo "multi-host tests: exit $$cluster; runtimes' suites: exit $$suites"; \
-		test $$cluster -eq 0 && test $$suites -eq 0
+		wait $$lane; beside=$$?; cat build/compat.log build/beside.log; \
+		echo "multi-host tests: exit $$cluster; the lane beside them: exit $$beside"; \
+		test $$cluster -eq 0 && test $$beside -eq 0
 
 demo: bootstrap
 	$(VENV)/bin/sparkdist demo
