@@ -46,6 +46,7 @@ def soak_driver(cluster, driver):
 def test_short_soak_every_fault_kind_once(cluster, driver, soak_driver, tmp_path):
     faults = schedule.every_kind(SEED, gap_s=5.0)
     opts = soak.SoakOptions(time_scale=TIME_SCALE, step_s=0.2)
+    opts.stall_timeout_s = 20.0  # the long soaks' (30: the stopped and stuck ranks 20 s longer)
     out = soak.soak(cluster, soak_driver, faults, opts, tmp_path)
     print(schedule.describe(faults))
     print(soak.summary(out))
