@@ -385,6 +385,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
         "faults": {kind: row["injected"] for kind, row in kinds.items()},
         "kinds": kinds,
         "time_lost": checks.time_lost(kinds, steps, step_s),
+        "fired": [asdict(f) for f in fired],  # each fault as done, for report.json
         "table": text,
         "invariants": {name: {"ok": ok, "why": why} for name, (ok, why) in invariants.items()},
     }
