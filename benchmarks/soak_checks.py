@@ -56,16 +56,12 @@ def check_steps(
         return False, "committed steps out of time order"
     charged = charge(redone, fired)
     relaunched = relaunched_after(steps, fired)
-    over = {
-        i: n
-        for i, n in charged.items()
-        if i == -1 or n > (per_relaunch if i in relaunched and per_relaunch else per_fault)
-    }
+    per_relaunch = per_relaunch or per_fault
+    limits = {i: per_relaunch if i in relaunched else per_fault for i in charged}
+    over = {i: n for i, n in charged.items() if i == -1 or n > limits[i]}  # -1: before any fault
     worst = max(charged.values(), default=0)
-    if over:  # -1: redone before any fault
-        limit = f"at most {per_fault} a fault" + (
-            f", {per_relaunch} a relaunch" if per_relaunch else ""
-        )
+    if over:
+        limit = f"at most {per_fault} a fault, {per_relaunch} a relaunch"
         return False, f"steps redone {dict(charged)} ({limit}; over: {over})"
     why = f"{target} committed once each; {len(redone)} redone (at most {worst} a fault"
     return True, why + (f"; {len(relaunched)} relaunched)" if relaunched else ")")
@@ -78,8 +74,8 @@ def relaunched_after(steps: list[dict], fired: list) -> set[int]:
     found = set()
     for i, f in enumerate(done):
         stop = done[i + 1].at if i + 1 < len(done) else math.inf
-        before = [r.get("attempt", 0) for r in steps if r["at"] <= f.at]
-        after = [r.get("attempt", 0) for r in steps if f.at < r["at"] < stop]
+        before = [world_of(r)[0] for r in steps if r["at"] <= f.at]
+        after = [world_of(r)[0] for r in steps if f.at < r["at"] < stop]
         if before and after and max(after) > before[-1]:
             found.add(i)
     return found

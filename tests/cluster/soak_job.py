@@ -149,15 +149,7 @@ def soak_main(
 
         @elastic.run
         def loop(state) -> dict[str, Any]:
-            host = os.environ["SPARKDIST_TASK_HOST"]
-            log(
-                event="enter",
-                step=state.step,
-                rank=state.rank,
-                size=state.world_size,
-                host=host,
-                started=psutil.Process().create_time(),
-            )
+            _entered(log, state)
             ddp = torch.nn.parallel.DistributedDataParallel(state.model, init_sync=False)
             batches = iter(state.loader)
             while state.step < _target(control_dir, target_step):
@@ -171,6 +163,21 @@ def soak_main(
             return _final(state, x, y, pid)
 
         return loop(state)
+
+
+def _entered(log, state) -> None:
+    """The `enter` event the injector finds live ranks by: the pid with the process's start
+    time (a pid alone may be another process's minutes later)."""
+    host = os.environ["SPARKDIST_TASK_HOST"]
+    started = psutil.Process().create_time()
+    log(
+        event="enter",
+        step=state.step,
+        rank=state.rank,
+        size=state.world_size,
+        host=host,
+        started=started,
+    )
 
 
 def _target(control_dir: str, target_step: int) -> int:
@@ -247,15 +254,7 @@ def soak_relaunch_main(
         def log(**event) -> None:
             _append_line(events, {**event, "pid": pid, "at": time.time(), "gen": state.generation})
 
-        host = os.environ["SPARKDIST_TASK_HOST"]
-        log(
-            event="enter",
-            step=state.step,
-            rank=state.rank,
-            size=state.world_size,
-            host=host,
-            started=psutil.Process().create_time(),
-        )
+        _entered(log, state)
         ddp = torch.nn.parallel.DistributedDataParallel(state.model)
         batches = iter(state.loader)
         while state.step < _target(control_dir, target_step):
