@@ -357,7 +357,7 @@ def report(soaked: dict, control: dict, target: int, opts: SoakOptions) -> dict:
     invariants = {
         "target reached": checks.check_target(result, target),
         "commits": checks.check_steps(
-            steps, target, fired, per_fault=per_fault, per_relaunch=opts.save_every
+            steps, target, fired, per_fault=per_fault, saved=soaked["saved"]
         ),
         "rows once an epoch": checks.check_rows(steps, opts.rows, opts.global_batch),
         "the control's rows": checks.check_same_rows(steps, control["steps"]),

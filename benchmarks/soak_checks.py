@@ -41,12 +41,14 @@ def committed(steps: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def check_steps(
-    steps: list[dict], target: int, fired: list, per_fault: int, per_relaunch: int | None = None
+    steps: list[dict], target: int, fired: list, per_fault: int, saved: list[dict] | None = None
 ) -> tuple[bool, str]:
     """Committed steps 1..target, each once; each redone step charged to the fault before
-    it, at most `per_fault` per fault, or `per_relaunch` (a checkpoint interval) for one
-    after which the job was relaunched (its steps' `attempt` grew): an in-process world
-    left below `min_np` relaunches from its last disk checkpoint."""
+    it, at most `per_fault` per fault. A fault after which the job relaunched (its steps'
+    `attempt` grew; an in-process world left below `min_np` relaunches too) may redo what
+    no checkpoint held when each relaunch began: the steps since the newest one `saved`
+    (rank 0's records), a checkpoint interval unless a save failed (the store's disk
+    full), and a relaunch must resume from that checkpoint or a newer one."""
     kept, redone = committed(steps)
     numbers = [row["step"] for row in kept]
     if numbers != list(range(1, target + 1)):
@@ -54,17 +56,41 @@ def check_steps(
     times = [row["at"] for row in kept]
     if any(b <= a for a, b in zip(times, times[1:], strict=False)):
         return False, "committed steps out of time order"
+    unsaved = relaunches(steps, saved or [])
+    behind = [(at, first, newest) for at, first, newest, _ in unsaved if first <= newest]
+    if behind:
+        return False, f"relaunches resumed before the newest checkpoint (at, step, saved): {behind}"
     charged = charge(redone, fired)
     relaunched = relaunched_after(steps, fired)
-    per_relaunch = per_relaunch or per_fault
-    limits = {i: per_relaunch if i in relaunched else per_fault for i in charged}
-    over = {i: n for i, n in charged.items() if i == -1 or n > limits[i]}  # -1: before any fault
+    limits = {i: max(per_fault, _unsaved_after(i, fired, unsaved)) for i in relaunched}
+    over = {i: n for i, n in charged.items() if i == -1 or n > limits.get(i, per_fault)}
     worst = max(charged.values(), default=0)
     if over:
-        limit = f"at most {per_fault} a fault, {per_relaunch} a relaunch"
+        limit = f"at most {per_fault} a fault, what no checkpoint held a relaunch"
         return False, f"steps redone {dict(charged)} ({limit}; over: {over})"
     why = f"{target} committed once each; {len(redone)} redone (at most {worst} a fault"
     return True, why + (f"; {len(relaunched)} relaunched)" if relaunched else ")")
+
+
+def relaunches(steps: list[dict], saved: list[dict]) -> list[tuple[float, int, int, int]]:
+    """Each relaunch, as (when its first step was written, that step, the newest checkpoint
+    saved before then, the highest step written before then): the steps it may redo are
+    the last minus the third."""
+    found, attempt, high = [], None, 0
+    for row in steps:
+        if attempt is not None and world_of(row)[0] > attempt:
+            newest = max((s["step"] for s in saved if s["at"] <= row["at"]), default=0)
+            found.append((row["at"], row["step"], newest, high))
+        attempt = max(world_of(row)[0], attempt if attempt is not None else 0)
+        high = max(high, row["step"])
+    return found
+
+
+def _unsaved_after(i: int, fired: list, unsaved: list) -> int:
+    """The steps no checkpoint held at the relaunches after done fault `i`, before the next."""
+    done = [f for f in fired if not f.skipped]
+    stop = done[i + 1].at if i + 1 < len(done) else math.inf
+    return sum(high - newest for at, _, newest, high in unsaved if done[i].at < at < stop)
 
 
 def relaunched_after(steps: list[dict], fired: list) -> set[int]:

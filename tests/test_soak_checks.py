@@ -120,19 +120,46 @@ RELAUNCHED = [
 ]
 
 
-def test_a_relaunch_in_process_may_redo_a_checkpoint_interval_and_is_timed_to_its_world():
+def test_a_relaunch_in_process_may_redo_what_no_checkpoint_held_and_is_timed_to_its_world():
     """An in-process world left below min_np relaunches from its last disk checkpoint: the
-    steps since are redone once (at most a checkpoint interval), not once a fault; the
-    fault's recovery is timed to the new attempt's first step (its generation 0 is newer
-    than the old attempt's generation 2)."""
+    steps since are redone once, not once a fault; the fault's recovery is timed to the new
+    attempt's first step (its generation 0 is newer than the old attempt's generation 2)."""
     kill = fired(3.5)
     kill.generation = 2
     assert checks.relaunched_after(RELAUNCHED, [kill]) == {0}
-    assert not checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1)[0]
-    ok, why = checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, per_relaunch=5)
+    saved = [{"step": 1, "at": 1.5}]
+    ok, why = checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, saved=saved)
     assert ok, why
-    assert not checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, per_relaunch=1)[0]
+    newer = [*saved, {"step": 2, "at": 2.5}]  # attempt 1 should have resumed after step 2
+    ok, why = checks.check_steps(RELAUNCHED, 4, [kill], per_fault=1, saved=newer)
+    assert not ok and "before the newest checkpoint" in why
     assert checks.recovery_s(kill, None, RELAUNCHED) == 5.5
+
+
+def relaunch_steps(last: int, resumed_at: int, target: int) -> list[dict]:
+    """Attempt 0 steps 1..last, one a second; attempt 1 from `resumed_at` to `target`."""
+    rows = [{**step(n, float(n), 0, [0]), "attempt": 0} for n in range(1, last + 1)]
+    later = range(resumed_at, target + 1)
+    return rows + [{**step(n, 100.0 + n, 0, [0]), "attempt": 1} for n in later]
+
+
+def test_a_relaunch_after_a_failed_save_may_redo_more_than_a_checkpoint_interval():
+    """The 30-minute relaunch soak (seed 7) charged a cut host 6 redone steps against a
+    checkpoint interval of 5: its disk_full fault had failed a save 20 s before. A relaunch
+    redoes the steps since the newest checkpoint saved, whatever the interval, and resuming
+    from an older one than that fails."""
+    steps = relaunch_steps(last=13, resumed_at=6, target=15)  # checkpoint 10 never saved
+    saved = [{"step": 5, "at": 5.1}]
+    cut = fired(13.5, "cut_host")
+    ok, why = checks.check_steps(steps, 15, [cut], per_fault=5, saved=saved)
+    assert ok, why
+    assert "8 redone" in why
+    ten = [*saved, {"step": 10, "at": 10.1}]  # had 10 been saved, 6 resumed too early
+    ok, why = checks.check_steps(steps, 15, [cut], per_fault=5, saved=ten)
+    assert not ok and "(106.0, 6, 10)" in why
+    ok, why = checks.check_steps(relaunch_steps(13, 11, 15), 15, [cut], per_fault=5, saved=ten)
+    assert ok, why
+    assert checks.relaunches(steps, saved) == [(106.0, 6, 5, 13)]
 
 
 def test_a_rank_is_its_pid_and_start_time_so_a_reused_pid_is_never_signalled():
