@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import stall_jobs
 from helpers import assert_nothing_left
 
@@ -37,7 +38,13 @@ from sparkdist.protocol import stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.stacks import NO_STACKS, RankStacks
-from sparkdist.runner.driver.stalls import ELASTIC_STALL_TIMEOUT_S, StallWatch, relook_s
+from sparkdist.runner.driver.stalls import (
+    ELASTIC_STALL_TIMEOUT_S,
+    SignsOfLife,
+    StallClock,
+    StallWatch,
+    relook_s,
+)
 
 ENV = {"SPARKDIST_ELASTIC_TIMEOUT_S": "300"}
 STALL_TIMEOUT_S = 8
@@ -160,6 +167,24 @@ def test_an_in_process_elastic_world_has_a_stall_timeout_by_default():
     assert given.timeout_s == 60 and not given.default
     fixed = watch(None)  # a fixed-size world, or the mpi launcher's
     assert fixed.timeout_s is None and not fixed.default
+
+
+def test_a_look_that_singles_nobody_out_keeps_each_silence_and_holds_the_next_look_back():
+    """Silence counts from each member's own last sign of life, not from the last look;
+    only a drop (the world re-forms) counts anew. The next look waits `relook_s`: a
+    quarter of `stall_timeout`, at least 3 s."""
+    assert relook_s(ELASTIC_STALL_TIMEOUT_S) == 15 and relook_s(10) == relook_s(8) == 3
+    clock, life = StallClock(start_timeout=60), SignsOfLife()
+    life.by_rank = {0: clock.since + 1.0, 1: clock.since + 5.0}
+    now = clock.since + 12.0
+    assert clock.silences(life, [0, 1], now) == pytest.approx({0: 11.0, 1: 7.0})
+    looked = time.monotonic()
+    clock.look_later(relook_s(10))
+    assert not clock.may_look(looked) and clock.may_look(time.monotonic() + 3.0)
+    assert clock.silences(life, [0, 1], now) == pytest.approx({0: 11.0, 1: 7.0})
+    clock.restart()  # a drop: the survivors' silence counts from here
+    life.by_rank = {0: clock.since - 5.0, 1: clock.since - 1.0}  # they spoke before it
+    assert clock.silences(life, [0, 1], clock.since + 2.0) == pytest.approx({0: 2.0, 1: 2.0})
 
 
 # --- on real Spark -------------------------------------------------------------------------
