@@ -356,13 +356,11 @@ class StallWatch:
     member is watched alone: one silent that long, whatever the others said meanwhile
     (their own lines when their collective timed out), is dropped if it holds the others
     back (`stacks.stopped`): named, killed (`KillRank`), and lost as a killed rank is, so
-    the world re-forms without it. A look that singles nobody out (the others still in
-    their own code) is followed by another `relook_s` later: a member that holds the others
-    back once they reach their collective is dropped within `stall_timeout` plus
-    `relook_s` of its last sign of life. Only when no rank showed a sign of life for
-    `stall_timeout` and none can be singled out, or the world cannot lose them (fewer than
-    `min_np` left), does a `stall_timeout` given fail the job; the default one never does
-    (the job goes on, as after a warning)."""
+    the world re-forms without it; when a look singles nobody out (the others still in
+    their own code), the next comes `relook_s` later, not a `stall_timeout`. Only when no
+    rank showed a sign of life for `stall_timeout` and none can be singled out, or the
+    world cannot lose them (fewer than `min_np` left), does a `stall_timeout` given fail
+    the job; the default one never does (the job goes on, as after a warning)."""
 
     def __init__(self, state, options, job_id: str, announce: Callable[[str], None], follow=None):
         self.state, self.job_id, self.announce = state, job_id, announce
