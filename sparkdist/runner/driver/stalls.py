@@ -457,7 +457,7 @@ class StallWatch:
         """No sign of life for `stall_timeout` (`stalled`: from any rank; `silent`: from
         these members): drop the ranks that hold an in-process world back, else fail a
         stalled job (by default: go on, as after a warning); without either, look again
-        `relook_s` later."""
+        `relook_s` later (`stall_timeout` where no look drops: the default out of process)."""
         state, since = self.state, self.state.life.last
         why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
         if not stalled:
@@ -469,7 +469,8 @@ class StallWatch:
             self._noticed(self._warned_at or since)  # traced once a rank speaks again
             return
         if self.default or not stalled:
-            wait_s = relook_s(self.timeout_s)
+            drops = not self.default or state.membership.in_process()
+            wait_s = relook_s(self.timeout_s) if drops else self.timeout_s
             self._clock.look_later(wait_s)
             said = f"{why}; nobody singled out, next look in {wait_s:g}s"
             logger.debug("sparkdist job %s: %s", self.job_id, said)
