@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 
 from soak_faults import world_of
 
+from sparkdist.runner.driver.stalls import relook_s
+
 WEIGHT_TOLERANCE = 1e-4
 """Final weights against the fault-free control's, absolute on weights of order 1-8:
 every step reads the same G rows in the same order whatever the world's size (the loader's
@@ -189,8 +191,10 @@ def check_silent(fired: list, log: str, stall_timeout_s: float, step_s: float) -
     """Each SIGSTOPped or stuck rank named silent in the job's log (with its stacks or why
     there are none), and gone within stall_timeout + a step + the stacks' wait (4 s) + the
     stall watch's tick (1 s) after it stopped: its silence counts from its own last sign
-    of life, whatever the others say meanwhile."""
-    allowed = stall_timeout_s + step_s + 4.0 + 1.0
+    of life, whatever the others say meanwhile. One stopped while its peers were still in
+    their own code (starting after a relaunch) is singled out only at the first look after
+    they wait for it: a re-look (`relook_s`) more."""
+    allowed = stall_timeout_s + relook_s(stall_timeout_s) + step_s + 4.0 + 1.0
     notes = []
     for f in fired:
         if f.fault.kind not in ("sigstop", "stuck") or f.skipped:

@@ -73,18 +73,20 @@ def lock_timeout(
 
 class Warnings(logging.Handler):
     """Releases the lock at the first stall warning; keeps what was said, and when: only
-    what `runner`'s job said of all the jobs running at once."""
+    what `runner`'s job said of all the jobs running at once. `named`: only messages that
+    name a job (a stall warning does): the stacks another job's watch shows on their own
+    when it drops a rank name no job, and must not release this job's lock."""
 
-    def __init__(self, lock: str, runner: HorovodRunner):
+    def __init__(self, lock: str, runner: HorovodRunner, named: bool = False):
         super().__init__()
-        self.lock_file, self.runner, self.said = lock, runner, []
+        self.lock_file, self.runner, self.named, self.said = lock, runner, named, []
 
     def mine(self, text: str) -> bool:
         """Not a message that names another job ("sparkdist job <id>: ...")."""
         job = self.runner.last_job
-        if not text.startswith("sparkdist job ") or job is None:
-            return True
-        return text.startswith(f"sparkdist job {job.job_id}:")
+        if not text.startswith("sparkdist job "):
+            return not self.named
+        return job is None or text.startswith(f"sparkdist job {job.job_id}:")
 
     def emit(self, record):
         text = record.getMessage()
@@ -99,7 +101,7 @@ class Warnings(logging.Handler):
 def stall_warning(lock: str) -> dict:
     open(lock, "w").close()
     runner = HorovodRunner(np=3, launcher="mpi", stall_warning=10)
-    handler = Warnings(lock, runner)
+    handler = Warnings(lock, runner, named=True)
     logging.getLogger("sparkdist").addHandler(handler)
     try:
         result = runner.run_all(stall_jobs.lock_job, lock_file=lock, steps=12)

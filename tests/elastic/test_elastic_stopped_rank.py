@@ -28,14 +28,23 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import stall_jobs
 from helpers import assert_nothing_left
 
 import sparkdist
+from sparkdist import job_environment
+from sparkdist.protocol import stack_dumps
 from sparkdist.runner.driver import stacks
 from sparkdist.runner.driver.job_spec import RunnerOptions
 from sparkdist.runner.driver.stacks import NO_STACKS, RankStacks
-from sparkdist.runner.driver.stalls import ELASTIC_STALL_TIMEOUT_S, StallWatch
+from sparkdist.runner.driver.stalls import (
+    ELASTIC_STALL_TIMEOUT_S,
+    SignsOfLife,
+    StallClock,
+    StallWatch,
+    relook_s,
+)
 
 ENV = {"SPARKDIST_ELASTIC_TIMEOUT_S": "300"}
 STALL_TIMEOUT_S = 8
@@ -158,6 +167,24 @@ def test_an_in_process_elastic_world_has_a_stall_timeout_by_default():
     assert given.timeout_s == 60 and not given.default
     fixed = watch(None)  # a fixed-size world, or the mpi launcher's
     assert fixed.timeout_s is None and not fixed.default
+
+
+def test_a_look_that_singles_nobody_out_keeps_each_silence_and_holds_the_next_look_back():
+    """Silence counts from each member's own last sign of life, not from the last look;
+    only a drop (the world re-forms) counts anew. The next look waits `relook_s`: a
+    quarter of `stall_timeout`, at least 3 s."""
+    assert relook_s(ELASTIC_STALL_TIMEOUT_S) == 15 and relook_s(10) == relook_s(8) == 3
+    clock, life = StallClock(start_timeout=60), SignsOfLife()
+    life.by_rank = {0: clock.since + 1.0, 1: clock.since + 5.0}
+    now = clock.since + 12.0
+    assert clock.silences(life, [0, 1], now) == pytest.approx({0: 11.0, 1: 7.0})
+    looked = time.monotonic()
+    clock.look_later(relook_s(10))
+    assert not clock.may_look(looked) and clock.may_look(time.monotonic() + 3.0)
+    assert clock.silences(life, [0, 1], now) == pytest.approx({0: 11.0, 1: 7.0})
+    clock.restart()  # a drop: the survivors' silence counts from here
+    life.by_rank = {0: clock.since - 5.0, 1: clock.since - 1.0}  # they spoke before it
+    assert clock.silences(life, [0, 1], clock.since + 2.0) == pytest.approx({0: 2.0, 1: 2.0})
 
 
 # --- on real Spark -------------------------------------------------------------------------
@@ -299,6 +326,91 @@ def test_a_stopped_rank_costs_stall_timeout_after_its_own_last_sign_of_life(sc, 
     cost = _decided_at(caplog.records) - stopped_at
     print(f"rank 3 left the world {cost:.1f} s after its last sign of life")
     assert cost <= SILENT_TIMEOUT_S + MARGIN_S, cost
+    assert_nothing_left(runner)
+
+
+# --- a look that singles nobody out is soon followed by another -----------------------------
+
+RELOOK_TIMEOUT_S = 10
+RELOOK_BOUND_S = RELOOK_TIMEOUT_S + relook_s(RELOOK_TIMEOUT_S) + MARGIN_S
+"""When the stuck rank must be dropped, after its last sign of life: `stall_timeout`, one
+re-look's wait, and the margin; before the fix, two `stall_timeout`s and more."""
+
+
+def stuck_while_the_others_work(out: str) -> dict:
+    """At step `STOP_AT` launch rank 0 prints its last line and blocks on a lock in its own
+    code (until `out/lock` is removed); the others stay in their own code, a line a second
+    (not a stalled job), until the stall watch has taken their stacks (their stacks file
+    grew: that look found every member in its own code), then wait for rank 0 in
+    `all_reduce`. Each member returns its world's size and its last step."""
+    started = threading.Event()
+    threading.Thread(target=stall_jobs._beat_until, args=(started,), daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    launch_rank = int(os.environ["RANK"])
+    stacks_file = Path(os.environ[job_environment.STACKS], stack_dumps.STACK_FILE)
+
+    @elastic.run
+    def train(state) -> dict:
+        started.set()
+        value = torch.ones(1)
+        while state.step < STEPS:
+            if state.step == STOP_AT and launch_rank == 0:
+                Path(out, "stopped").write_text(str(time.time()))
+                print("rank 0 stops", flush=True)  # its last sign of life
+                stall_jobs.stuck(str(Path(out, "lock")))
+            elif state.step == STOP_AT and not Path(out, f"looked-{launch_rank}").exists():
+                Path(out, f"looked-{launch_rank}").touch()  # once: not again after the drop
+                size = stacks_file.stat().st_size
+                while stacks_file.stat().st_size == size:  # until the watch looks
+                    print(f"rank {launch_rank} works on", flush=True)
+                    time.sleep(1.0)
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return {"rank": launch_rank, "size": dist.get_world_size(), "step": state.step}
+
+    return train(elastic.ObjectState(step=0))
+
+
+def test_a_stuck_rank_is_dropped_soon_after_a_look_that_found_nobody(sc, tmp_path, caplog):
+    """The stall watch's first look at launch rank 0, stuck on a lock, finds the others in
+    their own code too, and singles nobody out; they then wait for it in `all_reduce`. The
+    watch looks again `relook_s` later, its silence still counted from its own last line,
+    and drops it (before the fix: a whole `stall_timeout` after the first look, 21 s or more
+    after its last line); the three others end the job."""
+    (tmp_path / "lock").touch()
+    runner = sparkdist.HorovodRunner(
+        np=4, min_np=2, max_np=4, ranks_per_task=2, stall_timeout=RELOOK_TIMEOUT_S, env=ENV
+    )
+    with caplog.at_level(logging.WARNING, logger="sparkdist"):
+        with caplog.at_level(logging.DEBUG, logger="sparkdist.runner.driver.stalls"):
+            results = runner.run_all(stuck_while_the_others_work, out=str(tmp_path))
+    log = "\n".join(record.getMessage() for record in caplog.records)
+    assert sorted(r["rank"] for r in results) == [1, 2, 3], results
+    assert all(r["size"] == 3 and r["step"] == STEPS for r in results), results
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [], job.failures
+    assert len(job.reformed) == 1 and "rank 0 on host " in job.reformed[0], job.reformed
+    # then rank 0 was named, with its stacks beside the others' in all_reduce
+    silent = [line for line in log.splitlines() if "is silent: no sign of life" in line]
+    assert len(silent) == 1 and "rank 0 (host " in silent[0], log
+    assert "its own code (stuck (stall_jobs.py:" in silent[0], silent
+    assert "ranks 1-3 (host " in log and "all_reduce <- train" in log, log
+    stopped_at = float((tmp_path / "stopped").read_text())  # its last line came after this
+    cost = _decided_at(caplog.records) - stopped_at
+    said = float(re.search(r"no sign of life for (\d+)s", silent[0]).group(1))
+    print(f"rank 0 dropped {cost:.1f} s after its last sign of life (said: {said:.0f} s)")
+    assert cost <= RELOOK_BOUND_S < 2 * RELOOK_TIMEOUT_S, cost
+    assert said >= cost - MARGIN_S, (said, cost)  # counted from its own last sign of life
+    # its first look singled nobody out: the others were in their own code
+    assert "; nobody singled out, next look in 3s" in log, log
+    rank_log = Path(job.rank_logs, "rank-0.log").read_text()
+    assert "[sparkdist] stacks (rank 0 silent for " in rank_log, rank_log
     assert_nothing_left(runner)
 
 

@@ -16,9 +16,11 @@
   elastic world (`stall_timeout` 60 s unless given) each member is watched alone: one
   silent that long is dropped if it holds the others back, stopped or stuck
   (`stacks.stopped`): it is killed, and lost as a killed rank is (`failures.Losses`),
-  so the world re-forms without it.
+  so the world re-forms without it. A look that singles nobody out is followed by
+  another `relook_s` later, each silence still counted from its own last sign of life.
 * `StallClock`: when each rank's silence starts to count: at its first sign of life;
-  its start before that (imports, building a model) counts against `start_timeout`.
+  its start before that (imports, building a model) counts against `start_timeout`;
+  and when the watch may look next.
 * `Stragglers`: a rank that steps at least `RATIO` times slower than the median rank.
   Each rank's step rate comes from its signs of life that count steps: its data
   loader's batches (`Alive`) or its `report()` calls, whichever every measured rank has
@@ -60,6 +62,8 @@ a minute (the 300 s of before cost five); the issue's 30 s at p99 per fault need
 WAIT_S = stack_dumps.WAIT_S + 1.0
 """How long the driver waits for every rank's stacks (the supervisor waits `WAIT_S`)."""
 TICK_S = 1.0
+RELOOK_FRACTION = 0.25
+RELOOK_MIN_S = 3.0
 FULL_STACKS = "Each rank's full stacks are in its rank-N.log."
 NCCL_COMMAND = "torchfrtrace {directory} --prefix " + stack_dumps.NCCL_PREFIX + " -j"
 """The one command that analyses the ranks' NCCL flight recorder dumps (torch's)."""
@@ -279,19 +283,50 @@ def show_where(state, exc: BaseException, announce: Callable[[str], None]) -> No
         announce(text)
 
 
+def relook_s(stall_timeout: float) -> float:
+    """How long after a look that singled nobody out the watch looks again: a quarter of
+    `stall_timeout`, at least `RELOOK_MIN_S`.
+
+    A member stuck while the others are still in their own code (starting, evaluating) is
+    singled out only once they wait for it in a collective: it is then dropped within
+    `stall_timeout` plus this of its last sign of life, not a whole `stall_timeout` after
+    the look. Not every tick: a look asks every rank for its stacks and NCCL dumps (py-spy
+    for one that gives none) and keeps them in each `rank-N.log`; a quarter keeps that to
+    four looks per `stall_timeout` while a member stays silent, and the floor spares a
+    short `stall_timeout` a look every other tick (a look may wait `WAIT_S` itself)."""
+    return max(RELOOK_MIN_S, stall_timeout * RELOOK_FRACTION)
+
+
 class StallClock:
-    """When each rank's silence starts to count against `stall_timeout`.
+    """When each rank's silence starts to count against `stall_timeout`, and when the
+    watch may look next.
 
     A rank is starting until its first sign of life: importing torch or building a model
     takes seconds to minutes, in silence, on a loaded host, and every rank may do it at
     once. Its start counts against `start_timeout` (from when the watch saw it started):
     one silent that long is silent since its start. While a rank of the world starts,
-    nothing is stalled (the others may be waiting for it)."""
+    nothing is stalled (the others may be waiting for it). After that a rank's silence
+    counts from its own last sign of life, never from before `since`."""
 
     def __init__(self, start_timeout: float) -> None:
         self.start_timeout = start_timeout
         self._started: dict[int, float] = {}
         """When the watch first saw each rank started (monotonic seconds)."""
+        self.since = self._next_look = time.monotonic()
+        """`since`: the watch's start (a relaunched attempt is watched anew with a new
+        clock) or its last drop (the re-formed world's survivors count anew)."""
+
+    def restart(self) -> None:
+        """The world re-formed: every member's silence counts from now."""
+        self.since = time.monotonic()
+
+    def look_later(self, wait_s: float) -> None:
+        """A look singled nobody out: the next one waits `wait_s`, and counts as before."""
+        self._next_look = time.monotonic() + wait_s
+
+    def may_look(self, now: float) -> bool:
+        """Whether the last look that singled nobody out is far enough behind."""
+        return now >= self._next_look
 
     def note(self, records: RankRecords, now: float) -> None:
         """Note the ranks that started since the last tick (under the job's lock)."""
@@ -307,12 +342,10 @@ class StallClock:
             if r not in life.by_rank and now - self._started.get(r, now) < self.start_timeout
         ]
 
-    def silences(
-        self, life: SignsOfLife, ranks: list[int], since: float, now: float
-    ) -> dict[int, float]:
-        """How long each of `ranks` has been silent, counted from `since` at the earliest
-        (the watch's last look), from its start when it never spoke."""
-        return {r: now - max(life.by_rank.get(r, self._started.get(r, now)), since) for r in ranks}
+    def silences(self, life: SignsOfLife, ranks: list[int], now: float) -> dict[int, float]:
+        """How long each of `ranks` has been silent (from its start when it never spoke)."""
+        started = self._started
+        return {r: now - max(life.by_rank.get(r, started.get(r, now)), self.since) for r in ranks}
 
 
 class StallWatch:
@@ -323,10 +356,11 @@ class StallWatch:
     member is watched alone: one silent that long, whatever the others said meanwhile
     (their own lines when their collective timed out), is dropped if it holds the others
     back (`stacks.stopped`): named, killed (`KillRank`), and lost as a killed rank is, so
-    the world re-forms without it. Only when no rank showed a sign of life for
-    `stall_timeout` and none can be singled out, or the world cannot lose them (fewer than
-    `min_np` left), does a `stall_timeout` given fail the job; the default one never does
-    (the job goes on, as after a warning)."""
+    the world re-forms without it; when a look singles nobody out (the others still in
+    their own code), the next comes `relook_s` later, not a `stall_timeout`. Only when no
+    rank showed a sign of life for `stall_timeout` and none can be singled out, or the
+    world cannot lose them (fewer than `min_np` left), does a `stall_timeout` given fail
+    the job; the default one never does (the job goes on, as after a warning)."""
 
     def __init__(self, state, options, job_id: str, announce: Callable[[str], None], follow=None):
         self.state, self.job_id, self.announce = state, job_id, announce
@@ -336,9 +370,6 @@ class StallWatch:
         if self.default:
             self.timeout_s = ELASTIC_STALL_TIMEOUT_S
         self._clock = StallClock(options.start_timeout)
-        self._looked = time.monotonic()
-        """`stall_timeout` counts from here too: the watch's start (a re-formed world is
-        watched anew), and the last look that killed a rank or, by default, found none."""
         self._stop = threading.Event()
         self._warned_at: float | None = None
         self._silent: list[int] = []
@@ -396,23 +427,22 @@ class StallWatch:
         """Watch the relaunched attempt's state anew (a stall of the old one ends here)."""
         if self._warned_at is not None:
             self._trace_stall(self.state.life)
-        self.state, self._looked = state, time.monotonic()
-        self._clock = StallClock(self._clock.start_timeout)
+        self.state, self._clock = state, StallClock(self._clock.start_timeout)
 
     def _due(self, now: float) -> tuple[bool, dict[int, float]] | None:
         """What `stall_timeout` finds now: whether no rank showed a sign of life that long,
         and the elastic world's members silent that long; None: nothing (or a rank of the
-        world still starts: `StallClock`)."""
-        state, life = self.state, self.state.life
+        world still starts: `StallClock`, or the last look singled nobody out just now)."""
+        state, life, clock = self.state, self.state.life, self._clock
         with state.cond:
-            self._clock.note(state.rank_records, now)
+            clock.note(state.rank_records, now)
             by_rank = state.rank_records.by_rank
             ranks = [r for r in state.membership.survivors() if not by_rank[r].exited]
             elastic = state.membership.min_np is not None
-        if self._clock.starting(life, ranks, now):
+        if not clock.may_look(now) or clock.starting(life, ranks, now):
             return None
-        stalled = now - max(life.last, self._looked) >= self.timeout_s
-        silences = self._clock.silences(life, ranks, self._looked, now) if elastic else {}
+        stalled = now - max(life.last, clock.since) >= self.timeout_s
+        silences = clock.silences(life, ranks, now) if elastic else {}
         silent = {r: s for r, s in silences.items() if s >= self.timeout_s}
         return (stalled, silent) if stalled or silent else None
 
@@ -426,7 +456,8 @@ class StallWatch:
     def _timed_out(self, idle: float, stalled: bool, silent: dict[int, float]) -> None:
         """No sign of life for `stall_timeout` (`stalled`: from any rank; `silent`: from
         these members): drop the ranks that hold an in-process world back, else fail a
-        stalled job (by default: go on, as after a warning)."""
+        stalled job (by default: go on, as after a warning); without either, look again
+        `relook_s` later (`stall_timeout` where no look drops: the default out of process)."""
         state, since = self.state, self.state.life.last
         why = f"no sign of life for {idle:.0f}s, stall_timeout={self.timeout_s:g}"
         if not stalled:
@@ -438,7 +469,11 @@ class StallWatch:
             self._noticed(self._warned_at or since)  # traced once a rank speaks again
             return
         if self.default or not stalled:
-            self._looked = time.monotonic()
+            drops = not self.default or state.membership.in_process()
+            wait_s = relook_s(self.timeout_s) if drops else self.timeout_s
+            self._clock.look_later(wait_s)
+            said = f"{why}; nobody singled out, next look in {wait_s:g}s"
+            logger.debug("sparkdist job %s: %s", self.job_id, said)
             warn = self.warning_s is not None and idle >= self.warning_s
             if warn and self._warned_at != since:
                 self._noticed(since)
@@ -487,7 +522,7 @@ class StallWatch:
         self.announce(text)
         for rank in dropped:
             send([links[rank]], messages.KillRank(f"silent for {silent[rank]:.0f}s ({limit})"))
-        self._looked = time.monotonic()
+        self._clock.restart()
         return True
 
     def _noticed(self, since: float) -> None:
