@@ -268,9 +268,10 @@ class _GrowWatcher:
         """Gives the slots of tasks whose ranks are all gone back to Spark, each tick."""
 
     def start(self) -> None:
-        """Watch while the world is below max_np, or may fall below it (in process)."""
+        """Watch while the world is below max_np, or may fall below it (in process, also
+        below min_np: its slots come back, `_SlotReturns`, and it grows into them)."""
         low = self.state.job.in_process_min_np
-        if self.state.membership.size() < self.max_np or (low is not None and low < self.max_np):
+        if self.state.membership.size() < self.max_np or low is not None:
             self._thread.start()
 
     def _run(self) -> None:
