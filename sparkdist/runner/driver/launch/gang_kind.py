@@ -287,11 +287,10 @@ class _GrowWatcher:
                 since = None
                 continue
             since = since or time.monotonic()
-            if time.monotonic() - since >= GROW_SETTLE_S:
-                growth.request(
-                    f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s "
-                    f"(max_np={self.max_np})"
-                )
+            waits = self.state.membership.wait is not None  # below min_np: grow at once
+            if waits or time.monotonic() - since >= GROW_SETTLE_S:
+                settled = "below min_np" if waits else f"for {GROW_SETTLE_S:.0f}s"
+                growth.request(f"{extra} more rank slot(s) free {settled} (max_np={self.max_np})")
                 since = None
 
     def stop(self) -> None:
