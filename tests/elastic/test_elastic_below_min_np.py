@@ -132,7 +132,7 @@ def test_below_min_np_the_survivor_waits_and_the_world_re_forms_in_process(sc, t
     assert result == {"rank": 0, "step": STEPS, "size": 3}
     assert any(r.startswith("waited: ") for r in job.reformed), job.reformed
     log = "\n".join(r.getMessage() for r in caplog.records)
-    assert "below min_np=2: the survivors wait up to" in log, log
+    assert "-> 1 ranks in process, below min_np=2: the survivors wait up to" in log, log
     assert "ranks [4, 5] joined, after" in log and "s below min_np" in log, log
     trace = json.loads(Path(job.trace).read_text())
     changes = [e["args"] for e in trace["traceEvents"] if e["name"] == "world change"]
@@ -200,9 +200,11 @@ def test_below_min_np_with_no_slot_back_in_time_relaunches(sc, tmp_path, caplog)
 
 
 def test_driver_holds_a_world_below_min_np_until_newcomers_enter():
-    """The protocol on a real `DriverService`, without Spark: two of three ranks lost with
-    min_np=2: the survivor's request waits (and is a sign of life); a newcomer's entry
-    forms [survivor, newcomer]; a second wait that runs out is refused with every loss."""
+    """The protocol on a real `DriverService`, without Spark: four ranks, min_np=3. Two
+    lost: the survivors' requests wait (a sign of life each); a third lost during the
+    wait: it goes on with one; a decommission notice cannot take the last; the world forms
+    once both newcomers entered, [survivor, newcomers]. Then a wait that runs out is
+    refused with its losses, and its count is given back to the relaunch's."""
     from driver_peers import rank_client
 
     from sparkdist.protocol import messages, wire
@@ -211,39 +213,50 @@ def test_driver_holds_a_world_below_min_np_until_newcomers_enter():
     from sparkdist.runner.driver.job_state import JobState
     from sparkdist.runner.driver.service import DriverService
 
-    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=2))
-    membership, budget = state.membership, RelaunchBudget(None, False)
+    state = JobState(JobSpec("job", 4, b"payload", False, "all", in_process_min_np=3))
+    membership, budget = state.membership, RelaunchBudget(3, False)
     secret = wire.new_secret()
     service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
     try:
-        ranks = [rank_client(service, secret, rank) for rank in range(3)]
+        ranks = [rank_client(service, secret, rank) for rank in range(4)]
         for rank, client in enumerate(ranks):
             assert client.request(messages.ElasticWorld(rank, -1, 5.0)).value.number == 0
-        for rank in (1, 2):
+        for rank in (2, 3):
             state.losses.rank_exited(rank, -signal.SIGKILL, [])
         assert not membership.can_shrink() and membership.can_wait() and budget.reform()
         membership.hold(60.0)  # as the loop of attempts decides
-        assert membership.survivors() == [0] and membership.size() == 1
+        assert membership.survivors() == [0, 1] and membership.size() == 2
         assert membership.generation.number == 0 and state.failures.stopping is None
         seen = state.life.by_rank.get(0, 0.0)
         assert isinstance(ranks[0].request(messages.ElasticWorld(0, 0, 0.3)), messages.Missing)
         assert state.life.by_rank[0] > seen  # waiting for slots is a sign of life
+        state.losses.rank_exited(1, -signal.SIGKILL, [])  # lost during the wait
+        assert membership.can_wait() and budget.reform()
+        membership.hold(60.0)
+        assert membership.survivors() == [0] and membership.wait.counted == 2
+        assert not membership.depart([0], "executor 0 is being decommissioned")
         ranks[0]._channel.send(messages.encode(messages.ElasticWorld(0, 0, 30.0)))
-        state.add_ranks([3], "1 more rank slot(s) free")
-        newcomer = rank_client(service, secret, 3)
-        reply = newcomer.request(messages.ElasticWorld(3, -1, 5.0))
-        assert reply.value.number == 1 and reply.value.members == (0, 3)
+        state.add_ranks([4, 5], "2 more rank slot(s) free below min_np")
+        newcomers = {rank: rank_client(service, secret, rank) for rank in (4, 5)}
+        newcomers[4]._channel.send(messages.encode(messages.ElasticWorld(4, -1, 30.0)))
+        wait_for(lambda: 4 in membership.entered, "rank 4 entered", 10)
+        assert membership.generation.number == 0  # 1 + 1 < min_np: no world yet
+        reply = newcomers[5].request(messages.ElasticWorld(5, -1, 5.0))
+        assert reply.value.number == 1 and reply.value.members == (0, 4, 5)
         assert "after" in reply.value.reason and "below min_np" in reply.value.reason
-        assert messages.decode(ranks[0]._channel.recv(), messages.RANK_REPLIES) == reply
+        for client in (ranks[0], newcomers[4]):
+            assert messages.decode(client._channel.recv(), messages.RANK_REPLIES) == reply
         assert membership.wait is None and membership.waited_out() is None
-        # Rank 3 is lost: below min_np again; no slot comes back in the (short) limit.
-        state.losses.rank_exited(3, -signal.SIGKILL, [])
+        # Rank 4 is lost: below min_np again, and no slot comes back in a (nil) limit.
+        state.losses.rank_exited(4, -signal.SIGKILL, [])
         assert membership.can_wait() and budget.reform()
         membership.hold(0.0)
-        assert "stayed below min_np=2 (1 ranks)" in (membership.waited_out() or "")
+        assert "stayed below min_np=3 (2 ranks)" in (membership.waited_out() or "")
         assert not membership.can_wait()
         losses, counted = membership.refuse()
-        assert [loss.rank for loss in losses] == [3] and counted == 1
+        assert [loss.rank for loss in losses] == [4] and counted == 1
         assert membership.min_np is None
+        budget.returned(counted)
+        assert budget.used == 2  # the first wait's two faults; the relaunch counts this one
     finally:
         service.close()

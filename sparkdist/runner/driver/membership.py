@@ -191,6 +191,7 @@ class Waits:
         a grow seats, until `limit_s` after the first loss of the wait (`waited_out`)."""
         with self.cond:
             losses = list(self.pending.values())
+            before = len(self.survivors()) + len(losses)
             self.pending.clear()
             self.left.update((loss.rank, loss.reason) for loss in losses)
             now = time.monotonic()
@@ -204,7 +205,9 @@ class Waits:
             f"below min_np={self.min_np}: {'the survivors wait' if first else 'the wait goes on'} "
             f"up to {left_s:.0f}s (start_timeout) for slots to come back: {reason}"
         )
-        logger.warning("sparkdist elastic job: world -> %d ranks in process, %s", size, why)
+        logger.warning(
+            "sparkdist elastic job: world %d -> %d ranks in process, %s", before, size, why
+        )
         if self.on_wait is not None:
             self.on_wait(size, why)
 
