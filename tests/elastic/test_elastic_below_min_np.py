@@ -28,6 +28,7 @@ from helpers import pid_alive, still_alive, wait_for
 from test_elastic_in_process import write_whole
 
 import sparkdist
+from sparkdist.trace import validate
 
 STEPS = 40
 HOLD_AT = 5
@@ -135,6 +136,7 @@ def test_below_min_np_the_survivor_waits_and_the_world_re_forms_in_process(sc, t
     assert "-> 1 ranks in process, below min_np=2: the survivors wait up to" in log, log
     assert "ranks [4, 5] joined, after" in log and "s below min_np" in log, log
     trace = json.loads(Path(job.trace).read_text())
+    validate.check(trace)
     changes = [e["args"] for e in trace["traceEvents"] if e["name"] == "world change"]
     assert any(c["ranks"] == 1 and "below min_np=2" in c["why"] for c in changes), changes
     assert changes[-1]["ranks"] == 3 and "joined" in changes[-1]["why"], changes
