@@ -109,6 +109,9 @@ def run_beside(action, runner, out: Path):
 
 
 def test_below_min_np_the_survivor_waits_and_the_world_re_forms_in_process(sc, tmp_path, caplog):
+    """Ranks 1-3 killed together: rank 0 waits in its process, task 1's slot comes back,
+    and the world [0, 4, 5] goes on from the last commit, in the first attempt (on the
+    code before: a relaunch of the whole job, attempts == 2)."""
     out, killed_at = tmp_path, []
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
     with caplog.at_level("WARNING", logger="sparkdist"):
