@@ -23,16 +23,20 @@ import datetime
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkdist import job_environment
-from sparkdist.elastic.generations import Generation
+from sparkdist.elastic.generations import Generation, Generations, WorldChanged
 from sparkdist.protocol.driver_channel import DriverClient
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+JOIN_POLL_S = 0.5
+"""While the members of a new world meet: how often a member asks the driver whether a
+newer world formed (a member lost as this one formed: the wait is for nothing)."""
 JOIN_FACTOR = 2
 """Members of a new world wait this many timeouts for each other: one may still be in the
 old world's collective for up to a timeout before it notices the change."""
@@ -219,7 +223,7 @@ def form(
         host, port = client.get(store_key(generation.number), join.total_seconds()).rsplit(":", 1)
         store = dist.TCPStore(host, int(port), size, is_master=False, timeout=join)
     store.set(f"joined/{rank}", "1")  # a member still leaving the old world may come late
-    store.wait([f"joined/{r}" for r in range(size)], join)
+    _wait_joined(store, generation, Generations(client, launch_rank), join.total_seconds())
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=host, MASTER_PORT=port)
     if backend == "nccl":  # abort the communicator on an error, keep the process (not 3)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
@@ -229,3 +233,19 @@ def form(
         "elastic: generation %d formed: rank %d of %d (%s)", generation.number, rank, size, backend
     )
     return TorchGroup(generation, rank, backend, server)
+
+
+def _wait_joined(store, generation: Generation, generations: Generations, join_s: float) -> None:
+    """Wait up to `join_s` for every member of `generation` to join its store. A newer
+    world formed meanwhile (a member was lost as this one formed: the driver formed one
+    without it, or, below min_np, with newcomers) ends the wait at once: `WorldChanged`,
+    and `elastic.run` joins the newer one (the state is as committed: nothing to undo)."""
+    keys = [f"joined/{r}" for r in range(generation.size)]
+    deadline = time.monotonic() + join_s
+    while not store.check(keys) and time.monotonic() < deadline:
+        newer = generations.newer(generation.number, 0.0)
+        if newer is not None:
+            raise WorldChanged(f"generation {newer.number} formed as {generation.number} formed")
+        time.sleep(JOIN_POLL_S)
+    left = max(0.001, deadline - time.monotonic())
+    store.wait(keys, datetime.timedelta(seconds=left))  # the store's own error if still short

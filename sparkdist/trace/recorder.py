@@ -306,6 +306,14 @@ class JobTrace:
             if generation:  # a change, not the first world
                 self.driver.instant("world change", now, {"ranks": size, "why": why[:500]})
 
+    def world_waits(self, size: int, why: str) -> None:
+        """An in-process world left below min_np: its `size` survivors wait for slots, in
+        no generation until enough came back (a world change with no generation)."""
+        with self._lock:
+            now = self.now_us()
+            self.driver.counter("world size", now, {"ranks": size})
+            self.driver.instant("world change", now, {"ranks": size, "why": why[:500]})
+
     def stall(self, since_us: float, until_us: float, why: str, silent: dict[int, float]):
         """No rank spoke from `since_us` to `until_us`; `silent`: each quiet rank's last
         sign of life."""

@@ -429,6 +429,9 @@ class FailureTracker:
                 if membership.pending:
                     reason = "; ".join(loss.reason for loss in membership.pending.values())
                     raise WorldChange(reason, grow=False)
+                waited_out = membership.waited_out()
+                if waited_out is not None:  # below min_np too long: the loop refuses it
+                    raise WorldChange(waited_out, grow=False)
                 if (
                     self._growth.reason is not None
                     and not self._growth.leave
@@ -578,6 +581,11 @@ class RelaunchBudget:
             return False
         self.used += 1
         return True
+
+    def returned(self, counted: int) -> None:
+        """A wait below min_np that counted `counted` faults ends in a relaunch, which
+        counts them once more: the wait's count is given back."""
+        self.used = max(0, self.used - counted)
 
     def exhausted(self) -> bool:
         return self.max_failures is not None and self.used >= self.max_failures

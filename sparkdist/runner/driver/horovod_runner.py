@@ -44,7 +44,9 @@ class HorovodRunner:
             task starts its ranks itself, no MPI), or "auto": mpi when `mpirun` is
             installed.
         start_timeout: seconds for the barrier stage to get its slots and every
-            rank to start.
+            rank to start. An in-process elastic world (`sparkdist.elastic.run`) left
+            below `min_np` waits as long for slots to come back before it relaunches
+            (Horovod's `elastic_timeout`, 600 s by default too).
         timeout: seconds for the whole job; None for no limit. When it runs out, the
             error says where each rank was (their stacks, grouped).
         stall_warning: seconds without a sign of life from any rank (an output line, a

@@ -10,11 +10,12 @@ log to MLflow, write the timeline). A failure outside the training code is a rel
 counted by `failures.RelaunchBudget`; a resize (`failures.WorldResize`) is one that is
 not. An in-process elastic world's change (`failures.WorldChange`: members lost, or
 tasks to grow into) is the loop's third kind of step: the attempt runs on, its world
-re-formed in process (a lost member counted by the budget like a relaunch, a grow not),
-or, when that cannot be (too few left, budget spent), its losses fail the attempt as
-any loss does. The job's checkpoint store (`sparkdist/checkpoint/driver/store.py`) is opened
-once, before the first attempt, and handed to every attempt, so a relaunch resumes
-from it.
+re-formed in process (a lost member counted by the budget like a relaunch, a grow not);
+below min_np its survivors wait, up to start_timeout, for the slots to come back
+(`membership.Waits`, counted as a re-form); when that cannot be (none left, the wait ran
+out, budget spent), its losses fail the attempt as any loss does. The job's checkpoint
+store (`sparkdist/checkpoint/driver/store.py`) is opened once, before the first attempt,
+and handed to every attempt, so a relaunch resumes from it.
 """
 
 from __future__ import annotations
@@ -110,14 +111,20 @@ def _attempts(options: RunnerOptions, kind: LaunchKind, attempt: Attempt) -> lis
             running = True
             world = attempt.world
             assert world is not None
+            membership = world.state.membership
             if change.grow or change.leave:  # not a fault: not counted
                 if kind.change_in_process(world, change):
                     report.reformed.append(f"{'grew' if change.grow else 'left'}: {change.reason}")
-            elif world.state.membership.can_shrink() and budget.reform():
+            elif membership.can_shrink() and budget.reform():
                 kind.change_in_process(world, change)
                 report.reformed.append(change.reason)
-            else:  # too few left, or no fault left to tolerate: relaunch or fail as ever
-                world.state.losses.refused(world.state.membership.refuse())
+            elif membership.can_wait() and budget.reform():  # below min_np: wait for slots
+                membership.hold(options.start_timeout)
+                report.reformed.append(f"waited: {change.reason}")
+            else:  # none left, no slot back in time, no fault left: relaunch or fail as ever
+                losses, counted = membership.refuse()
+                budget.returned(counted)  # the relaunch counts the faults the wait counted
+                world.state.losses.refused(losses)
         except WorldResize as exc:
             running = False
             report.failures.append(f"{'left' if exc.left else 'grew'}: {exc}")

@@ -204,7 +204,8 @@ class RunnerOptions:
     start_timeout: float = field(
         default=600.0,
         metadata=_flag(
-            "seconds for the job to get its slots and start every rank (default 600)",
+            "seconds for the job to get its slots and start every rank, and for an "
+            "in-process elastic world below min_np to get them back (default 600)",
             metavar="S",
         ),
     )

@@ -73,6 +73,7 @@ class JobState:
         self.peers = Peers(cond)
         self.membership = Membership(cond, self.rank_records, job.in_process_min_np)
         self.membership.on_form = self._formed
+        self.membership.on_wait = self.trace.world_waits
         self.failures = FailureTracker(
             cond,
             self.rank_records,

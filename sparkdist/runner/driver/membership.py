@@ -18,6 +18,12 @@ collective timed out (a host cut off for less than the driver's dead-peer detect
 rank stuck for longer than the collective timeout); once every member says its world
 broke (`broke`), the next generation forms of them all (`Breaks`).
 
+A loss that leaves fewer than `min_np` members does not end the world at once (`Waits`):
+the survivors keep their processes and wait, as Horovod elastic's do, for the slots of
+the lost to come back (a grow seats the tasks that take them); the next generation forms
+of the survivors and the newcomers once they are `min_np`, or the wait runs out and the
+loop of attempts relaunches as for any failure (`refuse`).
+
 Waiters are answered by callbacks, outside the lock (the service runs them on its loop,
 as it does the rendezvous store's), with `Ok(generation)` or `Failed(why)` once the job
 stops. Everything else runs under the job's lock (`JobState.cond`).
@@ -27,8 +33,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkdist.protocol import messages
 from sparkdist.protocol.messages import Generation
@@ -44,6 +51,18 @@ class Loss:
     rank: int
     reason: str
     outside_user_code: bool
+
+
+@dataclass
+class Wait:
+    """A world left below min_np in process, waiting for slots (`Waits`)."""
+
+    since: float
+    deadline: float
+    losses: list[Loss] = field(default_factory=list)
+    """The losses it went on without: failures after all if it runs out (`refuse`)."""
+    counted: int = 0
+    """The faults `max_failures` counted for it (`failures.RelaunchBudget.reform`)."""
 
 
 Reply = Callable[[tuple], None]
@@ -67,7 +86,7 @@ class Grows:
     def size(self) -> int:
         """Members and newcomers: the world's size once they are in."""
         with self.cond:
-            return len(self.generation.members) + len(self.joining)
+            return len(self.survivors()) + len(self.joining)
 
     def _form_grown(self) -> None:
         with self.cond:
@@ -75,11 +94,16 @@ class Grows:
                 return  # formed by another rank's request already
             if self.done & set(self.generation.members):
                 return  # a member's run returned: its newcomers join the next run
-            newcomers = sorted(self.joining)
+            survivors, newcomers = self.survivors(), sorted(self.joining)
+            if self.wait is not None and len(survivors) + len(newcomers) < (self.min_np or 0):
+                return  # below min_np still: the survivors wait for more
             self.joining.clear()
-            members = [*self.generation.members, *newcomers]
+            members = [*survivors, *newcomers]
             reason = f"{self._grow_reason}: ranks {newcomers} joined"
-        self._form(members, reason)
+            wait, self.wait = self.wait, None
+            if wait is not None:
+                reason = f"{reason}, after {time.monotonic() - wait.since:.1f}s below min_np"
+        self._form(members, reason, before=len(survivors) if wait is not None else None)
 
     def finish(self, rank: int, after: int) -> tuple | None:
         """Rank `rank`'s function returned in generation `after`: a newer generation that
@@ -134,6 +158,8 @@ class Breaks:
             self._broken.add(rank)
             if self.pending or self.leaving or not set(current.members) <= self._broken:
                 return  # a loss (or a leave) forms the next world, or some are yet to say
+            if self.wait is not None:
+                return  # below min_np: the newcomers' arrival forms the next world
             members = list(current.members)
         reason = (
             f"world {after} broke with no member lost (every member's collective failed "
@@ -143,7 +169,62 @@ class Breaks:
         self._form(members, reason)
 
 
-class Membership(Breaks, Grows):
+class Waits:
+    """A world left below min_np in process (`Membership`'s part, issue 64): the survivors
+    keep their processes and wait for a world, as Horovod elastic's wait for hosts, while
+    the slots of the lost come back (`launch/gang_kind.py`: `_SlotReturns` gives each back
+    to Spark and submits a task in its place; a grow seats it). The next generation forms
+    of the survivors and the newcomers once they are `min_np` (`Grows`); a wait that runs
+    out is refused (`refuse`): the job relaunches from its checkpoint, as before."""
+
+    def can_wait(self) -> bool:
+        """Whether the survivors of the pending losses may wait for slots: some are left
+        (world rank 0, who has the state, is one of them) and no wait ran out."""
+        with self.cond:
+            if self.min_np is None or not self.survivors():
+                return False
+            return self.wait is None or time.monotonic() < self.wait.deadline
+
+    def hold(self, limit_s: float) -> None:
+        """Go on without the pending losses (they become tolerated leaves, their slots
+        come back) but form no world below min_np: the survivors wait for the newcomers
+        a grow seats, until `limit_s` after the first loss of the wait (`waited_out`)."""
+        with self.cond:
+            losses = list(self.pending.values())
+            before = len(self.survivors()) + len(losses)
+            self.pending.clear()
+            self.left.update((loss.rank, loss.reason) for loss in losses)
+            now = time.monotonic()
+            first = self.wait is None
+            self.wait = self.wait or Wait(now, now + limit_s)
+            self.wait.losses += losses
+            self.wait.counted += 1
+            size, left_s = len(self.survivors()), self.wait.deadline - now
+        reason = "; ".join(loss.reason for loss in losses)
+        why = (
+            f"below min_np={self.min_np}: {'the survivors wait' if first else 'the wait goes on'} "
+            f"up to {left_s:.0f}s (start_timeout) for slots to come back: {reason}"
+        )
+        logger.warning(
+            "sparkdist elastic job: world %d -> %d ranks in process, %s", before, size, why
+        )
+        if self.on_wait is not None:
+            self.on_wait(size, why)
+
+    def waited_out(self) -> str | None:
+        """Why the wait below min_np ran out, or None (no wait, or time is left)."""
+        with self.cond:
+            wait = self.wait
+            if wait is None or time.monotonic() < wait.deadline:
+                return None
+            size = len(self.survivors()) + len(self.joining)
+        return (
+            f"the world stayed below min_np={self.min_np} ({size} ranks) for "
+            f"{time.monotonic() - wait.since:.0f}s (start_timeout): no world re-formed in process"
+        )
+
+
+class Membership(Breaks, Grows, Waits):
     """The membership of one attempt's in-process elastic world (see the module)."""
 
     def __init__(self, cond: threading.Condition, ranks: RankRecords, min_np: int | None) -> None:
@@ -168,7 +249,10 @@ class Membership(Breaks, Grows):
         self._broken_in, self._broken = -1, set()  # members whose world broke, and its number
         self._waiting: list[tuple[int, int, Reply]] = []
         self._closed: str | None = None
+        self.wait: Wait | None = None
+        """The world is below min_np, its survivors waiting for slots (`Waits`)."""
         self.on_form: Callable[[Generation], None] | None = None  # the job's trace
+        self.on_wait: Callable[[int, str], None] | None = None  # the job's trace
 
     # --- the ranks' requests -------------------------------------------------------------
 
@@ -230,7 +314,10 @@ class Membership(Breaks, Grows):
             return rank in self.left or rank in self.pending
 
     def survivors(self) -> list[int]:
-        return [r for r in self.generation.members if r not in self.pending]
+        """The members the world goes on with: not lost (pending), nor left while the
+        world waits below min_np."""
+        gone = self.pending.keys() | self.left.keys()
+        return [r for r in self.generation.members if r not in gone]
 
     def can_shrink(self) -> bool:
         """Whether the members left after the pending losses are enough (min_np)."""
@@ -258,7 +345,7 @@ class Membership(Breaks, Grows):
             if not self.in_process():
                 return False
             going = set(ranks) | self.leaving.keys()
-            members = self.generation.members
+            members = self.survivors()
             if self.min_np is None or len([r for r in members if r not in going]) < self.min_np:
                 return False
             self.leaving.update((r, reason) for r in ranks if r in members)
@@ -279,14 +366,25 @@ class Membership(Breaks, Grows):
         self._form(members, f"{reason}: leaving at their next commit", planned=True)
         return before, len(members), reason
 
-    def refuse(self) -> list[Loss]:
-        """The loop will not re-form in process: the pending losses are failures after
-        all, and the world is not re-formed in process any more."""
+    def refuse(self) -> tuple[list[Loss], int]:
+        """The loop will not re-form in process: the pending losses (and those a wait
+        below min_np went on without) are failures after all, and the world is not
+        re-formed in process any more. Also returns the faults the wait counted."""
         with self.cond:
-            losses = list(self.pending.values())
+            wait, self.wait = self.wait, None
+            losses = [*(wait.losses if wait else []), *self.pending.values()]
             self.pending.clear()
-            self.min_np = None
-            return losses
+            min_np, self.min_np = self.min_np, None
+            size = len(self.survivors()) + len(self.joining)
+        if wait is not None:
+            logger.warning(
+                "sparkdist elastic job: the wait below min_np=%s ends after %.0fs with %d "
+                "ranks: its losses fail the attempt, which relaunches (or fails) as for any loss",
+                min_np,
+                time.monotonic() - wait.since,
+                size,
+            )
+        return losses, wait.counted if wait else 0
 
     def close(self, reason: str) -> None:
         """The job stops: every waiting rank is answered `Failed`."""
@@ -298,10 +396,13 @@ class Membership(Breaks, Grows):
 
     # --- forming a generation --------------------------------------------------------------
 
-    def _form(self, members: list[int], reason: str, planned: bool = False) -> None:
-        """Make `members` the next generation and answer every rank waiting for it."""
+    def _form(
+        self, members: list[int], reason: str, planned: bool = False, before: int | None = None
+    ) -> None:
+        """Make `members` the next generation and answer every rank waiting for it
+        (`before`: the world's size before it, if not the last generation's)."""
         with self.cond:
-            before = len(self.generation.members)
+            before = len(self.generation.members) if before is None else before
             number = self.generation.number + 1
             self.generation = Generation(number, tuple(members), reason, planned)
             ready, still = [], []

@@ -453,6 +453,8 @@ class _RankPeer(_Peer):
             return
         if request.broke:  # its world broke: once every member says so, the next forms
             membership.broke(self.rank, request.after)
+        if membership.wait is not None:  # below min_np it waits for slots: not stalled
+            self.state.life.seen(self.rank)
         if request.timeout_s <= 0:
             self._reply(membership.ask(self.rank, request.after, None) or missing)
             return

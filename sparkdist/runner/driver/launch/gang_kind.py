@@ -268,9 +268,10 @@ class _GrowWatcher:
         """Gives the slots of tasks whose ranks are all gone back to Spark, each tick."""
 
     def start(self) -> None:
-        """Watch while the world is below max_np, or may fall below it (in process)."""
+        """Watch while the world is below max_np, or may fall below it (in process, also
+        below min_np: its slots come back, `_SlotReturns`, and it grows into them)."""
         low = self.state.job.in_process_min_np
-        if self.state.membership.size() < self.max_np or (low is not None and low < self.max_np):
+        if self.state.membership.size() < self.max_np or low is not None:
             self._thread.start()
 
     def _run(self) -> None:
@@ -286,11 +287,10 @@ class _GrowWatcher:
                 since = None
                 continue
             since = since or time.monotonic()
-            if time.monotonic() - since >= GROW_SETTLE_S:
-                growth.request(
-                    f"{extra} more rank slot(s) free for {GROW_SETTLE_S:.0f}s "
-                    f"(max_np={self.max_np})"
-                )
+            waits = self.state.membership.wait is not None  # below min_np: grow at once
+            if waits or time.monotonic() - since >= GROW_SETTLE_S:
+                settled = "below min_np" if waits else f"for {GROW_SETTLE_S:.0f}s"
+                growth.request(f"{extra} more rank slot(s) free {settled} (max_np={self.max_np})")
                 since = None
 
     def stop(self) -> None:
