@@ -228,6 +228,12 @@ def form(
     if backend == "nccl":  # abort the communicator on an error, keep the process (not 3)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     timeout = datetime.timedelta(seconds=limit_s)
+    if not dist.is_initialized():
+        # The default group's keys in the store start with torch's count of the groups
+        # this process named, which only destroying a group resets: a member whose last
+        # init_process_group failed (a peer lost as that world formed) would be one ahead
+        # of a newcomer, and the two would wait on different keys, world after world.
+        dist.distributed_c10d._world.group_count = 0
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     logger.info(
         "elastic: generation %d formed: rank %d of %d (%s)", generation.number, rank, size, backend

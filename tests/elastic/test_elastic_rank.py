@@ -243,6 +243,44 @@ def test_ending_worlds_frees_their_groups_without_waiting_for_the_gil():
     assert got == {0: 0, 1: 0}  # every world's group freed: its threads ended, sockets closed
 
 
+def _failed_once_rank(rank, world_size, address, secret_text, results) -> None:
+    """Rank 1's first world fails to form (its peer never connects: a peer lost as the
+    world formed); then both form the next world, as a survivor and a newcomer would."""
+    import datetime
+
+    import torch.distributed as dist
+
+    connect_rank(rank, world_size, address, secret_text)
+    client = driver_channel.driver_client()
+    if rank == 1:
+        alone = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+        try:
+            dist.init_process_group(
+                "gloo", store=alone, rank=0, world_size=2, timeout=datetime.timedelta(seconds=1)
+            )
+        except dist.DistError:
+            pass
+        assert not dist.is_initialized()
+    torch_group.form(Generation(1, (0, 1)), rank, client, ELASTIC_TIMEOUT_S)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    results.put((rank, float(total)))
+
+
+def test_a_member_whose_last_world_failed_to_form_meets_a_newcomer():
+    """The soak's lost host and SIGKILL 2 s apart: the survivor's world failed as it
+    formed, and with the newcomer seated below min_np every world broke, 50 times in 8
+    minutes: torch's count of named groups (the default group's key prefix) was 1 on the
+    survivor and 0 on the newcomer."""
+    results = multiprocessing.get_context("spawn").Queue()
+    ranks = SpawnedRanks(2, _failed_once_rank, results)
+    try:
+        got = dict(results.get(timeout=START_S) for _ in range(2))
+    finally:
+        ranks.close()
+    assert got == {0: 2.0, 1: 2.0}
+
+
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_collective_is_unblocked_when_a_peer_dies_or_hangs(how):
     """A peer killed in a collective fails it at once (its sockets close); a peer that
