@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import ColumnInfo, describe
-from sparkdist.data.rank import decode, reader, row_block
+from sparkdist.data.rank import decode, reader, row_block, shuffled
 from sparkdist.data.rank.transform import TransformSpec
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
@@ -307,7 +307,7 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     }
     chunk["s"] = np.array([str(i) for i in range(rows)], dtype=object)
     layout = row_block.RowLayout.of(columns, stacks)
-    blocks = decode.Scratch().blocks(layout, rows)
+    blocks = shuffled.Scratch().blocks(layout, rows)
     half = [name for name in layout.decode_order if name in chunk][: len(chunk) // 2]
     cut = rows // 3  # a stretch of columns, then the rest, in two stretches of rows
     for start, stop in ((0, cut), (cut, rows)):
@@ -400,13 +400,13 @@ def test_shuffled_pieces_end_on_whole_batches(layouts, monkeypatch):
     joined, windows = [], []
     join = batches_module._join
     monkeypatch.setattr(batches_module, "_join", lambda parts: joined.append(1) or join(parts))
-    read = decode.WindowDecoder._read_shuffled
+    plan = shuffled.plan_window
 
-    def counted(self, *args, **kwargs):
+    def counted(*args, **kwargs):
         windows.append(1)
-        return read(self, *args, **kwargs)
+        return plan(*args, **kwargs)
 
-    monkeypatch.setattr(decode.WindowDecoder, "_read_shuffled", counted)
+    monkeypatch.setattr(shuffled, "plan_window", counted)
     options = {**SHUFFLED, "shuffle_buffer_rows": 2000}  # windows of many pieces
     shard = reader.ShardReader(layouts["wide"], batch_size=7, num_epochs=1, prefetch=0, **options)
     batches = list(shard)
@@ -421,12 +421,12 @@ def test_a_row_groups_column_groups_are_of_equal_bytes_one_a_thread(layouts):
     from sparkdist.data.rank.order import Block
 
     block = Block(0, 0, 40, 0)  # decoded a column group at a time (chunks of 60 rows)
-    widest = max(decode._width(info) for info in shard._decoding.columns)
+    widest = max(decode.width(info) for info in shard._decoding.columns)
     for threads in (1, 2, 3, 4):
         decoder = dataclasses.replace(shard._decoding, threads=threads)
-        groups = decoder._column_groups(block)
+        groups = shuffled.column_groups(decoder, block)
         assert len(groups) >= threads
         names = [info.name for group in groups for info in group]
         assert names == list(decoder.row_layout.decode_order)  # each column once, in order
-        sizes = [sum(decode._width(info) for info in group) for group in groups]
+        sizes = [sum(decode.width(info) for info in group) for group in groups]
         assert max(sizes) - min(sizes) <= 2 * widest

@@ -30,7 +30,9 @@ import numpy as np
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place, row_block
 from sparkdist.data.rank.batches import counted, prefetched, rebatch, rebatch_runs
-from sparkdist.data.rank.decode import Chunk, Marks, Scratch, WindowDecoder, iteration_chunks
+from sparkdist.data.rank.decode import Chunk, WindowDecoder
+from sparkdist.data.rank.epochs import Marks, iteration_chunks
+from sparkdist.data.rank.shuffled import Scratch
 from sparkdist.data.rank.transform import TransformSpec
 from sparkdist.protocol.driver_channel import steps
 

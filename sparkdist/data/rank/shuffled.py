@@ -1,0 +1,320 @@
+"""A shuffled epoch's windows, read on the decode threads with one window of buffers.
+
+A window's rows are permuted across the whole window (`sparkdist.data.rank.order`), so its
+first piece needs every row: a window's row groups are decoded whole into the reader's
+`Scratch` (a column group a task, side by side on the decode threads), then its rows are
+gathered in the epoch's order a piece at a time into fresh memory that is handed out
+(`row_block`). The scratch is needed only until the window's last piece is gathered, not
+until that piece is handed out: the next window's decoding starts then, on the decode
+threads, while the thread that reads ahead still hands out the pieces gathered ahead
+(`shuffled_chunks`). So the decode threads do not wait between windows for the reading
+thread to hand out the window's last pieces and plan the next one (where their time went
+before: docs/data.md, "Wide tables"), and the read still holds one window of buffers:
+a scratch is reused only once nothing gathers from it, and nothing handed out is a view
+of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparkdist.data import fs
+from sparkdist.data.layout import ColumnInfo
+from sparkdist.data.rank import order, row_block
+from sparkdist.data.rank.decode import Chunk, WindowDecoder, to_numpy_chunk, width
+
+
+class Scratch(threading.local):
+    """A thread's buffers that shuffled windows are decoded into, kept for the next window:
+    the window's scalar columns as a 2-D block a run (`row_block.RowLayout`), its other
+    columns an array each."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.held: list[np.ndarray] = []
+
+    def array(self, info: ColumnInfo, rows: int) -> np.ndarray:
+        """``rows`` rows of column ``info``, from the held array if it fits."""
+        shape = (info.length or 0,) if info.kind == "array" else ()
+        dtype = np.dtype(object if info.kind in ("string", "binary") else info.dtype)
+        held = self.arrays.get(info.name)
+        if held is None or len(held) < rows or held.shape[1:] != shape or held.dtype != dtype:
+            held = self.arrays[info.name] = np.empty((rows, *shape), dtype)
+        return held[:rows]
+
+    def blocks(self, layout: row_block.RowLayout, rows: int) -> row_block.Blocks:
+        """Each run's block of ``rows`` rows, contiguous (``np.take`` copies a strided
+        one whole), in the held bytes where they fit."""
+        while len(self.held) < len(layout.runs):
+            self.held.append(np.empty(0, np.uint8))
+        out = []
+        for index, run in enumerate(layout.runs):
+            shape = run.shape(rows)
+            size = shape[0] * shape[1] * run.dtype.itemsize
+            if len(self.held[index]) < size:
+                self.held[index] = np.empty(size, np.uint8)
+            out.append(self.held[index][:size].view(run.dtype).reshape(shape))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class PlannedWindow:
+    """A shuffled window, planned: ``tasks`` decode its row groups into ``blocks`` and
+    ``apart`` (the scratch's), and the rows at positions ``cuts[i]:cuts[i + 1]`` of
+    ``rows`` (indices into the decoded rows, in the epoch's order) are its ``i``-th piece."""
+
+    rows: np.ndarray
+    blocks: row_block.Blocks
+    apart: Chunk
+    cuts: list[int]
+    tasks: list[Callable[[], None]]
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        return (self.rows[lo:hi] for lo, hi in itertools.pairwise(self.cuts))
+
+
+def plan_window(
+    decoder: WindowDecoder,
+    epoch_order: order.EpochOrder,
+    window: order.Window,
+    ranges: list,
+    scratch: Scratch,
+    seen: int,
+) -> PlannedWindow:
+    """The rows of ``ranges`` (positions inside ``window``) in the epoch's order, and the
+    work that decodes the window's row groups that hold them into ``scratch``: all of them
+    when the rank reads the whole window, else those it needs, one after the other.
+
+    A window is decoded and gathered in pieces of a quarter chunk (about 2 MiB): 25-40 MiB
+    less memory in flight than whole chunks (docs/data.md). The pieces end where the
+    epoch's rows (``seen`` before the window) reach a multiple of a piece, whole batches
+    of the reader's (so few batches span two pieces: a copy each).
+    """
+    piece = max(decoder.chunk_rows // 4, 1)
+    permutation = epoch_order.permutation(window)
+    if ranges == [(0, window.rows)]:
+        rows = permutation
+    else:
+        rows = np.concatenate([permutation[lo:hi] for lo, hi in ranges])
+    bounds = np.cumsum([0] + [block.rows for block in window.blocks])
+    hit = np.arange(len(window.blocks))
+    if len(rows) < window.rows and len(window.blocks) > 1:
+        hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
+    total = int(sum(window.blocks[index].rows for index in hit))
+    layout = decoder.row_layout
+    blocks = scratch.blocks(layout, total)
+    known = {info.name: info for info in decoder.columns}
+    apart = {name: scratch.array(known[name], total) for name in layout.apart}
+    fill = functools.partial(_fill, layout, blocks, apart)
+    offsets, filled, tasks = np.zeros(len(window.blocks), dtype=np.int64), 0, []
+    for index in hit:
+        offsets[index] = filled - bounds[index]
+        block = window.blocks[index]
+        groups = column_groups(decoder, block)
+        if groups is None:  # rows streamed, filled as they come
+            tasks.append(functools.partial(_stream_into, decoder, block, piece, fill, filled))
+        else:  # a task a column group, all of the window's at once: a thread done takes another
+            task = functools.partial(_columns_into, decoder, block, fill=fill, first=filled)
+            tasks += [functools.partial(task, group) for group in groups]
+        filled += block.rows
+    if offsets.any():  # only some row groups were decoded, one after the other
+        rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
+    cuts = [0, *range((-seen) % piece or piece, len(rows), piece), len(rows)]
+    return PlannedWindow(rows, blocks, apart, cuts, tasks)
+
+
+def _fill(
+    layout: row_block.RowLayout, blocks: row_block.Blocks, apart: Chunk, first: int, chunk: Chunk
+) -> None:
+    """Write ``chunk``'s columns into the window's rows from ``first`` on."""
+    stop = first + (len(next(iter(chunk.values()))) if chunk else 0)
+    layout.fill(blocks, chunk, first)
+    for name in layout.apart:
+        if name in chunk:
+            apart[name][first:stop] = chunk[name]
+
+
+Fill = Callable[[int, Chunk], None]  # writes a chunk into the window's rows from a row on
+
+
+def _columns_into(
+    decoder: WindowDecoder,
+    block: order.Block,
+    columns: list[ColumnInfo],
+    fill: Fill,
+    first: int,
+) -> None:
+    """Some columns of a row group (its rows from ``first`` on in the window), decoded
+    whole (each call opens the file: one a thread) and filled in by the decoding thread."""
+    parquet = fs.open_parquet(decoder.layout.file_urls[block.file_index])
+    table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
+    fill(first, to_numpy_chunk(table, columns))
+
+
+def _stream_into(
+    decoder: WindowDecoder, block: order.Block, piece: int, fill: Fill, first: int
+) -> None:
+    """A row group's rows, all columns, streamed ``piece`` rows at a time and filled in."""
+    for batch in decoder.batches(block, piece):
+        fill(first, to_numpy_chunk(batch, decoder.columns))
+        first += batch.num_rows
+
+
+def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[ColumnInfo]] | None:
+    """How a row group is decoded: groups of whole columns, about a chunk each, or None
+    (rows streamed a piece at a time, all columns).
+
+    Where a column of the row group fits in a chunk (the narrow columns of a wide
+    table), some columns are decoded whole at a time: Arrow decodes a call's columns
+    on every core, 2x faster than rows streamed a piece at a time, and the columns are
+    laid into the window's rows several at once. An array column as wide as the window
+    is streamed instead, so that no more than a piece of it is decoded at once.
+
+    The groups are of about equal bytes, at least one a decode thread: a window of one
+    row group (Spark's files) cut into a chunk's worth and a remainder kept one thread
+    waiting on the other (py-spy: the decode threads idle a third of the time).
+    """
+    widths = {info.name: width(info) for info in decoder.columns}
+    budget = decoder.chunk_rows * sum(widths.values())
+    if block.rows * max(widths.values()) > budget:
+        return None
+    known = {info.name: info for info in decoder.columns}
+    names = decoder.row_layout.decode_order
+    total = block.rows * sum(widths[name] for name in names)
+    share = total / max(-(-total // budget), decoder.threads, 1)
+    groups: list[list[ColumnInfo]] = [[]]
+    done = 0
+    for name in names:
+        size = block.rows * widths[name]
+        if groups[-1] and done + size / 2 > len(groups) * share:  # past its group's share
+            groups.append([])
+        groups[-1].append(known[name])
+        done += size
+    return groups
+
+
+def gather(decoder: WindowDecoder, window: PlannedWindow, picked: np.ndarray) -> Chunk:
+    """The decoded rows ``picked`` of ``window``, in that order, as a chunk of fresh memory
+    (transformed and stacked as the decoder says)."""
+    columns = {name: row_block.gather(values, picked) for name, values in window.apart.items()}
+    layout = decoder.row_layout
+    return decoder.transformed(layout.split(layout.gather(window.blocks, picked), columns))
+
+
+def shuffled_chunks(
+    decoder: WindowDecoder,
+    plan: order.EpochPlan,
+    scratch: Scratch,
+    pool: ThreadPoolExecutor | None,
+) -> Iterator[Chunk]:
+    """One shuffled epoch's chunks, window after window: a window's pieces are gathered
+    ``2 * threads`` ahead on ``pool``, and once its last piece is gathered the next
+    window is decoded into the same scratch, while its last pieces are still handed out.
+    Without a pool, the same steps run one after the other in this thread."""
+    work = _Work(pool)
+    ahead = 2 * decoder.threads if pool is not None else 1
+    windows = list(plan.pieces)
+    seen, pending = 0, collections.deque()
+    try:
+        following = plan_window(decoder, plan.order, *windows[0], scratch, 0) if windows else None
+        decoded = work.after([], following.tasks if following else [])
+        for index in range(len(windows)):
+            current, following = following, None
+            decoded.result()  # the window is decoded: its pieces can be gathered
+            pieces = current.pieces()
+            pending.extend(work.submit(gather, decoder, current, p) for p in _take(pieces, ahead))
+            if index + 1 < len(windows):  # planned while the first pieces are gathered
+                rows = seen + len(current.rows)
+                following = plan_window(decoder, plan.order, *windows[index + 1], scratch, rows)
+            for picked in pieces:
+                yield pending.popleft().result()
+                pending.append(work.submit(gather, decoder, current, picked))
+            if following is not None:  # decoded once nothing gathers from the scratch
+                decoded = work.after(list(pending), following.tasks)
+            while pending:
+                yield pending.popleft().result()
+            seen += len(current.rows)
+    finally:
+        work.stop()
+        for future in pending:  # abandoned: what has not started never runs
+            future.cancel()
+
+
+def _take(items: Iterator, count: int) -> list:
+    return list(itertools.islice(items, count))
+
+
+class _Work:
+    """Runs a shuffled read's tasks on the decode threads' ``pool``, or (None) at once in
+    the calling thread; `after` starts tasks once others are done, with no thread waiting."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+        self.pool = pool
+        self.stopped = False
+
+    def submit(self, function: Callable, *args: object) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(function, *args)
+        future: Future = Future()
+        try:
+            future.set_result(function(*args))
+        except Exception as error:  # raised where the result is asked for, as a pool's is
+            future.set_exception(error)
+        return future
+
+    def after(self, first: Sequence[Future], tasks: list[Callable[[], None]]) -> Future:
+        """A future done when ``tasks`` are, each started once all of ``first`` are done
+        (in the thread that finished the last of them)."""
+        done: Future = Future()
+
+        def start() -> None:
+            if self.stopped:  # the read ended: nothing is decoded for it
+                done.cancel()
+                return
+            try:
+                started = [self.submit(task) for task in tasks]
+            except RuntimeError as error:  # the pool was shut down as the read ended
+                done.set_exception(error)
+                return
+            _when_all(started, lambda: _settle(done, started))
+
+        _when_all(first, start)
+        return done
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _when_all(futures: Sequence[Future], then: Callable[[], None]) -> None:
+    """Call ``then()`` once every one of ``futures`` is done (at once if none is left)."""
+    left, lock = [len(futures)], threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    if not futures:
+        then()
+    for future in futures:
+        future.add_done_callback(one_done)
+
+
+def _settle(done: Future, parts: list[Future]) -> None:
+    """``done`` gets the first error of ``parts``, or None once all succeeded."""
+    for part in parts:
+        error = None if part.cancelled() else part.exception()
+        if part.cancelled() or error is not None:
+            done.set_exception(error or RuntimeError("a decode task was cancelled"))
+            return
+    done.set_result(None)
