@@ -430,3 +430,59 @@ def test_a_row_groups_column_groups_are_of_equal_bytes_one_a_thread(layouts):
         assert names == list(decoder.row_layout.decode_order)  # each column once, in order
         sizes = [sum(decode.width(info) for info in group) for group in groups]
         assert max(sizes) - min(sizes) <= 2 * widest
+
+
+def test_every_batch_of_a_shuffled_epoch_stays_as_it_was_handed_out(layouts, monkeypatch):
+    """Two decode threads decode the next window into the scratch while the pieces of
+    this one are still handed out: no batch held, of any window, is written over."""
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1024)  # pieces of 4 rows: many a window
+    options = {**SHUFFLED, "shuffle_buffer_rows": 300, "workers_count": 2, "num_epochs": 2}
+    shard = reader.ShardReader(layouts["wide"], batch_size=4, writable=True, **options)
+    held, copies = [], []
+    for batch in shard:
+        held.append(batch)
+        copies.append({name: np.array(values, copy=True) for name, values in batch.items()})
+    rows = sum(map(sum, ROW_GROUPS))
+    assert sum(len(batch["id"]) for batch in held) == 2 * rows
+    for batch, copy in zip(held, copies, strict=True):
+        for name, values in batch.items():
+            np.testing.assert_array_equal(values, copy[name])
+        np.testing.assert_array_equal(batch["label"], batch["id"] % 10)  # each row its own
+
+
+def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, monkeypatch):
+    """Once a window's last piece is gathered, the next window is decoded on the decode
+    threads, though the reading thread (here the consumer's: prefetch=0) has not yet
+    handed out this window's last pieces nor asked for the next window."""
+    from sparkdist.data.rank import order
+
+    decoded: list[threading.Event] = []
+    plan = shuffled.plan_window
+
+    def planned(*args, **kwargs):
+        window = plan(*args, **kwargs)
+        done, left, lock = threading.Event(), [len(window.tasks)], threading.Lock()
+        decoded.append(done)
+
+        def counted(task):
+            def run():
+                task()
+                with lock:  # the last of the window's tasks sets the event
+                    left[0] -= 1
+                    if not left[0]:
+                        done.set()
+
+            return run
+
+        return dataclasses.replace(window, tasks=[counted(task) for task in window.tasks])
+
+    monkeypatch.setattr(shuffled, "plan_window", planned)
+    options = {**SHUFFLED, "workers_count": 2, "num_epochs": 1, "prefetch": 0}
+    shard = reader.ShardReader(layouts["wide"], batch_size=8, **options)
+    first = order.EpochOrder(shard.layout.row_group_rows, 7, 0, True, 600).windows[0].rows
+    batches, taken = iter(shard), 0
+    while taken <= first - 16:  # into the window's last piece (pieces of 16 rows here)
+        taken += len(next(batches)["id"])
+    assert taken <= first and len(decoded) == 2
+    assert decoded[1].wait(timeout=60), "the next window was not decoded ahead"
+    assert taken + sum(len(batch["id"]) for batch in batches) == sum(map(sum, ROW_GROUPS))
