@@ -117,6 +117,7 @@ def plan_window(
     known = {info.name: info for info in decoder.columns}
     apart = {name: scratch.array(known[name], total) for name in layout.apart}
     fill = functools.partial(_fill, layout, blocks, apart)
+    footers: dict[str, object] = {}  # each file's, read once by the window's tasks
     offsets, filled, tasks = np.zeros(len(window.blocks), dtype=np.int64), 0, []
     for index in hit:
         offsets[index] = filled - bounds[index]
@@ -125,7 +126,7 @@ def plan_window(
         if groups is None:  # rows streamed, filled as they come
             tasks.append(functools.partial(_stream_into, decoder, block, piece, fill, filled))
         else:  # a task a column group, all of the window's at once: a thread done takes another
-            task = functools.partial(_columns_into, decoder, block, fill=fill, first=filled)
+            task = functools.partial(_columns_into, decoder, block, fill, filled, footers)
             tasks += [functools.partial(task, group) for group in groups]
         filled += block.rows
     if offsets.any():  # only some row groups were decoded, one after the other
@@ -148,13 +149,17 @@ def _fill(
 def _columns_into(
     decoder: WindowDecoder,
     block: order.Block,
-    columns: list[ColumnInfo],
     fill: Fill,
     first: int,
+    footers: dict,
+    columns: list[ColumnInfo],
 ) -> None:
     """Some columns of a row group (its rows from ``first`` on in the window), decoded
-    whole (each call opens the file: one a thread) and filled in by the decoding thread."""
-    parquet = fs.open_parquet(decoder.layout.file_urls[block.file_index])
+    whole and filled in by the decoding thread. Each call opens the file (a file is read
+    by one thread), with the footer another of the window's tasks read (``footers``)."""
+    url = decoder.layout.file_urls[block.file_index]
+    parquet = fs.open_parquet(url, footers.get(url))
+    footers.setdefault(url, parquet.metadata)
     table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
     fill(first, to_numpy_chunk(table, columns))
 
@@ -241,6 +246,8 @@ def shuffled_chunks(
                 following = plan_window(decoder, plan.order, *windows[index + 1], scratch, rows)
             for future in decoding:  # a decoding error is raised before any piece
                 future.result()
+            more = itertools.islice(pieces, ahead - len(pending))  # the first were gathering
+            pending.extend(work.submit(gather, decoder, current, picked) for picked in more)
             for picked in pieces:
                 yield pending.popleft().result()
                 pending.append(work.submit(gather, decoder, current, picked))
