@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import ColumnInfo, describe
-from sparkdist.data.rank import decode, reader, row_block, shuffled
+from sparkdist.data.rank import decode, order, reader, row_block, shuffled
 from sparkdist.data.rank.transform import TransformSpec
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
@@ -454,8 +454,6 @@ def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, mo
     """Once a window's last piece is gathered, the next window is decoded on the decode
     threads, though the reading thread (here the consumer's: prefetch=0) has not yet
     handed out this window's last pieces nor asked for the next window."""
-    from sparkdist.data.rank import order
-
     decoded: list[threading.Event] = []
     plan = shuffled.plan_window
 
@@ -486,3 +484,25 @@ def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, mo
     assert taken <= first and len(decoded) == 2
     assert decoded[1].wait(timeout=60), "the next window was not decoded ahead"
     assert taken + sum(len(batch["id"]) for batch in batches) == sum(map(sum, ROW_GROUPS))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_decoding_error_in_a_later_window_reaches_the_loop(tmp_path, workers):
+    """A window decoded ahead by the decode threads that fails (a null here) raises in
+    the training loop, in the epoch's order, and leaves no decode thread behind."""
+    values = np.arange(400, dtype=np.float32)
+    column = pa.array(values, mask=np.arange(400) == 399)  # the last row group's last row
+    write_row_groups(tmp_path / "part-0.parquet", pa.table({"id": values, "x": column}), [100] * 4)
+    layout = describe(tmp_path.as_uri())
+    options = {"shuffle": True, "seed": 0, "shuffle_buffer_rows": 100}  # a row group a window
+    shard = reader.ShardReader(
+        layout, batch_size=10, num_epochs=1, workers_count=workers, **options
+    )
+    windows = order.EpochOrder(layout.row_group_rows, 0, 0, True, 100).windows
+    failing = [window.blocks[0].row_group for window in windows].index(3)  # the last, here
+    read = []
+    with pytest.raises(ValueError, match="column 'x' has null values"):
+        for batch in shard:
+            read.extend(batch["id"].tolist())
+    assert failing == 3 and len(read) == 300  # every window before it, whole
+    assert not [t for t in threading.enumerate() if t.name.startswith("sparkdist-data-decode")]
