@@ -31,7 +31,9 @@ default size. Then, in one table:
   that others load.
   `--baseline DIR` adds sparkdist's in-place readers (in order and shuffled) from another
   checkout (e.g. `git worktree add DIR main`) to the interleaved rounds: before and after
-  a change, side by side on the same files and the same load.
+  a change, side by side on the same files and the same load (with `--wide`: the other
+  checkout's numpy readers of the wide shape, in order, shuffled and each
+  ``workers_count``, as ``baseline: ...`` rows).
 * randomness of the shuffled order (epoch 0): the Spearman correlation between a row's
   place in the files and in the epoch, and the share of rows whose next row in the files
   is in the same batch (`sparkdist.data.rank.order.randomness`), beside a true permutation's
@@ -764,14 +766,24 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
     return readers
 
 
-def median_rounds(readers: list[tuple], specs: dict, rounds: int, work: Path, env: dict) -> dict:
+def baseline_wide_readers(readers: list[tuple]) -> list[tuple]:
+    """`--baseline`'s numpy readers of the wide shape (in order, shuffled, the scaling
+    rows), labelled ``baseline: ...``, to run in the same rounds as this checkout's."""
+    return [
+        (f"baseline: {label.strip()}", shape, kind, options)
+        for label, shape, kind, options in readers
+        if shape == "wide" and kind == "numpy" and "features" not in options
+    ]
+
+
+def median_rounds(readers: list[tuple], specs: dict, rounds: int, work: Path, envs: dict) -> dict:
     """{label: [result of each round]}: every reader once a round, each round starting
     one reader later, so that none always runs first or after the same neighbour."""
     results: dict = {label: [] for label, *_ in readers}
     for round_ in range(rounds):
         for i in range(len(readers)):
             label = readers[(i + round_) % len(readers)][0]
-            results[label].append(run_wide_reader(specs[label], work, env))
+            results[label].append(run_wide_reader(specs[label], work, envs[label]))
     return results
 
 
@@ -831,8 +843,12 @@ def wide_benchmark(args, work: Path) -> None:
             tables[count] = (rows, handles, files)
     finally:
         spark.stop()
+    base_env = {**env, "PYTHONPATH": str(Path(args.baseline or ROOT).resolve())}
     for count, (rows, handles, files) in tables.items():
         readers = wide_readers(args.workers)
+        baseline = baseline_wide_readers(readers) if args.baseline else []
+        envs = {label: env for label, *_ in readers} | {label: base_env for label, *_ in baseline}
+        readers += baseline
         features = [f"f{i}" for i in range(count)]
         specs = {
             label: {
@@ -845,7 +861,7 @@ def wide_benchmark(args, work: Path) -> None:
             }
             for label, shape, kind, options in readers
         }
-        results = median_rounds(readers, specs, args.rounds, work, env)
+        results = median_rounds(readers, specs, args.rounds, work, envs)
         print_wide_table(
             f"wide {count}",
             f"\n{rows:,} rows x (id, label, {count} float32 columns), {len(files)} files written "

@@ -54,7 +54,7 @@ def fill(window: order.Window, decoder, buffers: dict, times: dict, piece: int) 
     """Decode ``window`` into ``buffers`` (reused) ``piece`` rows at a time, timing the stages."""
     filled, padded = 0, window.rows
     for block in window.blocks:
-        batches = decoder._batches(block, piece)
+        batches = decoder.batches(block, piece)
         while True:
             start = time.process_time()
             batch = next(batches, None)

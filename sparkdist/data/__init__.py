@@ -4,8 +4,9 @@ Split by the process the code runs in, as `sparkdist.runner` is:
 
 * `driver`: what the driver learns and writes (`driver.convert`: `make_spark_converter`;
   `driver.sources`: a scan read in place; `driver.schema`, `driver.writer`: a copy);
-* `rank`: what a rank reads (`rank.reader`, `rank.order`, `rank.decode`, `rank.batches`,
-  the torch and tf loaders, `rank.transform`, `rank.device_prefetch`, `rank.rank_place`);
+* `rank`: what a rank reads (`rank.reader`, `rank.order`, `rank.epochs`, `rank.decode`,
+  `rank.shuffled`, `rank.batches`, the torch and tf loaders, `rank.transform`,
+  `rank.device_prefetch`, `rank.rank_place`);
 * here, what both use: `converter` (the handle, made on the driver and opened on the
   ranks), `cache` (where copies live, and their removal), `layout` (the files a rank
   reads, learnt from their footers), `fs` (URLs and file systems), `petastorm_backend`.

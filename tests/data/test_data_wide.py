@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import ColumnInfo, describe
-from sparkdist.data.rank import decode, reader, row_block
+from sparkdist.data.rank import decode, order, reader, row_block, shuffled
 from sparkdist.data.rank.transform import TransformSpec
 
 ROW_GROUPS = [[700, 300], [1000], [250, 5, 45]]  # rows per row group, per file
@@ -307,7 +307,7 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     }
     chunk["s"] = np.array([str(i) for i in range(rows)], dtype=object)
     layout = row_block.RowLayout.of(columns, stacks)
-    blocks = decode.Scratch().blocks(layout, rows)
+    blocks = shuffled.Scratch().blocks(layout, rows)
     half = [name for name in layout.decode_order if name in chunk][: len(chunk) // 2]
     cut = rows // 3  # a stretch of columns, then the rest, in two stretches of rows
     for start, stop in ((0, cut), (cut, rows)):
@@ -400,13 +400,13 @@ def test_shuffled_pieces_end_on_whole_batches(layouts, monkeypatch):
     joined, windows = [], []
     join = batches_module._join
     monkeypatch.setattr(batches_module, "_join", lambda parts: joined.append(1) or join(parts))
-    read = decode.WindowDecoder._read_shuffled
+    plan = shuffled.plan_window
 
-    def counted(self, *args, **kwargs):
+    def counted(*args, **kwargs):
         windows.append(1)
-        return read(self, *args, **kwargs)
+        return plan(*args, **kwargs)
 
-    monkeypatch.setattr(decode.WindowDecoder, "_read_shuffled", counted)
+    monkeypatch.setattr(shuffled, "plan_window", counted)
     options = {**SHUFFLED, "shuffle_buffer_rows": 2000}  # windows of many pieces
     shard = reader.ShardReader(layouts["wide"], batch_size=7, num_epochs=1, prefetch=0, **options)
     batches = list(shard)
@@ -421,12 +421,88 @@ def test_a_row_groups_column_groups_are_of_equal_bytes_one_a_thread(layouts):
     from sparkdist.data.rank.order import Block
 
     block = Block(0, 0, 40, 0)  # decoded a column group at a time (chunks of 60 rows)
-    widest = max(decode._width(info) for info in shard._decoding.columns)
+    widest = max(decode.width(info) for info in shard._decoding.columns)
     for threads in (1, 2, 3, 4):
         decoder = dataclasses.replace(shard._decoding, threads=threads)
-        groups = decoder._column_groups(block)
+        groups = shuffled.column_groups(decoder, block)
         assert len(groups) >= threads
         names = [info.name for group in groups for info in group]
         assert names == list(decoder.row_layout.decode_order)  # each column once, in order
-        sizes = [sum(decode._width(info) for info in group) for group in groups]
+        sizes = [sum(decode.width(info) for info in group) for group in groups]
         assert max(sizes) - min(sizes) <= 2 * widest
+
+
+def test_every_batch_of_a_shuffled_epoch_stays_as_it_was_handed_out(layouts, monkeypatch):
+    """Two decode threads decode the next window into the scratch while the pieces of
+    this one are still handed out: no batch held, of any window, is written over."""
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 1024)  # pieces of 4 rows: many a window
+    options = {**SHUFFLED, "shuffle_buffer_rows": 300, "workers_count": 2, "num_epochs": 2}
+    shard = reader.ShardReader(layouts["wide"], batch_size=4, writable=True, **options)
+    held, copies = [], []
+    for batch in shard:
+        held.append(batch)
+        copies.append({name: np.array(values, copy=True) for name, values in batch.items()})
+    rows = sum(map(sum, ROW_GROUPS))
+    assert sum(len(batch["id"]) for batch in held) == 2 * rows
+    for batch, copy in zip(held, copies, strict=True):
+        for name, values in batch.items():
+            np.testing.assert_array_equal(values, copy[name])
+        np.testing.assert_array_equal(batch["label"], batch["id"] % 10)  # each row its own
+
+
+def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, monkeypatch):
+    """Once a window's last piece is gathered, the next window is decoded on the decode
+    threads, though the reading thread (here the consumer's: prefetch=0) has not yet
+    handed out this window's last pieces nor asked for the next window."""
+    decoded: list[threading.Event] = []
+    plan = shuffled.plan_window
+
+    def planned(*args, **kwargs):
+        window = plan(*args, **kwargs)
+        done, left, lock = threading.Event(), [len(window.tasks)], threading.Lock()
+        decoded.append(done)
+
+        def counted(task):
+            def run():
+                task()
+                with lock:  # the last of the window's tasks sets the event
+                    left[0] -= 1
+                    if not left[0]:
+                        done.set()
+
+            return run
+
+        return dataclasses.replace(window, tasks=[counted(task) for task in window.tasks])
+
+    monkeypatch.setattr(shuffled, "plan_window", planned)
+    options = {**SHUFFLED, "workers_count": 2, "num_epochs": 1, "prefetch": 0}
+    shard = reader.ShardReader(layouts["wide"], batch_size=8, **options)
+    first = order.EpochOrder(shard.layout.row_group_rows, 7, 0, True, 600).windows[0].rows
+    batches, taken = iter(shard), 0
+    while taken <= first - 16:  # into the window's last piece (pieces of 16 rows here)
+        taken += len(next(batches)["id"])
+    assert taken <= first and len(decoded) == 2
+    assert decoded[1].wait(timeout=60), "the next window was not decoded ahead"
+    assert taken + sum(len(batch["id"]) for batch in batches) == sum(map(sum, ROW_GROUPS))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_decoding_error_in_a_later_window_reaches_the_loop(tmp_path, workers):
+    """A window decoded ahead by the decode threads that fails (a null here) raises in
+    the training loop, in the epoch's order, and leaves no decode thread behind."""
+    values = np.arange(400, dtype=np.float32)
+    column = pa.array(values, mask=np.arange(400) == 399)  # the last row group's last row
+    write_row_groups(tmp_path / "part-0.parquet", pa.table({"id": values, "x": column}), [100] * 4)
+    layout = describe(tmp_path.as_uri())
+    options = {"shuffle": True, "seed": 0, "shuffle_buffer_rows": 100}  # a row group a window
+    shard = reader.ShardReader(
+        layout, batch_size=10, num_epochs=1, workers_count=workers, **options
+    )
+    windows = order.EpochOrder(layout.row_group_rows, 0, 0, True, 100).windows
+    failing = [window.blocks[0].row_group for window in windows].index(3)  # the last, here
+    read = []
+    with pytest.raises(ValueError, match="column 'x' has null values"):
+        for batch in shard:
+            read.extend(batch["id"].tolist())
+    assert failing == 3 and len(read) == 300  # every window before it, whole
+    assert not [t for t in threading.enumerate() if t.name.startswith("sparkdist-data-decode")]

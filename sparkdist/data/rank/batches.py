@@ -1,7 +1,7 @@
 """From decoded chunks to batches of exactly ``batch_size`` rows, the thread ahead, and the
 count of what is handed out.
 
-The reader decodes chunks of about 8 MiB (2 MiB shuffled; `sparkdist.data.rank.decode`) in a
+The reader decodes chunks of about 8 MiB (2 MiB shuffled; `sparkdist.data.rank.epochs`) in a
 background thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them in the
 consumer's thread (`rebatch`), as views, so the threads meet once per chunk, not per batch.
 Each batch handed out moves the position and counts as a step (`counted`) in the same

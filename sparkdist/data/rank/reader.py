@@ -5,11 +5,12 @@ slice of each epoch's global order, from a position that survives relaunches and
 resizes; what a reader reads of each epoch is planned there too (`order.EpochPlans`).
 `ShardReader` starts an iteration (its place in the world, its position) and hands out
 its batches: decoding the windows of the plans into numpy chunks of about 8 MiB is
-`sparkdist.data.rank.decode` (``workers_count`` threads share each window); cutting them into
-batches, the thread that reads ``prefetch`` chunks ahead and the counting of the batches
-handed out, `sparkdist.data.rank.batches`; which rank of how many reads, and how that
-follows a change of the world, `sparkdist.data.rank.rank_place`. What a rank is asked
-for travels as one `ReadOptions`.
+`sparkdist.data.rank.epochs` (in order `sparkdist.data.rank.decode`, shuffled
+`sparkdist.data.rank.shuffled`, where ``workers_count`` threads share each window);
+cutting them into batches, the thread that reads ``prefetch`` chunks ahead and the
+counting of the batches handed out, `sparkdist.data.rank.batches`; which rank of how
+many reads, and how that follows a change of the world, `sparkdist.data.rank.rank_place`.
+What a rank is asked for travels as one `ReadOptions`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import numpy as np
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place, row_block
 from sparkdist.data.rank.batches import counted, prefetched, rebatch, rebatch_runs
-from sparkdist.data.rank.decode import Chunk, Marks, Scratch, WindowDecoder, iteration_chunks
+from sparkdist.data.rank.decode import Chunk, WindowDecoder
+from sparkdist.data.rank.epochs import Marks, iteration_chunks
+from sparkdist.data.rank.shuffled import Scratch
 from sparkdist.data.rank.transform import TransformSpec
 from sparkdist.protocol.driver_channel import steps
 
