@@ -74,9 +74,12 @@ def serve(role: str, index: int) -> NoReturn:
 
 def reserve_shared_port(host: str) -> socket.socket:
     """A socket bound (not listening) to a free port on `host` that a later SO_REUSEPORT
-    listener, such as TensorFlow's gRPC server with TF_GRPC_REUSE_PORT=1, can share."""
+    listener, such as TensorFlow's gRPC server with TF_GRPC_REUSE_PORT=1, can share.
+
+    Not SO_REUSEADDR: with it, any other SO_REUSEADDR socket (a JVM's, by default) may
+    bind the port and listen while this one does not, and TensorFlow's server then fails
+    ("Could not start gRPC server", seen in a multi-host test)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, 0))
     return sock

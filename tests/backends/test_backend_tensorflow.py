@@ -3,12 +3,15 @@ ranks placed by real Spark (local-cluster), with the TF_CONFIG sparkdist builds.
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 
+import pytest
 from installed import requires
 
 from sparkdist import HorovodRunner
-from sparkdist.backends.tensorflow import tf_config
+from sparkdist.backends.tensorflow import reserve_shared_port, tf_config
 
 pytestmark = requires("tensorflow", "pip install tensorflow-cpu (make venv)")
 
@@ -63,3 +66,23 @@ def test_tf_config_shape():
         "task": {"type": "worker", "index": 1},
     }
     json.dumps(tf_config(["h:1"], 0))
+
+
+def test_a_reserved_port_is_kept_from_others_and_shared_with_a_reuseport_listener():
+    """A multi-host run failed with "Could not start gRPC server": the reservation had
+    SO_REUSEADDR, so another SO_REUSEADDR socket could bind its port and listen first."""
+    reservation = reserve_shared_port("127.0.0.1")
+    port = reservation.getsockname()[1]
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    grpc_like = socket.socket()
+    grpc_like.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        with pytest.raises(OSError) as refused:
+            other.bind(("0.0.0.0", port))
+        assert refused.value.errno == errno.EADDRINUSE
+        grpc_like.bind(("0.0.0.0", port))  # what TF_GRPC_REUSE_PORT=1's server does
+        grpc_like.listen()
+    finally:
+        for sock in (reservation, other, grpc_like):
+            sock.close()
