@@ -190,11 +190,14 @@ def test_a_look_that_singles_nobody_out_keeps_each_silence_and_holds_the_next_lo
 # --- on real Spark -------------------------------------------------------------------------
 
 
-def stop_one_rank(out: str, how: str, stop_rank: int = 3) -> dict:
+def stop_one_rank(out: str, how: str, stop_rank: int = 3, others_work: bool = False) -> dict:
     """Steps of a gloo `all_reduce` and a commit inside `sparkdist.elastic.run`; at step
     `STOP_AT` launch rank `stop_rank` stops: SIGSTOPs itself (`how="sigstop"`) or blocks on
     a lock in its own code (`how="lock"`, until `out/lock` is removed), so that the others
-    wait in `all_reduce`. Each member returns its world's size and its last step."""
+    wait in `all_reduce`. With `others_work`, the others first stay in their own code, a
+    line a second (not a stalled job), until the stall watch has taken their stacks (their
+    stacks file grew: that look found every member in its own code). Each member returns
+    its world's size and its last step."""
     started = threading.Event()
     threading.Thread(target=stall_jobs._beat_until, args=(started,), daemon=True).start()
     import torch
@@ -203,6 +206,8 @@ def stop_one_rank(out: str, how: str, stop_rank: int = 3) -> dict:
     from sparkdist import elastic
 
     launch_rank = int(os.environ["RANK"])
+    stacks = os.environ.get(job_environment.STACKS, "")  # where the watch's looks go
+    stacks_file = Path(stacks, stack_dumps.STACK_FILE)
 
     @elastic.run
     def train(state) -> dict:
@@ -216,6 +221,14 @@ def stop_one_rank(out: str, how: str, stop_rank: int = 3) -> dict:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 else:
                     stall_jobs.stuck(str(Path(out, "lock")))
+            elif state.step == STOP_AT and others_work:
+                looked = Path(out, f"looked-{launch_rank}")
+                if not looked.exists():  # once: not again after the drop
+                    looked.touch()
+                    size = stacks_file.stat().st_size
+                    while stacks_file.stat().st_size == size:  # until the watch looks
+                        print(f"rank {launch_rank} works on", flush=True)
+                        time.sleep(1.0)
             dist.all_reduce(value)
             state.step += 1
             state.commit()
@@ -337,46 +350,6 @@ RELOOK_BOUND_S = RELOOK_TIMEOUT_S + relook_s(RELOOK_TIMEOUT_S) + MARGIN_S
 re-look's wait, and the margin; before the fix, two `stall_timeout`s and more."""
 
 
-def stuck_while_the_others_work(out: str) -> dict:
-    """At step `STOP_AT` launch rank 0 prints its last line and blocks on a lock in its own
-    code (until `out/lock` is removed); the others stay in their own code, a line a second
-    (not a stalled job), until the stall watch has taken their stacks (their stacks file
-    grew: that look found every member in its own code), then wait for rank 0 in
-    `all_reduce`. Each member returns its world's size and its last step."""
-    started = threading.Event()
-    threading.Thread(target=stall_jobs._beat_until, args=(started,), daemon=True).start()
-    import torch
-    import torch.distributed as dist
-
-    from sparkdist import elastic
-
-    launch_rank = int(os.environ["RANK"])
-    stacks_file = Path(os.environ[job_environment.STACKS], stack_dumps.STACK_FILE)
-
-    @elastic.run
-    def train(state) -> dict:
-        started.set()
-        value = torch.ones(1)
-        while state.step < STEPS:
-            if state.step == STOP_AT and launch_rank == 0:
-                Path(out, "stopped").write_text(str(time.time()))
-                print("rank 0 stops", flush=True)  # its last sign of life
-                stall_jobs.stuck(str(Path(out, "lock")))
-            elif state.step == STOP_AT and not Path(out, f"looked-{launch_rank}").exists():
-                Path(out, f"looked-{launch_rank}").touch()  # once: not again after the drop
-                size = stacks_file.stat().st_size
-                while stacks_file.stat().st_size == size:  # until the watch looks
-                    print(f"rank {launch_rank} works on", flush=True)
-                    time.sleep(1.0)
-            dist.all_reduce(value)
-            state.step += 1
-            state.commit()
-            time.sleep(0.02)
-        return {"rank": launch_rank, "size": dist.get_world_size(), "step": state.step}
-
-    return train(elastic.ObjectState(step=0))
-
-
 def test_a_stuck_rank_is_dropped_soon_after_a_look_that_found_nobody(sc, tmp_path, caplog):
     """The stall watch's first look at launch rank 0, stuck on a lock, finds the others in
     their own code too, and singles nobody out; they then wait for it in `all_reduce`. The
@@ -389,7 +362,9 @@ def test_a_stuck_rank_is_dropped_soon_after_a_look_that_found_nobody(sc, tmp_pat
     )
     with caplog.at_level(logging.WARNING, logger="sparkdist"):
         with caplog.at_level(logging.DEBUG, logger="sparkdist.runner.driver.stalls"):
-            results = runner.run_all(stuck_while_the_others_work, out=str(tmp_path))
+            results = runner.run_all(
+                stop_one_rank, out=str(tmp_path), how="lock", stop_rank=0, others_work=True
+            )
     log = "\n".join(record.getMessage() for record in caplog.records)
     assert sorted(r["rank"] for r in results) == [1, 2, 3], results
     assert all(r["size"] == 3 and r["step"] == STEPS for r in results), results
