@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from helpers import pid_alive, still_alive, wait_for
-from test_elastic_in_process import write_whole
+from test_elastic_in_process import run_beside, write_whole
 
 import sparkdist
 from sparkdist.trace import validate
@@ -98,16 +98,6 @@ def kill_three(out: Path) -> float:
     return killed_at
 
 
-def run_beside(action, runner, out: Path):
-    """Run `train_through_faults` with `runner` while `action()` runs in a thread beside it."""
-    beside = threading.Thread(target=action, daemon=True)
-    beside.start()
-    try:
-        return runner.run(train_through_faults, out=str(out))
-    finally:
-        beside.join(timeout=30)
-
-
 def test_below_min_np_the_survivor_waits_and_the_world_re_forms_in_process(sc, tmp_path, caplog):
     """Ranks 1-3 killed together: rank 0 waits in its process, task 1's slot comes back,
     and the world [0, 4, 5] goes on from the last commit, in the first attempt (on the
@@ -115,7 +105,9 @@ def test_below_min_np_the_survivor_waits_and_the_world_re_forms_in_process(sc, t
     out, killed_at = tmp_path, []
     runner = sparkdist.HorovodRunner(np=4, min_np=2, max_np=4, ranks_per_task=2)
     with caplog.at_level("WARNING", logger="sparkdist"):
-        result = run_beside(lambda: killed_at.append(kill_three(out)), runner, out)
+        result = run_beside(
+            lambda: killed_at.append(kill_three(out)), runner, out, train_through_faults, 30
+        )
 
     job = runner.last_job
     survivor = steps(out, 0, 0)
@@ -187,7 +179,7 @@ def test_below_min_np_with_no_slot_back_in_time_relaunches(sc, tmp_path, caplog)
         np=4, min_np=2, max_np=4, ranks_per_task=2, start_timeout=40, stall_timeout=15
     )
     with caplog.at_level("WARNING", logger="sparkdist"):
-        result = run_beside(take_a_slot_then_kill, runner, out)
+        result = run_beside(take_a_slot_then_kill, runner, out, train_through_faults, 30)
 
     job = runner.last_job
     relaunched = steps(out, 1, 0)

@@ -85,15 +85,15 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
-def run_beside(action, runner, out: Path):
-    """Run `elastic_loop` with `runner` while `action()` (what the test does to the
-    world: kill, free a slot, say stop) runs in a thread beside it."""
+def run_beside(action, runner, out: Path, main=None, join_s: float = 5.0):
+    """Run `main` (default `elastic_loop`) with `runner` while `action()` (what the test
+    does to the world: kill, free a slot, say stop) runs in a thread beside it."""
     beside = threading.Thread(target=action, daemon=True)
     beside.start()
     try:
-        return runner.run(elastic_loop, out=str(out))
+        return runner.run(main or elastic_loop, out=str(out))
     finally:
-        beside.join(timeout=5)
+        beside.join(timeout=join_s)
 
 
 def markers(out: Path, generation: int) -> dict[int, dict]:
