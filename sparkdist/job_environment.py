@@ -80,6 +80,10 @@ LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
 ELASTIC_TIMEOUT_S = "SPARKDIST_ELASTIC_TIMEOUT_S"
 """`sparkdist.elastic.run`: seconds a process group may take to form and a collective to
 finish before a rank gives up on its world (default 30)."""
+ELASTIC_REFORM_LIMIT = "SPARKDIST_ELASTIC_REFORM_LIMIT"
+"""`sparkdist.elastic.run`: how many times in a row a world may break and re-form of the
+same members with no commit between (default 10); the next such break fails the rank
+(`elastic.WorldStuck`)."""
 ELASTIC_BACKEND = "SPARKDIST_ELASTIC_BACKEND"
 """`sparkdist.elastic.run`'s process group backend: "nccl" or "gloo" (default: NCCL when
 the rank has a GPU, else gloo; gloo lets several ranks share one GPU)."""

@@ -18,7 +18,7 @@ no torch.
 
 from __future__ import annotations
 
-from sparkdist.elastic.generations import WorldChanged
+from sparkdist.elastic.generations import WorldChanged, WorldStuck
 from sparkdist.elastic.horovod_state import HorovodState
 from sparkdist.elastic.run import run
 from sparkdist.elastic.sharded_state import ShardedTorchState
@@ -31,5 +31,6 @@ __all__ = [
     "State",
     "TorchState",
     "WorldChanged",
+    "WorldStuck",
     "run",
 ]

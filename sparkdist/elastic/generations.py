@@ -31,6 +31,14 @@ class WorldChanged(Exception):
     Horovod's `HostsUpdatedInterrupt`."""
 
 
+class WorldStuck(RuntimeError):
+    """Raised by `elastic.run` when its world broke and re-formed of the same members more
+    than `SPARKDIST_ELASTIC_REFORM_LIMIT` times in a row with no commit between: a fault
+    that recurs at the same step (a defect, a rank that always hangs there) would else
+    re-form the world forever. Horovod's `reset_limit`, counting only re-forms that made
+    no progress."""
+
+
 class WorldEnded(Exception):
     """The job is stopping: no further generation will form."""
 

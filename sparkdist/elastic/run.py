@@ -19,13 +19,21 @@ from typing import Any, TypeVar
 
 from sparkdist import job_environment
 from sparkdist.elastic import torch_group
-from sparkdist.elastic.generations import Generation, Generations, Watcher, WorldChanged, WorldEnded
+from sparkdist.elastic.generations import (
+    Generation,
+    Generations,
+    Watcher,
+    WorldChanged,
+    WorldEnded,
+    WorldStuck,
+)
 from sparkdist.elastic.state import State
 from sparkdist.protocol import driver_channel
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+DEFAULT_REFORM_LIMIT = 10
 _launch_rank: int | None = None  # RANK when this process first entered `run`
 
 
@@ -41,6 +49,18 @@ def launch_rank() -> int:
             )
         _launch_rank = int(os.environ["RANK"])
     return _launch_rank
+
+
+def reform_limit(env=os.environ) -> int:
+    """`SPARKDIST_ELASTIC_REFORM_LIMIT`: how many times in a row a world may break and
+    re-form of the same members with no commit between (default 10), checked early."""
+    text = env.get(job_environment.ELASTIC_REFORM_LIMIT, "")
+    if not text:
+        return DEFAULT_REFORM_LIMIT
+    if not text.isdigit():
+        name = job_environment.ELASTIC_REFORM_LIMIT
+        raise ValueError(f"{name} must be a whole number >= 0, not {text!r}")
+    return int(text)
 
 
 def run(func: Callable[..., T]) -> Callable[..., T | None]:
@@ -75,7 +95,12 @@ class _Loop:
         self.launch_rank = generations.launch_rank
         self.limit_s = torch_group.timeout_s()
         self.wait_s = driver_channel.RENDEZVOUS_TIMEOUT_S
+        self.reform_limit = reform_limit()
         self._watcher: Watcher | None = None
+        self._stuck: list[int] = []
+        """The worlds that broke since this rank's last commit and re-formed of the same
+        members (`_count_break`)."""
+        self._commits_at_break = -1
 
     def run(self, func: Callable[..., T], args: tuple, kwargs: dict) -> T | None:
         torch_group.end_left_formed()  # an earlier run's world
@@ -112,7 +137,9 @@ class _Loop:
             # or the group's destructor may wait for the GIL (see free_old_groups).
             gc.collect()
             torch_group.free_old_groups()
-            generation = self._next(generation, failure)
+            broken, generation = generation, self._next(generation, failure)
+            if failure is not None:
+                self._count_break(broken, generation, failure)
             reformed = True
         logger.info(
             "elastic: rank %d is not in world %d (%s): leaving",
@@ -151,6 +178,30 @@ class _Loop:
             state.leave_world(keep_group=returned)
         torch_group.leave_formed(group)
         return value
+
+    def _count_break(self, broken: Generation, after: Generation, failure: Exception) -> None:
+        """Raise `WorldStuck` when `broken` is the world after `reform_limit` others that
+        broke and re-formed of the same members with no commit between: a fault that
+        recurs at the same step would else re-form the world forever (each member counts
+        the same worlds, so all stop together). A break after a commit starts the count
+        again; a re-form that lost or took in members is a change, not counted."""
+        if self.state.made_commits != self._commits_at_break:
+            self._stuck, self._commits_at_break = [], self.state.made_commits
+        if set(after.members) != set(broken.members):
+            return
+        self._stuck.append(broken.number)
+        if len(self._stuck) <= self.reform_limit:
+            return
+        values = self.state.values()
+        where = ", ".join(f"{k}={v}" for k, v in values.items() if type(v) is int)
+        raise WorldStuck(
+            f"elastic.run: worlds {self._stuck} broke one after another with the same "
+            f"members and no commit between them, more than "
+            f"{job_environment.ELASTIC_REFORM_LIMIT}={self.reform_limit} times: a fault "
+            f"that recurs at the same step. Stuck at this rank's commit "
+            f"{self.state.made_commits}{f' ({where})' if where else ''}; the last break: "
+            f"{type(failure).__name__}: {failure}"
+        ) from failure
 
     def _superseded(self) -> bool:
         """Had the driver formed a newer world when the exception came (it caused it)?"""

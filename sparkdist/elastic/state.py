@@ -34,6 +34,9 @@ class State:
         self._lineage: tuple[int, int] | None = None
         """(the world this state was last synced in, commits since): ranks with equal
         lineages took the same steps from the same state, so they hold the same commit."""
+        self.made_commits = 0
+        """Commits made in this process (never restored): `elastic.run` tells a world that
+        broke with progress since the last break from one stuck at the same commit."""
 
     @property
     def rank(self) -> int:
@@ -90,6 +93,7 @@ class State:
         rank_trace.checkpoint("commit", started, time.monotonic())
         rank_trace.step("commit")
         alive("commits")  # a sign of life for the driver's stall watch
+        self.made_commits += 1
         if self._lineage is not None:
             self._lineage = (self._lineage[0], self._lineage[1] + 1)
         self.check_world()

@@ -9,7 +9,11 @@ one-core executors, so two task slots and `max_np=2`).
   one rank was stuck in its own code longer than `SPARKDIST_ELASTIC_TIMEOUT_S`, as when
   a host is cut off for less than the driver's dead-peer detection): the driver forms the
   next world from the members that say their world broke, and the job goes on (before,
-  nobody was lost, no world formed, and every rank waited until the job failed).
+  nobody was lost, no world formed, and every rank waited until the job failed);
+* a world that breaks that way at the same step every time: after
+  `SPARKDIST_ELASTIC_REFORM_LIMIT` re-forms with no commit between them the ranks raise
+  `elastic.WorldStuck` and the job fails, naming the worlds and the step (before, it
+  re-formed forever); breaks with commits between them are never capped.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from helpers import still_alive, wait_for
 from test_elastic_in_process import markers, run_beside
 
 import sparkdist
+from sparkdist.errors import RankFailedError
 
 
 def test_a_killed_rank_gives_its_slot_back_and_the_world_grows_back(sc, tmp_path):
@@ -123,6 +129,70 @@ def test_a_world_broken_with_nobody_lost_re_forms_and_goes_on(sc, tmp_path, capl
     assert job.attempts == 1 and job.failures == [] and job.reformed == []
     log = "\n".join(r.getMessage() for r in caplog.records)
     assert "world 2 -> 2 ranks in process: world 0 broke" in log, log
+    assert still_alive(runner) == []
+
+
+def stuck_at(out: str, steps: int, stuck_s: float, every_world: bool) -> dict:
+    """As `stuck_once`, but launch rank 1 is stuck `stuck_s` in its own code in every
+    world: at step 3 each time (`every_world`: the world makes no progress again), or
+    at step 2 x (its world's number + 1), once a world, after that world's commits."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkdist import elastic
+
+    launch_rank = int(os.environ["RANK"])
+
+    @elastic.run
+    def train(state) -> dict:
+        Path(out, f"gen{state.generation}-rank{launch_rank}").write_text(str(os.getpid()))
+        value = torch.ones(1)
+        at = 3 if every_world else 2 * (state.generation + 1)
+        while state.step < steps:
+            if state.step == at and launch_rank == 1:
+                time.sleep(stuck_s)
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+        return {"rank": launch_rank, "generation": state.generation, "step": state.step}
+
+    return train(elastic.ObjectState(step=0))
+
+
+def stuck_runner(limit: int) -> sparkdist.HorovodRunner:
+    env = {"SPARKDIST_ELASTIC_TIMEOUT_S": "2", "SPARKDIST_ELASTIC_REFORM_LIMIT": str(limit)}
+    return sparkdist.HorovodRunner(np=2, min_np=1, max_np=2, timeout=120, env=env)
+
+
+def test_a_world_that_breaks_at_the_same_step_every_time_fails_the_job(sc, tmp_path):
+    """Rank 1 is stuck at step 3 in every world (3 s, the collective timeout 2 s), with
+    `SPARKDIST_ELASTIC_REFORM_LIMIT=2`: world 0 breaks after its commits, worlds 1 and 2
+    before any; the third break in a row with no commit fails the job with an error that
+    names the worlds and the step, in its first attempt (before: re-formed until the
+    job's time limit)."""
+    runner = stuck_runner(limit=2)
+    with pytest.raises(RankFailedError) as raised:
+        runner.run_all(stuck_at, out=str(tmp_path), steps=8, stuck_s=3.0, every_world=True)
+
+    text = str(raised.value)
+    assert "WorldStuck" in text and "worlds [0, 1, 2] broke" in text, text
+    assert "SPARKDIST_ELASTIC_REFORM_LIMIT=2" in text and "(step=3)" in text, text
+    assert not (tmp_path / "gen3-rank0").exists()  # no world entered after the third break
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
+    assert still_alive(runner) == []
+
+
+def test_breaks_with_commits_between_them_are_never_capped(sc, tmp_path):
+    """With `SPARKDIST_ELASTIC_REFORM_LIMIT=1`, worlds 0, 1 and 2 each break once after
+    their own commits (at steps 2, 4 and 6): every break follows progress, so the job
+    re-forms each time and ends well in world 3."""
+    runner = stuck_runner(limit=1)
+    results = runner.run_all(stuck_at, out=str(tmp_path), steps=8, stuck_s=3.0, every_world=False)
+
+    assert results == [{"rank": r, "generation": 3, "step": 8} for r in (0, 1)], results
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == []
     assert still_alive(runner) == []
 
 
