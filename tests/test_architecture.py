@@ -540,9 +540,9 @@ def test_the_docstring_checks_catch_stale_words():
         assert names and all(map(package.resolves, names)), real
     for other in ["`np.ndarray`", "`socket.py`", "`pa.Table`", "`_delta_log/`", "`self.Plan`"]:
         assert not _code_names(other, aliases), other
-    old = "`wire`, `messages`, `payload`, `script`, `launch`, `processes`"
+    old = "`wire`, `messages`, `payload`, `script`, `launch`, `processes`, `stack_dumps`"
     protocol = ROOT / "sparkdist" / "protocol" / "__init__.py"
-    assert len(_listing_problems(protocol, package, old)) == 5  # and left_stacks, rank_trace
+    assert len(_listing_problems(protocol, package, old)) == 5  # and left_stacks, owned_dirs
     rank = ROOT / "sparkdist" / "runner" / "rank" / "__init__.py"
     assert _listing_problems(
         rank, package, "`supervisor`, `main`, `warm`, `kept_group`, with `channel`"

@@ -39,13 +39,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from typing import TextIO
 
 from sparkdist import job_environment
+from sparkdist.protocol import owned_dirs
 from sparkdist.protocol.processes import allow_tracer
 
 STACK_SIGNAL = signal.SIGUSR2
@@ -142,7 +142,7 @@ class StackTaker:
     """A supervisor's half: the directory its rank listens in, and the requests."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        self.directory = tempfile.mkdtemp(prefix="sparkdist-stacks-")
+        self.directory = owned_dirs.make("sparkdist-stacks-")
         os.mkfifo(os.path.join(self.directory, STACK_FIFO))
         os.mkfifo(os.path.join(self.directory, NCCL_FIFO))
         env = os.environ if env is None else env

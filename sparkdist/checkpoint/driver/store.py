@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from urllib.parse import urlparse
 from pyarrow import ArrowInvalid
 from pyarrow import fs as pafs
 
-from sparkdist.protocol import messages
+from sparkdist.protocol import messages, owned_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.owned = directory is None
         if directory is None:
-            directory = tempfile.mkdtemp(prefix="sparkdist-checkpoints-")
+            directory = owned_dirs.make("sparkdist-checkpoints-")
         location = os.fspath(directory)
         scheme = urlparse(location).scheme
         self.directory: Path | str = location if scheme else Path(location)

@@ -33,7 +33,7 @@ from sparkdist import tracking
 from sparkdist.backends.timeline import DYNAMIC, FILE_NAME
 from sparkdist.checkpoint.driver.store import CheckpointStore, NoStore
 from sparkdist.errors import SparkdistError
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages, owned_dirs, wire
 from sparkdist.runner.driver.failures import RelaunchBudget, WorldChange, WorldResize
 from sparkdist.runner.driver.job_spec import JobReport, Outcome, RunnerOptions
 from sparkdist.runner.driver.launch.api import AttemptPlan, LaunchKind, World
@@ -62,6 +62,7 @@ def run_job(
         report.reported, options.report_ranks, live=True, label=f"sparkdist {report.name}"
     )
     try:
+        owned_dirs.sweep()  # what SIGKILLed sparkdist processes left in this host's temp dir
         kind = choose_kind(options)
         checkpoints = open_checkpoints(options, kind)
         try:

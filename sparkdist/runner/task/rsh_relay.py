@@ -28,13 +28,12 @@ import os
 import secrets
 import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 
 from sparkdist.errors import exit_status
 from sparkdist.job_environment import RSH_RELAY, RSH_TOKEN
-from sparkdist.protocol import messages, wire
+from sparkdist.protocol import messages, owned_dirs, wire
 from sparkdist.runner.task import rsh
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ class LaunchRelay:
         self._secret = secret
         self._lost = lost
         self._token = secrets.token_hex(32).encode()
-        self._dir = tempfile.mkdtemp(prefix="sparkdist-rsh-")
+        self._dir = owned_dirs.make("sparkdist-rsh-")
         self.path = os.path.join(self._dir, "relay")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)

@@ -43,7 +43,7 @@ import psutil
 from sparkdist import job_environment
 from sparkdist.job_environment import DirectRank, gpus_to_env
 from sparkdist.network import address_of_interface, interface_of, resolve, split_address
-from sparkdist.protocol import left_stacks, messages, wire
+from sparkdist.protocol import left_stacks, messages, owned_dirs, wire
 from sparkdist.protocol.launch import (
     LaunchSpec,
     direct_rank_env,
@@ -119,7 +119,8 @@ class TaskRun:
         # "hosts" sharing one /tmp, as executors on one machine do) otherwise share
         # /tmp/ompi.HOSTNAME.UID, and one job's daemon removing it at exit races another's
         # creating its files there ("orte_session_dir failed").
-        self.tmpdir = tempfile.mkdtemp(prefix=f"{_dir_prefix(spec.job.job_id)}{index}-")
+        owned_dirs.sweep()  # what tasks SIGKILLed on this host left
+        self.tmpdir = owned_dirs.make(f"{_dir_prefix(spec.job.job_id)}{index}-")
         self.env.setdefault(SESSION_DIR_BASE, self.tmpdir)
         self.mpirun_tmpdir: str | None = None
         self.agent: TaskAgent | None = None
@@ -223,7 +224,7 @@ class TaskRun:
             # orte_session_dir_cleanup), which would wipe mpirun's live one and race
             # its files ("orte_session_dir failed ... unable to reliably start").
             prefix = f"{_dir_prefix(self.spec.job.job_id)}{self.index}-mpirun-"
-            self.mpirun_tmpdir = env[SESSION_DIR_BASE] = tempfile.mkdtemp(prefix=prefix)
+            self.mpirun_tmpdir = env[SESSION_DIR_BASE] = owned_dirs.make(prefix)
         argv = mpirun_argv(
             sys.executable,
             self.spec.num_ranks,
