@@ -3,8 +3,11 @@ process, and rank processes spawned against the service as tasks would launch th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from sparkdist import job_environment
 from sparkdist.protocol import driver_channel, messages, wire
@@ -29,6 +32,47 @@ def rank_client(
     welcome = client.request(messages.RankHello(rank, "127.0.0.1", os.getpid()))
     assert welcome.payload == payload
     return client
+
+
+class ElasticPeers(NamedTuple):
+    """A real `DriverService` of an in-process elastic job and its ranks' clients."""
+
+    state: JobState
+    service: DriverService
+    secret: wire.JobSecret
+    ranks: list[driver_channel.DriverClient]
+
+    def client(self, rank: int) -> driver_channel.DriverClient:
+        """A client for launch rank `rank` (a newcomer the test seated)."""
+        return rank_client(self.service, self.secret, rank)
+
+
+@contextlib.contextmanager
+def elastic_driver(num_ranks: int, min_np: int) -> Iterator[ElasticPeers]:
+    """The driver's side of an in-process elastic job without Spark: a real `DriverService`
+    and a client per rank, each entered in generation 0 (`ElasticWorld(after=-1)`)."""
+    spec = JobSpec("job", num_ranks, b"payload", False, "all", in_process_min_np=min_np)
+    state = JobState(spec)
+    secret = wire.new_secret()
+    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
+    try:
+        ranks = [rank_client(service, secret, rank) for rank in range(num_ranks)]
+        first = messages.Ok(messages.Generation(0, tuple(range(num_ranks)), "start"))
+        for rank, client in enumerate(ranks):
+            assert client.request(messages.ElasticWorld(rank, -1, 5.0)) == first
+        yield ElasticPeers(state, service, secret, ranks)
+    finally:
+        service.close()
+
+
+def send(client: driver_channel.DriverClient, request: tuple) -> None:
+    """Send `request` without waiting for its reply (a rank that waits): `reply` reads it."""
+    client._channel.send(messages.encode(request))
+
+
+def reply(client: driver_channel.DriverClient) -> tuple:
+    """The reply to the request `send` sent."""
+    return messages.decode(client._channel.recv(), messages.RANK_REPLIES)
 
 
 def connect_rank(rank: int, world_size: int, address: str, secret_text: str) -> None:

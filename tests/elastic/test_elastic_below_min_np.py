@@ -202,22 +202,14 @@ def test_driver_holds_a_world_below_min_np_until_newcomers_enter():
     wait: it goes on with one; a decommission notice cannot take the last; the world forms
     once both newcomers entered, [survivor, newcomers]. Then a wait that runs out is
     refused with its losses, and its count is given back to the relaunch's."""
-    from driver_peers import rank_client
+    from driver_peers import elastic_driver, reply, send
 
-    from sparkdist.protocol import messages, wire
+    from sparkdist.protocol import messages
     from sparkdist.runner.driver.failures import RelaunchBudget
-    from sparkdist.runner.driver.job_spec import JobSpec
-    from sparkdist.runner.driver.job_state import JobState
-    from sparkdist.runner.driver.service import DriverService
 
-    state = JobState(JobSpec("job", 4, b"payload", False, "all", in_process_min_np=3))
-    membership, budget = state.membership, RelaunchBudget(3, False)
-    secret = wire.new_secret()
-    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
-    try:
-        ranks = [rank_client(service, secret, rank) for rank in range(4)]
-        for rank, client in enumerate(ranks):
-            assert client.request(messages.ElasticWorld(rank, -1, 5.0)).value.number == 0
+    with elastic_driver(4, min_np=3) as peers:
+        state, ranks = peers.state, peers.ranks
+        membership, budget = state.membership, RelaunchBudget(3, False)
         for rank in (2, 3):
             state.losses.rank_exited(rank, -signal.SIGKILL, [])
         assert not membership.can_shrink() and membership.can_wait() and budget.reform()
@@ -232,17 +224,17 @@ def test_driver_holds_a_world_below_min_np_until_newcomers_enter():
         membership.hold(60.0)
         assert membership.survivors() == [0] and membership.wait.counted == 2
         assert not membership.depart([0], "executor 0 is being decommissioned")
-        ranks[0]._channel.send(messages.encode(messages.ElasticWorld(0, 0, 30.0)))
+        send(ranks[0], messages.ElasticWorld(0, 0, 30.0))
         state.add_ranks([4, 5], "2 more rank slot(s) free below min_np")
-        newcomers = {rank: rank_client(service, secret, rank) for rank in (4, 5)}
-        newcomers[4]._channel.send(messages.encode(messages.ElasticWorld(4, -1, 30.0)))
+        newcomers = {rank: peers.client(rank) for rank in (4, 5)}
+        send(newcomers[4], messages.ElasticWorld(4, -1, 30.0))
         wait_for(lambda: 4 in membership.entered, "rank 4 entered", 10)
         assert membership.generation.number == 0  # 1 + 1 < min_np: no world yet
-        reply = newcomers[5].request(messages.ElasticWorld(5, -1, 5.0))
-        assert reply.value.number == 1 and reply.value.members == (0, 4, 5)
-        assert "after" in reply.value.reason and "below min_np" in reply.value.reason
+        formed = newcomers[5].request(messages.ElasticWorld(5, -1, 5.0))
+        assert formed.value.number == 1 and formed.value.members == (0, 4, 5)
+        assert "after" in formed.value.reason and "below min_np" in formed.value.reason
         for client in (ranks[0], newcomers[4]):
-            assert messages.decode(client._channel.recv(), messages.RANK_REPLIES) == reply
+            assert reply(client) == formed
         assert membership.wait is None and membership.waited_out() is None
         # Rank 4 is lost: below min_np again, and no slot comes back in a (nil) limit.
         state.losses.rank_exited(4, -signal.SIGKILL, [])
@@ -255,5 +247,3 @@ def test_driver_holds_a_world_below_min_np_until_newcomers_enter():
         assert membership.min_np is None
         budget.returned(counted)
         assert budget.used == 2  # the first wait's two faults; the relaunch counts this one
-    finally:
-        service.close()

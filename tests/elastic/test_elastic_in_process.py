@@ -295,46 +295,34 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
     """The protocol on a real `DriverService`, without Spark: entry, a poll, a waiter
     answered when the loop re-forms the world after a loss, a newcomer answered only
     with a generation that includes it, a rank no longer a member, the job's stop."""
-    from driver_peers import rank_client
+    from driver_peers import elastic_driver, reply, send
 
-    from sparkdist.protocol import messages, wire
-    from sparkdist.runner.driver.job_spec import JobSpec
-    from sparkdist.runner.driver.job_state import JobState
-    from sparkdist.runner.driver.service import DriverService
+    from sparkdist.protocol import messages
 
-    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=2))
-    secret = wire.new_secret()
-    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
-    try:
-        ranks = [rank_client(service, secret, rank) for rank in range(3)]
-        first = messages.Generation(0, (0, 1, 2), "start")
-        for rank, client in enumerate(ranks):
-            assert client.request(messages.ElasticWorld(rank, -1, 5.0)) == messages.Ok(first)
+    with elastic_driver(3, min_np=2) as peers:
+        state, ranks = peers.state, peers.ranks
         assert isinstance(ranks[1].request(messages.ElasticWorld(1, 0, 0)), messages.Missing)
         assert isinstance(ranks[1].request(messages.ElasticWorld(1, 0, 0.2)), messages.Missing)
         # Ranks 1 and 2 wait for the next generation; rank 0 is lost (SIGKILL).
         for rank in (1, 2):
-            ranks[rank]._channel.send(messages.encode(messages.ElasticWorld(rank, 0, 30.0)))
+            send(ranks[rank], messages.ElasticWorld(rank, 0, 30.0))
         state.losses.rank_exited(0, -signal.SIGKILL, [])
         assert sorted(state.membership.pending) == [0] and state.failures.stopping is None
         assert state.membership.can_shrink()
         state.membership.shrink()  # as the loop of attempts decides
         for rank in (1, 2):
-            reply = messages.decode(ranks[rank]._channel.recv(), messages.RANK_REPLIES)
-            assert reply.value.number == 1 and reply.value.members == (1, 2)
-            assert "rank 0" in reply.value.reason and "SIGKILL" in reply.value.reason
+            formed = reply(ranks[rank])
+            assert formed.value.number == 1 and formed.value.members == (1, 2)
+            assert "rank 0" in formed.value.reason and "SIGKILL" in formed.value.reason
         # Rank 0, were it alive, would hear it is no longer a member.
         assert ranks[0].request(messages.ElasticWorld(0, 0, 0)).value.members == (1, 2)
         # A newcomer (launch rank 3) is answered only with a generation that has it.
         state.add_ranks([3], "1 more rank slot(s) free")
-        newcomer = rank_client(service, secret, 3)
-        reply = newcomer.request(messages.ElasticWorld(3, -1, 5.0))
-        assert reply.value.number == 2 and reply.value.members == (1, 2, 3)
-        assert ranks[1].request(messages.ElasticWorld(1, 1, 0)) == reply
+        grown = peers.client(3).request(messages.ElasticWorld(3, -1, 5.0))
+        assert grown.value.number == 2 and grown.value.members == (1, 2, 3)
+        assert ranks[1].request(messages.ElasticWorld(1, 1, 0)) == grown
         # The job stops: a waiting rank is told.
-        ranks[2]._channel.send(messages.encode(messages.ElasticWorld(2, 2, 30.0)))
+        send(ranks[2], messages.ElasticWorld(2, 2, 30.0))
         state.stop("abort", "test over")
-        stopped = messages.decode(ranks[2]._channel.recv(), messages.RANK_REPLIES)
+        stopped = reply(ranks[2])
         assert isinstance(stopped, messages.Failed) and "test over" in stopped.error
-    finally:
-        service.close()

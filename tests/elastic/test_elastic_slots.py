@@ -200,28 +200,20 @@ def test_driver_forms_the_next_world_once_every_member_says_it_broke():
     """The protocol on a real `DriverService`, without Spark: members that say their world
     broke wait until the last one says so too, then all get the next generation of the
     same members; while a loss is pending, the loss (the loop's shrink) forms it instead."""
-    from driver_peers import rank_client
+    from driver_peers import elastic_driver, reply, send
 
-    from sparkdist.protocol import messages, wire
-    from sparkdist.runner.driver.job_spec import JobSpec
-    from sparkdist.runner.driver.job_state import JobState
-    from sparkdist.runner.driver.service import DriverService
+    from sparkdist.protocol import messages
 
-    state = JobState(JobSpec("job", 3, b"payload", False, "all", in_process_min_np=1))
-    secret = wire.new_secret()
-    service = DriverService(state, secret, "127.0.0.1", "127.0.0.1")
-    try:
-        ranks = [rank_client(service, secret, rank) for rank in range(3)]
-        for rank, client in enumerate(ranks):
-            assert client.request(messages.ElasticWorld(rank, -1, 5.0)).value.number == 0
+    with elastic_driver(3, min_np=1) as peers:
+        state, ranks = peers.state, peers.ranks
         broke = [messages.ElasticWorld(rank, 0, 0.3, broke=True) for rank in range(3)]
         assert isinstance(ranks[0].request(broke[0]), messages.Missing)  # rank 1 and 2 yet to say
-        ranks[1]._channel.send(messages.encode(broke[1]._replace(timeout_s=30.0)))
-        reply = ranks[2].request(broke[2])  # the last one: the next world forms at once
-        assert reply.value.number == 1 and reply.value.members == (0, 1, 2)
-        assert "world 0 broke with no member lost" in reply.value.reason
-        assert messages.decode(ranks[1]._channel.recv(), messages.RANK_REPLIES) == reply
-        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)) == reply
+        send(ranks[1], broke[1]._replace(timeout_s=30.0))
+        formed = ranks[2].request(broke[2])  # the last one: the next world forms at once
+        assert formed.value.number == 1 and formed.value.members == (0, 1, 2)
+        assert "world 0 broke with no member lost" in formed.value.reason
+        assert reply(ranks[1]) == formed
+        assert ranks[0].request(messages.ElasticWorld(0, 0, 0)) == formed
         # World 1 breaks under ranks 0 and 1, and rank 2 is lost: its loss forms the next.
         for rank in (0, 1):
             assert isinstance(ranks[rank].request(broke[rank]._replace(after=1)), messages.Missing)
@@ -230,8 +222,6 @@ def test_driver_forms_the_next_world_once_every_member_says_it_broke():
         assert state.membership.generation.number == 1 and sorted(state.membership.pending) == [2]
         state.membership.shrink()  # as the loop of attempts decides
         assert ranks[1].request(broke[1]._replace(after=1)).value.members == (0, 1)
-    finally:
-        service.close()
 
 
 def test_a_task_beyond_the_worlds_room_is_released_at_check_in():
