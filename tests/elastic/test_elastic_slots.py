@@ -132,10 +132,12 @@ def test_a_world_broken_with_nobody_lost_re_forms_and_goes_on(sc, tmp_path, capl
     assert still_alive(runner) == []
 
 
-def stuck_at(out: str, steps: int, stuck_s: float, every_world: bool) -> dict:
-    """As `stuck_once`, but launch rank 1 is stuck `stuck_s` in its own code in every
-    world: at step 3 each time (`every_world`: the world makes no progress again), or
-    at step 2 x (its world's number + 1), once a world, after that world's commits."""
+def stuck_at(out: str, steps: int, every_world: bool) -> dict:
+    """As `stuck_once`, but launch rank 1 is stuck in its own code in every world, until
+    rank 0's `all_reduce` timed out (a file rank 0 writes: no race with the timeout); then
+    rank 1's fails on the group rank 0 left. At step 3 each time (`every_world`: the
+    world makes no progress again), or at step 2 x (the world's number + 1), once a
+    world, after that world's commits."""
     import torch
     import torch.distributed as dist
 
@@ -146,12 +148,18 @@ def stuck_at(out: str, steps: int, stuck_s: float, every_world: bool) -> dict:
     @elastic.run
     def train(state) -> dict:
         Path(out, f"gen{state.generation}-rank{launch_rank}").write_text(str(os.getpid()))
-        value = torch.ones(1)
+        value, broke = torch.ones(1), Path(out, f"broke-{state.generation}")
         at = 3 if every_world else 2 * (state.generation + 1)
         while state.step < steps:
-            if state.step == at and launch_rank == 1:
-                time.sleep(stuck_s)
-            dist.all_reduce(value)
+            deadline = time.monotonic() + 60
+            while state.step == at and launch_rank == 1 and not broke.exists():
+                assert time.monotonic() < deadline, "rank 0's all_reduce never timed out"
+                time.sleep(0.05)
+            try:
+                dist.all_reduce(value)
+            except Exception:
+                broke.touch()
+                raise
             state.step += 1
             state.commit()
         return {"rank": launch_rank, "generation": state.generation, "step": state.step}
@@ -165,16 +173,17 @@ def stuck_runner(limit: int) -> sparkdist.HorovodRunner:
 
 
 def test_a_world_that_breaks_at_the_same_step_every_time_fails_the_job(sc, tmp_path):
-    """Rank 1 is stuck at step 3 in every world (3 s, the collective timeout 2 s), with
+    """Rank 1 is stuck at step 3 in every world (until rank 0's collective timed out), with
     `SPARKDIST_ELASTIC_REFORM_LIMIT=2`: world 0 breaks after its commits, worlds 1 and 2
     before any; the third break in a row with no commit fails the job with an error that
     names the worlds and the step, in its first attempt (before: re-formed until the
     job's time limit)."""
     runner = stuck_runner(limit=2)
     with pytest.raises(RankFailedError) as raised:
-        runner.run_all(stuck_at, out=str(tmp_path), steps=8, stuck_s=3.0, every_world=True)
+        runner.run_all(stuck_at, out=str(tmp_path), steps=8, every_world=True)
 
     text = str(raised.value)
+    print(next(line for line in text.splitlines() if "WorldStuck" in line))
     assert "WorldStuck" in text and "worlds [0, 1, 2] broke" in text, text
     assert "SPARKDIST_ELASTIC_REFORM_LIMIT=2" in text and "(step=3)" in text, text
     assert not (tmp_path / "gen3-rank0").exists()  # no world entered after the third break
@@ -188,7 +197,7 @@ def test_breaks_with_commits_between_them_are_never_capped(sc, tmp_path):
     their own commits (at steps 2, 4 and 6): every break follows progress, so the job
     re-forms each time and ends well in world 3."""
     runner = stuck_runner(limit=1)
-    results = runner.run_all(stuck_at, out=str(tmp_path), steps=8, stuck_s=3.0, every_world=False)
+    results = runner.run_all(stuck_at, out=str(tmp_path), steps=8, every_world=False)
 
     assert results == [{"rank": r, "generation": 3, "step": 8} for r in (0, 1)], results
     job = runner.last_job
