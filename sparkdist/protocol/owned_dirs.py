@@ -94,7 +94,7 @@ def sweep(root: str | None = None) -> list[str]:
     for entry in entries:
         if not entry.name.startswith(PREFIX):
             continue
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # gone meanwhile, not ours, garbled
             if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
                 continue
             with open(os.path.join(entry.path, OWNER_FILE), encoding="utf-8") as f:

@@ -101,11 +101,14 @@ def test_directories_it_cannot_judge_are_kept(tmp_path):
     no_owner.mkdir()
     elsewhere = with_owner(tmp_path, "sparkdist-ns", f"{dead.pid} {start} {boot} pid:[1]")
     garbled = with_owner(tmp_path, "sparkdist-garbled", "not an owner")
+    not_text = tmp_path / "sparkdist-not-text"
+    not_text.mkdir()
+    (not_text / owned_dirs.OWNER_FILE).write_bytes(b"\xff\xfe")
     not_ours = tmp_path / "not-sparkdist"
     not_ours.mkdir()
 
     assert len(owned_dirs.sweep(str(tmp_path))) == 1  # the killed child's only
-    for kept in (no_owner, elsewhere, garbled, not_ours):
+    for kept in (no_owner, elsewhere, garbled, not_text, not_ours):
         assert kept.is_dir()
 
 
