@@ -12,8 +12,9 @@ arrays are refused by column name. An iteration's chunks, epoch after epoch, are
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -132,6 +133,9 @@ class WindowDecoder:
     chunk_rows: int
     stacks: row_block.Stacks = ()
     threads: int = 1  # the decode threads that share a shuffled window
+    # Where a shuffled read gathers a chunk of (bytes, rows) (a device feed's ring slot;
+    # `sparkdist.data.rank.device_feed`); None: fresh memory.
+    memory: Callable[[int, int], Any] | None = None
 
     @functools.cached_property
     def row_layout(self) -> row_block.RowLayout:
