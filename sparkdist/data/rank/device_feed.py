@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparkdist import job_environment
 from sparkdist.data.rank import chunk_ring
 from sparkdist.data.rank.batches import rebatch_runs
 from sparkdist.data.rank.decode import EPOCH_END, Chunk
 
 logger = logging.getLogger(__name__)
 
-MODE_ENV = "SPARKDIST_DEVICE_FEED"
+MODE_ENV = job_environment.DEVICE_FEED
 MODES = ("auto", "ring", "plain")
 TRIAL_CHUNKS = 3  # chunks timed both ways (after a first one that warms both up)
 
