@@ -91,6 +91,7 @@ READS = {
     "shuffled": SHUFFLED,
     "two-workers": {**SHUFFLED, "workers_count": 2},
     "pads": {**SHUFFLED, "pad_column": "is_pad", "cur_shard": 1, "shard_count": 3},
+    "in-order-features": {"features": {"x": COLUMNS}},
     "features": {**SHUFFLED, "workers_count": 2, "features": {"x": COLUMNS}},
     "transform": {
         **SHUFFLED,
@@ -156,7 +157,7 @@ def test_a_global_batch_through_3_2_3_equals_the_cpu_path(layouts, shape):
             assert torch.equal(out["row_weight"], expected["row_weight"])
 
 
-@pytest.mark.parametrize("read", ["in-order", "two-workers", "features"])
+@pytest.mark.parametrize("read", ["in-order", "two-workers", "in-order-features", "features"])
 def test_a_batch_held_stays_as_it_was_handed_out(layouts, read):
     """Every 7th batch held to the end: the slots it came through were filled again many
     times since (a ring of a few slots, about 30 chunks)."""
@@ -288,3 +289,21 @@ def test_the_way_is_forced_by_option_or_env(monkeypatch):
     assert feed_mode(None) == "ring"
     with pytest.raises(ValueError, match="one of"):
         feed_mode("fast")
+
+
+@pytest.mark.parametrize(
+    ("read", "gathered"), [("shuffled", True), ("in-order-features", True), ("in-order", False)]
+)
+def test_rows_are_gathered_straight_into_the_slots(layouts, monkeypatch, read, gathered):
+    """Shuffled, and stacked in order, the decode threads write each chunk into a slot
+    (`ChunkFeed.memory`), and the copy goes out of that slot: no slot is taken to pack
+    the chunk again. In order without a stack, Arrow's buffers are packed once into a
+    slot (the only host copy)."""
+    takes, memories = [], []
+    take, memory = chunk_ring.SlotRing.take, ChunkFeed.memory
+    monkeypatch.setattr(chunk_ring.SlotRing, "take", lambda *a: takes.append(1) or take(*a))
+    monkeypatch.setattr(ChunkFeed, "memory", lambda *a: memories.append(1) or memory(*a))
+    options = {"batch_size": 37, "num_epochs": 1, **READS[read]}
+    with _loader(layouts["wide"], device="cpu", device_feed="ring", **options) as loader:
+        assert len(list(loader)) == 63
+    assert len(takes) > 5 and len(memories) == (len(takes) if gathered else 0)

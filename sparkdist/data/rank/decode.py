@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo, Layout
-from sparkdist.data.rank import order, row_block
+from sparkdist.data.rank import chunk_ring, order, row_block
 from sparkdist.data.rank.transform import TransformSpec
 
 Chunk = dict[str, np.ndarray]
@@ -186,8 +186,18 @@ class WindowDecoder:
         writable = self.writable and self.transform is None
         chunk = to_numpy_chunk(batch, self.columns, writable)
         if self.transform is None:
-            return row_block.stack_features(chunk, self.stacks, self.output_columns)
+            alloc = self._memory(chunk) if self.stacks else row_block.fresh
+            return row_block.stack_features(chunk, self.stacks, self.output_columns, alloc)
         return self.transformed(chunk)
+
+    def _memory(self, chunk: Chunk) -> row_block.Alloc:
+        """Where a chunk read in order is stacked: the ``memory`` (a device feed's slot,
+        with room for the chunk's other columns, packed after it), else fresh memory."""
+        if self.memory is None:
+            return row_block.fresh
+        rows = len(next(iter(chunk.values())))
+        nbytes = sum(chunk_ring.aligned(values.nbytes) for values in chunk.values())
+        return self.memory(nbytes, rows).carve
 
     def transformed(self, chunk: Chunk) -> Chunk:
         """The transform, then the stacks (a shuffled read without a transform stacked
