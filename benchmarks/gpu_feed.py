@@ -19,11 +19,13 @@ The readers, taking turns in each round:
   `.to(device)`: the reference;
 * sparkdist, CPU batches: `make_torch_dataloader`, each tensor `.to(device)` in the loop;
 * sparkdist, pin_memory: the DataLoader pins, the loop copies with `non_blocking=True`;
-* sparkdist, device=: `make_torch_dataloader(device=...)`: each batch packed into a ring
-  of page-locked buffers, copied in one piece a batch ahead on a side stream, handed out
-  as views on the device;
-* wide only, sparkdist, features= and device=: the columns stacked in the decode workers
-  into one `[batch, columns]` tensor, then device=.
+* sparkdist, device= (auto): `make_torch_dataloader(device=...)`: the faster of the
+  ring and a plain `.to()` a column, timed on the first chunks (`device_feed`);
+* sparkdist, device=, the ring forced (`device_feed="ring"`): each chunk (several
+  batches) gathered into a slot of a ring of page-locked buffers, copied in one piece on
+  a side stream, cut into batches on the device;
+* wide only, sparkdist, features= and device= (auto, and the ring forced): the columns
+  stacked in the decode workers into one `[batch, columns]` tensor, then device=.
 
 sparkdist's rows run once for each count of decode threads in `--workers` (a column
 each; `workers_count`), the others once. `--shuffle` shuffles sparkdist's reads (the
@@ -143,21 +145,26 @@ def plain_loop(path: Path, batch_size: int, step: Step, wide: bool) -> int:
 def sparkdist_loop(
     handle, batch_size: int, step: Step, how: str, columns: list[str], read: dict
 ) -> int:
-    """`how`: cpu, pin_memory, device or features (features= and device=); `read`: the
-    loader's other options (workers_count, shuffle)."""
+    """`how`: cpu, pin_memory, device, ring (device= with the ring forced), features or
+    features-ring (features= and device=); `read`: the loader's other options
+    (workers_count, shuffle)."""
     import torch
 
     options: dict = {"pin_memory": True} if how == "pin_memory" else {}
-    if how in ("device", "features"):
+    if how in ("device", "ring", "features", "features-ring"):
         options = {"device": step.device}
-    if how == "features":
+    if how.endswith("ring"):
+        options["device_feed"] = "ring"
+    if how.startswith("features"):
         options["features"] = {"x": columns}
     batches = 0
     loader_of = handle.make_torch_dataloader
     with loader_of(batch_size=batch_size, num_epochs=1, **options, **read) as loader:
         for batch in loader:
             tensors = (
-                [batch["x"]] if not columns or how == "features" else [batch[c] for c in columns]
+                [batch["x"]]
+                if not columns or how.startswith("features")
+                else [batch[c] for c in columns]
             )
             if how in ("cpu", "pin_memory"):
                 tensors = [t.to(step.device, non_blocking=how == "pin_memory") for t in tensors]
@@ -202,8 +209,10 @@ def cases_of(shape: str, url: str, args, columns: list[str], workers: int | None
     for name, how in (
         ("sparkdist, CPU batches, .to", "cpu"),
         ("sparkdist, pin_memory, non_blocking", "pin_memory"),
-        ("sparkdist, device=", "device"),
-        *((("sparkdist, features= and device=", "features"),) if wide else ()),
+        ("sparkdist, device= (auto)", "device"),
+        ("sparkdist, device=, the ring forced", "ring"),
+        *((("sparkdist, features= and device= (auto)", "features"),) if wide else ()),
+        *((("sparkdist, features= and device=, the ring", "features-ring"),) if wide else ()),
     ):
         cases[name] = lambda s, how=how: sparkdist_loop(
             handle, args.batch_size, s, how, columns if wide else [], read
