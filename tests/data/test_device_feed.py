@@ -90,6 +90,7 @@ READS = {
     "in-order": {},
     "shuffled": SHUFFLED,
     "two-workers": {**SHUFFLED, "workers_count": 2},
+    "no-prefetch": {**SHUFFLED, "workers_count": 2, "prefetch": 0},
     "pads": {**SHUFFLED, "pad_column": "is_pad", "cur_shard": 1, "shard_count": 3},
     "in-order-features": {"features": {"x": COLUMNS}},
     "features": {**SHUFFLED, "workers_count": 2, "features": {"x": COLUMNS}},
@@ -103,7 +104,7 @@ READS = {
 @pytest.mark.parametrize("mode", ["ring", "plain"])
 @pytest.mark.parametrize(
     ("shape", "read"),
-    [("wide", read) for read in READS] + [("array", read) for read in list(READS)[:4]],
+    [("wide", read) for read in READS] + [("array", read) for read in list(READS)[:5]],
 )
 def test_batches_and_their_order_equal_the_cpu_path(layouts, shape, read, mode):
     """Batches of 37 rows (many across two chunks: joined on the device), two epochs."""
