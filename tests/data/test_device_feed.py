@@ -308,3 +308,17 @@ def test_rows_are_gathered_straight_into_the_slots(layouts, monkeypatch, read, g
     with _loader(layouts["wide"], device="cpu", device_feed="ring", **options) as loader:
         assert len(list(loader)) == 63
     assert len(takes) > 5 and len(memories) == (len(takes) if gathered else 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("mode", ["ring", "plain", "auto"])
+@pytest.mark.parametrize("read", ["in-order", "two-workers", "features"])
+def test_batches_arrive_on_the_gpu_equal_to_the_cpu_path(layouts, read, mode):
+    options = {"batch_size": 37, "num_epochs": 2, **READS[read]}
+    with _loader(layouts["wide"], **options) as loader:
+        want = list(loader)
+    with _loader(layouts["wide"], device="cuda", device_feed=mode, **options) as loader:
+        got = list(loader)
+    assert all(v.device.type == "cuda" for b in got for v in b.values() if torch.is_tensor(v))
+    cpu = [{k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()} for b in got]
+    _assert_same_batches(cpu, want)
