@@ -17,6 +17,10 @@ gone and the compute stream has passed its last use, autograd's saved inputs inc
 A ring slot's page-locked bytes, which no user sees, are packed again only after the copy
 out of them has finished (the host waits for that copy's event).
 
+The torch loader moves whole chunks instead (`sparkdist.data.rank.device_feed`, which
+uses these sides' streams and events); it packs batch by batch here only where the batches
+are made elsewhere (DataLoader workers, ``pin_memory``, a ``collate_fn``).
+
 On a CPU device `HostSide` runs the same packing into a ring of plain buffers and hands out
 views of a fresh copy: the order of batches, what is moved and what is not, and the
 depth are what a CPU test sees.

@@ -8,9 +8,10 @@ reads and decodes every k-th batch of the rank, which is the order in which Data
 takes them back: the rank still gets its batches in order, each row once. ``pin_memory``
 and the other DataLoader options pass through. The loader counts the batches it hands
 out, so ``state_dict()`` is the world's position (see `sparkdist.data.rank.order`). With
-``device="cuda"`` its batches come already on the GPU, packed into a ring of page-locked
-buffers and copied in one piece a batch ahead on a side stream
-(`sparkdist.data.rank.device_prefetch`); they are counted when handed out, not when copied.
+``device="cuda"`` its batches come already on the GPU: each chunk gathered into a slot of
+a ring of page-locked buffers, copied in one piece on a side stream and cut into batches
+there, or a plain ``.to()`` where that was faster (`sparkdist.data.rank.device_feed`);
+they are counted when handed out, not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
 unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
@@ -121,7 +122,8 @@ def outside_row_bytes(reader: ShardReader, tensor_types: str) -> int:
         total += 1
     if tensor_types != "torch":
         for info in reader.output_columns:
-            wanted = _PETASTORM_TYPES.get(np.dtype(info.dtype)) if info.kind != "string" else None
+            number = info.kind in ("scalar", "array")
+            wanted = _PETASTORM_TYPES.get(np.dtype(info.dtype)) if number else None
             if wanted is not None and np.dtype(wanted).itemsize != np.dtype(info.dtype).itemsize:
                 total += np.dtype(wanted).itemsize * int(np.prod(info.shape or (info.length or 1,)))
     return total
