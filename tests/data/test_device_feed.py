@@ -119,6 +119,22 @@ def test_batches_and_their_order_equal_the_cpu_path(layouts, shape, read, mode):
         assert isinstance(got[0]["name"], list)
 
 
+def test_batches_are_counted_when_handed_out_not_when_copied(layouts):
+    """The chunks ahead are on their way (copied, cut), but the position moves with the
+    batches the loop got, and a new loader resumes right after them."""
+    options = {"batch_size": 37, "num_epochs": 1, **SHUFFLED, "workers_count": 2}
+    with _loader(layouts["wide"], device="cpu", device_feed="ring", **options) as loader:
+        batches = iter(loader)
+        first = [next(batches) for _ in range(3)]
+        state = loader.state_dict()
+    assert state["rows_consumed"] == 3 * 37
+    with _loader(layouts["wide"], device="cpu", device_feed="ring", **options) as loader:
+        loader.load_state_dict(state)
+        rest = list(loader)
+    with _loader(layouts["wide"], **options) as loader:
+        _assert_same_batches(first + rest, list(loader))
+
+
 def _history(layout, device: str | None, worlds=(3, 2, 3), steps=(2, 3, None)) -> list:
     """Every rank's batches as the world changes size mid-epoch (global batch of 60):
     ``steps[i]`` lockstep steps in a world of ``worlds[i]`` ranks, then the next world
