@@ -217,6 +217,7 @@ class LateSide(HostSide):
         self.costs = {"ring": ring, "plain": plain}
         self.now, self.allocated = 0.0, 0
         self.queued: list[LateCopy] = []
+        self.readied: set[int] = set()  # the device bytes held for the compute stream
 
     def clock(self) -> float:
         return self.now
@@ -244,6 +245,9 @@ class LateSide(HostSide):
     def catch_up(self) -> None:
         for copy in self.queued:
             copy.run()
+
+    def ready(self, packed, done) -> None:
+        self.readied.add(packed.untyped_storage().data_ptr())
 
 
 def _chunks(feed: ChunkFeed, count: int, rows: int):
@@ -278,6 +282,35 @@ def test_a_slot_is_filled_again_only_after_its_copy_ran():
         rows = np.arange(2 * 40).reshape(40, 2)[8 * part : 8 * part + 8] + 1000 * k
         np.testing.assert_array_equal(batch["x"].numpy(), rows)
         assert batch["y"].tolist() == [k] * 8 and batch["w"].tolist() == [k / 2] * 8
+
+
+class InOrderSide(LateSide):
+    """A `LateSide` whose copies run at once: the joins on the host then read them, as
+    joins queued on the stream behind the copies do."""
+
+    def copy_out(self, host):
+        device, copy = super().copy_out(host)
+        copy.run()
+        return device, copy
+
+
+@pytest.mark.parametrize("mode", ["ring", "plain"])
+def test_every_batch_handed_out_is_held_for_the_compute_stream(mode):
+    """Chunks of 12 rows in batches of 8: every other batch is joined from two chunks
+    (bytes of its own), the others are views of a chunk's copy. Each batch's bytes are
+    held for the compute stream (`record_stream`) by the time it is handed out."""
+    side = InOrderSide()
+    feed = ChunkFeed(side, slots=3, choice=Choice(mode))
+    runs = feed.runs(_chunks(feed, 10, 12), 8)
+    batches = []
+    for batch in feed.hand_out(itertools.chain.from_iterable(runs)):
+        for values in (batch["x"], batch["y"], batch["w"]):
+            assert values.untyped_storage().data_ptr() in side.readied
+        batches.append(batch)
+    assert len(batches) == 15
+    ids = np.concatenate([np.full(12, k) for k in range(10)])
+    for index, batch in enumerate(batches):
+        assert batch["y"].tolist() == ids[8 * index : 8 * index + 8].tolist()
 
 
 @pytest.mark.parametrize(

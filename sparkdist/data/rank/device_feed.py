@@ -26,7 +26,6 @@ import functools
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,19 +221,22 @@ class ChunkFeed:
     def hand_out(self, items: Iterator[Handed]) -> Iterator[Any]:
         """The batches, each once the compute stream waited for it and holds its bytes: a
         run's blocks once, a batch joined on the device (bytes of its own) tensor by tensor."""
-        last, held = None, deque(maxlen=16)
+        last, held, own = None, set(), set()
         for item in items:
             ready = item.ready
             if ready is not last:
                 for block in ready.blocks:
                     self.side.ready(block, ready.event)
-                    held.append(block.untyped_storage().data_ptr())
+                before, own = own, {block.untyped_storage().data_ptr() for block in ready.blocks}
+                held = own | before  # a batch may be of a chunk the run before copied
                 last = ready
-            if self.side.moves:
-                tensors = [v for v in item.batch.values() if isinstance(v, torch.Tensor)]
-                if tensors and tensors[0].untyped_storage().data_ptr() not in held:
-                    for tensor in tensors:
-                        self.side.ready(tensor, ready.event)
+            if self.side.moves:  # a batch's columns are all views, or all joined
+                values = item.batch.values()
+                first = next((v for v in values if isinstance(v, torch.Tensor)), None)
+                if first is not None and first.untyped_storage().data_ptr() not in held:
+                    for tensor in values:
+                        if isinstance(tensor, torch.Tensor):
+                            self.side.ready(tensor, ready.event)
             yield item.batch
 
 
