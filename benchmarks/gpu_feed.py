@@ -15,6 +15,8 @@ The readers, taking turns in each round:
 
 * link floor: one page-locked batch copied again and again (`non_blocking`), no reading:
   what the link carries at this batch size;
+* host floor: pyarrow's own decode of the file with all cores (`read_table`, threads on,
+  each column to numpy), nothing moved: what the host side can assemble at most;
 * plain loop: pyarrow `iter_batches`, each column to numpy, `torch.from_numpy`,
   `.to(device)`: the reference;
 * sparkdist, CPU batches: `make_torch_dataloader`, each tensor `.to(device)` in the loop;
@@ -30,8 +32,8 @@ The readers, taking turns in each round:
 sparkdist's rows run once for each count of decode threads in `--workers` (a column
 each; `workers_count`), the others once. `--shuffle` shuffles sparkdist's reads (the
 decode threads gather the rows of a window in parallel; the plain loop stays in order).
-Each row is the best of `--rounds`. The last line is JSON (`{"figure": ...}`) for
-`make gpu-check`.
+Each row is the best of `--rounds`. The last line is JSON (`{"figure": ...}`, each row's
+best in GB/s of feature bytes) for `make gpu-check`.
 """
 
 from __future__ import annotations
@@ -122,6 +124,19 @@ def link_floor(batch_bytes: int, batches: int, step: Step) -> int:
     return batches
 
 
+def host_floor(path: Path, batch_size: int, step: Step) -> int:
+    """pyarrow's decode of the whole file on every core, each column to numpy, nothing
+    moved: the host's floor, counted in batches of `batch_size`."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, use_threads=True)
+    for column in table.columns:
+        chunks = column.chunks
+        for chunk in chunks:
+            (chunk.values if hasattr(chunk, "values") else chunk).to_numpy(zero_copy_only=False)
+    return -(-table.num_rows // batch_size)
+
+
 def plain_loop(path: Path, batch_size: int, step: Step, wide: bool) -> int:
     import pyarrow.parquet as pq
     import torch
@@ -200,6 +215,9 @@ def cases_of(shape: str, url: str, args, columns: list[str], workers: int | None
             "link floor (one pinned batch, copied)": lambda s: link_floor(
                 args.batch_size * features * 4, count, s
             ),
+            "host floor (pyarrow decode, all cores)": lambda s: host_floor(
+                path, args.batch_size, s
+            ),
             "plain loop (pyarrow to tensor, .to)": lambda s: plain_loop(
                 path, args.batch_size, s, wide
             ),
@@ -258,9 +276,13 @@ def main() -> None:
     ]
     lines += [f"{row[0]:<62}" + "".join(f" {_rate(cell):>10}" for cell in row[1:]) for row in cells]
     bench_table.print_table(device, title, columns_out, cells, text=title + "\n" + "\n".join(lines))
-    figure = f"{device} batches/s: " + "; ".join(
+    widths = {"array": args.features, "wide": args.columns}
+    figure = f"GB/s into {device}: " + "; ".join(
         f"{shape}: "
-        + ", ".join(f"{_short(name)} {max(by.values()):.0f}" for name, by in by_name.items())
+        + ", ".join(
+            f"{_short(name)} {max(by.values()) * args.batch_size * widths[shape] * 4 / 1e9:.2f}"
+            for name, by in by_name.items()
+        )
         for shape, by_name in rates.items()
     )
     print(json.dumps({"figure": figure, "rates": rates, "device": device}))
