@@ -27,6 +27,9 @@ pytestmark = pytest.mark.cluster
 
 SEED = 64
 TIME_SCALE = 0.25
+CONTROL_STEP_S = 0.02
+"""The control's step sleep: it only needs the soak's rows and final weights, which no
+sleep changes (at the soak's 0.2 s it took as long as the soak had trained, about 120 s)."""
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def soak_driver(cluster, driver):
 @pytest.mark.timeout(1500)
 def test_short_soak_every_fault_kind_once(cluster, driver, soak_driver, tmp_path):
     faults = schedule.every_kind(SEED, gap_s=5.0)
-    opts = soak.SoakOptions(time_scale=TIME_SCALE, step_s=0.2)
+    opts = soak.SoakOptions(time_scale=TIME_SCALE, step_s=0.2, control_step_s=CONTROL_STEP_S)
     opts.stall_timeout_s = 20.0  # the long soaks' (30: the stopped and stuck ranks 20 s longer)
     out = soak.soak(cluster, soak_driver, faults, opts, tmp_path)
     print(schedule.describe(faults))
@@ -69,7 +72,9 @@ a full checkpoint store: each relaunches the job (but the full store), at the sa
 @pytest.mark.timeout(900)
 def test_short_relaunch_soak(cluster, driver, soak_driver, tmp_path):
     faults = schedule.every_kind(SEED, gap_s=5.0, only=RELAUNCH_KINDS)
-    opts = soak.SoakOptions(time_scale=TIME_SCALE, step_s=0.2, mode="relaunch")
+    opts = soak.SoakOptions(
+        time_scale=TIME_SCALE, step_s=0.2, control_step_s=CONTROL_STEP_S, mode="relaunch"
+    )
     opts.stall_timeout_s = 20.0
     out = soak.soak(cluster, soak_driver, faults, opts, tmp_path)
     print(schedule.describe(faults))
