@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 from checks import records, wait_all_gone, wait_no_job_processes
-from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
 
 pytestmark = pytest.mark.cluster
@@ -50,21 +49,6 @@ def submit_conf(conf: dict[str, str]):
             del os.environ["PYSPARK_SUBMIT_ARGS"]
         else:
             os.environ["PYSPARK_SUBMIT_ARGS"] = before
-
-
-@pytest.fixture(scope="module")
-def host_driver(cluster, driver):
-    """An application with at most one executor (one task slot) on each host, also
-    after a host is lost: so an elastic job's ranks land on different hosts and a lost
-    host's slot stays lost until a worker returns there. (It asks for the main driver
-    first, so that the main application's executors are placed before this one's.)"""
-    with submit_conf({**HOST_RESOURCE_CONF, **DECOMMISSION_CONF}):  # takes notices too
-        remote = RemoteDriver(cluster, "elastic", cores=3)
-    try:
-        wait_executors(remote, 3)
-        yield remote
-    finally:
-        remote.close()
 
 
 @pytest.fixture(scope="module")
