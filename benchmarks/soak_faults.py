@@ -207,7 +207,9 @@ class Injector:
         self.control = control
         self.store = store
         self.scale = scale
-        self.notice_s = 15.0
+        self.notice_s = max(5.0, 15.0 * scale)
+        """From a decommission notice to the host's loss: 15 s, scaled as the faults'
+        durations are, but not below 5 s (the world has left the host within 1 s)."""
         self.down: set[int] = set()
         """Hosts whose worker was stopped (lost or decommissioned), to bring back."""
         self.cut: set[int] = set()

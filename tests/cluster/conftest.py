@@ -53,3 +53,23 @@ def second_driver(cluster):
         yield remote
     finally:
         remote.close()
+
+
+@pytest.fixture(scope="session")
+def host_driver(cluster, driver):
+    """An application with at most one executor (one task slot) on each host, also
+    after a host is lost, that takes decommission notices: an elastic job's ranks land on
+    different hosts and a lost host's slot stays lost until a worker returns there
+    (test_elastic_cluster.py, test_soak.py: one application for both saves a driver's
+    start). It asks for the main driver first, so that the main application's executors
+    are placed before this one's."""
+    from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
+    from test_elastic_cluster import submit_conf, wait_executors
+
+    with submit_conf({**HOST_RESOURCE_CONF, **DECOMMISSION_CONF}):
+        remote = RemoteDriver(cluster, "elastic", cores=3)
+    try:
+        wait_executors(remote, 3)
+        yield remote
+    finally:
+        remote.close()

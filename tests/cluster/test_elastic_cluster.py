@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 from checks import records, wait_all_gone, wait_no_job_processes
-from netns_cluster import DECOMMISSION_CONF, HOST_RESOURCE_CONF
 from remote_driver import RemoteDriver
 
 pytestmark = pytest.mark.cluster
@@ -50,21 +49,6 @@ def submit_conf(conf: dict[str, str]):
             del os.environ["PYSPARK_SUBMIT_ARGS"]
         else:
             os.environ["PYSPARK_SUBMIT_ARGS"] = before
-
-
-@pytest.fixture(scope="module")
-def host_driver(cluster, driver):
-    """An application with at most one executor (one task slot) on each host, also
-    after a host is lost: so an elastic job's ranks land on different hosts and a lost
-    host's slot stays lost until a worker returns there. (It asks for the main driver
-    first, so that the main application's executors are placed before this one's.)"""
-    with submit_conf({**HOST_RESOURCE_CONF, **DECOMMISSION_CONF}):  # takes notices too
-        remote = RemoteDriver(cluster, "elastic", cores=3)
-    try:
-        wait_executors(remote, 3)
-        yield remote
-    finally:
-        remote.close()
 
 
 @pytest.fixture(scope="module")
@@ -558,12 +542,15 @@ def log_since(remote: RemoteDriver, offset: int) -> str:
         return log.read().decode(errors="replace")
 
 
-def notice_then_kill(cluster, remote: RemoteDriver, host: int, before_kill) -> tuple[float, float]:
-    """SIGPWR host `host`'s worker, call `before_kill()` (it waits for what the job must
-    do first), then SIGKILL the host NOTICE_S after the notice. Returns (notice, kill)."""
+def notice_then_kill(
+    cluster, remote: RemoteDriver, host: int, before_kill, lead_s: float = NOTICE_S
+) -> tuple[float, float]:
+    """SIGPWR host `host`'s worker, call `before_kill()` (it waits, NOTICE_S after the
+    notice at most, for what the job must do first), then SIGKILL the host `lead_s` after
+    the notice (at once if that has passed). Returns (notice, kill)."""
     notice = cluster.decommission_worker(host)
     before_kill(notice + NOTICE_S)
-    time.sleep(max(0.0, notice + NOTICE_S - time.time()))
+    time.sleep(max(0.0, notice + lead_s - time.time()))
     killed = time.time()
     cluster.stop_worker(host)
     return notice, killed
@@ -676,7 +663,8 @@ def test_notice_for_a_fixed_size_job_is_logged_then_the_loss_as_ever(
                 assert time.time() < deadline, "no notice line before the kill"
                 time.sleep(0.2)
 
-        notice_then_kill(cluster, host_driver, lost, logged)
+        # Nothing leaves at the notice: the loss can come once it is logged.
+        notice, killed = notice_then_kill(cluster, host_driver, lost, logged, lead_s=0.0)
         wait_step(progress, job, world_size=2, attempt=1)
         stop_file.touch()
         result = job.result(timeout=240)
@@ -690,6 +678,7 @@ def test_notice_for_a_fixed_size_job_is_logged_then_the_loss_as_ever(
     (line,) = [x for x in log.splitlines() if "being decommissioned" in x]
     assert address in line and "fixed-size job (np=2) fails" in line and "min_np" in line, line
     assert log.index(line) < log.index("relaunching it"), log[-2000:]
+    print(f"fixed-size job, notice: logged, and the host killed {killed - notice:.1f} s after")
     assert wait_all_gone(records(result), 30) == []
     assert wait_no_job_processes(cluster, 30) == []
     wait_executors(host_driver, 3)
