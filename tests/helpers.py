@@ -359,3 +359,19 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+class LateCopy:
+    """A copy queued on a stand-in side stream (the device feed's tests): it runs only when
+    the host waits for it, or when the stand-in device catches up with its queue, as late
+    as a GPU running behind the host may run it, reading the host bytes as they are then."""
+
+    def __init__(self, host) -> None:
+        import torch  # only the device feed's tests need it
+
+        self.host, self.device, self.ran = host, torch.empty_like(host), False
+
+    def run(self) -> None:
+        if not self.ran:
+            self.device.copy_(self.host)
+            self.ran = True

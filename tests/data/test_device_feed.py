@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from helpers import write_row_groups
+from helpers import LateCopy, write_row_groups
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import describe
@@ -189,20 +189,6 @@ def test_a_batch_held_stays_as_it_was_handed_out(layouts, read):
     for batch, copy in zip(held, copies, strict=True):
         for name, values in copy.items():
             assert torch.equal(batch[name], values), name
-
-
-class LateCopy:
-    """A copy on a stand-in side stream: it runs only when the host waits for it, or when
-    the device catches up with its queue (`LateSide.catch_up`), reading the host bytes
-    as they are then."""
-
-    def __init__(self, host: torch.Tensor) -> None:
-        self.host, self.device, self.ran = host, torch.empty_like(host), False
-
-    def run(self) -> None:
-        if not self.ran:
-            self.device.copy_(self.host)
-            self.ran = True
 
 
 class LateSide(HostSide):

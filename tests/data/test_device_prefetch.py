@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import LateCopy
 
 from sparkdist.data.rank import batch_pack
 from sparkdist.data.rank.device_prefetch import CudaSide, DevicePrefetcher, HostSide, Ring
@@ -108,20 +109,6 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="cuda or cpu"):
         DevicePrefetcher([], "meta")
     assert list(DevicePrefetcher([], "cpu")) == []
-
-
-class LateCopy:
-    """A copy queued on a stand-in side stream: it runs only when the host waits for it,
-    or when the device catches up with its queue (`StandInDevice.catch_up`), as late as a
-    GPU running behind the host may run it, reading the host bytes as they are then."""
-
-    def __init__(self, host: torch.Tensor) -> None:
-        self.host, self.device, self.ran = host, torch.empty_like(host), False
-
-    def run(self) -> None:
-        if not self.ran:
-            self.device.copy_(self.host)
-            self.ran = True
 
 
 class LateCudaSide(CudaSide):
