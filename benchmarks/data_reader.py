@@ -794,6 +794,7 @@ def tensor_views_floor(columns: int, batch: int) -> None:
     """What making a batch's tensors costs torch itself, against numpy's views: a chunk
     of 128 batches of ``columns`` float32 columns cut into one dict a batch, each made,
     read (``nbytes``) and freed, with Python's garbage collector on as in training."""
+    import gc
     import timeit
 
     import numpy as np
@@ -810,9 +811,11 @@ def tensor_views_floor(columns: int, batch: int) -> None:
     def numpy_views() -> None:
         cut([list(values.reshape(128, batch)) for values in arrays])
 
-    def torch_views() -> None:  # 8 batches at a time, as the loader cuts them
-        for first in range(0, rows, 8 * batch):
-            cut([t[first : first + 8 * batch].unsafe_split(batch) for t in tensors])
+    group = max(1, gc.get_threshold()[0] // 2 // columns) * batch  # as the loader cuts
+
+    def torch_views() -> None:
+        for first in range(0, rows, group):
+            cut([t[first : first + group].unsafe_split(batch) for t in tensors])
 
     def numpy_then_from_numpy() -> None:  # a batch at a time, as the benchmark's reader
         for row in zip(*[list(values.reshape(128, batch)) for values in arrays], strict=True):
@@ -821,7 +824,7 @@ def tensor_views_floor(columns: int, batch: int) -> None:
 
     ways = {
         "numpy views": numpy_views,
-        "torch views (unsafe_split, 8 batches at a time)": torch_views,
+        "torch views (unsafe_split, as the loader cuts them)": torch_views,
         "numpy views + torch.from_numpy each": numpy_then_from_numpy,
     }
     cells = []
