@@ -10,7 +10,6 @@ read chunk and the shuffle windows span several, as Spark's files are read.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import threading
 
@@ -390,32 +389,6 @@ def test_torch_batches_are_cut_from_one_tensor_a_chunk(converter, shuffle):
     assert len(set(storages)) * 2 <= len(batches)  # 12 batches a chunk, 3 a shuffled piece
     ids = np.concatenate([batch["id"].numpy() for batch in batches])
     assert sorted(ids.tolist()) == list(range(sum(map(sum, ROW_GROUPS))))
-
-
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_torch_batches_wait_cut_in_fewer_tensors_than_a_young_collection(
-    converter, monkeypatch, shuffle
-):
-    """Tensors, unlike numpy arrays, are tracked by Python's garbage collector: the loader
-    holds fewer of them than its first threshold, so that none outlives the collection of
-    the young (a chunk's 350 batches cut ahead were 4,550 tensors, promoted, and full
-    collections of the heap followed). The rows are still each read once."""
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 8 << 20)  # a row group a chunk
-    torch = pytest.importorskip("torch")
-
-    def live_tensors() -> int:
-        return sum(issubclass(type(value), torch.Tensor) for value in gc.get_objects())
-
-    before = live_tensors()
-    options = {"batch_size": 2, "num_epochs": 1, "shuffle": shuffle, "seed": 3}
-    ids, most = [], 0
-    with converter.make_torch_dataloader(**options) as loader:
-        for index, batch in enumerate(loader):
-            ids += batch["id"].tolist()
-            if index % 150 == 10:
-                most = max(most, live_tensors() - before)
-    assert 13 <= most < gc.get_threshold()[0]  # this batch's 13 at least
-    assert sorted(ids) == list(range(sum(map(sum, ROW_GROUPS))))
 
 
 def test_shuffled_pieces_end_on_whole_batches(layouts, monkeypatch):

@@ -2,22 +2,19 @@
 count of what is handed out.
 
 The reader decodes chunks of about 8 MiB (2 MiB shuffled; `sparkdist.data.rank.epochs`) in a
-background thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them as
-views (`rebatch_runs`), so the threads meet once per chunk, not per batch. Numpy batches are
-cut in the background thread; torch batches a few at a time as the consumer takes them
-(`_tensor_batches`), so that the tensors waiting are few for Python's garbage collector.
+background thread, ``prefetch`` chunks ahead (`prefetched`); batches are cut from them in the
+consumer's thread (`rebatch`), as views, so the threads meet once per chunk, not per batch.
 Each batch handed out moves the position and counts as a step (`counted`) in the same
 loop, so that a batch crosses no other sparkdist module on its way.
 """
 
 from __future__ import annotations
 
-import gc
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -75,34 +72,14 @@ def _whole_batches(chunk: Chunk, start: int, count: int, size: int) -> list[Chun
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
-def _tensor_batches(chunk: Chunk, start: int, count: int, size: int) -> Iterator[Chunk]:
-    """`_whole_batches` of a chunk of tensors, cut a few at a time as they are taken.
-
-    Unlike numpy arrays, tensors are tracked by Python's garbage collector, which runs
-    once the tracked objects made exceed those freed by its first threshold (700). A
-    chunk's batches cut ahead (8,000 tensors at 66 columns) outlive those collections
-    and are promoted, and every 45,000 promoted trigger a collection of the whole heap
-    (180,000 objects once torch is imported, 0.1 s each: 6 in 2M rows, a quarter of the
-    CPU a wide table's torch batches took). Cut at most half the threshold at once,
-    they are freed before any collection starts.
-    """
-    group = max(1, gc.get_threshold()[0] // 2 // max(len(chunk), 1))
-    for first in range(0, count, group):
-        yield from _whole_batches(chunk, start + first * size, min(group, count - first), size)
-
-
-def _is_tensors(chunk: Chunk) -> bool:
-    return any(not isinstance(values, np.ndarray | list) for values in chunk.values())
-
-
 def rebatch(chunks: Iterator[Chunk], size: int) -> Iterator[Chunk]:
     """Cut a stream of chunks into batches of exactly ``size`` rows (`rebatch_runs`)."""
     return itertools.chain.from_iterable(rebatch_runs(chunks, size))
 
 
-def rebatch_runs(chunks: Iterator[Chunk], size: int) -> Iterator[Iterable[Chunk]]:
-    """Cut a stream of chunks into batches of exactly ``size`` rows, handed on as runs:
-    the batches each chunk completes (a chunk of tensors: cut as they are taken).
+def rebatch_runs(chunks: Iterator[Chunk], size: int) -> Iterator[list[Chunk]]:
+    """Cut a stream of chunks into batches of exactly ``size`` rows, handed on as lists:
+    the batches each chunk completes.
 
     A chunk's columns are numpy arrays, tensors or lists. Batches inside one chunk are
     views (`_whole_batches`); only a batch that spans two chunks is copied (joined). The
@@ -131,17 +108,12 @@ def rebatch_runs(chunks: Iterator[Chunk], size: int) -> Iterator[Iterable[Chunk]
             run.append(whole(pending))
             pending, count = [], 0
         full = (rows - start) // size
-        later: Iterable[Chunk] = ()
-        if full and _is_tensors(chunk):
-            later = _tensor_batches(chunk, start, full, size)
-        elif full:
+        if full:
             run += _whole_batches(chunk, start, full, size)
-        start += full * size
+            start += full * size
         if start < rows:
             pending, count = [_cut(chunk, start, rows)], rows - start
-        if later:
-            yield itertools.chain(run, later)
-        elif run:
+        if run:
             yield run
     if pending:
         yield [whole(pending)]

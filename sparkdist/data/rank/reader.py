@@ -327,9 +327,7 @@ class ShardReader:
 
         With ``prefetch``, a thread reads and decodes the chunks ahead and cuts them into
         batches (`rebatch_runs`): the threads meet once per chunk (its batches handed over
-        as one run), and the consumer's thread, the training loop's, cuts only tensors, a
-        few batches at a time (`batches._tensor_batches`: tensors cut ahead cost Python's
-        garbage collector more than cutting them costs).
+        as one list), and the consumer's thread, the training loop's, does no cutting.
         """
         options, start = self.options, start or self.position
         plans = order.EpochPlans(
