@@ -69,6 +69,10 @@ CONNECT_RELAY = "SPARKDIST_CONNECT_RELAY"
 client), always (relay mode, no probe), never (no probe)."""
 KERAS_MULTIWORKER_FIX = "SPARKDIST_KERAS_MULTIWORKER_FIX"
 """0 leaves Keras' MultiWorkerMirroredStrategy untouched (`backends/keras_compat.py`)."""
+DEVICE_FEED = "SPARKDIST_DEVICE_FEED"
+"""How a torch loader's ``device=`` moves its chunks: auto (time both ways on the first
+chunks, keep the faster), ring (page-locked slots, one copy a chunk) or plain (``.to()``
+a column; `sparkdist/data/rank/device_feed.py`)."""
 TLS = "SPARKDIST_TLS"
 """0 in the driver's environment turns TLS off on the job's channels (benchmarks only)."""
 CHECKPOINT_DRIVER_LIMIT_MB = "SPARKDIST_CHECKPOINT_DRIVER_LIMIT_MB"

@@ -139,7 +139,7 @@ class SparkDatasetConverter:
         thread reads ``prefetch`` decoded chunks ahead (0: none); ``num_workers`` / ``pin_memory`` /
         other keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
         petastorm calls it (``reader=``, ``batch_size=``, ``shuffling_queue_capacity=``; default:
-        `BatchedDataLoader`). ``device``: batches handed out there (`DevicePrefetcher`).
+        `BatchedDataLoader`). ``device``: batches handed out there (`rank.device_feed`).
         """
         options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
         _check_device(device, data_loader_fn, self._use_petastorm(options))

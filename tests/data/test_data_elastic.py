@@ -108,7 +108,7 @@ def test_rows_are_read_once_across_3_2_3_ranks_in_one_process(
 ):
     """device="cpu": the batches go through the device feed's ring (packed, copied, views)."""
     kwargs = {"num_workers": num_workers} if num_workers else {}
-    kwargs.update({"device": device} if device else {})
+    kwargs.update({"device": device, "device_feed": "ring"} if device else {})
     with contextlib.ExitStack() as stack:
         ranks = [SimulatedRank(stack, converter, r, 3, follow, **kwargs) for r in range(3)]
         for rank in ranks:

@@ -142,8 +142,9 @@ def test_global_batch_through_3_2_3_by_relaunch_torch(groups_converter, device):
     for world, steps in ((3, 5), (2, 6), (3, None)):
         loaders = []
         for rank in range(world):
+            on = {"device": device, "device_feed": "ring"} if device else {}
             loader = groups_converter.make_torch_dataloader(
-                global_batch_size=G, cur_shard=rank, shard_count=world, device=device, **LOADER
+                global_batch_size=G, cur_shard=rank, shard_count=world, **on, **LOADER
             ).__enter__()
             if state is not None:
                 loader.load_state_dict(state)

@@ -12,8 +12,9 @@ arrays are refused by column name. An iteration's chunks, epoch after epoch, are
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo, Layout
-from sparkdist.data.rank import order, row_block
+from sparkdist.data.rank import chunk_ring, order, row_block
 from sparkdist.data.rank.transform import TransformSpec
 
 Chunk = dict[str, np.ndarray]
@@ -132,6 +133,9 @@ class WindowDecoder:
     chunk_rows: int
     stacks: row_block.Stacks = ()
     threads: int = 1  # the decode threads that share a shuffled window
+    # Where a shuffled read gathers a chunk of (bytes, rows) (a device feed's ring slot;
+    # `sparkdist.data.rank.device_feed`); None: fresh memory.
+    memory: Callable[[int, int], Any] | None = None
 
     @functools.cached_property
     def row_layout(self) -> row_block.RowLayout:
@@ -182,8 +186,18 @@ class WindowDecoder:
         writable = self.writable and self.transform is None
         chunk = to_numpy_chunk(batch, self.columns, writable)
         if self.transform is None:
-            return row_block.stack_features(chunk, self.stacks, self.output_columns)
+            alloc = self._memory(chunk) if self.stacks else row_block.fresh
+            return row_block.stack_features(chunk, self.stacks, self.output_columns, alloc)
         return self.transformed(chunk)
+
+    def _memory(self, chunk: Chunk) -> row_block.Alloc:
+        """Where a chunk read in order is stacked: the ``memory`` (a device feed's slot,
+        with room for the chunk's other columns, packed after it), else fresh memory."""
+        if self.memory is None:
+            return row_block.fresh
+        rows = len(next(iter(chunk.values())))
+        nbytes = sum(chunk_ring.aligned(values.nbytes) for values in chunk.values())
+        return self.memory(nbytes, rows).carve
 
     def transformed(self, chunk: Chunk) -> Chunk:
         """The transform, then the stacks (a shuffled read without a transform stacked

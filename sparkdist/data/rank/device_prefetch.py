@@ -17,6 +17,10 @@ gone and the compute stream has passed its last use, autograd's saved inputs inc
 A ring slot's page-locked bytes, which no user sees, are packed again only after the copy
 out of them has finished (the host waits for that copy's event).
 
+The torch loader moves whole chunks instead (`sparkdist.data.rank.device_feed`, which
+uses these sides' streams and events); it packs batch by batch here only where the batches
+are made elsewhere (DataLoader workers, ``pin_memory``, a ``collate_fn``).
+
 On a CPU device `HostSide` runs the same packing into a ring of plain buffers and hands out
 views of a fresh copy: the order of batches, what is moved and what is not, and the
 depth are what a CPU test sees.
@@ -24,10 +28,12 @@ depth are what a CPU test sees.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from sparkdist.data.rank import batch_pack
@@ -97,6 +103,8 @@ class PackedSide:
 class CudaSide(PackedSide):
     """Page-locked slots, one copy a batch on a side stream of `device`, an event each."""
 
+    moves = True  # a copy to another device
+
     def __init__(self, device: Any, slots: int) -> None:
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
@@ -117,15 +125,39 @@ class CudaSide(PackedSide):
     def wait_for_copy(self, done: Any) -> None:
         done.synchronize()
 
+    def copy_done(self, done: Any) -> bool:
+        return done.query()
+
     def ready(self, packed: Any, done: Any) -> None:
         """The compute stream waits for the copy, and holds the bytes while it reads them."""
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)
         packed.record_stream(current)
 
+    def joining(self) -> Any:
+        """Work on the copied bytes (slicing, joining) queued behind the copies."""
+        return torch.cuda.stream(self.stream)
+
+    def mark(self) -> Any:
+        """An event once everything queued so far on the side stream is done."""
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        return done
+
+    def plain(self, values: np.ndarray) -> Any:
+        """``values`` copied as a plain ``.to(device)`` does (pageable, waited for)."""
+        with torch.cuda.stream(self.stream):
+            return torch.from_numpy(values).to(self.device)
+
+    def settle(self) -> None:
+        """Wait for everything queued on the side stream (to time it)."""
+        self.stream.synchronize()
+
 
 class HostSide(PackedSide):
     """The same steps on a CPU device: plain slots, the copy made at once."""
+
+    moves = False
 
     def __init__(self, device: Any, slots: int) -> None:
         self.device = torch.device(device)
@@ -140,8 +172,24 @@ class HostSide(PackedSide):
     def wait_for_copy(self, done: Any) -> None:
         """Nothing to wait for: the copy was made at once."""
 
+    def copy_done(self, done: Any) -> bool:
+        return True
+
     def ready(self, packed: Any, done: Any) -> None:
         """Nothing to wait for: the copy was made at once."""
+
+    def joining(self) -> Any:
+        return contextlib.nullcontext()
+
+    def mark(self) -> None:
+        """Nothing queued: every copy was made at once."""
+
+    def plain(self, values: np.ndarray) -> Any:
+        """``values`` as a CPU tensor: the plain path moves nothing."""
+        return torch.from_numpy(values)
+
+    def settle(self) -> None:
+        """Nothing queued."""
 
 
 def side_for(device: Any, slots: int) -> CudaSide | HostSide:

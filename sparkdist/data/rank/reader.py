@@ -30,7 +30,7 @@ import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
 from sparkdist.data.rank import order, rank_place, row_block
-from sparkdist.data.rank.batches import counted, prefetched, rebatch, rebatch_runs
+from sparkdist.data.rank.batches import counted, prefetched, rebatch_runs
 from sparkdist.data.rank.decode import Chunk, WindowDecoder
 from sparkdist.data.rank.epochs import Marks, iteration_chunks
 from sparkdist.data.rank.shuffled import Scratch
@@ -321,6 +321,7 @@ class ShardReader:
         workers: int = 1,
         start: order.Position | None = None,
         convert: Callable[[Chunk], Chunk] | None = None,
+        feed: Any = None,
     ) -> Iterator[Chunk]:
         """This worker's batches of one iteration, cut from its chunks (after ``convert``,
         e.g. to petastorm's types; see `rebatch`).
@@ -328,6 +329,9 @@ class ShardReader:
         With ``prefetch``, a thread reads and decodes the chunks ahead and cuts them into
         batches (`rebatch_runs`): the threads meet once per chunk (its batches handed over
         as one list), and the consumer's thread, the training loop's, does no cutting.
+        A ``feed`` (`sparkdist.data.rank.device_feed.ChunkFeed`) gives the decode threads
+        its memory to gather into and moves each chunk to the device before it is cut
+        (`ChunkFeed.runs`; its items are then `Handed` batches).
         """
         options, start = self.options, start or self.position
         plans = order.EpochPlans(
@@ -340,18 +344,20 @@ class ShardReader:
         )
         size = start.rank_batch_size()
         threads = decode_threads(options.workers_count, workers)
+        memory = feed.memory if feed is not None else None
         chunks = functools.partial(
             iteration_chunks,
-            dataclasses.replace(self._decoding, threads=threads),
+            dataclasses.replace(self._decoding, threads=threads, memory=memory),
             itertools.islice(plans, self.num_epochs),  # None: for ever
             self._scratch,
             self._marks,
             convert,
         )
+        cut = rebatch_runs if feed is None else feed.runs
         if options.prefetch >= 1:
-            runs = lambda: rebatch_runs(chunks(), size)  # noqa: E731
+            runs = lambda: cut(chunks(), size)  # noqa: E731
             return itertools.chain.from_iterable(prefetched(runs, options.prefetch, self._closed))
-        return rebatch(chunks(), size)
+        return itertools.chain.from_iterable(cut(chunks(), size))
 
     # -- consuming (counts what the user got, for state_dict) --
 

@@ -20,7 +20,7 @@ objects: both are gathered as they are.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,15 +47,19 @@ def fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(pa.allocate_buffer(size), dtype).reshape(shape)
 
 
-def gather(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``values[rows]``, whole rows at a time, into `fresh` memory (it is handed out).
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # memory for a gather's result
+
+
+def gather(values: np.ndarray, rows: np.ndarray, alloc: Alloc = fresh) -> np.ndarray:
+    """``values[rows]``, whole rows at a time, into ``alloc``'s memory (`fresh`, or a
+    device feed's slot: it is handed out).
 
     ``np.take`` copies whole rows (numpy indexing copies element by element, twice as
     slow).
     """
     if values.dtype == object:
         return np.take(values, rows, axis=0)
-    out = fresh((len(rows), *values.shape[1:]), values.dtype)
+    out = alloc((len(rows), *values.shape[1:]), values.dtype)
     return np.take(values, rows, axis=0, out=out, mode="clip")  # "raise" copies ``out`` again
 
 
@@ -151,18 +155,20 @@ def stacked_columns(columns: Sequence[ColumnInfo], stacks: Stacks) -> list[Colum
     return out
 
 
-def stack_features(chunk: Chunk, stacks: Stacks, columns: Sequence[ColumnInfo]) -> Chunk:
-    """``chunk`` with each stack's columns replaced by one ``[rows, k]`` array, in the
-    order of ``columns`` (`stacked_columns`): the columns copied side by side, then
-    transposed in one copy (numpy's, blocked: 8x faster than ``np.stack``, which writes
-    a column at a time across the rows)."""
+def stack_features(
+    chunk: Chunk, stacks: Stacks, columns: Sequence[ColumnInfo], alloc: Alloc = fresh
+) -> Chunk:
+    """``chunk`` with each stack's columns replaced by one ``[rows, k]`` array (in
+    ``alloc``'s memory), in the order of ``columns`` (`stacked_columns`): the columns
+    copied side by side, then transposed in one copy (numpy's, blocked: 8x faster than
+    ``np.stack``, which writes a column at a time across the rows)."""
     if not stacks:
         return chunk
     made = {}
     for name, names in stacks:
         parts = [chunk[column] for column in names]
         dtype = np.result_type(*parts)
-        made[name] = _copied(np.array(parts, dtype).T, fresh((len(parts[0]), len(parts)), dtype))
+        made[name] = _copied(np.array(parts, dtype).T, alloc((len(parts[0]), len(parts)), dtype))
     return {
         info.name: made[info.name] if info.name in made else chunk[info.name] for info in columns
     }
@@ -248,15 +254,24 @@ class RowLayout:
             for at in range(0, rows, tile):
                 view[at : at + tile] = np.array([values[at : at + tile] for values in columns]).T
 
-    def gather(self, blocks: Blocks, rows: np.ndarray) -> Blocks:
-        """Each block's ``rows``, in that order, into `fresh` memory: one ``np.take`` a
-        run for all its columns (no transposing copy: a column's values stay a row)."""
+    def gather(self, blocks: Blocks, rows: np.ndarray, alloc: Alloc = fresh) -> Blocks:
+        """Each block's ``rows``, in that order, into ``alloc``'s memory: one ``np.take``
+        a run for all its columns (no transposing copy: a column's values stay a row)."""
         out = []
         for run, block in zip(self.runs, blocks, strict=True):
             axis = 0 if run.stack is not None else 1
-            into = fresh(run.shape(len(rows)), run.dtype)
+            into = alloc(run.shape(len(rows)), run.dtype)
             out.append(np.take(block, rows, axis=axis, out=into, mode="clip"))
         return tuple(out)
+
+    def gathered_bytes(self, apart: Chunk, rows: int, align: int) -> int:
+        """Bytes a gather of ``rows`` rows takes, each array started at a multiple of
+        ``align``: the runs' blocks and the ``apart`` columns that are not objects."""
+        shapes = [(run.shape(rows), run.dtype) for run in self.runs]
+        shapes += [((rows, *v.shape[1:]), v.dtype) for v in apart.values() if v.dtype != object]
+        return sum(
+            -(-int(np.prod(shape)) * dtype.itemsize // align) * align for shape, dtype in shapes
+        )
 
     def split(self, gathered: Blocks, apart: Chunk) -> Chunk:
         """Gathered blocks back as columns (each a contiguous row of its run's block; a

@@ -29,7 +29,7 @@ import numpy as np
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo
-from sparkdist.data.rank import order, row_block
+from sparkdist.data.rank import chunk_ring, order, row_block
 from sparkdist.data.rank.decode import Chunk, WindowDecoder, to_numpy_chunk, width
 
 Fill = Callable[[int, Chunk], None]  # writes a chunk into a window's rows from a row on
@@ -210,11 +210,16 @@ def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[Colum
 
 
 def gather(decoder: WindowDecoder, window: PlannedWindow, picked: np.ndarray) -> Chunk:
-    """The decoded rows ``picked`` of ``window``, in that order, as a chunk of fresh memory
+    """The decoded rows ``picked`` of ``window``, in that order, as a chunk of fresh memory,
+    or of the decoder's ``memory`` (a device feed's slot) where no transform follows
     (transformed and stacked as the decoder says)."""
-    columns = {name: row_block.gather(values, picked) for name, values in window.apart.items()}
-    layout = decoder.row_layout
-    return decoder.transformed(layout.split(layout.gather(window.blocks, picked), columns))
+    layout, alloc = decoder.row_layout, row_block.fresh
+    if decoder.memory is not None and decoder.transform is None:
+        nbytes = layout.gathered_bytes(window.apart, len(picked), chunk_ring.ALIGN)
+        alloc = decoder.memory(nbytes, len(picked)).carve
+    apart = window.apart.items()
+    columns = {name: row_block.gather(values, picked, alloc) for name, values in apart}
+    return decoder.transformed(layout.split(layout.gather(window.blocks, picked, alloc), columns))
 
 
 def shuffled_chunks(

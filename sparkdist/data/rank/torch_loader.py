@@ -8,9 +8,10 @@ reads and decodes every k-th batch of the rank, which is the order in which Data
 takes them back: the rank still gets its batches in order, each row once. ``pin_memory``
 and the other DataLoader options pass through. The loader counts the batches it hands
 out, so ``state_dict()`` is the world's position (see `sparkdist.data.rank.order`). With
-``device="cuda"`` its batches come already on the GPU, packed into a ring of page-locked
-buffers and copied in one piece a batch ahead on a side stream
-(`sparkdist.data.rank.device_prefetch`); they are counted when handed out, not when copied.
+``device="cuda"`` its batches come already on the GPU: each chunk gathered into a slot of
+a ring of page-locked buffers, copied in one piece on a side stream and cut into batches
+there, or a plain ``.to()`` where that was faster (`sparkdist.data.rank.device_feed`);
+they are counted when handed out, not when copied.
 
 Tensor types: ``tensor_types="petastorm"`` gives petastorm's (booleans as ``torch.uint8``,
 unsigned 16/32-bit integers widened to int32/int64), as ``make_spark_converter`` does for
@@ -28,9 +29,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkdist.data.rank import device_feed as device_feed_module
 from sparkdist.data.rank.batches import as_is
-from sparkdist.data.rank.device_prefetch import DevicePrefetcher
-from sparkdist.data.rank.reader import ReaderPosition, ShardReader
+from sparkdist.data.rank.device_prefetch import DevicePrefetcher, side_for
+from sparkdist.data.rank.reader import ReaderPosition, ShardReader, decode_threads
 
 # petastorm's promotions (petastorm.pytorch._sanitize_pytorch_types), for its API.
 _PETASTORM_TYPES = {
@@ -94,13 +96,37 @@ class RankDataset(IterableDataset):
     def _convert(self) -> Callable[[dict[str, np.ndarray]], Any] | None:
         """petastorm's types (a view where the bytes are the same), then tensors, a chunk
         at a time."""
-        keep = self.reader.options.pad_column
-        typed = self.tensor_types != "torch"
+        typed = numpy_types(self.reader, self.tensor_types)
         if typed and self.tensors:
-            return lambda chunk: to_tensors(petastorm_types(chunk, keep=keep))
-        if typed:
-            return lambda chunk: petastorm_types(chunk, keep=keep)
-        return to_tensors if self.tensors else None
+            return lambda chunk: to_tensors(typed(chunk))
+        return to_tensors if self.tensors else typed
+
+
+def numpy_types(
+    reader: ShardReader, tensor_types: str
+) -> Callable[[dict[str, np.ndarray]], Any] | None:
+    """What makes a chunk's numpy columns of ``tensor_types`` (None: they are already)."""
+    if tensor_types == "torch":
+        return None
+    keep = reader.options.pad_column
+    return lambda chunk: petastorm_types(chunk, keep=keep)
+
+
+def outside_row_bytes(reader: ShardReader, tensor_types: str) -> int:
+    """Bytes a row of the columns made after a chunk is gathered: the weight and pad
+    marks, and the columns petastorm's types widen (a copy each)."""
+    options, total = reader.options, 0
+    if options.global_batch_size is not None:
+        total += 4
+    if options.pad_column is not None:
+        total += 1
+    if tensor_types != "torch":
+        for info in reader.output_columns:
+            number = info.kind in ("scalar", "array")
+            wanted = _PETASTORM_TYPES.get(np.dtype(info.dtype)) if number else None
+            if wanted is not None and np.dtype(wanted).itemsize != np.dtype(info.dtype).itemsize:
+                total += np.dtype(wanted).itemsize * int(np.prod(info.shape or (info.length or 1,)))
+    return total
 
 
 class BatchedDataLoader(ReaderPosition, DataLoader):
@@ -110,7 +136,12 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
     batch_size=..., shuffling_queue_capacity=...)``, where ``reader`` already shuffles and
     cuts batches of ``batch_size`` (so ``shuffling_queue_capacity`` adds nothing here).
     ``collate_fn`` gets each batch as ``{column: numpy array}`` (default: tensors).
-    ``device``: hand out batches on that device (see `DevicePrefetcher`); None: on the CPU.
+    ``device``: hand out batches on that device, each chunk copied in one piece from a
+    ring of page-locked slots and cut there (`sparkdist.data.rank.device_feed`; with
+    DataLoader workers, ``pin_memory`` or a ``collate_fn``, each batch packed and copied,
+    `DevicePrefetcher`); None: on the CPU. ``device_feed``: "ring" or "plain" (each column
+    ``.to(device)``) forces one way; "auto" (default, or env SPARKDIST_DEVICE_FEED) times
+    both on the first chunks and keeps the faster.
     """
 
     def __init__(
@@ -124,6 +155,7 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         num_workers: int = 0,
         pin_memory: bool = False,
         device: Any = None,
+        device_feed: str | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
         if dataloader_kwargs.get("persistent_workers"):
@@ -147,13 +179,33 @@ class BatchedDataLoader(ReaderPosition, DataLoader):
         )
         self.reader = reader
         self.device = device
+        self.tensor_types = tensor_types
+        self.feed_choice = device_feed_module.Choice(device_feed_module.feed_mode(device_feed))
 
     def __iter__(self) -> Iterator[Any]:
         # The reader settles its position before DataLoader's workers take their copy.
-        wrap = None
-        if self.device is not None:
+        if self.device is None:
+            return self.reader.count(self._batches)
+        if self.num_workers or self.pin_memory or self.collate_fn is not as_is:
+            # Batches made elsewhere (workers, the user's collate_fn): each packed and moved.
             wrap = lambda batches: iter(DevicePrefetcher(batches, self.device))  # noqa: E731
-        return self.reader.count(self._batches, wrap)
+            return self.reader.count(self._batches, wrap)
+        feed = self._feed()
+        convert = numpy_types(self.reader, self.tensor_types)
+        opened = lambda: self.reader.batches(convert=convert, feed=feed)  # noqa: E731
+        return self.reader.count(opened, feed.hand_out)
+
+    def _feed(self) -> device_feed_module.ChunkFeed:
+        """This iteration's chunk ring: a slot for each chunk the reader's threads may hold
+        at once (gathering, read ahead, being cut), its copies on their way."""
+        options = self.reader.options
+        slots = options.prefetch + 2 * decode_threads(options.workers_count) + 3
+        return device_feed_module.ChunkFeed(
+            side_for(self.device, slots=0),
+            slots,
+            self.feed_choice,
+            outside_row_bytes(self.reader, self.tensor_types),
+        )
 
     def _batches(self) -> Iterator[Any]:
         """The batches, as DataLoader hands them out. In this process (no workers, no
