@@ -794,7 +794,6 @@ def tensor_views_floor(columns: int, batch: int) -> None:
     """What making a batch's tensors costs torch itself, against numpy's views: a chunk
     of 128 batches of ``columns`` float32 columns cut into one dict a batch, each made,
     read (``nbytes``) and freed, with Python's garbage collector on as in training."""
-    import gc
     import timeit
 
     import numpy as np
@@ -804,28 +803,28 @@ def tensor_views_floor(columns: int, batch: int) -> None:
     arrays = [np.random.default_rng(i).random(rows, dtype=np.float32) for i in range(columns)]
     tensors = [torch.from_numpy(values) for values in arrays]
 
-    def cut(pieces: list) -> None:
-        for row in zip(*pieces, strict=True):
-            sum(values.nbytes for values in dict(zip(names, row, strict=True)).values())
+    def numpy_views() -> list[dict]:
+        pieces = [list(values.reshape(128, batch)) for values in arrays]
+        return [dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True)]
 
-    def numpy_views() -> None:
-        cut([list(values.reshape(128, batch)) for values in arrays])
+    def read_numpy() -> None:
+        for made in numpy_views():
+            sum(values.nbytes for values in made.values())
 
-    group = max(1, gc.get_threshold()[0] // 2 // columns) * batch  # as the loader cuts
+    def read_from_numpy() -> None:  # as the loader makes them: a batch as it is taken
+        for made in numpy_views():
+            made = dict(zip(made, map(torch.from_numpy, made.values()), strict=True))
+            sum(values.nbytes for values in made.values())
 
-    def torch_views() -> None:
-        for first in range(0, rows, group):
-            cut([t[first : first + group].unsafe_split(batch) for t in tensors])
-
-    def numpy_then_from_numpy() -> None:  # a batch at a time, as the benchmark's reader
-        for row in zip(*[list(values.reshape(128, batch)) for values in arrays], strict=True):
-            made = dict(zip(names, map(torch.from_numpy, row), strict=True))
+    def read_tensors_cut_ahead() -> None:  # the loader before: a chunk's tensors at once
+        pieces = [values.unsafe_split(batch) for values in tensors]
+        for made in [dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True)]:
             sum(values.nbytes for values in made.values())
 
     ways = {
-        "numpy views": numpy_views,
-        "torch views (unsafe_split, as the loader cuts them)": torch_views,
-        "numpy views + torch.from_numpy each": numpy_then_from_numpy,
+        "numpy views": read_numpy,
+        "numpy views + torch.from_numpy a column": read_from_numpy,
+        "tensor views cut a chunk ahead (unsafe_split)": read_tensors_cut_ahead,
     }
     cells = []
     for label, way in ways.items():
