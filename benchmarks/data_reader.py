@@ -186,6 +186,7 @@ def run_ranks(python: str, kind: str, spec: dict, world: int, batch: int, work: 
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            cwd=work,  # not a checkout: `-c` puts the working directory before PYTHONPATH
         )
         for r in range(world)
     ]
@@ -692,6 +693,7 @@ def run_wide_reader(spec: dict, work: Path, env: dict) -> tuple:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
+        cwd=work,  # not a checkout: `-c` puts the working directory before PYTHONPATH
     )
     try:
         if proc.stdout.readline().strip() != "ready":
