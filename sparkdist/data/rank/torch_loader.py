@@ -96,7 +96,7 @@ class RankDataset(IterableDataset):
     numpy arrays, are tracked by Python's garbage collector, and a chunk's batches waiting
     (8,000 tensors at 66 columns) outlived the collections of the young, were promoted,
     and set off a collection of the whole heap every 45,000 (180,000 objects once torch is
-    imported, 0.1-0.2 s each: 6 in 2M rows; docs/data.md, "Wide tables"). Else as numpy,
+    imported, 0.06-0.25 s each: 6-8 in 2M rows; docs/data.md, "Wide tables"). Else as numpy,
     for a ``collate_fn`` of the user's.
     """
 
