@@ -186,6 +186,7 @@ def run_ranks(python: str, kind: str, spec: dict, world: int, batch: int, work: 
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            cwd=work,  # not a checkout: `-c` puts the working directory before PYTHONPATH
         )
         for r in range(world)
     ]
@@ -692,6 +693,7 @@ def run_wide_reader(spec: dict, work: Path, env: dict) -> tuple:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
+        cwd=work,  # not a checkout: `-c` puts the working directory before PYTHONPATH
     )
     try:
         if proc.stdout.readline().strip() != "ready":
@@ -751,6 +753,7 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
         ("sparkdist torch batches, in order", "wide", "torch", {}),
         ("numpy batches + torch.from_numpy a column", "wide", "numpy-torch", {}),
         ("sparkdist torch batches, shuffle", "wide", "torch", {"shuffle": True}),
+        ("numpy batches + torch.from_numpy, shuffle", "wide", "numpy-torch", {"shuffle": True}),
         ("plain loop, torch, stacked per row group", "wide", "loop-stack", {}),
         ("sparkdist torch, features= stack, in order", "wide", "torch", {"features": stack}),
         (
@@ -767,13 +770,74 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
 
 
 def baseline_wide_readers(readers: list[tuple]) -> list[tuple]:
-    """`--baseline`'s numpy readers of the wide shape (in order, shuffled, the scaling
-    rows), labelled ``baseline: ...``, to run in the same rounds as this checkout's."""
+    """`--baseline`'s numpy and torch readers of the wide shape (in order, shuffled, the
+    scaling rows), labelled ``baseline: ...``, to run in the same rounds as this checkout's."""
     return [
         (f"baseline: {label.strip()}", shape, kind, options)
         for label, shape, kind, options in readers
-        if shape == "wide" and kind == "numpy" and "features" not in options
+        if shape == "wide" and kind in ("numpy", "torch") and "features" not in options
     ]
+
+
+def chosen_readers(readers: list[tuple], only: str | None) -> list[tuple]:
+    """The readers whose label holds one of ``only``'s comma-separated words (None: all);
+    the two plain loops, which the ratios are taken against, always."""
+    if not only:
+        return readers
+    words = only.split(",")
+    return [
+        reader
+        for index, reader in enumerate(readers)
+        if index == 0 or reader[2] == "loop-stack" or any(word in reader[0] for word in words)
+    ]
+
+
+def tensor_views_floor(columns: int, batch: int) -> None:
+    """What making a batch's tensors costs torch itself, against numpy's views: a chunk
+    of 128 batches of ``columns`` float32 columns cut into one dict a batch, each made,
+    read (``nbytes``) and freed, with Python's garbage collector on as in training."""
+    import timeit
+
+    import numpy as np
+    import torch
+
+    rows, names = 128 * batch, [f"f{i}" for i in range(columns)]
+    arrays = [np.random.default_rng(i).random(rows, dtype=np.float32) for i in range(columns)]
+    tensors = [torch.from_numpy(values) for values in arrays]
+
+    def numpy_views() -> list[dict]:
+        pieces = [list(values.reshape(128, batch)) for values in arrays]
+        return [dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True)]
+
+    def read_numpy() -> None:
+        for made in numpy_views():
+            sum(values.nbytes for values in made.values())
+
+    def read_from_numpy() -> None:  # as the loader makes them: a batch as it is taken
+        for made in numpy_views():
+            made = dict(zip(made, map(torch.from_numpy, made.values()), strict=True))
+            sum(values.nbytes for values in made.values())
+
+    def read_tensors_cut_ahead() -> None:  # the loader before: a chunk's tensors at once
+        pieces = [values.unsafe_split(batch) for values in tensors]
+        for made in [dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True)]:
+            sum(values.nbytes for values in made.values())
+
+    ways = {
+        "numpy views": read_numpy,
+        "numpy views + torch.from_numpy a column": read_from_numpy,
+        "tensor views cut a chunk ahead (unsafe_split)": read_tensors_cut_ahead,
+    }
+    cells = []
+    for label, way in ways.items():
+        us = min(timeit.repeat(way, number=5, repeat=7)) / (5 * 128) * 1e6
+        cells.append([label, us])
+    title = f"\n{columns} float32 columns, batch {batch}: a batch's views made, read and freed"
+    lines = [title, f"{'way':50} {'us a batch':>10}"]
+    lines += [f"{label:50} {us:>10.1f}" for label, us in cells]
+    bench_table.print_table(
+        f"views {columns}", title, ["way", "us a batch"], cells, text="\n".join(lines)
+    )
 
 
 def median_rounds(readers: list[tuple], specs: dict, rounds: int, work: Path, envs: dict) -> dict:
@@ -845,7 +909,8 @@ def wide_benchmark(args, work: Path) -> None:
         spark.stop()
     base_env = {**env, "PYTHONPATH": str(Path(args.baseline or ROOT).resolve())}
     for count, (rows, handles, files) in tables.items():
-        readers = wide_readers(args.workers)
+        tensor_views_floor(count + 2, args.batch_size)
+        readers = chosen_readers(wide_readers(args.workers), args.only)
         baseline = baseline_wide_readers(readers) if args.baseline else []
         envs = {label: env for label, *_ in readers} | {label: base_env for label, *_ in baseline}
         readers += baseline
@@ -905,6 +970,9 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where to write (default: the temp dir)")
     parser.add_argument(
         "--baseline", default=None, help="another checkout whose readers run side by side"
+    )
+    parser.add_argument(
+        "--only", default=None, help="the wide readers whose label holds one of these words"
     )
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

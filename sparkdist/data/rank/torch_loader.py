@@ -70,15 +70,34 @@ def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     return {name: _to_torch(values) for name, values in batch.items()}
 
 
+def _views_as_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """`to_tensors` of a batch of number columns in writable, contiguous memory: one
+    ``map`` of ``torch.from_numpy``, no Python work a column."""
+    return dict(zip(batch, map(torch.from_numpy, batch.values()), strict=True))
+
+
+def batch_to_tensors(reader: ShardReader) -> Callable[[dict[str, np.ndarray]], dict[str, Any]]:
+    """What makes each of ``reader``'s numpy batches tensors: `_views_as_tensors` where
+    its batches are number columns the reader made writable (no transform), else
+    `to_tensors`, a column at a time."""
+    options = reader.options
+    lists = any(info.kind in ("string", "binary") for info in reader.batch_columns)
+    if lists or not options.writable or options.transform_spec is not None:
+        return to_tensors
+    return _views_as_tensors
+
+
 class RankDataset(IterableDataset):
     """One rank's batches; in DataLoader worker ``w`` of ``k``, batches ``w, w+k, ...``.
 
-    With ``tensors``, the batches come as tensors: each decoded chunk's columns are made
-    tensors once (`to_tensors`, a ``torch.from_numpy`` a column a chunk, in the reader's
-    thread), and the batches are cut from them as tensor views, all of a column's at once
-    (`sparkdist.data.rank.batches.rebatch`): no per-batch, per-column ``from_numpy``
-    (0.6 us a column, 40 us a batch of 66). Else as numpy, for a ``collate_fn`` of the
-    user's.
+    With ``tensors``, the batches come as tensors: numpy batches, cut ahead as views of
+    the decoded chunks by the reader's thread, made tensors one batch at a time as they are
+    taken (`batch_to_tensors`). Not tensors cut ahead a chunk at a time: tensors, unlike
+    numpy arrays, are tracked by Python's garbage collector, and a chunk's batches waiting
+    (8,000 tensors at 66 columns) outlived the collections of the young, were promoted,
+    and set off a collection of the whole heap every 45,000 (180,000 objects once torch is
+    imported, 0.06-0.25 s each: 6-8 in 2M rows; docs/data.md, "Wide tables"). Else as numpy,
+    for a ``collate_fn`` of the user's.
     """
 
     def __init__(
@@ -91,15 +110,9 @@ class RankDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return self.reader.batches(worker, workers, convert=self._convert())
-
-    def _convert(self) -> Callable[[dict[str, np.ndarray]], Any] | None:
-        """petastorm's types (a view where the bytes are the same), then tensors, a chunk
-        at a time."""
         typed = numpy_types(self.reader, self.tensor_types)
-        if typed and self.tensors:
-            return lambda chunk: to_tensors(typed(chunk))
-        return to_tensors if self.tensors else typed
+        batches = self.reader.batches(worker, workers, convert=typed)
+        return map(batch_to_tensors(self.reader), batches) if self.tensors else batches
 
 
 def numpy_types(
