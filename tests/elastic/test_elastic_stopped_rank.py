@@ -187,10 +187,11 @@ def test_a_look_that_singles_nobody_out_keeps_each_silence_and_holds_the_next_lo
     assert clock.silences(life, [0, 1], clock.since + 2.0) == pytest.approx({0: 2.0, 1: 2.0})
 
 
-def records_of(initial: int, started: list[int]) -> SimpleNamespace:
-    """A `RankRecords` as the stall watch reads it: the attempt's first ranks, who started."""
-    by_rank = {r: SimpleNamespace(started=r in started, exited=False) for r in started}
-    return SimpleNamespace(initial=initial, by_rank=by_rank)
+def records_of(started: list[int]) -> SimpleNamespace:
+    """A `RankRecords` as the stall watch reads it: the ranks that started."""
+    return SimpleNamespace(
+        by_rank={r: SimpleNamespace(started=True, exited=False) for r in started}
+    )
 
 
 def test_a_first_rank_starting_shields_every_member():
@@ -198,7 +199,7 @@ def test_a_first_rank_starting_shields_every_member():
     collective for the late ones: while one of them starts, every member is shielded."""
     clock, life = StallClock(start_timeout=60), SignsOfLife()
     t0 = clock.since
-    clock.note(records_of(3, [0, 1, 2]), [0, 1, 2], t0)
+    clock.note(records_of([0, 1, 2]), [0, 1, 2], t0)
     life.by_rank = {0: t0 + 1.0, 1: t0 + 2.0}  # rank 2 still imports
     assert clock.shielded(life, [0, 1, 2], t0 + 40.0) == {0, 1, 2}
     assert clock.shielded(life, [0, 1, 2], t0 + 61.0) == set()  # past start_timeout
@@ -211,9 +212,9 @@ def test_a_starting_newcomer_shields_only_the_members_that_spoke_since_it_joined
     for it. Once the newcomer speaks, it shields nobody."""
     clock, life = StallClock(start_timeout=60), SignsOfLife()
     t0 = clock.since
-    clock.note(records_of(3, [0, 1, 2]), [0, 1, 2], t0)
+    clock.note(records_of([0, 1, 2]), [0, 1, 2], t0)
     life.by_rank = {0: t0 + 4.0, 1: t0 + 5.0, 2: t0 + 4.0}
-    clock.note(records_of(3, [0, 1, 2, 3]), [0, 1, 2, 3], t0 + 6.0)  # it joins
+    clock.note(records_of([0, 1, 2, 3]), [0, 1, 2, 3], t0 + 6.0)  # it joins
     life.by_rank.update({0: t0 + 7.0, 2: t0 + 8.0})  # they go on to its world, and wait
     members, now = [0, 1, 2, 3], t0 + 30.0
     assert clock.starting(life, members, now) == [3]
@@ -222,13 +223,13 @@ def test_a_starting_newcomer_shields_only_the_members_that_spoke_since_it_joined
     assert clock.shielded(life, members, t0 + 32.0) == set()
 
 
-def watched_world(initial: int, members: list[int]) -> StallWatch:
+def watched_world(members: list[int]) -> StallWatch:
     """A stall watch (not started) over an in-process elastic world of `members`."""
-    records = records_of(initial, members)
+    records = records_of(members)
     membership = SimpleNamespace(min_np=2, survivors=lambda: list(members))
     state = SimpleNamespace(cond=threading.Condition(), rank_records=records, membership=membership)
     state.life = SignsOfLife()
-    options = RunnerOptions(np=initial, min_np=2, max_np=4, stall_timeout=20)
+    options = RunnerOptions(np=len(members), min_np=2, max_np=4, stall_timeout=20)
     return StallWatch(state, options, "job", print)
 
 
@@ -236,12 +237,12 @@ def test_a_member_stuck_before_a_newcomer_joined_is_due_while_the_newcomer_start
     """`stall_timeout` 20: member 1 went silent at 1 s, newcomer 3 joined at 2 s and still
     imports at 21.5 s. Member 1 is due then, 20.5 s after its last sign of life (before
     the fix: nothing was due until the newcomer spoke); the job is not stalled."""
-    watch = watched_world(3, [0, 1, 2])
+    watch = watched_world([0, 1, 2])
     life, t0 = watch.state.life, watch._clock.since
     watch._due(t0)  # the first ranks noted
     life.by_rank = {0: t0 + 1.0, 1: t0 + 1.0, 2: t0 + 1.0}
     life.last = t0 + 1.0
-    watch.state.rank_records = records_of(3, [0, 1, 2, 3])
+    watch.state.rank_records = records_of([0, 1, 2, 3])
     watch.state.membership.survivors = lambda: [0, 1, 2, 3]
     assert watch._due(t0 + 2.0) is None  # newcomer 3 joins
     life.by_rank.update({0: t0 + 3.0, 2: t0 + 3.0})  # they go on to its world, and wait
@@ -466,4 +467,90 @@ def test_a_member_slow_to_start_is_no_stall(sc, tmp_path):
     sizes = runner.run_all(stall_jobs.elastic_slow_start, module_dir=str(tmp_path))
     assert sizes == [2, 2], sizes
     assert runner.last_job.failures == [] and runner.last_job.reformed == []
+    assert_nothing_left(runner)
+
+
+# --- a member stuck while a newcomer starts --------------------------------------------------
+
+NEWCOMER_TIMEOUT_S = 20
+NEWCOMER_START_TIMEOUT_S = 60
+"""A newcomer starts (no sign of life) for this long at most: before the fix, the stuck
+member was shielded that long after the newcomers' start."""
+
+
+def stuck_while_newcomers_start(out: str) -> dict:
+    """Gloo `all_reduce` and a commit a step inside `sparkdist.elastic.run`. At step
+    `STOP_AT` launch rank 1 prints its last line and blocks on a lock in its own code, and
+    launch ranks 2 and 3 (task 1's) SIGKILL themselves: their slot comes back and the
+    newcomers seated in it join the world, then import torch and wait in the new world's
+    forming, in silence (starting) while rank 0 waits for rank 1. Newcomers write when
+    they enter `elastic.run`. Each member returns its world's size and its last step."""
+    from sparkdist import elastic
+
+    launch_rank = int(os.environ["RANK"])
+    stopped = Path(out, "stopped")
+    if launch_rank >= 4:
+        Path(out, f"entered-{launch_rank}").write_text(str(time.time()))
+
+    @elastic.run
+    def train(state) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        value = torch.ones(1)
+        while state.step < STEPS:
+            if state.step == STOP_AT and launch_rank == 1:
+                stopped.write_text(str(time.time()))
+                print("rank 1 stops", flush=True)  # its last sign of life
+                stall_jobs.stuck(str(Path(out, "lock")))
+            elif state.step == STOP_AT and launch_rank in (2, 3):
+                while not stopped.exists():  # rank 1 went silent before they died
+                    time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(value)
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return {"rank": launch_rank, "size": dist.get_world_size(), "step": state.step}
+
+    return train(elastic.ObjectState(step=0))
+
+
+def test_a_member_stuck_while_newcomers_start_is_dropped_within_stall_timeout(sc, tmp_path, caplog):
+    """Issue 64's soak (seed 33): launch rank 1 is stuck on a lock; task 1's ranks die and
+    the newcomers in their slot join the world, then start in silence. Rank 1, silent since
+    before they joined, is not shielded by their start: it is dropped within
+    `stall_timeout` plus one re-look of its last sign of life (or of their joining, if that
+    came later: the world cannot lose it below min_np before), and ranks 0, 4 and 5 end
+    the job (before the fix: only once the newcomers were no longer starting, 60 s after
+    their start)."""
+    (tmp_path / "lock").touch()
+    runner = sparkdist.HorovodRunner(
+        np=4,
+        min_np=2,
+        max_np=4,
+        ranks_per_task=2,
+        stall_timeout=NEWCOMER_TIMEOUT_S,
+        start_timeout=NEWCOMER_START_TIMEOUT_S,
+        env=ENV,
+    )
+    with caplog.at_level(logging.WARNING, logger="sparkdist"):
+        results = runner.run_all(stuck_while_newcomers_start, out=str(tmp_path))
+    log = "\n".join(record.getMessage() for record in caplog.records)
+    assert sorted(r["rank"] for r in results) == [0, 4, 5], results
+    assert all(r["size"] == 3 and r["step"] == STEPS for r in results), results
+    job = runner.last_job
+    assert job.attempts == 1 and job.failures == [], job.failures
+    silent = [line for line in log.splitlines() if "is silent: no sign of life" in line]
+    assert len(silent) == 1 and "rank 1 (host " in silent[0], log
+    assert "its own code (stuck (stall_jobs.py:" in silent[0], silent
+    stopped_at = float((tmp_path / "stopped").read_text())
+    entered_at = max(float((tmp_path / f"entered-{r}").read_text()) for r in (4, 5))
+    decided_at = _decided_at(caplog.records)
+    bound = max(stopped_at + NEWCOMER_TIMEOUT_S, entered_at) + relook_s(NEWCOMER_TIMEOUT_S)
+    print(
+        f"rank 1 dropped {decided_at - stopped_at:.1f} s after its last sign of life; "
+        f"the newcomers entered {entered_at - stopped_at:.1f} s after it"
+    )
+    assert decided_at <= bound + MARGIN_S, (decided_at - stopped_at, entered_at - stopped_at)
     assert_nothing_left(runner)

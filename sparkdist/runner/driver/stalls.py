@@ -314,7 +314,8 @@ class StallClock:
         self._started: dict[int, float] = {}
         """When the watch first saw each rank started (monotonic seconds)."""
         self._joined: dict[int, float] = {}
-        """When the watch first saw each rank a member of the world (-inf: a first rank)."""
+        """When the watch first saw each rank a member of the world (-inf: a member of the
+        world it began with)."""
         self.since = self._next_look = time.monotonic()
         """`since`: the watch's start (a relaunched attempt is watched anew with a new
         clock) or its last drop (the re-formed world's survivors count anew)."""
@@ -333,13 +334,15 @@ class StallClock:
 
     def note(self, records: RankRecords, members: list[int], now: float) -> None:
         """Note the ranks that started, and the `members` that joined the world, since the
-        last tick (under the job's lock). The attempt's first ranks were members from the
-        start; a newcomer joins once it entered `elastic.run` (`membership.Grows`)."""
+        last tick (under the job's lock). The first note's members (the attempt's first
+        ranks, a warm run's world) were members from the start; a newcomer joins once it
+        entered `elastic.run` (`membership.Grows`)."""
         for rank, record in records.by_rank.items():
             if record.started:
                 self._started.setdefault(rank, now)
+        joined = now if self._joined else -math.inf
         for rank in members:
-            self._joined.setdefault(rank, -math.inf if rank < records.initial else now)
+            self._joined.setdefault(rank, joined)
 
     def starting(self, life: SignsOfLife, ranks: list[int], now: float) -> list[int]:
         """The `ranks` that showed no sign of life yet, within `start_timeout` of their start."""
@@ -354,7 +357,8 @@ class StallClock:
         theirs): the starting ones, and every other that spoke since one of them joined.
 
         The world's first ranks start together, and the early ones wait in the first
-        collective for the late ones: one of them starting shields every member. Nobody
+        collective for the late ones: one of them starting shields every member (so does
+        a member of a warm run's world, or of a relaunched attempt's). Nobody
         waits for a newcomer before its world forms (it joins as it enters `elastic.run`),
         so a member silent since before then (stuck in its own code) is not shielded by
         it: it is looked at as any silent member (issue 64's soak: a newcomer's 25 s import
