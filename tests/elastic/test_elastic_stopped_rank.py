@@ -187,6 +187,74 @@ def test_a_look_that_singles_nobody_out_keeps_each_silence_and_holds_the_next_lo
     assert clock.silences(life, [0, 1], clock.since + 2.0) == pytest.approx({0: 2.0, 1: 2.0})
 
 
+def records_of(started: list[int]) -> SimpleNamespace:
+    """A `RankRecords` as the stall watch reads it: the ranks that started."""
+    return SimpleNamespace(
+        by_rank={r: SimpleNamespace(started=True, exited=False) for r in started}
+    )
+
+
+def test_a_first_rank_starting_shields_every_member():
+    """The world's first ranks start together, and the early ones wait in the first
+    collective for the late ones: while one of them starts, every member is shielded."""
+    clock, life = StallClock(start_timeout=60), SignsOfLife()
+    t0 = clock.since
+    clock.note(records_of([0, 1, 2]), [0, 1, 2], t0)
+    life.by_rank = {0: t0 + 1.0, 1: t0 + 2.0}  # rank 2 still imports
+    assert clock.shielded(life, [0, 1, 2], t0 + 40.0) == {0, 1, 2}
+    assert clock.shielded(life, [0, 1, 2], t0 + 61.0) == set()  # past start_timeout
+
+
+def test_a_starting_newcomer_shields_only_the_members_that_spoke_since_it_joined():
+    """Issue 64's soak: member 1 got stuck in its own code; then newcomer 3 joined the world
+    and imported torch in silence while members 0 and 2 (who spoke since) wait for it.
+    Member 1 is not shielded by it: silent since before it joined, it cannot be waiting
+    for it. Once the newcomer speaks, it shields nobody."""
+    clock, life = StallClock(start_timeout=60), SignsOfLife()
+    t0 = clock.since
+    clock.note(records_of([0, 1, 2]), [0, 1, 2], t0)
+    life.by_rank = {0: t0 + 4.0, 1: t0 + 5.0, 2: t0 + 4.0}
+    clock.note(records_of([0, 1, 2, 3]), [0, 1, 2, 3], t0 + 6.0)  # it joins
+    life.by_rank.update({0: t0 + 7.0, 2: t0 + 8.0})  # they go on to its world, and wait
+    members, now = [0, 1, 2, 3], t0 + 30.0
+    assert clock.starting(life, members, now) == [3]
+    assert clock.shielded(life, members, now) == {0, 2, 3}
+    life.by_rank[3] = t0 + 31.0
+    assert clock.shielded(life, members, t0 + 32.0) == set()
+
+
+def watched_world(members: list[int]) -> StallWatch:
+    """A stall watch (not started) over an in-process elastic world of `members`."""
+    records = records_of(members)
+    membership = SimpleNamespace(min_np=2, survivors=lambda: list(members))
+    state = SimpleNamespace(cond=threading.Condition(), rank_records=records, membership=membership)
+    state.life = SignsOfLife()
+    options = RunnerOptions(np=len(members), min_np=2, max_np=4, stall_timeout=20)
+    return StallWatch(state, options, "job", print)
+
+
+def test_a_member_stuck_before_a_newcomer_joined_is_due_while_the_newcomer_starts():
+    """`stall_timeout` 20: member 1 went silent at 1 s, newcomer 3 joined at 2 s and still
+    imports at 21.5 s. Member 1 is due then, 20.5 s after its last sign of life (before
+    the fix: nothing was due until the newcomer spoke); the job is not stalled."""
+    watch = watched_world([0, 1, 2])
+    life, t0 = watch.state.life, watch._clock.since
+    watch._due(t0)  # the first ranks noted
+    life.by_rank = {0: t0 + 1.0, 1: t0 + 1.0, 2: t0 + 1.0}
+    life.last = t0 + 1.0
+    watch.state.rank_records = records_of([0, 1, 2, 3])
+    watch.state.membership.survivors = lambda: [0, 1, 2, 3]
+    assert watch._due(t0 + 2.0) is None  # newcomer 3 joins
+    life.by_rank.update({0: t0 + 3.0, 2: t0 + 3.0})  # they go on to its world, and wait
+    life.last = t0 + 3.0
+    assert watch._due(t0 + 20.5) is None
+    due = watch._due(t0 + 21.5)
+    assert due is not None, "member 1 was shielded by the newcomer's start"
+    stalled, silent = due
+    assert not stalled and silent == pytest.approx({1: 20.5})
+    assert watch._due(t0 + 30.0)[1].keys() == {1}  # 0 and 2 wait for the newcomer
+
+
 # --- on real Spark -------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -304,14 +305,17 @@ class StallClock:
     A rank is starting until its first sign of life: importing torch or building a model
     takes seconds to minutes, in silence, on a loaded host, and every rank may do it at
     once. Its start counts against `start_timeout` (from when the watch saw it started):
-    one silent that long is silent since its start. While a rank of the world starts,
-    nothing is stalled (the others may be waiting for it). After that a rank's silence
-    counts from its own last sign of life, never from before `since`."""
+    one silent that long is silent since its start. A starting rank shields the members
+    that may be waiting for it (`shielded`). After that a rank's silence counts from its
+    own last sign of life, never from before `since`."""
 
     def __init__(self, start_timeout: float) -> None:
         self.start_timeout = start_timeout
         self._started: dict[int, float] = {}
         """When the watch first saw each rank started (monotonic seconds)."""
+        self._joined: dict[int, float] = {}
+        """When the watch first saw each rank a member of the world (-inf: a member of the
+        world it began with)."""
         self.since = self._next_look = time.monotonic()
         """`since`: the watch's start (a relaunched attempt is watched anew with a new
         clock) or its last drop (the re-formed world's survivors count anew)."""
@@ -328,11 +332,17 @@ class StallClock:
         """Whether the last look that singled nobody out is far enough behind."""
         return now >= self._next_look
 
-    def note(self, records: RankRecords, now: float) -> None:
-        """Note the ranks that started since the last tick (under the job's lock)."""
+    def note(self, records: RankRecords, members: list[int], now: float) -> None:
+        """Note the ranks that started, and the `members` that joined the world, since the
+        last tick (under the job's lock). The first note's members (the attempt's first
+        ranks, a warm run's world) were members from the start; a newcomer joins once it
+        entered `elastic.run` (`membership.Grows`)."""
         for rank, record in records.by_rank.items():
             if record.started:
                 self._started.setdefault(rank, now)
+        joined = now if self._joined else -math.inf
+        for rank in members:
+            self._joined.setdefault(rank, joined)
 
     def starting(self, life: SignsOfLife, ranks: list[int], now: float) -> list[int]:
         """The `ranks` that showed no sign of life yet, within `start_timeout` of their start."""
@@ -341,6 +351,22 @@ class StallClock:
             for r in ranks
             if r not in life.by_rank and now - self._started.get(r, now) < self.start_timeout
         ]
+
+    def shielded(self, life: SignsOfLife, ranks: list[int], now: float) -> set[int]:
+        """The `ranks` that may be waiting for a starting one (its start is no stall, nor
+        theirs): the starting ones, and every other that spoke since one of them joined.
+
+        The world's first ranks start together, and the early ones wait in the first
+        collective for the late ones: one of them starting shields every member (so does
+        a member of a warm run's world, or of a relaunched attempt's). Nobody
+        waits for a newcomer before its world forms (it joins as it enters `elastic.run`),
+        so a member silent since before then (stuck in its own code) is not shielded by
+        it: it is looked at as any silent member (issue 64's soak: a newcomer's 25 s import
+        kept a member stuck on a lock from being dropped until it spoke)."""
+        starting = self.starting(life, ranks, now)
+        joined = min((self._joined.get(r, now) for r in starting), default=math.inf)
+        spoke = life.by_rank
+        return {r for r in ranks if r in starting or spoke.get(r, -math.inf) >= joined}
 
     def silences(self, life: SignsOfLife, ranks: list[int], now: float) -> dict[int, float]:
         """How long each of `ranks` has been silent (from its start when it never spoke)."""
@@ -430,19 +456,21 @@ class StallWatch:
         self.state, self._clock = state, StallClock(self._clock.start_timeout)
 
     def _due(self, now: float) -> tuple[bool, dict[int, float]] | None:
-        """What `stall_timeout` finds now: whether no rank showed a sign of life that long,
-        and the elastic world's members silent that long; None: nothing (or a rank of the
-        world still starts: `StallClock`, or the last look singled nobody out just now)."""
+        """What `stall_timeout` finds now: whether no rank showed a sign of life that long
+        (none starts), and the elastic world's members silent that long but those a starting
+        rank shields (`StallClock.shielded`); None: nothing, or a look found nobody just now."""
         state, life, clock = self.state, self.state.life, self._clock
         with state.cond:
-            clock.note(state.rank_records, now)
             by_rank = state.rank_records.by_rank
             ranks = [r for r in state.membership.survivors() if not by_rank[r].exited]
+            clock.note(state.rank_records, ranks, now)
             elastic = state.membership.min_np is not None
-        if not clock.may_look(now) or clock.starting(life, ranks, now):
+        if not clock.may_look(now):
             return None
-        stalled = now - max(life.last, clock.since) >= self.timeout_s
-        silences = clock.silences(life, ranks, now) if elastic else {}
+        shielded = clock.shielded(life, ranks, now)
+        stalled = not shielded and now - max(life.last, clock.since) >= self.timeout_s
+        watched = [r for r in ranks if r not in shielded]
+        silences = clock.silences(life, watched, now) if elastic else {}
         silent = {r: s for r, s in silences.items() if s >= self.timeout_s}
         return (stalled, silent) if stalled or silent else None
 
