@@ -210,7 +210,7 @@ def form(
         )
     backend, size = backend_for_rank(), generation.size
     join = datetime.timedelta(seconds=JOIN_FACTOR * limit_s)
-    server = None
+    generations, server = Generations(client, launch_rank), None
     if rank == 0:
         host = os.environ.get(job_environment.TASK_HOST) or os.environ.get(
             "MASTER_ADDR", "127.0.0.1"
@@ -220,10 +220,10 @@ def form(
         client.put(store_key(generation.number), f"{host}:{port}")
         store = server
     else:
-        host, port = client.get(store_key(generation.number), join.total_seconds()).rsplit(":", 1)
+        host, port = _store_address(client, generation, generations, join.total_seconds())
         store = dist.TCPStore(host, int(port), size, is_master=False, timeout=join)
     store.set(f"joined/{rank}", "1")  # a member still leaving the old world may come late
-    _wait_joined(store, generation, Generations(client, launch_rank), join.total_seconds())
+    _wait_joined(store, generation, generations, join.total_seconds())
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=host, MASTER_PORT=port)
     if backend == "nccl":  # abort the communicator on an error, keep the process (not 3)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
@@ -239,6 +239,29 @@ def form(
         "elastic: generation %d formed: rank %d of %d (%s)", generation.number, rank, size, backend
     )
     return TorchGroup(generation, rank, backend, server)
+
+
+def _store_address(
+    client: DriverClient, generation: Generation, generations: Generations, join_s: float
+) -> list[str]:
+    """Rank 0's store of `generation` ([host, port]), waited for up to `join_s` a
+    `JOIN_POLL_S` at a time. A newer world formed meanwhile (rank 0 was lost as this one
+    formed, so it never publishes one) ends the wait at once, as in `_wait_joined`: one
+    read of the whole `join_s` kept the other members waiting that long for a world that
+    was over."""
+    key = store_key(generation.number)
+    deadline = time.monotonic() + join_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return client.get(key, max(0.001, min(left, JOIN_POLL_S))).rsplit(":", 1)
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                late = f"rendezvous value {key!r} did not arrive within {join_s}s"
+                raise TimeoutError(late) from None
+        newer = generations.newer(generation.number, 0.0)
+        if newer is not None:
+            raise WorldChanged(f"generation {newer.number} formed as {generation.number} formed")
 
 
 def _wait_joined(store, generation: Generation, generations: Generations, join_s: float) -> None:

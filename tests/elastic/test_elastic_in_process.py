@@ -326,3 +326,23 @@ def test_driver_answers_elastic_world_requests_as_generations_form():
         state.stop("abort", "test over")
         stopped = reply(ranks[2])
         assert isinstance(stopped, messages.Failed) and "test over" in stopped.error
+
+
+def test_a_member_waiting_for_a_store_rank_0_never_published_joins_the_newer_world():
+    """Rank 0 was lost as world 0 formed, so it never publishes the world's store: rank 1,
+    waiting for the store's address, meets the world the driver formed without rank 0
+    (`WorldChanged`, and `elastic.run` joins it) instead of waiting out the join limit
+    (twice the elastic timeout) for a world that was over, and failing then."""
+    from driver_peers import elastic_driver
+
+    from sparkdist.elastic import torch_group
+    from sparkdist.elastic.generations import Generation, WorldChanged
+
+    with elastic_driver(3, min_np=2) as peers:
+        state = peers.state
+        state.losses.rank_exited(0, -signal.SIGKILL, [])
+        assert state.membership.can_shrink()
+        state.membership.shrink()
+        assert state.membership.generation.members == (1, 2)
+        with pytest.raises(WorldChanged, match="generation 1 formed as 0 formed"):
+            torch_group.form(Generation(0, (0, 1, 2)), 1, peers.ranks[1], limit_s=15.0)
