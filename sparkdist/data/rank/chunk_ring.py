@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,11 @@ ALIGN = 256  # each array starts at a multiple: aligned for any dtype and vector
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def room_for(sizes: Iterable[int]) -> int:
+    """Bytes a slot needs for arrays of these ``sizes`` carved one after the other."""
+    return sum(aligned(nbytes) for nbytes in sizes)
 
 
 class Carver:

@@ -196,7 +196,7 @@ class WindowDecoder:
         if self.memory is None:
             return row_block.fresh
         rows = len(next(iter(chunk.values())))
-        nbytes = sum(chunk_ring.aligned(values.nbytes) for values in chunk.values())
+        nbytes = chunk_ring.room_for(values.nbytes for values in chunk.values())
         return self.memory(nbytes, rows).carve
 
     def transformed(self, chunk: Chunk) -> Chunk:

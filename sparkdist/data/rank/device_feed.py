@@ -246,7 +246,7 @@ def _lists(chunk: Chunk) -> dict[str, Any]:
 
 
 def _bytes(numbers: Chunk, names: Any) -> int:
-    return sum(chunk_ring.aligned(numbers[name].nbytes) for name in names)
+    return chunk_ring.room_for(numbers[name].nbytes for name in names)
 
 
 @functools.lru_cache(maxsize=64)

@@ -264,14 +264,12 @@ class RowLayout:
             out.append(np.take(block, rows, axis=axis, out=into, mode="clip"))
         return tuple(out)
 
-    def gathered_bytes(self, apart: Chunk, rows: int, align: int) -> int:
-        """Bytes a gather of ``rows`` rows takes, each array started at a multiple of
-        ``align``: the runs' blocks and the ``apart`` columns that are not objects."""
+    def gathered_sizes(self, apart: Chunk, rows: int) -> list[int]:
+        """Bytes of each array a gather of ``rows`` rows makes: the runs' blocks and the
+        ``apart`` columns that are not objects."""
         shapes = [(run.shape(rows), run.dtype) for run in self.runs]
         shapes += [((rows, *v.shape[1:]), v.dtype) for v in apart.values() if v.dtype != object]
-        return sum(
-            -(-int(np.prod(shape)) * dtype.itemsize // align) * align for shape, dtype in shapes
-        )
+        return [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes]
 
     def split(self, gathered: Blocks, apart: Chunk) -> Chunk:
         """Gathered blocks back as columns (each a contiguous row of its run's block; a

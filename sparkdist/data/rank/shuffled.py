@@ -215,7 +215,7 @@ def gather(decoder: WindowDecoder, window: PlannedWindow, picked: np.ndarray) ->
     (transformed and stacked as the decoder says)."""
     layout, alloc = decoder.row_layout, row_block.fresh
     if decoder.memory is not None and decoder.transform is None:
-        nbytes = layout.gathered_bytes(window.apart, len(picked), chunk_ring.ALIGN)
+        nbytes = chunk_ring.room_for(layout.gathered_sizes(window.apart, len(picked)))
         alloc = decoder.memory(nbytes, len(picked)).carve
     apart = window.apart.items()
     columns = {name: row_block.gather(values, picked, alloc) for name, values in apart}
