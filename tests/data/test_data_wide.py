@@ -296,7 +296,9 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "float32", "float64", "uint
     seed=st.integers(0, 2**16),
 )
 def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows, seed):
-    """Columns of any widths put into blocks, gathered, split: each column's own rows."""
+    """Columns of any widths put into pieces in a shuffled order (some rows repeated, as
+    pads are), a stretch of columns at a time from two stretches of decoded rows, then
+    split: each column's own rows, in that order."""
     rng = np.random.default_rng(seed)
     columns = [ColumnInfo(f"c{i}", "scalar", dtype) for i, dtype in enumerate(dtypes)]
     columns.append(ColumnInfo("s", "string", "object"))
@@ -309,16 +311,26 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     }
     chunk["s"] = np.array([str(i) for i in range(rows)], dtype=object)
     layout = row_block.RowLayout.of(columns, stacks)
-    blocks = shuffled.Scratch().blocks(layout, rows)
+    picked = rng.choice(rows, size=max(rows // 2, 1), replace=bool(seed % 2))
+    cuts = [0, len(picked) // 2, len(picked)]  # two pieces
+    placement = shuffled.Placement(picked.astype(np.intp), cuts)
+    pieces = [
+        [np.empty(run.shape(stop - start), run.dtype) for run in layout.runs]
+        + [np.empty(stop - start, object)]
+        for start, stop in itertools.pairwise(cuts)
+    ]
     half = [name for name in layout.decode_order if name in chunk][: len(chunk) // 2]
     cut = rows // 3  # a stretch of columns, then the rest, in two stretches of rows
     for start, stop in ((0, cut), (cut, rows)):
-        first = {name: chunk[name][start:stop] for name in half}
-        layout.fill(blocks, first, start)
-        rest = {name: chunk[name][start:stop] for name in chunk if name not in half}
-        layout.fill(blocks, rest, start)
-    picked = rng.permutation(rows)[: max(rows // 2, 1)]
-    out = layout.split(layout.gather(blocks, picked), {"s": chunk["s"][picked]})
+        targets = [(pieces[index], place) for index, place in placement.of(start, stop - start)]
+        for names in (half, [name for name in chunk if name not in half]):
+            part = {name: chunk[name][start:stop] for name in names}
+            layout.fill([(tuple(piece[:-1]), place) for piece, place in targets], part)
+            if "s" in part:
+                for piece, place in targets:
+                    row_block.placed(part["s"], place, piece[-1])
+    parts = [layout.split(tuple(piece[:-1]), {"s": piece[-1]}) for piece in pieces]
+    out = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
     expected = row_block.stack_features(
         {name: values[picked] for name, values in chunk.items()},
         stacks,
@@ -326,7 +338,8 @@ def test_row_layout_gathers_what_indexing_each_column_gives(dtypes, stack, rows,
     )
     assert list(out) == list(expected)
     for name, values in expected.items():
-        assert out[name].dtype == values.dtype and out[name].flags.c_contiguous
+        assert all(part[name].flags.c_contiguous for part in parts)
+        assert out[name].dtype == values.dtype
         np.testing.assert_array_equal(out[name], values)
 
 
@@ -342,26 +355,27 @@ def test_decode_threads_default_to_the_ranks_share_of_the_cores(monkeypatch):
 
 
 def _read_counting_buffers(layout, **options) -> tuple[np.ndarray, int]:
-    """(the ids read, how many window buffers the reader made)."""
+    """(the ids read, how many piece slabs the reader made, not taken from its free list)."""
     shard = reader.ShardReader(layout, **options)
     made = []
-    original = shard._scratch.blocks
+    original = shard._pieces.carver
 
-    def blocks(layout, count: int) -> tuple:
-        out = original(layout, count)
-        if not any(np.shares_memory(out[0], held) for held in made):
-            made.append(out[0])
+    def carver(nbytes: int):
+        free = len(shard._pieces.free)
+        out = original(nbytes)
+        if len(shard._pieces.free) >= free:  # none was taken: a new one
+            made.append(nbytes)
         return out
 
-    shard._scratch.blocks = blocks  # prefetch=0: the reading thread is this one
+    shard._pieces.carver = carver  # prefetch=0: the reading thread is this one
     return np.concatenate([batch["id"] for batch in shard]), len(made)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_decode_threads_share_one_window_and_end_with_the_iteration(layouts, shuffle):
-    """Four threads read the rows one thread reads, with the buffers one thread makes
-    (they share a window, not a window each), and are gone when the iteration ends, read
-    through or abandoned."""
+    """Four threads read the rows one thread reads, with the memory one thread makes and
+    the pieces they hand ahead (they share a window, not a window each), and are gone
+    when the iteration ends, read through or abandoned."""
 
     def decode_threads() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name.startswith("sparkdist-data-decode")]
@@ -371,7 +385,7 @@ def test_decode_threads_share_one_window_and_end_with_the_iteration(layouts, shu
     one, one_made = _read_counting_buffers(layouts["wide"], workers_count=1, **options)
     four, four_made = _read_counting_buffers(layouts["wide"], workers_count=4, **options)
     np.testing.assert_array_equal(four, one)
-    assert four_made == one_made and (four_made >= 1) == shuffle
+    assert one_made <= four_made <= one_made + 2 * 4 and (four_made >= 1) == shuffle
     assert not decode_threads()
     abandoned = iter(reader.ShardReader(layouts["wide"], workers_count=4, **options))
     next(abandoned)

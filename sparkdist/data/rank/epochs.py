@@ -16,7 +16,8 @@ import numpy as np
 
 from sparkdist.data.rank import order
 from sparkdist.data.rank.decode import EPOCH_END, Chunk, WindowDecoder
-from sparkdist.data.rank.shuffled import Scratch, shuffled_chunks
+from sparkdist.data.rank.piece_memory import PieceMemory
+from sparkdist.data.rank.shuffled import shuffled_chunks
 
 
 def _rows(chunk: Chunk) -> int:
@@ -36,7 +37,7 @@ class Marks:
 def iteration_chunks(
     decoder: WindowDecoder,
     plans: Iterator[order.EpochPlan],
-    scratch: Scratch,
+    memory: PieceMemory,
     marks: Marks,
     convert: Callable[[Chunk], Chunk] | None = None,
 ) -> Iterator[Chunk]:
@@ -44,7 +45,7 @@ def iteration_chunks(
     epoch closed by `EPOCH_END`; the decoder's threads share each window's work, and
     ``convert`` (e.g. to petastorm's types) is applied to each chunk once it is marked."""
     for plan in plans:
-        chunks = _epoch_chunks(decoder, plan, scratch)
+        chunks = _epoch_chunks(decoder, plan, memory)
         if marks.weights:
             chunks = mark_weights(chunks, marks.weights, plan)
         if marks.pads:
@@ -54,7 +55,7 @@ def iteration_chunks(
 
 
 def _epoch_chunks(
-    decoder: WindowDecoder, plan: order.EpochPlan, scratch: Scratch
+    decoder: WindowDecoder, plan: order.EpochPlan, memory: PieceMemory
 ) -> Iterator[Chunk]:
     """One epoch's chunks, a window after another. Shuffled, the decoder's threads share
     each window's work (its column groups, its pieces), so the memory in flight does not
@@ -67,7 +68,7 @@ def _epoch_chunks(
     shared = decoder.threads > 1
     pool = ThreadPoolExecutor(decoder.threads, "sparkdist-data-decode") if shared else None
     try:
-        yield from shuffled_chunks(decoder, plan, scratch, pool)
+        yield from shuffled_chunks(decoder, plan, memory, pool)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -33,7 +33,7 @@ from sparkdist.data.rank import order, rank_place, row_block
 from sparkdist.data.rank.batches import counted, prefetched, rebatch_runs
 from sparkdist.data.rank.decode import Chunk, WindowDecoder
 from sparkdist.data.rank.epochs import Marks, iteration_chunks
-from sparkdist.data.rank.shuffled import Scratch
+from sparkdist.data.rank.piece_memory import PieceMemory
 from sparkdist.data.rank.transform import TransformSpec
 from sparkdist.protocol.driver_channel import steps
 
@@ -208,7 +208,7 @@ class ShardReader:
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
         self._closed = threading.Event()
-        self._scratch = Scratch()
+        self._pieces = PieceMemory()  # a shuffled read's, reused once dropped
         self._decoding = self._decoder(transformed)
         self._marks = Marks(
             options.weight_column if options.global_batch_size else None, options.pad_column
@@ -235,13 +235,12 @@ class ShardReader:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Thread state, and the iterations in progress: a copy (a DataLoader worker's) has its own.
-        state["_closed"] = state["_scratch"] = state["_iterations"] = None
+        state["_closed"] = state["_iterations"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._closed = threading.Event()
-        self._scratch = Scratch()
         self._iterations: weakref.WeakSet = weakref.WeakSet()
 
     def state_dict(self, steps: int | None = None) -> dict:
@@ -349,7 +348,7 @@ class ShardReader:
             iteration_chunks,
             dataclasses.replace(self._decoding, threads=threads, memory=memory),
             itertools.islice(plans, self.num_epochs),  # None: for ever
-            self._scratch,
+            self._pieces,
             self._marks,
             convert,
         )

@@ -1,20 +1,27 @@
-"""Rows as blocks: a table's narrow columns gathered a block at a time, and feature stacks.
+"""Rows as blocks: a table's narrow columns put in a shuffled order a block at a time, and
+feature stacks.
 
-A Spark table usually holds its features as scalar columns, one per feature. Shuffled
-column by column, every column is a gather of its own: 66 columns are 66 Python calls a
-piece. `RowLayout` puts a window's scalar columns of one dtype into one 2-D block, a
-column a row (``[k, rows]``), so that a shuffled piece is one ``np.take`` along the rows
-for all of them, and each gathered column is a contiguous row of the result: no
-transposing copy on the way in (a column is one plain copy into its row) or out. (A
-block of whole rows, ``[rows, k]``, gathered rows as wholes but needed a transpose each
-way: 1.6x the gather and 3x the fill; docs/data.md, "Wide tables".)
+A Spark table usually holds its features as scalar columns, one per feature. A shuffled
+window's rows are permuted across the whole window, so every row of a piece handed out
+comes from anywhere in it. Gathered a piece at a time from columns laid out as decoded,
+each piece reads one value from each of thousands of cache lines of every column: the
+window's columns (33 MiB at 64 columns) pass from the shared cache to a core's once a
+piece, 16 times a window, and 64 columns cost 4 ns a value (docs/data.md, "Wide tables").
+So the order is applied as a row group is decoded instead (`RowLayout.fill`): each
+decoded column, still in the decoding core's cache, is gathered whole into its row of
+the window's block in the epoch's order (``np.take`` over one column: 1.7 ns a value), and
+a piece is then a plain copy of a stretch of rows (`RowLayout.cut`).
+
+`RowLayout` puts a window's scalar columns of one dtype into one 2-D block, a column a
+row (``[k, rows]``), so that a piece is one copy for all of them, and each column of it a
+contiguous row of the result.
 
 A feature stack (``features={"x": ["f0", ..., "f63"]}`` on a loader) is a block of whole
-rows: its columns are laid out next to each other, so the gathered rows already are the
-``[rows, 64]`` array the model wants, made in the decode worker, not stacked per batch.
-Read in order, where nothing is gathered, `stack_features` builds it with one
-``np.stack`` a chunk. Array columns are already rows, and strings are Python
-objects: both are gathered as they are.
+rows: its columns are laid out next to each other, so the rows cut from it already are
+the ``[rows, 64]`` array the model wants, made in the decode worker, not stacked per
+batch. Read in order, where nothing is gathered, `stack_features` builds it with one
+``np.stack`` a chunk. Array columns are already rows, and strings are Python objects:
+both are put in order as they are.
 """
 
 from __future__ import annotations
@@ -30,8 +37,6 @@ from sparkdist.data.layout import ColumnInfo
 
 Chunk = dict[str, np.ndarray]
 
-# Bytes of a window's rows filled at once (`RowLayout.fill`): about a core's cache.
-TILE_BYTES = 2 << 20
 Stacks = tuple[tuple[str, tuple[str, ...]], ...]  # (output name, the columns it stacks)
 
 
@@ -47,20 +52,33 @@ def fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(pa.allocate_buffer(size), dtype).reshape(shape)
 
 
-Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # memory for a gather's result
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # memory for what is handed out
 
 
-def gather(values: np.ndarray, rows: np.ndarray, alloc: Alloc = fresh) -> np.ndarray:
-    """``values[rows]``, whole rows at a time, into ``alloc``'s memory (`fresh`, or a
-    device feed's slot: it is handed out).
+Place = tuple[slice | np.ndarray, np.ndarray]  # (rows of the block, rows of the chunk)
 
-    ``np.take`` copies whole rows (numpy indexing copies element by element, twice as
-    slow).
+
+def placed(values: np.ndarray, place: Place, into: np.ndarray) -> None:
+    """Put ``values[src]`` at rows ``dst`` of ``into`` (``place`` is ``(dst, src)``).
+
+    A chunk that holds all the rows the block wants (the usual window: one row group) is
+    gathered straight into the block with ``np.take`` (numpy indexing copies element by
+    element, twice as slow; "raise" would copy ``out`` again); otherwise its rows are
+    gathered, then written where they go.
     """
+    dst, src = place
+    if isinstance(dst, slice) and into[dst].flags.c_contiguous and values.dtype != object:
+        np.take(values, src, axis=0, out=into[dst], mode="clip")
+    else:
+        into[dst] = np.take(values, src, axis=0)
+
+
+def copied(values: np.ndarray, alloc: Alloc = fresh) -> np.ndarray:
+    """A copy of ``values`` in ``alloc``'s memory (objects: a plain copy): what is handed
+    out is never a view of a buffer the reader reuses."""
     if values.dtype == object:
-        return np.take(values, rows, axis=0)
-    out = alloc((len(rows), *values.shape[1:]), values.dtype)
-    return np.take(values, rows, axis=0, out=out, mode="clip")  # "raise" copies ``out`` again
+        return values.copy()
+    return _copied(values, alloc(values.shape, values.dtype))
 
 
 def frozen_features(features: Mapping[str, Sequence[str] | str] | None) -> tuple | None:
@@ -232,47 +250,44 @@ class RowLayout:
         them at a time, each group fills a stretch of each run."""
         return tuple(column for run in self.runs for column in run.columns) + self.apart
 
-    def fill(self, blocks: Blocks, chunk: Chunk, start: int = 0) -> None:
-        """Write ``chunk``'s scalar columns (all, or a stretch of `decode_order`) into
-        rows ``start:`` of ``blocks``: a column a plain copy into its row of its run's
-        block; a stack's columns transposed into place a tile of rows at a time (about
-        2 MiB of them, in the cache while written; a column at a time across the rows is
-        2-4x slower)."""
-        rows = _rows(chunk)
-        for run, block in zip(self.runs, blocks, strict=True):
+    def fill(self, targets: Sequence[tuple[Blocks, Place]], chunk: Chunk) -> None:
+        """Put ``chunk``'s scalar columns (all, or a stretch of `decode_order`) into each
+        target's blocks at its place (`placed`): a column taken into every target in turn
+        (so it stays in this core's cache meanwhile: twice as fast as a target at a
+        time); a stack's columns taken, then transposed into place, a target at a time."""
+        for index, run in enumerate(self.runs):
             have = [j for j, column in enumerate(run.columns) if column in chunk]
             if not have:
                 continue
             if run.stack is None:
                 for j in have:
-                    block[j, start : start + rows] = chunk[run.columns[j]]
+                    values = chunk[run.columns[j]]
+                    for blocks, place in targets:
+                        placed(values, place, blocks[index][j])
                 continue
             first, last = have[0], have[-1] + 1
-            columns = [chunk[column] for column in run.columns[first:last]]
-            view = block[start : start + rows, first:last]
-            tile = max(TILE_BYTES // max(block.shape[1] * run.dtype.itemsize, 1), 1)
-            for at in range(0, rows, tile):
-                view[at : at + tile] = np.array([values[at : at + tile] for values in columns]).T
+            for blocks, (dst, src) in targets:
+                taken = [np.take(chunk[column], src) for column in run.columns[first:last]]
+                blocks[index][dst, first:last] = np.array(taken).T
 
-    def gather(self, blocks: Blocks, rows: np.ndarray, alloc: Alloc = fresh) -> Blocks:
-        """Each block's ``rows``, in that order, into ``alloc``'s memory: one ``np.take``
-        a run for all its columns (no transposing copy: a column's values stay a row)."""
+    def cut(self, blocks: Blocks, start: int, stop: int, alloc: Alloc = fresh) -> Blocks:
+        """Each block's rows ``start:stop`` (already in the epoch's order), copied into
+        ``alloc``'s memory: one copy a run for all its columns."""
         out = []
         for run, block in zip(self.runs, blocks, strict=True):
-            axis = 0 if run.stack is not None else 1
-            into = alloc(run.shape(len(rows)), run.dtype)
-            out.append(np.take(block, rows, axis=axis, out=into, mode="clip"))
+            part = block[start:stop] if run.stack is not None else block[:, start:stop]
+            out.append(copied(part, alloc))
         return tuple(out)
 
     def gathered_sizes(self, apart: Chunk, rows: int) -> list[int]:
-        """Bytes of each array a gather of ``rows`` rows makes: the runs' blocks and the
+        """Bytes of each array a cut of ``rows`` rows makes: the runs' blocks and the
         ``apart`` columns that are not objects."""
         shapes = [(run.shape(rows), run.dtype) for run in self.runs]
         shapes += [((rows, *v.shape[1:]), v.dtype) for v in apart.values() if v.dtype != object]
         return [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes]
 
     def split(self, gathered: Blocks, apart: Chunk) -> Chunk:
-        """Gathered blocks back as columns (each a contiguous row of its run's block; a
+        """Cut blocks back as columns (each a contiguous row of its run's block; a
         stack whole), with the ``apart`` ones, in order."""
         out = dict(apart)
         for run, block in zip(self.runs, gathered, strict=True):
@@ -281,10 +296,6 @@ class RowLayout:
             else:
                 out.update(zip(run.columns, block, strict=True))
         return {name: out[name] for name in self.order}
-
-
-def _rows(chunk: Chunk) -> int:
-    return len(next(iter(chunk.values()))) if chunk else 0
 
 
 def _copied(values: np.ndarray, into: np.ndarray) -> np.ndarray:

@@ -1,18 +1,16 @@
-"""A shuffled epoch's windows, read on the decode threads with one window of buffers.
+"""A shuffled epoch's windows, read on the decode threads, a window of memory at a time.
 
 A window's rows are permuted across the whole window (`sparkdist.data.rank.order`), so its
-first piece needs every row: a window's row groups are decoded whole into the reader's
-`Scratch` (a column group a task, side by side on the decode threads), then its rows are
-gathered in the epoch's order a piece at a time into fresh memory that is handed out
-(`row_block`). The scratch is needed only until the window's last piece is gathered, not
-until that piece is handed out: the next window is decoded then, and its first pieces
-gathered once it is, each step started by the decode thread that ends the one before,
-while the thread that reads ahead still hands out the pieces gathered ahead
-(`shuffled_chunks`). So the decode threads do not wait between windows for the reading
-thread to hand out a window's last pieces, plan the next one and come back for its first
-(where their time went before: docs/data.md, "Wide tables"), and the read still holds
-one window of buffers: a scratch is reused only once nothing gathers from it, and
-nothing handed out is a view of it.
+first piece needs every row: a window's row groups are decoded whole (a column group a
+task, side by side on the decode threads), and each decoded column is put straight into
+the window's pieces in the epoch's order (`row_block.RowLayout.fill`): fresh memory,
+handed out as it is, never reused by the reader. The next window is planned, and
+decoded, once this one's pieces are all handed out to the thread that reads ahead but
+the last ``2 * threads``, each step started by the decode thread that ends the one
+before (`shuffled_chunks`). So the decode threads do not wait between windows for the
+reading thread to hand out a window's last pieces and come back for the next (where
+their time went before: docs/data.md, "Wide tables"), and the read holds one window
+of memory and the pieces read ahead.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,57 +28,69 @@ from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo
 from sparkdist.data.rank import chunk_ring, order, row_block
 from sparkdist.data.rank.decode import Chunk, WindowDecoder, to_numpy_chunk, width
+from sparkdist.data.rank.piece_memory import PieceMemory
 
-Fill = Callable[[int, Chunk], None]  # writes a chunk into a window's rows from a row on
+Fill = Callable[[int, Chunk], None]  # puts a chunk's rows, decoded from a row on, in place
 
 
-class Scratch(threading.local):
-    """A thread's buffers that shuffled windows are decoded into, kept for the next window:
-    the window's scalar columns as a 2-D block a run (`row_block.RowLayout`), its other
-    columns an array each."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a window's decoded rows go: ``rows[i]`` is the decoded row (counted across
+    the window's row groups that are read) at position ``i`` of the epoch's order, and
+    the positions ``cuts[k]:cuts[k + 1]`` are the ``k``-th piece."""
 
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-        self.held: list[np.ndarray] = []
+    rows: np.ndarray
+    cuts: list[int]
 
-    def array(self, info: ColumnInfo, rows: int) -> np.ndarray:
-        """``rows`` rows of column ``info``, from the held array if it fits."""
-        shape = (info.length or 0,) if info.kind == "array" else ()
-        dtype = np.dtype(object if info.kind in ("string", "binary") else info.dtype)
-        held = self.arrays.get(info.name)
-        if held is None or len(held) < rows or held.shape[1:] != shape or held.dtype != dtype:
-            held = self.arrays[info.name] = np.empty((rows, *shape), dtype)
-        return held[:rows]
+    @functools.cached_property
+    def _span(self) -> tuple[int, int]:
+        return (int(self.rows.min()), int(self.rows.max())) if len(self.rows) else (0, -1)
 
-    def blocks(self, layout: row_block.RowLayout, rows: int) -> row_block.Blocks:
-        """Each run's block of ``rows`` rows, contiguous (``np.take`` copies a strided
-        one whole), in the held bytes where they fit."""
-        while len(self.held) < len(layout.runs):
-            self.held.append(np.empty(0, np.uint8))
-        out = []
-        for index, run in enumerate(layout.runs):
-            shape = run.shape(rows)
-            size = shape[0] * shape[1] * run.dtype.itemsize
-            if len(self.held[index]) < size:
-                self.held[index] = np.empty(size, np.uint8)
-            out.append(self.held[index][:size].view(run.dtype).reshape(shape))
-        return tuple(out)
+    @functools.cached_property
+    def _by_row(self) -> tuple[np.ndarray, np.ndarray]:
+        """The positions sorted by decoded row, and those rows (found by bisection)."""
+        positions = np.argsort(self.rows, kind="stable")
+        return positions, self.rows[positions]
+
+    def of(self, first: int, count: int) -> Iterator[tuple[int, row_block.Place]]:
+        """Where decoded rows ``first:first + count`` go: (a piece, (its rows, their rows
+        from ``first``)) for each piece that holds some; the piece whole (a slice) where
+        it holds only those rows (the usual window: one row group, one chunk a column)."""
+        low, high = self._span
+        if first <= low and high < first + count:
+            for index, (start, stop) in enumerate(itertools.pairwise(self.cuts)):
+                yield index, (slice(None), self.rows[start:stop] - first)
+            return
+        positions, rows = self._by_row
+        start, stop = np.searchsorted(rows, [first, first + count])
+        positions, rows = positions[start:stop], rows[start:stop] - first
+        pieces = np.searchsorted(self.cuts, positions, side="right") - 1
+        by_piece = np.argsort(pieces, kind="stable")
+        bounds = np.searchsorted(pieces[by_piece], np.arange(len(self.cuts)))
+        for index in range(len(self.cuts) - 1):
+            taken = by_piece[bounds[index] : bounds[index + 1]]
+            if len(taken):
+                yield index, (positions[taken] - self.cuts[index], rows[taken])
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A piece of a window, in fresh memory: a block a run (`row_block.RowLayout`), and
+    its other columns an array each."""
+
+    rows: int
+    blocks: row_block.Blocks
+    apart: Chunk
 
 
 @dataclass(frozen=True)
 class PlannedWindow:
-    """A shuffled window, planned: ``tasks`` decode its row groups into ``blocks`` and
-    ``apart`` (the scratch's), and the rows at positions ``cuts[i]:cuts[i + 1]`` of
-    ``rows`` (indices into the decoded rows, in the epoch's order) are its ``i``-th piece."""
+    """A shuffled window, planned: ``tasks`` decode its row groups and put their rows into
+    ``pieces`` (fresh memory each) in the epoch's order."""
 
-    rows: np.ndarray
-    blocks: row_block.Blocks
-    apart: Chunk
-    cuts: list[int]
+    rows: int
+    pieces: list[Piece]
     tasks: list[Callable[[], None]]
-
-    def pieces(self) -> Iterator[np.ndarray]:
-        return (self.rows[lo:hi] for lo, hi in itertools.pairwise(self.cuts))
 
 
 def plan_window(
@@ -89,17 +98,18 @@ def plan_window(
     epoch_order: order.EpochOrder,
     window: order.Window,
     ranges: list,
-    scratch: Scratch,
+    memory: PieceMemory,
     seen: int,
 ) -> PlannedWindow:
-    """The rows of ``ranges`` (positions inside ``window``) in the epoch's order, and the
-    work that decodes the window's row groups that hold them into ``scratch``: all of them
-    when the rank reads the whole window, else those it needs, one after the other.
+    """The work that decodes the window's row groups that hold the rows of ``ranges``
+    (positions inside ``window``) and puts those rows into the window's pieces in the
+    epoch's order: all row groups when the rank reads the whole window, else those it
+    needs, one after the other.
 
-    A window is decoded and gathered in pieces of a quarter chunk (about 2 MiB): 25-40 MiB
-    less memory in flight than whole chunks (docs/data.md). The pieces end where the
-    epoch's rows (``seen`` before the window) reach a multiple of a piece, whole batches
-    of the reader's (so few batches span two pieces: a copy each).
+    A window is decoded whole, and handed out in pieces of a quarter chunk (about 2 MiB):
+    25-40 MiB less memory in flight than whole chunks (docs/data.md). The pieces end
+    where the epoch's rows (``seen`` before the window) reach a multiple of a piece, whole
+    batches of the reader's (so few batches span two pieces: a copy each).
     """
     piece = max(decoder.chunk_rows // 4, 1)
     permutation = epoch_order.permutation(window)
@@ -111,39 +121,75 @@ def plan_window(
     hit = np.arange(len(window.blocks))
     if len(rows) < window.rows and len(window.blocks) > 1:
         hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
-    total = int(sum(window.blocks[index].rows for index in hit))
-    layout = decoder.row_layout
-    blocks = scratch.blocks(layout, total)
-    known = {info.name: info for info in decoder.columns}
-    apart = {name: scratch.array(known[name], total) for name in layout.apart}
-    fill = functools.partial(_fill, layout, blocks, apart)
-    footers: dict[str, object] = {}  # each file's, read once by the window's tasks
-    offsets, filled, tasks = np.zeros(len(window.blocks), dtype=np.int64), 0, []
-    for index in hit:
-        offsets[index] = filled - bounds[index]
-        block = window.blocks[index]
-        groups = column_groups(decoder, block)
-        if groups is None:  # rows streamed, filled as they come
-            tasks.append(functools.partial(_stream_into, decoder, block, piece, fill, filled))
-        else:  # a task a column group, all of the window's at once: a thread done takes another
-            task = functools.partial(_columns_into, decoder, block, fill, filled, footers)
-            tasks += [functools.partial(task, group) for group in groups]
-        filled += block.rows
-    if offsets.any():  # only some row groups were decoded, one after the other
+    offsets, firsts = np.zeros(len(window.blocks), dtype=np.int64), []
+    for index in hit:  # the hit row groups are decoded one after the other
+        firsts.append(int(sum(window.blocks[i].rows for i in hit if i < index)))
+        offsets[index] = firsts[-1] - bounds[index]
+    rows = np.asarray(rows, dtype=np.intp)  # ``np.take``'s indices, not cast at each call
+    if offsets.any():  # only some row groups are decoded: rows counted among those
         rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
     cuts = [0, *range((-seen) % piece or piece, len(rows), piece), len(rows)]
-    return PlannedWindow(rows, blocks, apart, cuts, tasks)
+    pieces = [_piece(decoder, memory, stop - start) for start, stop in itertools.pairwise(cuts)]
+    fill = functools.partial(_fill, decoder.row_layout, pieces, Placement(rows, cuts))
+    footers: dict[str, object] = {}  # each file's, read once by the window's tasks
+    tasks: list[Callable[[], None]] = []
+    for index, first in zip(hit, firsts, strict=True):
+        block = window.blocks[index]
+        groups = column_groups(decoder, block)
+        if groups is None:  # rows streamed, put in place as they come
+            tasks.append(functools.partial(_stream_into, decoder, block, piece, fill, first))
+        else:  # a task a column group, all of the window's at once: a thread done takes another
+            task = functools.partial(_columns_into, decoder, block, fill, first, footers)
+            tasks += [functools.partial(task, group) for group in groups]
+    return PlannedWindow(len(rows), pieces, tasks)
+
+
+def _piece(decoder: WindowDecoder, memory: PieceMemory, rows: int) -> Piece:
+    """A piece of ``rows`` rows in ``memory``: a block a run, an array a column apart."""
+    layout = decoder.row_layout
+    known = {info.name: info for info in decoder.columns}
+    shapes = [(run.shape(rows), run.dtype) for run in layout.runs]
+    apart = [(name, _shape(known[name], rows), _dtype(known[name])) for name in layout.apart]
+    sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes]
+    sizes += [
+        int(np.prod(shape)) * dtype.itemsize for _, shape, dtype in apart if dtype.kind != "O"
+    ]
+    carver = memory.carver(chunk_ring.room_for(sizes))
+    blocks = tuple(carver.carve(shape, dtype) for shape, dtype in shapes)
+    columns = {
+        name: np.empty(shape, object) if dtype.kind == "O" else carver.carve(shape, dtype)
+        for name, shape, dtype in apart
+    }
+    return Piece(rows, blocks, columns)
+
+
+def _shape(info: ColumnInfo, rows: int) -> tuple[int, ...]:
+    return (rows, info.length or 0) if info.kind == "array" else (rows,)
+
+
+def _dtype(info: ColumnInfo) -> np.dtype:
+    return np.dtype(object if info.kind in ("string", "binary") else info.dtype)
 
 
 def _fill(
-    layout: row_block.RowLayout, blocks: row_block.Blocks, apart: Chunk, first: int, chunk: Chunk
+    layout: row_block.RowLayout,
+    pieces: list[Piece],
+    placement: Placement,
+    first: int,
+    chunk: Chunk,
 ) -> None:
-    """Write ``chunk``'s columns into the window's rows from ``first`` on."""
-    stop = first + (len(next(iter(chunk.values()))) if chunk else 0)
-    layout.fill(blocks, chunk, first)
-    for name in layout.apart:
-        if name in chunk:
-            apart[name][first:stop] = chunk[name]
+    """Put ``chunk``'s columns (decoded rows from ``first`` on) where the epoch's order
+    puts them in the window's pieces."""
+    targets = [(pieces[index], place) for index, place in placement.of(first, _rows(chunk))]
+    layout.fill([(piece.blocks, place) for piece, place in targets], chunk)
+    for piece, place in targets:
+        for name, values in piece.apart.items():
+            if name in chunk:
+                row_block.placed(chunk[name], place, values)
+
+
+def _rows(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values()))) if chunk else 0
 
 
 def _columns_into(
@@ -209,140 +255,65 @@ def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[Colum
     return groups
 
 
-def gather(decoder: WindowDecoder, window: PlannedWindow, picked: np.ndarray) -> Chunk:
-    """The decoded rows ``picked`` of ``window``, in that order, as a chunk of fresh memory,
-    or of the decoder's ``memory`` (a device feed's slot) where no transform follows
-    (transformed and stacked as the decoder says)."""
-    layout, alloc = decoder.row_layout, row_block.fresh
+def handed(decoder: WindowDecoder, piece: Piece) -> Chunk:
+    """A piece as the chunk handed out: transformed and stacked as the decoder says; first
+    copied into the decoder's ``memory`` (a device feed's slot) where no transform follows."""
+    layout, blocks, apart = decoder.row_layout, piece.blocks, piece.apart
     if decoder.memory is not None and decoder.transform is None:
-        nbytes = chunk_ring.room_for(layout.gathered_sizes(window.apart, len(picked)))
-        alloc = decoder.memory(nbytes, len(picked)).carve
-    apart = window.apart.items()
-    columns = {name: row_block.gather(values, picked, alloc) for name, values in apart}
-    return decoder.transformed(layout.split(layout.gather(window.blocks, picked, alloc), columns))
+        nbytes = chunk_ring.room_for(layout.gathered_sizes(apart, piece.rows))
+        alloc = decoder.memory(nbytes, piece.rows).carve
+        apart = {name: row_block.copied(values, alloc) for name, values in apart.items()}
+        blocks = tuple(row_block.copied(block, alloc) for block in blocks)
+    return decoder.transformed(layout.split(blocks, apart))
 
 
 def shuffled_chunks(
     decoder: WindowDecoder,
     plan: order.EpochPlan,
-    scratch: Scratch,
+    memory: PieceMemory,
     pool: ThreadPoolExecutor | None,
 ) -> Iterator[Chunk]:
-    """One shuffled epoch's chunks, window after window, gathered ``2 * threads`` pieces
-    ahead on ``pool``. Once a window's last piece is gathered, the next window is decoded
-    into the same scratch and its first pieces gathered, by the decode threads as each
-    step ends (`_Work.later`), while this window's last pieces are still handed out.
-    Without a pool, the same steps run one after the other in this thread."""
-    work = _Work(pool)
+    """One shuffled epoch's chunks, window after window, handed ``2 * threads`` pieces
+    ahead on ``pool``. Once a window's pieces are all with the pool but those, the next
+    window is planned and its decoding queued behind them, so the decode threads decode
+    it while this window's last pieces are handed out. Without a pool, the same steps run
+    one after the other in this thread."""
     ahead = 2 * decoder.threads if pool is not None else 1
     windows = list(plan.pieces)
-    pending: collections.deque[Future] = collections.deque()
+    pending: collections.deque[Future] = collections.deque()  # pieces being handed
+    decoding: list[Future] = []  # the window's decoding
     try:
         if windows:
-            first = plan_window(decoder, plan.order, *windows[0], scratch, 0)
-            started = _start(work, decoder, first, [], ahead)
+            window = plan_window(decoder, plan.order, *windows[0], memory, 0)
+            decoding = [_submit(pool, task) for task in window.tasks]
         seen = 0
         for index in range(len(windows)):
-            current, decoding, pieces, gathering = started
-            pending.extend(gathering)
-            following = None
-            if index + 1 < len(windows):  # planned while this window is decoded
-                rows = seen + len(current.rows)
-                following = plan_window(decoder, plan.order, *windows[index + 1], scratch, rows)
             for future in decoding:  # a decoding error is raised before any piece
                 future.result()
-            more = itertools.islice(pieces, ahead - len(pending))  # the first were gathering
-            pending.extend(work.submit(gather, decoder, current, picked) for picked in more)
-            for picked in pieces:
+            pieces = iter(window.pieces)
+            first = itertools.islice(pieces, ahead)
+            pending.extend(_submit(pool, handed, decoder, piece) for piece in first)
+            for piece in pieces:
                 yield pending.popleft().result()
-                pending.append(work.submit(gather, decoder, current, picked))
-            if following is not None:  # once nothing gathers from the scratch
-                started = _start(work, decoder, following, list(pending), decoder.threads)
+                pending.append(_submit(pool, handed, decoder, piece))
+            seen += window.rows
+            if index + 1 < len(windows):  # its memory, once this one's is handed out
+                window = plan_window(decoder, plan.order, *windows[index + 1], memory, seen)
+                decoding = [_submit(pool, task) for task in window.tasks]
             while pending:
                 yield pending.popleft().result()
-            seen += len(current.rows)
     finally:
-        work.stop()  # what waits on another step never starts
-        for future in pending:
+        for future in [*pending, *decoding]:  # what has not started never does
             future.cancel()
 
 
-def _start(
-    work: _Work, decoder: WindowDecoder, window: PlannedWindow, after: list[Future], count: int
-) -> tuple[PlannedWindow, list[Future], Iterator[np.ndarray], list[Future]]:
-    """Decode ``window`` once all of ``after`` are done, then gather its first ``count``
-    pieces: (the window, its decoding, its pieces left, the pieces being gathered)."""
-    decoding = [work.later(after, task) for task in window.tasks]
-    pieces = window.pieces()
-    picked = itertools.islice(pieces, count)
-    return (
-        window,
-        decoding,
-        pieces,
-        [work.later(decoding, gather, decoder, window, p) for p in picked],
-    )
-
-
-class _Work:
-    """Runs a shuffled read's tasks on the decode threads' ``pool``, or (None) at once in
-    the calling thread."""
-
-    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
-        self.pool = pool
-        self.stopped = False
-
-    def submit(self, function: Callable, *args: object) -> Future:
-        if self.pool is not None:
-            return self.pool.submit(function, *args)
-        future: Future = Future()
-        try:
-            future.set_result(function(*args))
-        except Exception as error:  # raised where the result is asked for, as a pool's is
-            future.set_exception(error)
-        return future
-
-    def later(self, first: Sequence[Future], function: Callable, *args: object) -> Future:
-        """A future of ``function(*args)``, submitted once all of ``first`` are done, by
-        the thread that finished the last of them: no thread waits for them."""
-        proxy: Future = Future()
-
-        def start() -> None:
-            if self.stopped or not proxy.set_running_or_notify_cancel():
-                return  # the read ended, or gave this step up
-            try:
-                self.submit(function, *args).add_done_callback(functools.partial(_copy, proxy))
-            except RuntimeError as error:  # the pool was shut down as the read ended
-                proxy.set_exception(error)
-
-        _when_all(first, start)
-        return proxy
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
-def _when_all(futures: Sequence[Future], then: Callable[[], None]) -> None:
-    """Call ``then()`` once every one of ``futures`` is done (at once if none is left)."""
-    left, lock = [len(futures)], threading.Lock()
-
-    def one_done(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            then()
-
-    if not futures:
-        then()
-    for future in futures:
-        future.add_done_callback(one_done)
-
-
-def _copy(proxy: Future, done: Future) -> None:
-    """``proxy`` gets ``done``'s outcome."""
-    if done.cancelled():
-        proxy.set_exception(CancelledError())
-    elif done.exception() is not None:
-        proxy.set_exception(done.exception())
-    else:
-        proxy.set_result(done.result())
+def _submit(pool: ThreadPoolExecutor | None, function: Callable, *args: object) -> Future:
+    """``function(*args)`` on ``pool``, or (None) at once in this thread."""
+    if pool is not None:
+        return pool.submit(function, *args)
+    future: Future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as error:  # raised where the result is asked for, as a pool's is
+        future.set_exception(error)
+    return future
