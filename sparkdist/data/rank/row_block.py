@@ -2,26 +2,24 @@
 feature stacks.
 
 A Spark table usually holds its features as scalar columns, one per feature. A shuffled
-window's rows are permuted across the whole window, so every row of a piece handed out
-comes from anywhere in it. Gathered a piece at a time from columns laid out as decoded,
-each piece reads one value from each of thousands of cache lines of every column: the
-window's columns (33 MiB at 64 columns) pass from the shared cache to a core's once a
-piece, 16 times a window, and 64 columns cost 4 ns a value (docs/data.md, "Wide tables").
-So the order is applied as a row group is decoded instead (`RowLayout.fill`): each
-decoded column, still in the decoding core's cache, is gathered whole into its row of
-the window's block in the epoch's order (``np.take`` over one column: 1.7 ns a value), and
-a piece is then a plain copy of a stretch of rows (`RowLayout.cut`).
+window's rows are permuted across the whole window, so every piece handed out holds rows
+from anywhere in it. Gathered a piece at a time from the columns as decoded, each piece
+read one value from each of thousands of cache lines of every column: the window's columns
+(33 MiB at 64 columns) passed from the shared cache to a core's once a piece, 16 times a
+window, at 4 ns a value (docs/data.md, "Wide tables"). So the order is applied as a row
+group is decoded instead (`RowLayout.fill`): each decoded column, still in the decoding
+core's cache, is taken whole into the pieces in the epoch's order (``np.take``: 1.7 ns a
+value), and the pieces are handed out as they are.
 
-`RowLayout` puts a window's scalar columns of one dtype into one 2-D block, a column a
-row (``[k, rows]``), so that a piece is one copy for all of them, and each column of it a
-contiguous row of the result.
+`RowLayout` puts a piece's scalar columns of one dtype into one 2-D block, a column a row
+(``[k, rows]``): each column is a contiguous row of it, handed out as it is.
 
-A feature stack (``features={"x": ["f0", ..., "f63"]}`` on a loader) is a block of whole
-rows: its columns are laid out next to each other, so the rows cut from it already are
-the ``[rows, 64]`` array the model wants, made in the decode worker, not stacked per
-batch. Read in order, where nothing is gathered, `stack_features` builds it with one
-``np.stack`` a chunk. Array columns are already rows, and strings are Python objects:
-both are put in order as they are.
+A feature stack (``features={"x": ["f0", ..., "f63"]}`` on a loader) is a run of its own,
+transposed whole into the ``[rows, 64]`` array the model wants as its piece is handed out
+(`RowLayout.split`), in the decode worker, not stacked per batch. Read in order, where
+nothing is gathered, `stack_features` builds it with one transposing copy a chunk. Array
+columns are already rows, and strings are Python objects: both are put in order as they
+are.
 """
 
 from __future__ import annotations
@@ -61,13 +59,15 @@ Place = tuple[slice | np.ndarray, np.ndarray]  # (rows of the block, rows of the
 def placed(values: np.ndarray, place: Place, into: np.ndarray) -> None:
     """Put ``values[src]`` at rows ``dst`` of ``into`` (``place`` is ``(dst, src)``).
 
-    A chunk that holds all the rows the block wants (the usual window: one row group) is
-    gathered straight into the block with ``np.take`` (numpy indexing copies element by
-    element, twice as slow; "raise" would copy ``out`` again); otherwise its rows are
-    gathered, then written where they go.
+    Where ``dst`` is all of ``into`` (a chunk that holds all of a piece's rows: the usual
+    window, one row group) and the types match, the rows are taken straight into it with
+    ``np.take`` (numpy indexing copies element by element, twice as slow; "raise" would
+    copy ``out`` again); otherwise they are taken, then written where they go (a stack's
+    column of another type is cast).
     """
     dst, src = place
-    if isinstance(dst, slice) and into[dst].flags.c_contiguous and values.dtype != object:
+    direct = isinstance(dst, slice) and into.dtype == values.dtype != object
+    if direct and into[dst].flags.c_contiguous:
         np.take(values, src, axis=0, out=into[dst], mode="clip")
     else:
         into[dst] = np.take(values, src, axis=0)
@@ -194,29 +194,28 @@ def stack_features(
 
 @dataclass(frozen=True)
 class Run:
-    """Scalar columns of one dtype, gathered together; a stack (``stack``, its name) comes
-    out as one ``[rows, k]`` array, the others as a column each."""
+    """Scalar columns of one dtype, held together as a block, a column a row
+    (``[k, rows]``); a stack (``stack``, its name) comes out as one ``[rows, k]`` array,
+    the others as a column each."""
 
     columns: tuple[str, ...]
     dtype: np.dtype
     stack: str | None = None
 
     def shape(self, rows: int) -> tuple[int, int]:
-        """Its block's shape: a stack's rows hold its values side by side (``[rows, k]``),
-        the others are a column a row (``[k, rows]``)."""
-        return (rows, len(self.columns)) if self.stack is not None else (len(self.columns), rows)
+        return (len(self.columns), rows)
 
 
-Blocks = tuple[np.ndarray, ...]  # a window's runs, one 2-D block each (`Run.shape`)
+Blocks = tuple[np.ndarray, ...]  # a piece's runs, one ``[k, rows]`` block each
 
 
 @dataclass(frozen=True)
 class RowLayout:
-    """How a window's scalar columns are held for a shuffled read: a 2-D block a run.
+    """How a shuffled read's scalar columns are held: a ``[k, rows]`` block a run.
 
     ``runs`` hold the scalar columns, grouped by dtype (a stack is a run of its own);
-    ``apart`` are the columns gathered on their own (arrays, strings); ``order`` is the
-    order the columns come out in.
+    ``apart`` are the columns put in order on their own (arrays, strings); ``order`` is
+    the order the columns come out in.
     """
 
     runs: tuple[Run, ...]
@@ -252,49 +251,38 @@ class RowLayout:
 
     def fill(self, targets: Sequence[tuple[Blocks, Place]], chunk: Chunk) -> None:
         """Put ``chunk``'s scalar columns (all, or a stretch of `decode_order`) into each
-        target's blocks at its place (`placed`): a column taken into every target in turn
-        (so it stays in this core's cache meanwhile: twice as fast as a target at a
-        time); a stack's columns taken, then transposed into place, a target at a time."""
+        target's blocks at its place (`placed`), a column taken into every target in turn
+        (so that it stays in this core's cache meanwhile: twice as fast as a target at a
+        time, all columns)."""
         for index, run in enumerate(self.runs):
-            have = [j for j, column in enumerate(run.columns) if column in chunk]
-            if not have:
-                continue
-            if run.stack is None:
-                for j in have:
-                    values = chunk[run.columns[j]]
+            for j, column in enumerate(run.columns):
+                if column in chunk:
                     for blocks, place in targets:
-                        placed(values, place, blocks[index][j])
-                continue
-            first, last = have[0], have[-1] + 1
-            for blocks, (dst, src) in targets:
-                taken = [np.take(chunk[column], src) for column in run.columns[first:last]]
-                blocks[index][dst, first:last] = np.array(taken).T
+                        placed(chunk[column], place, blocks[index][j])
 
-    def cut(self, blocks: Blocks, start: int, stop: int, alloc: Alloc = fresh) -> Blocks:
-        """Each block's rows ``start:stop`` (already in the epoch's order), copied into
-        ``alloc``'s memory: one copy a run for all its columns."""
-        out = []
-        for run, block in zip(self.runs, blocks, strict=True):
-            part = block[start:stop] if run.stack is not None else block[:, start:stop]
-            out.append(copied(part, alloc))
-        return tuple(out)
-
-    def gathered_sizes(self, apart: Chunk, rows: int) -> list[int]:
-        """Bytes of each array a cut of ``rows`` rows makes: the runs' blocks and the
-        ``apart`` columns that are not objects."""
+    def sizes(self, rows: int, apart: Chunk) -> list[int]:
+        """Bytes of each array `split` hands out for ``rows`` rows, in ``alloc``'s memory
+        (the runs, a stack transposed) and copied into it (``apart``, but objects)."""
         shapes = [(run.shape(rows), run.dtype) for run in self.runs]
         shapes += [((rows, *v.shape[1:]), v.dtype) for v in apart.values() if v.dtype != object]
         return [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes]
 
-    def split(self, gathered: Blocks, apart: Chunk) -> Chunk:
-        """Cut blocks back as columns (each a contiguous row of its run's block; a
-        stack whole), with the ``apart`` ones, in order."""
+    def split(self, blocks: Blocks, apart: Chunk, alloc: Alloc | None = None) -> Chunk:
+        """Blocks back as columns (each a contiguous row of its run's block; a stack
+        transposed whole into ``[rows, k]``: one copy a piece, numpy's blocked transpose),
+        with the ``apart`` ones, in order. With ``alloc`` (a device feed's slot) every
+        array but the objects is copied into it; a stack's transpose always goes there
+        (``alloc`` or fresh memory)."""
         out = dict(apart)
-        for run, block in zip(self.runs, gathered, strict=True):
+        if alloc is not None:
+            out = {name: copied(values, alloc) for name, values in apart.items()}
+        for run, block in zip(self.runs, blocks, strict=True):
             if run.stack is not None:
-                out[run.stack] = block
+                rows, k = block.shape[1], block.shape[0]
+                out[run.stack] = _copied(block.T, (alloc or fresh)((rows, k), run.dtype))
             else:
-                out.update(zip(run.columns, block, strict=True))
+                columns = block if alloc is None else copied(block, alloc)
+                out.update(zip(run.columns, columns, strict=True))
         return {name: out[name] for name in self.order}
 
 

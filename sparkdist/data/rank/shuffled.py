@@ -256,15 +256,13 @@ def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[Colum
 
 
 def handed(decoder: WindowDecoder, piece: Piece) -> Chunk:
-    """A piece as the chunk handed out: transformed and stacked as the decoder says; first
-    copied into the decoder's ``memory`` (a device feed's slot) where no transform follows."""
-    layout, blocks, apart = decoder.row_layout, piece.blocks, piece.apart
+    """A piece as the chunk handed out: transformed and stacked as the decoder says, in
+    the decoder's ``memory`` (a device feed's slot) where no transform follows."""
+    layout, alloc = decoder.row_layout, None
     if decoder.memory is not None and decoder.transform is None:
-        nbytes = chunk_ring.room_for(layout.gathered_sizes(apart, piece.rows))
+        nbytes = chunk_ring.room_for(layout.sizes(piece.rows, piece.apart))
         alloc = decoder.memory(nbytes, piece.rows).carve
-        apart = {name: row_block.copied(values, alloc) for name, values in apart.items()}
-        blocks = tuple(row_block.copied(block, alloc) for block in blocks)
-    return decoder.transformed(layout.split(blocks, apart))
+    return decoder.transformed(layout.split(piece.blocks, piece.apart, alloc))
 
 
 def shuffled_chunks(
