@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,11 +87,19 @@ class Piece:
 @dataclass(frozen=True)
 class PlannedWindow:
     """A shuffled window, planned: ``tasks`` decode its row groups and put their rows into
-    ``pieces`` (fresh memory each) in the epoch's order."""
+    ``pieces`` (of ``sizes`` rows each) in the epoch's order."""
 
     rows: int
-    pieces: list[Piece]
+    sizes: list[int]
+    pieces: list[Piece]  # none until `decode`
     tasks: list[Callable[[], None]]
+
+    def decode(self, decoder: WindowDecoder, memory: PieceMemory, pool: Any) -> list[Future]:
+        """Take the pieces' memory and start the tasks (on ``pool``, or at once in this
+        thread): the memory is taken only now, not as the window is planned, so that a
+        read holds one window planned ahead but the memory of the one being handed out."""
+        self.pieces[:] = [_piece(decoder, memory, rows) for rows in self.sizes]
+        return [_submit(pool, task) for task in self.tasks]
 
 
 def plan_window(
@@ -98,7 +107,6 @@ def plan_window(
     epoch_order: order.EpochOrder,
     window: order.Window,
     ranges: list,
-    memory: PieceMemory,
     seen: int,
 ) -> PlannedWindow:
     """The work that decodes the window's row groups that hold the rows of ``ranges``
@@ -129,7 +137,7 @@ def plan_window(
     if offsets.any():  # only some row groups are decoded: rows counted among those
         rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
     cuts = [0, *range((-seen) % piece or piece, len(rows), piece), len(rows)]
-    pieces = [_piece(decoder, memory, stop - start) for start, stop in itertools.pairwise(cuts)]
+    pieces: list[Piece] = []  # `PlannedWindow.decode` takes their memory
     fill = functools.partial(_fill, decoder.row_layout, pieces, Placement(rows, cuts))
     footers: dict[str, object] = {}  # each file's, read once by the window's tasks
     tasks: list[Callable[[], None]] = []
@@ -141,7 +149,8 @@ def plan_window(
         else:  # a task a column group, all of the window's at once: a thread done takes another
             task = functools.partial(_columns_into, decoder, block, fill, first, footers)
             tasks += [functools.partial(task, group) for group in groups]
-    return PlannedWindow(len(rows), pieces, tasks)
+    sizes = [stop - start for start, stop in itertools.pairwise(cuts)]
+    return PlannedWindow(len(rows), sizes, pieces, tasks)
 
 
 def _piece(decoder: WindowDecoder, memory: PieceMemory, rows: int) -> Piece:
@@ -206,7 +215,10 @@ def _columns_into(
     url = decoder.layout.file_urls[block.file_index]
     parquet = fs.open_parquet(url, footers.get(url))
     footers.setdefault(url, parquet.metadata)
-    table = parquet.read_row_group(block.row_group, columns=[info.name for info in columns])
+    # Decoded in this thread where the window's groups are shared by several: Arrow's own
+    # pool has OMP_NUM_THREADS threads (one under torchrun) and would decode them in turn.
+    names, alone = [info.name for info in columns], decoder.threads == 1
+    table = parquet.read_row_group(block.row_group, columns=names, use_threads=alone)
     fill(first, to_numpy_chunk(table, columns))
 
 
@@ -282,10 +294,14 @@ def shuffled_chunks(
     decoding: list[Future] = []  # the window's decoding
     try:
         if windows:
-            window = plan_window(decoder, plan.order, *windows[0], memory, 0)
-            decoding = [_submit(pool, task) for task in window.tasks]
+            window = plan_window(decoder, plan.order, *windows[0], 0)
+            decoding = window.decode(decoder, memory, pool)
         seen = 0
         for index in range(len(windows)):
+            following = None
+            if index + 1 < len(windows):  # planned while this window is decoded
+                rows = seen + window.rows
+                following = plan_window(decoder, plan.order, *windows[index + 1], rows)
             for future in decoding:  # a decoding error is raised before any piece
                 future.result()
             pieces = iter(window.pieces)
@@ -295,9 +311,9 @@ def shuffled_chunks(
                 yield pending.popleft().result()
                 pending.append(_submit(pool, handed, decoder, piece))
             seen += window.rows
-            if index + 1 < len(windows):  # its memory, once this one's is handed out
-                window = plan_window(decoder, plan.order, *windows[index + 1], memory, seen)
-                decoding = [_submit(pool, task) for task in window.tasks]
+            if following is not None:  # its memory, once this window's is handed on
+                window = following
+                decoding = window.decode(decoder, memory, pool)
             while pending:
                 yield pending.popleft().result()
     finally:
