@@ -266,3 +266,38 @@ def test_a_task_beyond_the_worlds_room_is_released_at_check_in():
         gang.close()
         first.join(timeout=10)
     assert isinstance(answers[1], messages.GangRelease)  # the attempt ended
+
+
+def test_a_task_gone_between_forming_and_seating_is_seated_and_reported_lost():
+    """A task whose connection closes after `Gang.form` chose it, before `Gang.seat`
+    (its executor lost in that moment: test_elastic_seat_lost kills one there), is seated
+    all the same and reported as a closed seat, which relaunches the world; before, its
+    seating raised ValueError (it was no longer waiting) and left the gang's tasks
+    running."""
+    from sparkdist.network import split_address
+    from sparkdist.protocol import messages, wire
+    from sparkdist.runner.driver.launch.gang import Gang
+
+    secret = wire.new_secret()
+    gang = Gang(secret, "127.0.0.1", "127.0.0.1")
+    closed: list[tuple[int, str]] = []
+    gang.closed_seat = lambda index, host: closed.append((index, host))
+    channels = []
+    try:
+        for task_id in (1, 2):
+            channel = wire.connect(split_address(gang.address), secret)
+            check = messages.GangCheckIn(task_id, "127.0.0.1", 1000 + task_id, task_id)
+            channel.send(messages.encode(check))
+            channels.append(channel)
+        chosen = gang.form(2, 2, 30, 2, 2)
+        channels[1].close()  # task 2 is lost once chosen, before it is seated
+        wait_for(lambda: gang.standing_by() == 1, "the lost task taken off the list", 30)
+        gang.seat(chosen, 2, "127.0.0.1:1")
+        seat = messages.decode(channels[0].recv(), messages.GANG_ORDERS)
+        assert isinstance(seat, messages.GangSeat) and seat.index == 0
+        wait_for(lambda: closed == [(1, "127.0.0.1")], "the lost task's seat reported", 30)
+        assert gang.standing_by() == 0
+    finally:
+        for channel in channels:
+            channel.close()
+        gang.close()

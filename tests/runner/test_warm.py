@@ -209,7 +209,11 @@ def test_an_elastic_world_relaunches_within_a_run_and_stays_warm(sc, caplog):
     relaunches = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
     assert len(relaunches) == 1 and "resuming from step 1" in relaunches[0], caplog.text
     assert [r["pid"] for r in second] == [r["pid"] for r in first]  # kept warm
-    assert [(r["attempt"], r["resumed"]) for r in second] == [(0, None), (0, None)]
+    assert [r["attempt"] for r in second] == [0, 0]
+    # Nothing of the first run's store to resume. Rank 0's answer is the one to read: it
+    # asks before it saves anything, while rank 1 (no collective holds it back here) may
+    # ask after rank 0 saved this run's step 1, and then resume from it (it did, once).
+    assert second[0]["resumed"] is None
     assert _gone([r["pid"] for r in second]) == []
 
 

@@ -198,7 +198,12 @@ class Gang:
         return len(going)
 
     def _seat(self, arrival: _Arrival, seat: messages.GangSeat) -> None:
-        self._waiting.remove(arrival)
+        """Give `arrival` its seat. A task chosen by `form` may have gone between `form`
+        and its seating (its connection closed: `_watch` took it off the waiting list);
+        it is seated all the same, and its closed seat (`closed_seat`) then tells the
+        world it was lost, as for a task lost just after its seat."""
+        if arrival in self._waiting:
+            self._waiting.remove(arrival)
         arrival.decision = messages.encode(seat)
         arrival.decided.set()
 
