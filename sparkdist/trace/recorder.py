@@ -220,6 +220,11 @@ class JobTrace:
         """The trace's clock: µs since the job started, on the driver."""
         return (time.monotonic() - self._start) * 1e6
 
+    def at_us(self, monotonic_s: float) -> float:
+        """The trace's clock at `monotonic_s` (this process's `time.monotonic()`): one
+        mapping for every call, where reading both clocks apart drifts by a thread switch."""
+        return (monotonic_s - self._start) * 1e6
+
     def clock_for_rank(self) -> float:
         """What a rank's `Welcome` says of the clock: now, or -1 when nothing is traced."""
         return self.now_us() if self.enabled else -1.0
@@ -314,14 +319,16 @@ class JobTrace:
             self.driver.counter("world size", now, {"ranks": size})
             self.driver.instant("world change", now, {"ranks": size, "why": why[:500]})
 
-    def stall(self, since_us: float, until_us: float, why: str, silent: dict[int, float]):
-        """No rank spoke from `since_us` to `until_us`; `silent`: each quiet rank's last
-        sign of life."""
+    def stall(
+        self, since_us: float, until_us: float, why: str, silent: dict[int, tuple[float, float]]
+    ) -> None:
+        """No rank spoke from `since_us` to `until_us`; `silent`: each quiet rank's silence,
+        from its last sign of life to its next (or the stall's end)."""
         with self._lock:
             self.driver.lanes[STALLS].add(since_us, until_us - since_us, "stall", {"why": why})
-            for rank, last in silent.items():
+            for rank, (last, spoke) in silent.items():
                 lane = self._rank(rank).lanes[STALLS]
-                lane.add(last, max(0.0, until_us - last), "silent", None)
+                lane.add(last, max(0.0, spoke - last), "silent", None)
 
     def run(self, name: str, since_us: float, args: dict | None = None) -> None:
         """A warm world's run, from `since_us` to now, on the driver's job lane (inside

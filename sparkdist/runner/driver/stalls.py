@@ -217,6 +217,20 @@ class SignsOfLife:
         if steps is not None:
             self.stragglers.progress(rank, kind, steps, now)
 
+    def lasts(self, ranks: list[int], since: float) -> dict[int, float]:
+        """Each of `ranks`' last sign of life no later than `since` (never heard: `since`)."""
+        return {r: min(self.by_rank.get(r, since), since) for r in ranks}
+
+    def silences(
+        self, lasts: dict[int, float], since: float, until: float
+    ) -> dict[int, tuple[float, float]]:
+        """Each rank's silence in a stall from `since` to `until`: from its last sign of
+        life before it (`lasts`) until it spoke again, else `until`. Not until another rank
+        spoke after it: its next stall's silence, from its own sign, would overlap this one
+        (ranks whose last signs came within one of the watch's ticks, on a loaded machine)."""
+        spoke = {r: self.by_rank.get(r, last) for r, last in lasts.items()}
+        return {r: (last, spoke[r] if spoke[r] > since else until) for r, last in lasts.items()}
+
 
 def where(state, why: str, nccl: bool = False, only_answers: bool = False) -> str:
     """Ask every running rank for its stacks; each full dump goes to its rank log (NCCL
@@ -398,8 +412,8 @@ class StallWatch:
         self._clock = StallClock(options.start_timeout)
         self._stop = threading.Event()
         self._warned_at: float | None = None
-        self._silent: list[int] = []
-        """The ranks running when the stall was noticed (the trace's silent ranks)."""
+        self._silent: dict[int, float] = {}
+        """The ranks running when the stall was noticed, with their last signs of life."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="sparkdist-stalls")
         self._follow = follow
         """Where the state to watch is now: a warm world's run whose world relaunched
@@ -554,23 +568,21 @@ class StallWatch:
         return True
 
     def _noticed(self, since: float) -> None:
-        """A stall since `since` (monotonic): its running ranks are its silent ones."""
+        """A stall since `since` (monotonic): its running ranks are its silent ones, each
+        from its last sign of life, taken now (one that speaks replaces it)."""
         if self._warned_at != since:
             with self.state.cond:
-                self._silent = self.state.rank_records.running()
+                self._silent = self.state.life.lasts(self.state.rank_records.running(), since)
         self._warned_at = since
 
     def _trace_stall(self, life: SignsOfLife) -> None:
         """The stall that began at the last warning's sign of life, in the trace: on the
-        driver, and each rank silent since then from its own last sign of life; it ended
-        when a rank spoke again (else now)."""
+        driver, until a rank spoke again (else now), and each rank's silence in it
+        (`SignsOfLife.silences`), on one mapping of the clocks: stalls that meet, meet."""
         since, self._warned_at = self._warned_at, None
-        trace, now = self.state.trace, time.monotonic()
-        until = life.last if life.last > since else now
-        to_us = trace.now_us() - now * 1e6
-        # Each rank running when the stall was noticed, from its last sign of life (one
-        # never heard: from the stall's start).
-        last = {r: min(life.by_rank.get(r, since), since) for r in self._silent}
-        silent = {r: seen * 1e6 + to_us for r, seen in last.items()}
+        until = life.last if life.last > since else time.monotonic()
+        at = self.state.trace.at_us
+        silences = life.silences(self._silent, since, until).items()
+        silent = {rank: (at(last), at(spoke)) for rank, (last, spoke) in silences}
         why = f"no sign of life for {until - since:.0f}s"
-        trace.stall(since * 1e6 + to_us, until * 1e6 + to_us, why, silent)
+        self.state.trace.stall(at(since), at(until), why, silent)
