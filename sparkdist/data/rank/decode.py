@@ -4,7 +4,7 @@ A window is consecutive row groups of an epoch's order (`sparkdist.data.rank.ord
 `WindowDecoder` says what is decoded (the wanted columns, a `TransformSpec` run on each
 chunk, `features=` stacks) and streams a window's wanted rows in the files' own order,
 in chunks of about ``chunk_rows`` rows; a shuffled window's row groups are decoded whole
-and gathered in the epoch's order by `sparkdist.data.rank.shuffled`. Nulls and ragged
+and put in the epoch's order by `sparkdist.data.rank.shuffled`. Nulls and ragged
 arrays are refused by column name. An iteration's chunks, epoch after epoch, are
 `sparkdist.data.rank.epochs`; cutting them into batches, `sparkdist.data.rank.batches`.
 """
@@ -120,8 +120,8 @@ class WindowDecoder:
     """Reads positions of windows of ``layout``: ``columns`` in, ``output_columns`` out.
 
     ``transform`` makes ``transformed_columns`` of a chunk; ``stacks`` then stack named
-    columns into one array each (`row_block`), in the same pass as a shuffled read's
-    gather when there is no transform.
+    columns into one array each (`row_block`), as a shuffled read hands each piece out
+    when there is no transform.
     """
 
     layout: Layout
@@ -133,7 +133,7 @@ class WindowDecoder:
     chunk_rows: int
     stacks: row_block.Stacks = ()
     threads: int = 1  # the decode threads that share a shuffled window
-    # Where a shuffled read gathers a chunk of (bytes, rows) (a device feed's ring slot;
+    # Where a shuffled read hands out a piece of (bytes, rows) (a device feed's ring slot;
     # `sparkdist.data.rank.device_feed`); None: fresh memory.
     memory: Callable[[int, int], Any] | None = None
 
@@ -201,7 +201,7 @@ class WindowDecoder:
 
     def transformed(self, chunk: Chunk) -> Chunk:
         """The transform, then the stacks (a shuffled read without a transform stacked
-        them as it gathered)."""
+        them as it handed the piece out)."""
         if self.transform is None:
             return chunk
         chunk = self.transform.apply(chunk, self.transformed_columns, self.writable)
