@@ -260,13 +260,6 @@ class RowLayout:
                     for blocks, place in targets:
                         placed(chunk[column], place, blocks[index][j])
 
-    def sizes(self, rows: int, apart: Chunk) -> list[int]:
-        """Bytes of each array `split` hands out for ``rows`` rows, in ``alloc``'s memory
-        (the runs, a stack transposed) and copied into it (``apart``, but objects)."""
-        shapes = [(run.shape(rows), run.dtype) for run in self.runs]
-        shapes += [((rows, *v.shape[1:]), v.dtype) for v in apart.values() if v.dtype != object]
-        return [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes]
-
     def split(self, blocks: Blocks, apart: Chunk, alloc: Alloc | None = None) -> Chunk:
         """Blocks back as columns (each a contiguous row of its run's block; a stack
         transposed whole into ``[rows, k]``: one copy a piece, numpy's blocked transpose),

@@ -3,14 +3,12 @@
 A window's rows are permuted across the whole window (`sparkdist.data.rank.order`), so its
 first piece needs every row: a window's row groups are decoded whole (a column group a
 task, side by side on the decode threads), and each decoded column is put straight into
-the window's pieces in the epoch's order (`row_block.RowLayout.fill`): fresh memory,
-handed out as it is, never reused by the reader. The next window is planned, and
-decoded, once this one's pieces are all handed out to the thread that reads ahead but
-the last ``2 * threads``, each step started by the decode thread that ends the one
-before (`shuffled_chunks`). So the decode threads do not wait between windows for the
-reading thread to hand out a window's last pieces and come back for the next (where
-their time went before: docs/data.md, "Wide tables"), and the read holds one window
-of memory and the pieces read ahead.
+the window's pieces in the epoch's order (`row_block.RowLayout.fill`). The pieces are
+handed out as they are; their memory is reused only once nothing refers to it
+(`sparkdist.data.rank.piece_memory`). The next window is planned while this one is
+decoded, and decoded once this one's pieces are all handed on to the thread that reads
+ahead but the last ``2 * threads`` (`shuffled_chunks`): the decode threads decode it while
+those are handed out, and the read holds one window of memory and the pieces read ahead.
 """
 
 from __future__ import annotations
@@ -76,8 +74,8 @@ class Placement:
 
 @dataclass(frozen=True)
 class Piece:
-    """A piece of a window, in fresh memory: a block a run (`row_block.RowLayout`), and
-    its other columns an array each."""
+    """A piece of a window, in a slab of `PieceMemory`: a block a run
+    (`row_block.RowLayout`), and its other columns an array each."""
 
     rows: int
     blocks: row_block.Blocks
@@ -89,10 +87,13 @@ class PlannedWindow:
     """A shuffled window, planned: ``tasks`` decode its row groups and put their rows into
     ``pieces`` (of ``sizes`` rows each) in the epoch's order."""
 
-    rows: int
     sizes: list[int]
     pieces: list[Piece]  # none until `decode`
     tasks: list[Callable[[], None]]
+
+    @property
+    def rows(self) -> int:
+        return sum(self.sizes)
 
     def decode(self, decoder: WindowDecoder, memory: PieceMemory, pool: Any) -> list[Future]:
         """Take the pieces' memory and start the tasks (on ``pool``, or at once in this
@@ -129,10 +130,10 @@ def plan_window(
     hit = np.arange(len(window.blocks))
     if len(rows) < window.rows and len(window.blocks) > 1:
         hit = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
-    offsets, firsts = np.zeros(len(window.blocks), dtype=np.int64), []
-    for index in hit:  # the hit row groups are decoded one after the other
-        firsts.append(int(sum(window.blocks[i].rows for i in hit if i < index)))
-        offsets[index] = firsts[-1] - bounds[index]
+    # The hit row groups are decoded one after the other: where each one's rows start.
+    firsts = np.cumsum([0] + [window.blocks[index].rows for index in hit])[:-1]
+    offsets = np.zeros(len(window.blocks), dtype=np.int64)
+    offsets[hit] = firsts - bounds[hit]
     rows = np.asarray(rows, dtype=np.intp)  # ``np.take``'s indices, not cast at each call
     if offsets.any():  # only some row groups are decoded: rows counted among those
         rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
@@ -141,7 +142,7 @@ def plan_window(
     fill = functools.partial(_fill, decoder.row_layout, pieces, Placement(rows, cuts))
     footers: dict[str, object] = {}  # each file's, read once by the window's tasks
     tasks: list[Callable[[], None]] = []
-    for index, first in zip(hit, firsts, strict=True):
+    for index, first in zip(hit, firsts.tolist(), strict=True):
         block = window.blocks[index]
         groups = column_groups(decoder, block)
         if groups is None:  # rows streamed, put in place as they come
@@ -150,7 +151,7 @@ def plan_window(
             task = functools.partial(_columns_into, decoder, block, fill, first, footers)
             tasks += [functools.partial(task, group) for group in groups]
     sizes = [stop - start for start, stop in itertools.pairwise(cuts)]
-    return PlannedWindow(len(rows), sizes, pieces, tasks)
+    return PlannedWindow(sizes, pieces, tasks)
 
 
 def _piece(decoder: WindowDecoder, memory: PieceMemory, rows: int) -> Piece:
@@ -270,11 +271,12 @@ def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[Colum
 def handed(decoder: WindowDecoder, piece: Piece) -> Chunk:
     """A piece as the chunk handed out: transformed and stacked as the decoder says, in
     the decoder's ``memory`` (a device feed's slot) where no transform follows."""
-    layout, alloc = decoder.row_layout, None
+    alloc = None
     if decoder.memory is not None and decoder.transform is None:
-        nbytes = chunk_ring.room_for(layout.sizes(piece.rows, piece.apart))
+        numbers = [*piece.blocks, *(v for v in piece.apart.values() if v.dtype != object)]
+        nbytes = chunk_ring.room_for(values.nbytes for values in numbers)
         alloc = decoder.memory(nbytes, piece.rows).carve
-    return decoder.transformed(layout.split(piece.blocks, piece.apart, alloc))
+    return decoder.transformed(decoder.row_layout.split(piece.blocks, piece.apart, alloc))
 
 
 def shuffled_chunks(
@@ -284,10 +286,11 @@ def shuffled_chunks(
     pool: ThreadPoolExecutor | None,
 ) -> Iterator[Chunk]:
     """One shuffled epoch's chunks, window after window, handed ``2 * threads`` pieces
-    ahead on ``pool``. Once a window's pieces are all with the pool but those, the next
-    window is planned and its decoding queued behind them, so the decode threads decode
-    it while this window's last pieces are handed out. Without a pool, the same steps run
-    one after the other in this thread."""
+    ahead on ``pool``. The next window is planned while this one is decoded; once this
+    one's pieces are all with the pool but those, the next takes its memory and its
+    decoding is queued behind them, so the decode threads decode it while this window's
+    last pieces are handed out. Without a pool, the same steps run one after the other in
+    this thread."""
     ahead = 2 * decoder.threads if pool is not None else 1
     windows = list(plan.pieces)
     pending: collections.deque[Future] = collections.deque()  # pieces being handed
