@@ -113,12 +113,13 @@ def _features(batch: dict, stacked: bool) -> np.ndarray:
     "read",
     [
         {},
+        {"workers_count": 2},
         SHUFFLED,
         {**SHUFFLED, "workers_count": 2},
         {**SHUFFLED, "pad_column": "is_pad"},
         {**SHUFFLED, "global_batch_size": 60},
     ],
-    ids=["in-order", "shuffled", "two-workers", "pads", "global-batch"],
+    ids=["in-order", "in-order-two-workers", "shuffled", "two-workers", "pads", "global-batch"],
 )
 def test_wide_and_array_shapes_give_the_same_rows_through_3_2_3(layouts, read, stacked):
     base = reader.ReadOptions(
@@ -527,19 +528,21 @@ def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, mo
     assert taken + sum(len(batch["id"]) for batch in batches) == sum(map(sum, ROW_GROUPS))
 
 
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_decoding_error_in_a_later_window_reaches_the_loop(tmp_path, workers):
+def test_a_decoding_error_in_a_later_window_reaches_the_loop(tmp_path, workers, shuffle):
     """A window decoded ahead by the decode threads that fails (a null here) raises in
-    the training loop, in the epoch's order, and leaves no decode thread behind."""
+    the training loop, in the epoch's order, and leaves no decode thread behind (read in
+    order, the threads stream the row groups ahead, a group of the columns each)."""
     values = np.arange(400, dtype=np.float32)
     column = pa.array(values, mask=np.arange(400) == 399)  # the last row group's last row
     write_row_groups(tmp_path / "part-0.parquet", pa.table({"id": values, "x": column}), [100] * 4)
     layout = describe(tmp_path.as_uri())
-    options = {"shuffle": True, "seed": 0, "shuffle_buffer_rows": 100}  # a row group a window
+    options = {"shuffle": shuffle, "seed": 0, "shuffle_buffer_rows": 100}  # a row group a window
     shard = reader.ShardReader(
         layout, batch_size=10, num_epochs=1, workers_count=workers, **options
     )
-    windows = order.EpochOrder(layout.row_group_rows, 0, 0, True, 100).windows
+    windows = order.EpochOrder(layout.row_group_rows, 0, 0, shuffle, 100).windows
     failing = [window.blocks[0].row_group for window in windows].index(3)  # the last, here
     read = []
     with pytest.raises(ValueError, match="column 'x' has null values"):

@@ -59,16 +59,15 @@ def _epoch_chunks(
 ) -> Iterator[Chunk]:
     """One epoch's chunks, a window after another. Shuffled, the decoder's threads share
     each window's work (its column groups, its pieces), so the memory in flight does not
-    grow with them (`shuffled.shuffled_chunks`); read in order, a chunk's columns are
-    decoded on every core by Arrow."""
-    if not plan.order.shuffle:
-        for window, ranges in plan.pieces:
-            yield from decoder.read(window, ranges)
-        return
+    grow with them (`shuffled.shuffled_chunks`); read in order, each thread streams a
+    group of the columns (`sparkdist.data.rank.column_streams`)."""
     shared = decoder.threads > 1
     pool = ThreadPoolExecutor(decoder.threads, "sparkdist-data-decode") if shared else None
     try:
-        yield from shuffled_chunks(decoder, plan, memory, pool)
+        if plan.order.shuffle:
+            yield from shuffled_chunks(decoder, plan, memory, pool)
+        else:
+            yield from decoder.read(plan.pieces, pool)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
