@@ -3,7 +3,7 @@
 Read in the files' order, a rank streams each row group a chunk at a time. With more
 than one decode thread (``workers_count``), each thread streams its own group of the
 columns through its own reader of the file (`ColumnStreams`), row group after row group
-and a few chunks ahead, and the reading thread joins the groups' batches of a chunk into
+and a chunk ahead, and the reading thread joins the groups' batches of a chunk into
 one record batch. Arrow's own pool would decode a chunk's columns side by side too, but
 it has OMP_NUM_THREADS threads: one under torchrun, and in Spark's Python workers.
 
@@ -23,8 +23,9 @@ import pyarrow as pa
 
 from sparkdist.data import fs
 
-# Chunks a thread decodes ahead of the reading thread (each a group's share of ~8 MiB).
-AHEAD = 2
+# Chunks a thread holds decoded ahead of the reading thread, besides the one it decodes
+# (each its group's share of ~8 MiB).
+AHEAD = 1
 
 _END = object()  # a row group's last batch came before it
 
@@ -51,7 +52,7 @@ def column_groups(widths: dict[str, int], threads: int) -> list[list[str]]:
 class ColumnStreams:
     """``row_groups`` ((file URL, row group, rows wanted from its start), in order) read
     ``rows`` at a time: a thread of ``pool`` a group of columns (``groups``), each
-    `AHEAD` chunks ahead. `row_groups` hands each row group's record batches in turn;
+    `AHEAD` chunk ahead. `row_groups` hands each row group's record batches in turn;
     `close` stops the threads (a ``with`` block closes them)."""
 
     def __init__(

@@ -58,7 +58,8 @@ class Placement:
         low, high = self._span
         if first <= low and high < first + count:
             for index, (start, stop) in enumerate(itertools.pairwise(self.cuts)):
-                yield index, (slice(None), self.rows[start:stop] - first)
+                rows = self.rows[start:stop]  # a view where ``first`` is 0: the usual window
+                yield index, (slice(None), rows - first if first else rows)
             return
         positions, rows = self._by_row
         start, stop = np.searchsorted(rows, [first, first + count])
