@@ -8,8 +8,8 @@ one record batch. Arrow's own pool would decode a chunk's columns side by side t
 it has OMP_NUM_THREADS threads: one under torchrun, and in Spark's Python workers.
 
 The threads run ahead on their own rather than a task a chunk: a task waits for the GIL
-to start, which the reading thread holds while it cuts the last chunk into batches, and a
-task a chunk decoded one chunk at a time (1.0x one thread, 64 columns).
+to start, which the reading thread holds while it cuts the last chunk into batches, so a
+task a chunk decoded little more than one thread did (1.0-1.16x, 64 columns).
 """
 
 from __future__ import annotations
@@ -104,7 +104,11 @@ class ColumnStreams:
         return item
 
     def _stream(
-        self, row_groups: Sequence[tuple[str, int, int]], rows: int, names: list[str], out
+        self,
+        row_groups: Sequence[tuple[str, int, int]],
+        rows: int,
+        names: list[str],
+        out: queue.Queue,
     ) -> None:
         """A thread's work: its columns of every row group, a chunk at a time, up to each
         one's wanted rows, then `_END`; an error is handed on to the reading thread."""
