@@ -218,7 +218,7 @@ class JobTrace:
 
     def now_us(self) -> float:
         """The trace's clock: µs since the job started, on the driver."""
-        return (time.monotonic() - self._start) * 1e6
+        return self.at_us(time.monotonic())
 
     def at_us(self, monotonic_s: float) -> float:
         """The trace's clock at `monotonic_s` (this process's `time.monotonic()`): one

@@ -35,13 +35,15 @@ class _Failure:
         self.error = error
 
 
-def column_groups(widths: dict[str, int], threads: int) -> list[list[str]]:
-    """The columns (name: bytes a row, in order) in at most ``threads`` groups of
-    consecutive columns of about equal bytes a row."""
-    share = sum(widths.values()) / max(min(threads, len(widths)), 1)
+def column_groups(sizes: dict[str, float], count: int) -> list[list[str]]:
+    """The columns (name: bytes, in order) in at most ``count`` groups of consecutive
+    columns of about a ``count``-th of the bytes each (a column a group at most: as
+    many groups as columns where ``count`` is more). A shuffled window's column groups
+    are cut the same way (`sparkdist.data.rank.shuffled.column_groups`)."""
+    share = sum(sizes.values()) / max(count, 1)
     groups: list[list[str]] = [[]]
-    done = 0
-    for name, size in widths.items():
+    done = 0.0
+    for name, size in sizes.items():
         if groups[-1] and done + size / 2 > len(groups) * share:  # past its group's share
             groups.append([])
         groups[-1].append(name)

@@ -156,7 +156,8 @@ class WindowDecoder:
             for index, run in _runs(ranges, [block.rows for block in window.blocks])
         ]
         widths = {info.name: width(info) for info in self.columns}
-        groups = column_streams.column_groups(widths, self.threads) if pool else []
+        count = min(self.threads, len(widths))
+        groups = column_streams.column_groups(widths, count) if pool else []
         if len(groups) < 2:
             for block, run in runs:
                 yield from self._stream(run, self.batches(block))

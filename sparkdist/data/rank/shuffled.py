@@ -25,7 +25,7 @@ import numpy as np
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo
-from sparkdist.data.rank import chunk_ring, order, row_block
+from sparkdist.data.rank import chunk_ring, column_streams, order, row_block
 from sparkdist.data.rank.decode import Chunk, WindowDecoder, to_numpy_chunk, width
 from sparkdist.data.rank.piece_memory import PieceMemory
 
@@ -255,18 +255,10 @@ def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[Colum
     if block.rows * max(widths.values()) > budget:
         return None
     known = {info.name: info for info in decoder.columns}
-    names = decoder.row_layout.decode_order
-    total = block.rows * sum(widths[name] for name in names)
-    share = total / max(-(-total * 4 // budget), decoder.threads, 1)
-    groups: list[list[ColumnInfo]] = [[]]
-    done = 0
-    for name in names:
-        size = block.rows * widths[name]
-        if groups[-1] and done + size / 2 > len(groups) * share:  # past its group's share
-            groups.append([])
-        groups[-1].append(known[name])
-        done += size
-    return groups
+    sizes = {name: block.rows * widths[name] for name in decoder.row_layout.decode_order}
+    total = sum(sizes.values())
+    count = max(-(-total * 4 // budget), decoder.threads, 1)
+    return [[known[name] for name in group] for group in column_streams.column_groups(sizes, count)]
 
 
 def handed(decoder: WindowDecoder, piece: Piece) -> Chunk:
