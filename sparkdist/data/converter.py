@@ -222,6 +222,7 @@ class SparkDatasetConverter:
         shuffle_buffer_rows: int | None = None,
         prefetch: int = 2,
         workers_count: int | None = None,
+        reader_pool_type: str = "thread",
     ) -> ReaderContext:
         """Context manager giving this rank's batches as ``{column: numpy array}``.
 
@@ -232,7 +233,7 @@ class SparkDatasetConverter:
         the arrays are the caller's to write to. A new API, so every argument but
         ``batch_size`` is given by keyword.
         """
-        options = ReadOptions.of(locals(), writable=True)
+        options = ReadOptions.of(locals(), writable=True, **_pool(reader_pool_type))
         return ReaderContext(self.layout, options, NumpyBatches)
 
     def delete(self) -> None:
@@ -250,12 +251,15 @@ class SparkDatasetConverter:
 
 def _pool(reader_pool_type: str) -> dict[str, Any]:
     """petastorm's ``reader_pool_type`` as reading options: "dummy" reads in the caller's
-    thread; "thread" and "process" are the reader's threads (pyarrow decodes without the GIL)."""
+    thread; "thread" decodes in the reader's threads; "process" in ``workers_count``
+    processes beside the rank's (`sparkdist.data.rank.decode_processes`)."""
     if reader_pool_type not in READER_POOL_TYPES:
         raise ValueError(
             f"reader_pool_type must be one of {READER_POOL_TYPES}, not {reader_pool_type!r}"
         )
-    return {"prefetch": 0, "workers_count": 1} if reader_pool_type == "dummy" else {}
+    if reader_pool_type == "dummy":
+        return {"prefetch": 0, "workers_count": 1}
+    return {"decode_processes": reader_pool_type == "process"}
 
 
 def _check_device(device: Any, data_loader_fn: Any, petastorm: bool) -> None:

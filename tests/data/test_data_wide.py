@@ -504,17 +504,18 @@ def test_the_next_window_is_decoded_while_this_ones_last_pieces_wait(layouts, mo
         done, left, lock = threading.Event(), [len(window.tasks)], threading.Lock()
         decoded.append(done)
 
-        def counted(task):
-            def run():
-                task()
+        @dataclasses.dataclass(frozen=True)
+        class Counted(shuffled.DecodeTask):
+            def run(self, *args):
+                footer = super().run(*args)
                 with lock:  # the last of the window's tasks sets the event
                     left[0] -= 1
                     if not left[0]:
                         done.set()
+                return footer
 
-            return run
-
-        return dataclasses.replace(window, tasks=[counted(task) for task in window.tasks])
+        counted = [Counted(**vars(task)) for task in window.tasks]
+        return dataclasses.replace(window, tasks=counted)
 
     monkeypatch.setattr(shuffled, "plan_window", planned)
     options = {**SHUFFLED, "workers_count": 2, "num_epochs": 1, "prefetch": 0}

@@ -8,6 +8,7 @@ is dropped: what a training loop still holds must never be written again.
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -15,13 +16,14 @@ import pytest
 from helpers import write_row_groups
 
 from sparkdist.data.layout import describe
-from sparkdist.data.rank import reader
+from sparkdist.data.rank import reader, shared_slabs
 from sparkdist.data.rank.piece_memory import PieceMemory
 
 
-def test_a_slab_comes_back_once_its_last_view_and_tensor_are_dropped():
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "shared"])
+def test_a_slab_comes_back_once_its_last_view_and_tensor_are_dropped(shared):
     torch = pytest.importorskip("torch")
-    memory = PieceMemory()
+    memory = PieceMemory(shared=shared)
     carver = memory.carver(4096)
     block = carver.carve((4, 100), np.float32)
     column = block[2]
@@ -33,7 +35,7 @@ def test_a_slab_comes_back_once_its_last_view_and_tensor_are_dropped():
     del batch
     assert not memory.free
     del tensor
-    assert len(memory.free) == 1 and len(memory.free[0]) >= 4096
+    assert len(memory.free) == 1 and len(memory.free[0][0]) >= 4096
     again = memory.carver(1024)
     assert not memory.free  # taken again, not a new one
     del again
@@ -48,12 +50,42 @@ def test_a_slab_too_small_for_a_piece_is_let_go_and_the_free_list_is_bounded():
     big = memory.carver(5000)  # larger than any free slab: a new one, the small ones dropped
     assert len(big.host) == 5000 and not memory.free
     del big
-    assert len(memory.free) == 1 and len(memory.free[0]) == 5000
+    assert len(memory.free) == 1 and len(memory.free[0][0]) == 5000
     held = [memory.carver(100) for _ in range(5)]  # every new slab is of the largest size
-    assert all(len(carver.host.base.base.raw) == 5000 for carver in held[1:])
+    assert all(len(carver.host.base.base.slab[0]) == 5000 for carver in held[1:])
     del held
     memory.carver(100)
     assert len(memory.free) <= 2
+
+
+def test_a_shared_slab_is_the_memory_a_decode_process_maps_and_is_closed_once_dropped():
+    """A shared slab is found again through its handle (as a decode process finds it, by
+    /proc/<pid>/fd), writes through either mapping are seen by the other, and its
+    descriptor is closed once the slab is let go; every shared slab is kept."""
+    memory = PieceMemory(keep=1, shared=True)
+    carvers = [memory.carver(8192) for _ in range(3)]
+    handles = [carver.handle for carver in carvers]
+    assert len({handle.serial for handle in handles}) == 3
+    block = carvers[0].carve((2, 1024), np.float32)
+    block[1] = np.arange(1024)
+    found = shared_slabs.view(
+        handles[0], block.ctypes.data - carvers[0].host.ctypes.data, (2, 1024), "<f4"
+    )
+    np.testing.assert_array_equal(found[1], np.arange(1024))
+    found[0] = 7
+    assert (block[0] == 7).all()
+    del block, found, carvers
+    gc.collect()
+    assert len(memory.free) == 3  # all kept: a decode process keeps its mappings
+    fd = handles[0].fd
+    assert os.path.exists(f"/proc/self/fd/{fd}")
+    memory.free.clear()
+    gc.collect()
+    assert not any(
+        os.path.exists(f"/proc/self/fd/{h.fd}")
+        and os.readlink(f"/proc/self/fd/{h.fd}").startswith("/memfd:sparkdist")
+        for h in handles
+    )
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ class Carver:
     def __init__(self, host: np.ndarray) -> None:
         self.host = host
         self.used = 0
+        self.handle: Any = None  # a shared slab's (`shared_slabs.Handle`), None if private
 
     @property
     def room(self) -> int:

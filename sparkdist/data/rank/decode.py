@@ -134,7 +134,8 @@ class WindowDecoder:
     writable: bool
     chunk_rows: int
     stacks: row_block.Stacks = ()
-    threads: int = 1  # the decode threads that share a shuffled window
+    threads: int = 1  # the decode threads (or processes) that share a shuffled window
+    processes: bool = False  # decode processes, not threads (`decode_processes`)
     # Where a shuffled read hands out a piece of (bytes, rows) (a device feed's ring slot;
     # `sparkdist.data.rank.device_feed`); None: fresh memory.
     memory: Callable[[int, int], Any] | None = None

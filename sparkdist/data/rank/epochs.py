@@ -16,6 +16,7 @@ import numpy as np
 
 from sparkdist.data.rank import order
 from sparkdist.data.rank.decode import EPOCH_END, Chunk, WindowDecoder
+from sparkdist.data.rank.decode_processes import DecodeProcesses
 from sparkdist.data.rank.piece_memory import PieceMemory
 from sparkdist.data.rank.shuffled import shuffled_chunks
 
@@ -42,25 +43,38 @@ def iteration_chunks(
     convert: Callable[[Chunk], Chunk] | None = None,
 ) -> Iterator[Chunk]:
     """A reader's decoded chunks of one iteration (``plans``: `order.EpochPlans`), each
-    epoch closed by `EPOCH_END`; the decoder's threads share each window's work, and
-    ``convert`` (e.g. to petastorm's types) is applied to each chunk once it is marked."""
-    for plan in plans:
-        chunks = _epoch_chunks(decoder, plan, memory)
-        if marks.weights:
-            chunks = mark_weights(chunks, marks.weights, plan)
-        if marks.pads:
-            chunks = mark_pads(chunks, marks.pads, plan.real)
-        yield from chunks if convert is None else map(convert, chunks)
-        yield EPOCH_END
+    epoch closed by `EPOCH_END`; the decoder's threads (or its decode processes, started
+    once an iteration) share each window's work, and ``convert`` (e.g. to petastorm's
+    types) is applied to each chunk once it is marked."""
+    processes = DecodeProcesses(decoder.threads) if decoder.processes else None
+    try:
+        for plan in plans:
+            chunks = _epoch_chunks(decoder, plan, memory, processes)
+            if marks.weights:
+                chunks = mark_weights(chunks, marks.weights, plan)
+            if marks.pads:
+                chunks = mark_pads(chunks, marks.pads, plan.real)
+            yield from chunks if convert is None else map(convert, chunks)
+            yield EPOCH_END
+    finally:
+        if processes is not None:
+            processes.close()
 
 
 def _epoch_chunks(
-    decoder: WindowDecoder, plan: order.EpochPlan, memory: PieceMemory
+    decoder: WindowDecoder,
+    plan: order.EpochPlan,
+    memory: PieceMemory,
+    processes: DecodeProcesses | None = None,
 ) -> Iterator[Chunk]:
     """One epoch's chunks, a window after another. Shuffled, the decoder's threads share
     each window's work (its column groups, its pieces), so the memory in flight does not
     grow with them (`shuffled.shuffled_chunks`); read in order, each thread streams a
-    group of the columns (`sparkdist.data.rank.column_streams`)."""
+    group of the columns (`sparkdist.data.rank.column_streams`). With decode
+    ``processes``, a window in order is decoded as a shuffled one is, in the files' order."""
+    if processes is not None:
+        yield from shuffled_chunks(decoder, plan, memory, processes)
+        return
     shared = decoder.threads > 1
     pool = ThreadPoolExecutor(decoder.threads, "sparkdist-data-decode") if shared else None
     try:

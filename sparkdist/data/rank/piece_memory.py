@@ -13,6 +13,10 @@ collector): numpy's views keep the object that exposes the slab alive (`_Exposed
 its ``__del__`` returns the bytes. Nothing handed out is written again while anything can
 still read it, and a read whose batches are dropped as they are used allocates nothing
 after its first windows.
+
+With decode processes (``shared``), the slabs are shared memory they map
+(`sparkdist.data.rank.shared_slabs`), and all are kept: a process keeps its mapping of a
+slab, so a slab let go would stay mapped there.
 """
 
 from __future__ import annotations
@@ -21,49 +25,61 @@ import collections
 
 import numpy as np
 
-from sparkdist.data.rank import chunk_ring
+from sparkdist.data.rank import chunk_ring, shared_slabs
+
+Slab = tuple[np.ndarray, shared_slabs.Handle | None]  # bytes, and their handle if shared
 
 
 class _Exposed:
-    """``raw`` bytes as numpy sees them: arrays made from it refer to this object, so
-    ``__del__`` runs once no array is left, and gives ``raw`` back to ``free``."""
+    """A slab's bytes as numpy sees them: arrays made from it refer to this object, so
+    ``__del__`` runs once no array is left, and gives the slab back to ``free``."""
 
-    def __init__(self, raw: np.ndarray, free: collections.deque) -> None:
-        self.raw, self.free = raw, free
-        self.__array_interface__ = raw.__array_interface__
+    def __init__(self, slab: Slab, free: collections.deque) -> None:
+        self.slab, self.free = slab, free
+        self.__array_interface__ = slab[0].__array_interface__
 
     def __del__(self) -> None:
-        self.free.append(self.raw)  # deque.append: safe from any thread
+        self.free.append(self.slab)  # deque.append: safe from any thread
 
 
 class PieceMemory:
     """Slabs for a reader's pieces, kept for the next ones once nothing refers to them;
-    at most ``keep`` free slabs are kept (the rest go back to the system)."""
+    at most ``keep`` free slabs are kept (the rest go back to the system), all if ``shared``
+    (decode processes map them)."""
 
-    def __init__(self, keep: int = 48) -> None:
+    def __init__(self, keep: int = 48, shared: bool = False) -> None:
         self.keep = keep
+        self.shared = shared
         self.size = 0  # of a slab: the most bytes a piece asked for, so any slab fits most
-        self.free: collections.deque[np.ndarray] = collections.deque()
+        self.free: collections.deque[Slab] = collections.deque()
 
     def carver(self, nbytes: int) -> chunk_ring.Carver:
-        """A carver over a slab of at least ``nbytes`` that no array refers to."""
+        """A carver over a slab of at least ``nbytes`` that no array refers to (its
+        ``handle``: where a decode process finds it, if ``shared``)."""
         self.size = max(self.size, nbytes)
-        while len(self.free) > self.keep:
+        while len(self.free) > self.keep and not self.shared:
             self.free.popleft()
-        raw = None
-        while raw is None and self.free:
+        slab = None
+        while slab is None and self.free:
             try:
-                raw = self.free.popleft()
+                slab = self.free.popleft()
             except IndexError:  # taken meanwhile (a DataLoader worker's own memory)
                 break
-            if len(raw) < nbytes:  # from before a larger piece: let it go
-                raw = None
-        if raw is None:
-            raw = np.empty(self.size, np.uint8)
-        return chunk_ring.Carver(np.asarray(_Exposed(raw, self.free))[:nbytes])
+            if len(slab[0]) < nbytes:  # from before a larger piece: let it go
+                slab = None
+        if slab is None:
+            slab = (
+                shared_slabs.shared(self.size)
+                if self.shared
+                else (np.empty(self.size, np.uint8), None)
+            )
+        carver = chunk_ring.Carver(np.asarray(_Exposed(slab, self.free))[:nbytes])
+        carver.handle = slab[1]
+        return carver
 
     def __getstate__(self) -> dict:
-        return {"keep": self.keep}  # a copy (a DataLoader worker's) has its own slabs
+        # A copy (a DataLoader worker's) has its own slabs.
+        return {"keep": self.keep, "shared": self.shared}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["keep"])
+        self.__init__(state["keep"], state["shared"])

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sparkdist.data.layout import ColumnInfo, Layout
-from sparkdist.data.rank import order, rank_place, row_block
+from sparkdist.data.rank import decode_processes, order, rank_place, row_block
 from sparkdist.data.rank.batches import counted, prefetched, rebatch_runs
 from sparkdist.data.rank.decode import Chunk, WindowDecoder
 from sparkdist.data.rank.epochs import Marks, iteration_chunks
@@ -82,6 +82,7 @@ class ReadOptions:
     columns: Sequence[str] | None = None
     prefetch: int = 2
     workers_count: int | None = None
+    decode_processes: bool = False  # petastorm's reader_pool_type="process"
     writable: bool = False
     pad_column: str | None = None
     global_batch_size: int | None = None
@@ -208,8 +209,10 @@ class ShardReader:
                 f"{layout.num_rows}), so num_epochs=None would never yield a batch"
             )
         self._closed = threading.Event()
-        self._pieces = PieceMemory()  # a shuffled read's, reused once dropped
+        # A shuffled read's pieces, reused once dropped (shared with decode processes).
+        self._pieces = PieceMemory(shared=options.decode_processes)
         self._decoding = self._decoder(transformed)
+        self._said_threads = False  # that decode processes could not be used
         self._marks = Marks(
             options.weight_column if options.global_batch_size else None, options.pad_column
         )
@@ -296,6 +299,25 @@ class ShardReader:
 
     # -- producing (may run in a background thread or a DataLoader worker) --
 
+    def _processes(self) -> bool:
+        """Whether this iteration decodes in processes (`decode_processes`): asked for,
+        and possible here, else in threads, said once."""
+        if not self.options.decode_processes:
+            return False
+        why = decode_processes.usable()
+        apart = self._decoding.row_layout.apart
+        strings = [
+            info.name
+            for info in self.columns
+            if info.name in apart and info.kind in ("string", "binary")
+        ]
+        if why is None and strings:
+            why = f"string and binary columns ({strings}) are Python objects, not shared memory"
+        if why is not None and not self._said_threads:
+            logger.info("sparkdist.data: reader_pool_type='process': %s; decoding in threads", why)
+            self._said_threads = True
+        return why is None
+
     def _decoder(self, transformed: list[ColumnInfo]) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
         # Whole batches a piece (a quarter chunk, shuffled): a batch across two pieces is
@@ -344,9 +366,12 @@ class ShardReader:
         size = start.rank_batch_size()
         threads = decode_threads(options.workers_count, workers)
         memory = feed.memory if feed is not None else None
+        decoding = dataclasses.replace(
+            self._decoding, threads=threads, memory=memory, processes=self._processes()
+        )
         chunks = functools.partial(
             iteration_chunks,
-            dataclasses.replace(self._decoding, threads=threads, memory=memory),
+            decoding,
             itertools.islice(plans, self.num_epochs),  # None: for ever
             self._pieces,
             self._marks,

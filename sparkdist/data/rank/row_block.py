@@ -53,11 +53,12 @@ def fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # memory for what is handed out
 
 
-Place = tuple[slice | np.ndarray, np.ndarray]  # (rows of the block, rows of the chunk)
+Place = tuple[slice | np.ndarray, slice | np.ndarray]  # (rows of the block, of the chunk)
 
 
 def placed(values: np.ndarray, place: Place, into: np.ndarray) -> None:
-    """Put ``values[src]`` at rows ``dst`` of ``into`` (``place`` is ``(dst, src)``).
+    """Put ``values[src]`` at rows ``dst`` of ``into`` (``place`` is ``(dst, src)``; ``src``
+    a slice where the rows come in order).
 
     Where ``dst`` is all of ``into`` (a chunk that holds all of a piece's rows: the usual
     window, one row group) and the types match, the rows are taken straight into it with
@@ -66,6 +67,9 @@ def placed(values: np.ndarray, place: Place, into: np.ndarray) -> None:
     column of another type is cast).
     """
     dst, src = place
+    if isinstance(src, slice):  # rows in order: a copy
+        into[dst] = values[src]
+        return
     direct = isinstance(dst, slice) and into.dtype == values.dtype != object
     if direct and into[dst].flags.c_contiguous:
         np.take(values, src, axis=0, out=into[dst], mode="clip")

@@ -18,14 +18,21 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sparkdist.data import fs
 from sparkdist.data.layout import ColumnInfo
-from sparkdist.data.rank import chunk_ring, column_streams, order, row_block
+from sparkdist.data.rank import (
+    chunk_ring,
+    column_streams,
+    decode_processes,
+    order,
+    row_block,
+    shared_slabs,
+)
 from sparkdist.data.rank.decode import Chunk, WindowDecoder, to_numpy_chunk, width
 from sparkdist.data.rank.piece_memory import PieceMemory
 
@@ -40,10 +47,17 @@ class Placement:
 
     rows: np.ndarray
     cuts: list[int]
+    shared: list = field(default_factory=list, compare=False)  # ``rows`` in shared memory
 
     @functools.cached_property
     def _span(self) -> tuple[int, int]:
         return (int(self.rows.min()), int(self.rows.max())) if len(self.rows) else (0, -1)
+
+    @functools.cached_property
+    def _in_order(self) -> bool:
+        """Whether the rows are consecutive, in order (a read in the files' order)."""
+        low, high = self._span
+        return high - low + 1 == len(self.rows) and bool((np.diff(self.rows) == 1).all())
 
     @functools.cached_property
     def _by_row(self) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +72,10 @@ class Placement:
         low, high = self._span
         if first <= low and high < first + count:
             for index, (start, stop) in enumerate(itertools.pairwise(self.cuts)):
+                if self._in_order:  # a read in the files' order: rows copied as they are
+                    begin = low - first + start
+                    yield index, (slice(None), slice(begin, begin + stop - start))
+                    continue
                 rows = self.rows[start:stop]  # a view where ``first`` is 0: the usual window
                 yield index, (slice(None), rows - first if first else rows)
             return
@@ -76,32 +94,147 @@ class Placement:
 @dataclass(frozen=True)
 class Piece:
     """A piece of a window, in a slab of `PieceMemory`: a block a run
-    (`row_block.RowLayout`), and its other columns an array each."""
+    (`row_block.RowLayout`), and its other columns an array each; ``handle``: the slab's,
+    where it is shared with decode processes."""
 
     rows: int
     blocks: row_block.Blocks
     apart: Chunk
+    handle: shared_slabs.Handle | None = None
+    base: int = 0  # the slab's address here
+
+    def where(self) -> tuple:
+        """Where a decode process finds the piece: (handle, rows, the blocks' and the
+        columns' (name, offset, shape, dtype))."""
+        arrays = [(None, block) for block in self.blocks] + list(self.apart.items())
+        places = tuple(
+            (name, values.ctypes.data - self.base, values.shape, values.dtype.str)
+            for name, values in arrays
+        )
+        return self.handle, self.rows, places
+
+    @classmethod
+    def found(cls, where: tuple) -> Piece:
+        """In a decode process: the piece `where` says."""
+        handle, rows, places = where
+        arrays = [(name, shared_slabs.view(handle, *place)) for name, *place in places]
+        blocks = tuple(values for name, values in arrays if name is None)
+        apart = {name: values for name, values in arrays if name is not None}
+        return cls(rows, blocks, apart)
+
+
+@dataclass(frozen=True)
+class DecodeTask:
+    """A row group's columns to decode and put into a window's pieces: ``columns`` decoded
+    whole, or (``stream_rows``) all of them streamed that many rows at a time; its rows
+    start at ``first`` among the window's decoded rows."""
+
+    url: str
+    row_group: int
+    columns: tuple[ColumnInfo, ...]
+    first: int
+    stream_rows: int | None = None
+
+    def run(self, fill: Fill, footer: Any = None, threads: bool = True) -> Any:
+        """Decode and fill (Arrow's own pool decodes if ``threads``); the file's footer."""
+        parquet = fs.open_parquet(self.url, footer)
+        names, first = [info.name for info in self.columns], self.first
+        if self.stream_rows is None:
+            table = parquet.read_row_group(self.row_group, columns=names, use_threads=threads)
+            fill(first, to_numpy_chunk(table, self.columns))
+            return parquet.metadata
+        batches = parquet.iter_batches(
+            self.stream_rows, row_groups=[self.row_group], columns=names, use_threads=threads
+        )
+        for batch in batches:
+            fill(first, to_numpy_chunk(batch, self.columns))
+            first += batch.num_rows
+        return parquet.metadata
 
 
 @dataclass(frozen=True)
 class PlannedWindow:
     """A shuffled window, planned: ``tasks`` decode its row groups and put their rows into
-    ``pieces`` (of ``sizes`` rows each) in the epoch's order."""
+    ``pieces`` (of ``sizes`` rows each) where ``placement`` says."""
 
     sizes: list[int]
     pieces: list[Piece]  # none until `decode`
-    tasks: list[Callable[[], None]]
+    tasks: list[DecodeTask]
+    placement: Placement
 
     @property
     def rows(self) -> int:
         return sum(self.sizes)
 
-    def decode(self, decoder: WindowDecoder, memory: PieceMemory, pool: Any) -> list[Future]:
-        """Take the pieces' memory and start the tasks (on ``pool``, or at once in this
-        thread): the memory is taken only now, not as the window is planned, so that a
-        read holds one window planned ahead but the memory of the one being handed out."""
+    def decode(self, decoder: WindowDecoder, memory: PieceMemory, pool: Any) -> list:
+        """Take the pieces' memory and start the tasks: on ``pool`` (threads, or
+        `DecodeProcesses`), or at once in this thread. The memory is taken only now, not
+        as the window is planned, so that a read holds one window planned ahead but the
+        memory of the one being handed out."""
         self.pieces[:] = [_piece(decoder, memory, rows) for rows in self.sizes]
-        return [_submit(pool, task) for task in self.tasks]
+        if isinstance(pool, decode_processes.DecodeProcesses):
+            window = _RemoteWindow.of(decoder.row_layout, self)
+            return pool.run(_decode_remote, [(task, window) for task in self.tasks])
+        fill = functools.partial(_fill, decoder.row_layout, self.pieces, self.placement)
+        footers: dict[str, Any] = {}  # each file's, read once by the window's tasks
+        # Column groups shared by several threads are decoded in each thread: Arrow's own
+        # pool has OMP_NUM_THREADS threads (one under torchrun), and would decode them in turn.
+        threads = decoder.threads == 1
+        return [_submit(pool, _decode_here, task, fill, footers, threads) for task in self.tasks]
+
+
+def _decode_here(task: DecodeTask, fill: Fill, footers: dict, threads: bool) -> None:
+    footer = task.run(fill, footers.get(task.url), threads or task.stream_rows is not None)
+    footers.setdefault(task.url, footer)
+
+
+@dataclass(frozen=True)
+class _RemoteWindow:
+    """A window as a decode process finds it: its pieces' places, its order in shared
+    memory (``rows``, ``cuts``: `Placement`), and the row layout."""
+
+    layout: row_block.RowLayout
+    pieces: tuple[tuple, ...]
+    rows: tuple[shared_slabs.Handle, str, int]  # handle, dtype, count
+    cuts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, layout: row_block.RowLayout, window: PlannedWindow) -> _RemoteWindow:
+        rows = window.placement.rows
+        memory, handle = shared_slabs.shared(rows.nbytes, lasting=False)
+        memory[:] = rows.view(np.uint8)
+        window.placement.shared.append(memory)  # kept until the window is dropped
+        pieces = tuple(piece.where() for piece in window.pieces)
+        return cls(
+            layout, pieces, (handle, rows.dtype.str, len(rows)), tuple(window.placement.cuts)
+        )
+
+    @functools.cached_property
+    def found(self) -> list[Piece]:
+        """The pieces, found once a message (its tasks share this window)."""
+        return [Piece.found(where) for where in self.pieces]
+
+    def placement(self) -> Placement:
+        """The window's placement, made once a process (its ``_by_row``: a sort)."""
+        handle, dtype, count = self.rows
+        found = _placements.get(handle.serial)
+        if found is None:
+            rows = shared_slabs.view(handle, 0, (count,), dtype)
+            found = _placements[handle.serial] = Placement(rows, list(self.cuts))
+            while len(_placements) > 2:
+                _placements.pop(next(iter(_placements)))
+        return found
+
+
+_placements: dict[int, Placement] = {}  # in a decode process: the last windows'
+_footers: dict[str, Any] = {}  # in a decode process: each file's footer, read once
+
+
+def _decode_remote(task: DecodeTask, window: _RemoteWindow) -> None:
+    """In a decode process: the task, decoded in this thread and put into the window's
+    shared pieces."""
+    fill = functools.partial(_fill, window.layout, window.found, window.placement())
+    _footers[task.url] = task.run(fill, _footers.get(task.url), threads=False)
 
 
 def plan_window(
@@ -139,20 +272,17 @@ def plan_window(
     if offsets.any():  # only some row groups are decoded: rows counted among those
         rows = rows + offsets[np.searchsorted(bounds, rows, side="right") - 1]
     cuts = [0, *range((-seen) % piece or piece, len(rows), piece), len(rows)]
-    pieces: list[Piece] = []  # `PlannedWindow.decode` takes their memory
-    fill = functools.partial(_fill, decoder.row_layout, pieces, Placement(rows, cuts))
-    footers: dict[str, object] = {}  # each file's, read once by the window's tasks
-    tasks: list[Callable[[], None]] = []
+    tasks: list[DecodeTask] = []
     for index, first in zip(hit, firsts.tolist(), strict=True):
         block = window.blocks[index]
+        url = decoder.layout.file_urls[block.file_index]
         groups = column_groups(decoder, block)
         if groups is None:  # rows streamed, put in place as they come
-            tasks.append(functools.partial(_stream_into, decoder, block, piece, fill, first))
+            tasks.append(DecodeTask(url, block.row_group, decoder.columns, first, piece))
         else:  # a task a column group, all of the window's at once: a thread done takes another
-            task = functools.partial(_columns_into, decoder, block, fill, first, footers)
-            tasks += [functools.partial(task, group) for group in groups]
+            tasks += [DecodeTask(url, block.row_group, tuple(g), first) for g in groups]
     sizes = [stop - start for start, stop in itertools.pairwise(cuts)]
-    return PlannedWindow(sizes, pieces, tasks)
+    return PlannedWindow(sizes, [], tasks, Placement(rows, cuts))
 
 
 def _piece(decoder: WindowDecoder, memory: PieceMemory, rows: int) -> Piece:
@@ -171,7 +301,7 @@ def _piece(decoder: WindowDecoder, memory: PieceMemory, rows: int) -> Piece:
         name: np.empty(shape, object) if dtype.kind == "O" else carver.carve(shape, dtype)
         for name, shape, dtype in apart
     }
-    return Piece(rows, blocks, columns)
+    return Piece(rows, blocks, columns, carver.handle, carver.host.ctypes.data)
 
 
 def _shape(info: ColumnInfo, rows: int) -> tuple[int, ...]:
@@ -201,36 +331,6 @@ def _fill(
 
 def _rows(chunk: Chunk) -> int:
     return len(next(iter(chunk.values()))) if chunk else 0
-
-
-def _columns_into(
-    decoder: WindowDecoder,
-    block: order.Block,
-    fill: Fill,
-    first: int,
-    footers: dict,
-    columns: list[ColumnInfo],
-) -> None:
-    """Some columns of a row group (its rows from ``first`` on in the window), decoded
-    whole and filled in by the decoding thread. Each call opens the file (a file is read
-    by one thread), with the footer another of the window's tasks read (``footers``)."""
-    url = decoder.layout.file_urls[block.file_index]
-    parquet = fs.open_parquet(url, footers.get(url))
-    footers.setdefault(url, parquet.metadata)
-    # Decoded in this thread where the window's groups are shared by several: Arrow's own
-    # pool has OMP_NUM_THREADS threads (one under torchrun) and would decode them in turn.
-    names, alone = [info.name for info in columns], decoder.threads == 1
-    table = parquet.read_row_group(block.row_group, columns=names, use_threads=alone)
-    fill(first, to_numpy_chunk(table, columns))
-
-
-def _stream_into(
-    decoder: WindowDecoder, block: order.Block, piece: int, fill: Fill, first: int
-) -> None:
-    """A row group's rows, all columns, streamed ``piece`` rows at a time and filled in."""
-    for batch in decoder.batches(block, piece):
-        fill(first, to_numpy_chunk(batch, decoder.columns))
-        first += batch.num_rows
 
 
 def column_groups(decoder: WindowDecoder, block: order.Block) -> list[list[ColumnInfo]] | None:
@@ -276,18 +376,25 @@ def shuffled_chunks(
     decoder: WindowDecoder,
     plan: order.EpochPlan,
     memory: PieceMemory,
-    pool: ThreadPoolExecutor | None,
+    pool: ThreadPoolExecutor | decode_processes.DecodeProcesses | None,
 ) -> Iterator[Chunk]:
     """One shuffled epoch's chunks, window after window, handed ``2 * threads`` pieces
     ahead on ``pool``. The next window is planned while this one is decoded; once this
     one's pieces are all with the pool but those, the next takes its memory and its
     decoding is queued behind them, so the decode threads decode it while this window's
     last pieces are handed out. Without a pool, the same steps run one after the other in
-    this thread."""
-    ahead = 2 * decoder.threads if pool is not None else 1
+    this thread.
+
+    With decode processes, this thread hands the pieces out, and the next window is
+    decoded as soon as this one is, beside all of its hand-out (two windows of memory):
+    the processes do not take this process's GIL, so decoding beside slows no hand-out.
+    """
+    beside = isinstance(pool, decode_processes.DecodeProcesses)
+    hands = None if beside else pool
+    ahead = 2 * decoder.threads if hands is not None else 1
     windows = list(plan.pieces)
     pending: collections.deque[Future] = collections.deque()  # pieces being handed
-    decoding: list[Future] = []  # the window's decoding
+    decoding: list = []  # the window's decoding: futures, or `decode_processes.Done`
     try:
         if windows:
             window = plan_window(decoder, plan.order, *windows[0], 0)
@@ -300,16 +407,20 @@ def shuffled_chunks(
                 following = plan_window(decoder, plan.order, *windows[index + 1], rows)
             for future in decoding:  # a decoding error is raised before any piece
                 future.result()
+            decoding = []
+            if beside and following is not None:
+                decoding = following.decode(decoder, memory, pool)
             pieces = iter(window.pieces)
             first = itertools.islice(pieces, ahead)
-            pending.extend(_submit(pool, handed, decoder, piece) for piece in first)
+            pending.extend(_submit(hands, handed, decoder, piece) for piece in first)
             for piece in pieces:
                 yield pending.popleft().result()
-                pending.append(_submit(pool, handed, decoder, piece))
+                pending.append(_submit(hands, handed, decoder, piece))
             seen += window.rows
             if following is not None:  # its memory, once this window's is handed on
+                if not beside:
+                    decoding = following.decode(decoder, memory, pool)
                 window = following
-                decoding = window.decode(decoder, memory, pool)
             while pending:
                 yield pending.popleft().result()
     finally:
