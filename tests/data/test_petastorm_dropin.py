@@ -196,8 +196,8 @@ def test_reader_arguments_are_taken(spark, cache_parent, loader):
     """petastorm's test_tf_dataset_petastorm_args / test_torch_dataloader_advanced_params.
 
     petastorm hands these to its reader; here they mean the same: ``reader_pool_type``
-    ("dummy": no threads), ``cur_shard`` of ``shard_count``, ``num_epochs`` (None: repeat)
-    and ``workers_count``.
+    ("dummy": no threads; "process": decode processes), ``cur_shard`` of ``shard_count``,
+    ``num_epochs`` (None: repeat) and ``workers_count``.
     """
     converter = make_spark_converter(spark.range(100).repartition(4))
 
@@ -215,6 +215,7 @@ def test_reader_arguments_are_taken(spark, cache_parent, loader):
     once = ids(num_epochs=1, workers_count=2)
     assert sorted(once) == list(range(100))
     assert ids(num_epochs=1, workers_count=2, reader_pool_type="thread") == once
+    assert ids(num_epochs=1, workers_count=2, reader_pool_type="process") == once
     converter.delete()
 
 

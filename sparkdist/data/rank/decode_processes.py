@@ -75,7 +75,10 @@ class _Worker:
 
     def send(self, function: Callable, args: Sequence[tuple]) -> Done:
         done = Done(self)
-        self.connection.send((function, args))
+        try:
+            self.connection.send((function, args))
+        except OSError as lost:  # a broken pipe: the process is gone
+            self._died(lost)
         self.waiting.append(done)
         return done
 
@@ -84,18 +87,21 @@ class _Worker:
         try:
             error = self.connection.recv()
         except (EOFError, OSError) as lost:
-            self.process.join(1)
-            code = self.process.exitcode
-            raise RuntimeError(
-                f"a sparkdist decode process died while decoding (exit code {code}: killed, or "
-                "out of memory?); read with reader_pool_type='thread' to decode in the rank"
-            ) from lost
+            self._died(lost)
         done = self.waiting.popleft()
         if error is not None:
             exception, text = error
             exception.__cause__ = RemoteError(text)
             done.error = exception
         done.finished = True
+
+    def _died(self, lost: BaseException) -> None:
+        self.process.join(1)
+        raise RuntimeError(
+            f"a sparkdist decode process died while decoding (exit code "
+            f"{self.process.exitcode}: killed, or out of memory?); read with "
+            "reader_pool_type='thread' to decode in the rank's own process"
+        ) from lost
 
 
 class DecodeProcesses:
