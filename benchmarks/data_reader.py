@@ -33,7 +33,9 @@ default size. Then, in one table:
   checkout (e.g. `git worktree add DIR main`) to the interleaved rounds: before and after
   a change, side by side on the same files and the same load (with `--wide`: the other
   checkout's numpy readers of the wide shape, in order, shuffled and each
-  ``workers_count``, as ``baseline: ...`` rows).
+  ``workers_count``, as ``baseline: ...`` rows). With `--wide`, "+RSS" adds the peak
+  private memory of the reader's decode processes (``reader_pool_type="process"``, sampled
+  every 20 ms), and "CPU s" their CPU time.
 * randomness of the shuffled order (epoch 0): the Spearman correlation between a row's
   place in the files and in the epoch, and the share of rows whose next row in the files
   is in the same batch (`sparkdist.data.rank.order.randomness`), beside a true permutation's
@@ -87,18 +89,50 @@ def status_mib(field):
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
 
+def children_private_mib():
+    # The private memory of this process's children (decode processes): what they add,
+    # not the pages they share with this one since the fork.
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as listed:
+                pids = listed.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as rollup:
+                    total += sum(int(line.split()[1]) for line in rollup
+                                 if line.startswith(("Private_Clean", "Private_Dirty")))
+            except OSError:
+                pass
+    return total / 1024
+
+import resource, threading
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.01)
 # The peak from here on: VmHWM, reset (ru_maxrss would keep the peak of the process this
-# one was forked from, the benchmark's own, across exec).
+# one was forked from, the benchmark's own, across exec), plus the peak of the decode
+# processes' private memory, sampled every 20 ms.
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")
 before = status_mib("VmRSS")
-start, cpu = time.perf_counter(), time.process_time()
+peak_children, stop = [0.0], threading.Event()
+def sample():
+    while not stop.wait(0.02):
+        peak_children[0] = max(peak_children[0], children_private_mib())
+threading.Thread(target=sample, daemon=True).start()
+start, cpu = time.perf_counter(), time.process_time() + children_cpu()
 rows, size = read()
-seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-grown = max(status_mib("VmHWM") - before, 0)
+seconds = time.perf_counter() - start
+cpu = time.process_time() + children_cpu() - cpu  # the decode processes' too
+stop.set()
+grown = max(status_mib("VmHWM") - before, 0) + peak_children[0]
 print(json.dumps([rows, size, seconds, grown, cpu]), flush=True)
 """
 
@@ -732,6 +766,10 @@ def generate_array(spark, rows: int, columns: int, partitions: int):
     return wide.select("id", "label", features)
 
 
+PROCESSES = {"reader_pool_type": "process"}  # the rank's share of the cores, as threads
+PROCESSES_SHUFFLED = {**PROCESSES, "shuffle": True}
+
+
 def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
     """(label, shape, kind, loader options) of every reader in a round: the loops first.
     The loaders' default decode threads are the rank's share of the cores; ``workers``
@@ -742,10 +780,15 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
         ("sparkdist numpy batches, in order", "wide", "numpy", {}),
         ("sparkdist numpy batches, shuffle", "wide", "numpy", {"shuffle": True}),
     ]
-    for count in workers:
-        for label, options in (("in order", {}), ("shuffle", {"shuffle": True})):
-            options = {**options, "workers_count": count}
-            readers.append((f"  {label}, workers_count={count}", "wide", "numpy", options))
+    for pool in ("thread", "process"):
+        for count in workers:
+            for label, options in (("in order", {}), ("shuffle", {"shuffle": True})):
+                options = {**options, "workers_count": count}
+                name = f"  {label}, workers_count={count}"
+                if pool == "process":
+                    options["reader_pool_type"] = pool
+                    name = f"  {label}, {count} decode process{'es' if count > 1 else ''}"
+                readers.append((name, "wide", "numpy", options))
     readers += [
         (
             "sparkdist numpy, features= stack, shuffle",
@@ -753,7 +796,10 @@ def wide_readers(workers: list[int]) -> list[tuple[str, str, str, dict]]:
             "numpy",
             {"shuffle": True, "features": stack},
         ),
+        ("sparkdist numpy, shuffle, decode processes", "wide", "numpy", PROCESSES_SHUFFLED),
         ("sparkdist torch batches, in order", "wide", "torch", {}),
+        ("sparkdist torch, in order, decode processes", "wide", "torch", PROCESSES),
+        ("sparkdist torch, shuffle, decode processes", "wide", "torch", PROCESSES_SHUFFLED),
         ("numpy batches + torch.from_numpy a column", "wide", "numpy-torch", {}),
         ("sparkdist torch batches, shuffle", "wide", "torch", {"shuffle": True}),
         ("numpy batches + torch.from_numpy, shuffle", "wide", "numpy-torch", {"shuffle": True}),
@@ -778,7 +824,10 @@ def baseline_wide_readers(readers: list[tuple]) -> list[tuple]:
     return [
         (f"baseline: {label.strip()}", shape, kind, options)
         for label, shape, kind, options in readers
-        if shape == "wide" and kind in ("numpy", "torch") and "features" not in options
+        if shape == "wide"
+        and kind in ("numpy", "torch")
+        and "features" not in options
+        and "reader_pool_type" not in options  # decode processes are new
     ]
 
 

@@ -3,7 +3,7 @@
 Why: decode threads share the rank's GIL with the thread that cuts batches and with the
 training loop. A shuffled window's gathers are thousands of short ``np.take`` calls, each
 letting go of the GIL and taking it back, so a second thread gave 1.08-1.25x one, where
-two processes gave 2.0x (docs/data.md, "What stop 73 found"). Here a window's tasks (its
+two processes gave 2.0x (docs/data.md, "Decode processes"). Here a window's tasks (its
 row groups' column groups) run in the processes, which write the rows straight into the
 window's pieces, in shared memory (`sparkdist.data.rank.shared_slabs`): nothing comes
 back but "done", and the rank hands the pieces out as it hands out its threads'.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import signal
 import threading
 import time
 import traceback
@@ -148,13 +149,19 @@ class DecodeProcesses:
 
 
 def _serve(connection: Any, parent: int) -> None:
-    """A decode process: run each share sent, answer None or (the error, its traceback)."""
+    """A decode process: run each share sent, answer None or (the error, its traceback).
+
+    Ctrl-C reaches the whole process group: the rank stops its processes, which ignore it
+    (no traceback of theirs on the terminal). It leaves with ``os._exit``: a normal exit
+    would flush what the rank had buffered for stdout when it forked, a second time.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     while True:
         try:
             function, tasks = connection.recv()
         except EOFError:
-            return
+            os._exit(0)
         try:
             for task in tasks:
                 function(*task)

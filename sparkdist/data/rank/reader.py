@@ -299,25 +299,6 @@ class ShardReader:
 
     # -- producing (may run in a background thread or a DataLoader worker) --
 
-    def _processes(self) -> bool:
-        """Whether this iteration decodes in processes (`decode_processes`): asked for,
-        and possible here, else in threads, said once."""
-        if not self.options.decode_processes:
-            return False
-        why = decode_processes.usable()
-        apart = self._decoding.row_layout.apart
-        strings = [
-            info.name
-            for info in self.columns
-            if info.name in apart and info.kind in ("string", "binary")
-        ]
-        if why is None and strings:
-            why = f"string and binary columns ({strings}) are Python objects, not shared memory"
-        if why is not None and not self._said_threads:
-            logger.info("sparkdist.data: reader_pool_type='process': %s; decoding in threads", why)
-            self._said_threads = True
-        return why is None
-
     def _decoder(self, transformed: list[ColumnInfo]) -> WindowDecoder:
         chunk_rows = max(self.batch_size, CHUNK_BYTES // max(self.layout.row_bytes, 1), 1)
         # Whole batches a piece (a quarter chunk, shuffled): a batch across two pieces is
@@ -366,12 +347,12 @@ class ShardReader:
         size = start.rank_batch_size()
         threads = decode_threads(options.workers_count, workers)
         memory = feed.memory if feed is not None else None
-        decoding = dataclasses.replace(
-            self._decoding, threads=threads, memory=memory, processes=self._processes()
-        )
+        processes = _in_processes(self)
         chunks = functools.partial(
             iteration_chunks,
-            decoding,
+            dataclasses.replace(
+                self._decoding, threads=threads, memory=memory, processes=processes
+            ),
             itertools.islice(plans, self.num_epochs),  # None: for ever
             self._pieces,
             self._marks,
@@ -524,3 +505,18 @@ class ReaderContext:
 
     def __exit__(self, *exc_info: object) -> None:
         self.reader.close()
+
+
+def _in_processes(shard: ShardReader) -> bool:
+    """Whether an iteration of ``shard`` decodes in processes (`decode_processes`): asked
+    for, and possible here; else in threads, and why is said once."""
+    if not shard.options.decode_processes:
+        return False
+    why = decode_processes.usable()
+    strings = [info.name for info in shard.columns if info.kind in ("string", "binary")]
+    if why is None and strings:
+        why = f"string and binary columns ({strings}) are Python objects, not shared memory"
+    if why is not None and not shard._said_threads:
+        logger.info("sparkdist.data: reader_pool_type='process': %s; decoding in threads", why)
+        shard._said_threads = True
+    return why is None

@@ -9,6 +9,12 @@ handed out as they are; their memory is reused only once nothing refers to it
 decoded, and decoded once this one's pieces are all handed on to the thread that reads
 ahead but the last ``2 * threads`` (`shuffled_chunks`): the decode threads decode it while
 those are handed out, and the read holds one window of memory and the pieces read ahead.
+
+With decode processes (`sparkdist.data.rank.decode_processes`) a window's tasks
+(`DecodeTask`) run there, and put the rows into pieces of shared memory found by their
+places (`Piece.where`); the next window is decoded as soon as this one is, beside its
+whole hand-out, which this thread does. A read in order takes this path too (a row group a
+window, its rows copied in order).
 """
 
 from __future__ import annotations
@@ -47,7 +53,6 @@ class Placement:
 
     rows: np.ndarray
     cuts: list[int]
-    shared: list = field(default_factory=list, compare=False)  # ``rows`` in shared memory
 
     @functools.cached_property
     def _span(self) -> tuple[int, int]:
@@ -161,6 +166,8 @@ class PlannedWindow:
     pieces: list[Piece]  # none until `decode`
     tasks: list[DecodeTask]
     placement: Placement
+    # Kept while the window lives: its order in shared memory, for decode processes.
+    shared: list = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -203,7 +210,7 @@ class _RemoteWindow:
         rows = window.placement.rows
         memory, handle = shared_slabs.shared(rows.nbytes, lasting=False)
         memory[:] = rows.view(np.uint8)
-        window.placement.shared.append(memory)  # kept until the window is dropped
+        window.shared.append(memory)  # its descriptor open while processes may map it
         pieces = tuple(piece.where() for piece in window.pieces)
         return cls(
             layout, pieces, (handle, rows.dtype.str, len(rows)), tuple(window.placement.cuts)
