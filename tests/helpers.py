@@ -280,6 +280,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def pid_running(pid: int) -> bool:
+    """Whether process `pid` runs: not gone, and not a zombie (one whose parent is gone
+    and that nobody reaps yet, or a test's own child it never waits for)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
 
     deadline = time.monotonic() + timeout_s

@@ -15,12 +15,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import write_row_groups
+from helpers import pid_running, wait_for, write_row_groups
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import describe
@@ -206,10 +205,7 @@ def test_an_iteration_left_early_stops_its_processes(layout):
             assert len(_decoders()) == 2
             first = batch["id"].tolist()
             break
-        deadline = time.monotonic() + 30
-        while _decoders() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _decoders()
+        wait_for(lambda: not _decoders(), "the decode processes to stop", 30)
         rest = [i for batch in loader for i in batch["id"].tolist()]
     assert len(first) == 50 and sorted(first + rest) == list(range(2300))
     assert not _decoders()
@@ -266,18 +262,4 @@ def test_the_processes_leave_when_the_rank_is_killed(tmp_path):
     finally:
         rank.kill()
         rank.wait()
-    deadline = time.monotonic() + 30
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.1)
-    assert not alive
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, waiting for a parent that is gone, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_for(lambda: not any(map(pid_running, pids)), "the decode processes to leave", 30)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import free_port
+from helpers import free_port, pid_running
 
 from sparkdist.spark.connect_server import LocalConnectServer
 
@@ -353,18 +353,9 @@ def test_server_dies_with_a_killed_starter(tmp_path):
     # The server is this test's grandchild: once its parent is gone it is reparented, and
     # the parent-death signal ends it. Wait for it to disappear (never by name).
     deadline = time.monotonic() + 60
-    while _alive(server_pid):
+    while pid_running(server_pid):
         assert time.monotonic() < deadline, f"the Connect server {server_pid} outlived its starter"
         time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a running (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_stall_in_relay_mode_shows_the_stacks_on_the_client(connect_url):
