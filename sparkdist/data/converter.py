@@ -135,8 +135,7 @@ class SparkDatasetConverter:
         epoch from ``seed`` (the same on every rank, default 0). Each iteration reads ``num_epochs``
         epochs (None: forever) from the loader's position, which ``state_dict()`` /
         ``load_state_dict()`` save and restore. ``transform_spec`` is a `TransformSpec`;
-        ``workers_count`` threads decode side by side (default: the rank's share of the cores;
-        processes with ``reader_pool_type="process"``, docs/data.md "Decode processes"); a
+        ``workers_count`` threads decode side by side (default: the rank's share of the cores); a
         thread reads ``prefetch`` decoded chunks ahead (0: none); ``num_workers`` / ``pin_memory`` /
         other keywords go to DataLoader. ``data_loader_fn`` makes the loader instead, called as
         petastorm calls it (``reader=``, ``batch_size=``, ``shuffling_queue_capacity=``; default:
