@@ -359,6 +359,36 @@ def write_row_groups(path: Path, table, groups: list[int]) -> None:
             start += size
 
 
+def shard_history(layout, options, worlds=(3, 2, 3), steps=(2, 3, None)) -> list:
+    """Every rank's batches (`ShardReader`s of ``options``, a `ReadOptions`) as the world
+    changes size mid-epoch: ``steps[i]`` lockstep steps in a world of ``worlds[i]`` ranks
+    (None: to the end), then the next world resumes from rank 0's state."""
+    from sparkdist.data.rank import reader
+
+    state, out = None, []
+    for world, count in zip(worlds, steps, strict=True):
+        readers = [
+            reader.ShardReader(layout, options, cur_shard=rank, shard_count=world)
+            for rank in range(world)
+        ]
+        if state is not None:
+            for each in readers:
+                each.load_state_dict(state)
+        iterators = [iter(each) for each in readers]
+        taken = 0
+        while count is None or taken < count:
+            batches = [next(iterator, None) for iterator in iterators]
+            if batches[0] is None:
+                assert all(batch is None for batch in batches)
+                break
+            out.append(batches)
+            taken += 1
+        state = readers[0].state_dict()
+        for each in readers:
+            each.close()
+    return out
+
+
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     """`sparkdist ARGV...` in this process: its exit code, stdout and stderr."""
     from sparkdist.cli import main

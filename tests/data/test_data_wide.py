@@ -18,7 +18,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import write_row_groups
+from helpers import shard_history, write_row_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,34 +76,6 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(reader, "CHUNK_BYTES", 4096)  # chunks of about 64 rows
 
 
-def _history(layout, options: reader.ReadOptions, worlds=(3, 2, 3), steps=(2, 3, None)):
-    """Every rank's batches as the world changes size mid-epoch: ``steps[i]`` lockstep
-    steps in a world of ``worlds[i]`` ranks, then the next world resumes from rank 0's
-    state."""
-    state, out = None, []
-    for world, count in zip(worlds, steps, strict=True):
-        readers = [
-            reader.ShardReader(layout, options, cur_shard=rank, shard_count=world)
-            for rank in range(world)
-        ]
-        if state is not None:
-            for each in readers:
-                each.load_state_dict(state)
-        iterators = [iter(each) for each in readers]
-        taken = 0
-        while count is None or taken < count:
-            batches = [next(iterator, None) for iterator in iterators]
-            if batches[0] is None:
-                assert all(batch is None for batch in batches)
-                break
-            out.append(batches)
-            taken += 1
-        state = readers[0].state_dict()
-        for each in readers:
-            each.close()
-    return out
-
-
 def _features(batch: dict, stacked: bool) -> np.ndarray:
     return batch["features"] if stacked else np.stack([batch[f] for f in FEATURES], axis=1)
 
@@ -128,8 +100,8 @@ def test_wide_and_array_shapes_give_the_same_rows_through_3_2_3(layouts, read, s
     wide_options = base
     if stacked:
         wide_options = dataclasses.replace(base, features={"features": FEATURES})
-    wide = _history(layouts["wide"], wide_options)
-    array = _history(layouts["array"], base)
+    wide = shard_history(layouts["wide"], wide_options)
+    array = shard_history(layouts["array"], base)
     assert len(wide) == len(array) > 5
     seen = []
     for wide_step, array_step in zip(wide, array, strict=True):

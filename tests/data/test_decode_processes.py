@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import pid_running, wait_for, write_row_groups
+from helpers import pid_running, shard_history, wait_for, write_row_groups
 
 from sparkdist.data.converter import SparkDatasetConverter
 from sparkdist.data.layout import describe
@@ -70,31 +70,6 @@ def _decoders() -> list[multiprocessing.Process]:
     return [p for p in multiprocessing.active_children() if p.name == "sparkdist-decode"]
 
 
-def _history(layout, options: dict, worlds=(3, 2, 3), steps=(2, 3, None)) -> list:
-    """Every rank's batches as the world changes size mid-epoch (as test_data_wide's)."""
-    state, out = None, []
-    for world, count in zip(worlds, steps, strict=True):
-        shards = [
-            reader.ShardReader(layout, cur_shard=rank, shard_count=world, **options)
-            for rank in range(world)
-        ]
-        for shard in shards:
-            if state is not None:
-                shard.load_state_dict(state)
-        iterators = [iter(shard) for shard in shards]
-        taken = 0
-        while count is None or taken < count:
-            batches = [next(iterator, None) for iterator in iterators]
-            if batches[0] is None:
-                break
-            out.append([{k: np.array(v) for k, v in batch.items()} for batch in batches])
-            taken += 1
-        state = shards[0].state_dict()
-        for shard in shards:
-            shard.close()
-    return out
-
-
 @pytest.mark.parametrize(
     "read",
     [
@@ -113,8 +88,8 @@ def test_processes_read_what_threads_read_through_3_2_3(layout, read, workers):
     batch, through a world resized 3 -> 2 -> 3 mid-epoch."""
     options = {"batch_size": 40, "num_epochs": 1, "columns": NUMBERS, "writable": True, **read}
     options["workers_count"] = workers
-    threads = _history(layout, options)
-    processes = _history(layout, {**options, "decode_processes": True})
+    threads = shard_history(layout, reader.ReadOptions(**options))
+    processes = shard_history(layout, reader.ReadOptions(**options, decode_processes=True))
     assert len(processes) == len(threads) > 5
     for process_step, thread_step in zip(processes, threads, strict=True):
         for process_batch, thread_batch in zip(process_step, thread_step, strict=True):

@@ -41,10 +41,10 @@ def room_for(sizes: Iterable[int]) -> int:
 class Carver:
     """Numpy arrays cut one after the other from ``host`` bytes, each aligned."""
 
-    def __init__(self, host: np.ndarray) -> None:
+    def __init__(self, host: np.ndarray, handle: Any = None) -> None:
         self.host = host
         self.used = 0
-        self.handle: Any = None  # a shared slab's (`shared_slabs.Handle`), None if private
+        self.handle = handle  # a shared slab's (`shared_slabs.Handle`), None if private
 
     @property
     def room(self) -> int:

@@ -106,7 +106,7 @@ class _Worker:
 
 
 class DecodeProcesses:
-    """``count`` forked decode processes; a context manager that stops them."""
+    """``count`` forked decode processes, until `close`."""
 
     def __init__(self, count: int) -> None:
         context = multiprocessing.get_context("fork")
@@ -140,12 +140,6 @@ class DecodeProcesses:
             worker.process.join()
             worker.connection.close()
         self.workers = []
-
-    def __enter__(self) -> DecodeProcesses:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _serve(connection: Any, parent: int) -> None:

@@ -73,9 +73,7 @@ class PieceMemory:
                 if self.shared
                 else (np.empty(self.size, np.uint8), None)
             )
-        carver = chunk_ring.Carver(np.asarray(_Exposed(slab, self.free))[:nbytes])
-        carver.handle = slab[1]
-        return carver
+        return chunk_ring.Carver(np.asarray(_Exposed(slab, self.free))[:nbytes], slab[1])
 
     def __getstate__(self) -> dict:
         # A copy (a DataLoader worker's) has its own slabs.

@@ -6,14 +6,14 @@ rank hands out, as the decode threads do. So a piece's slab is shared memory: a 
 (anonymous memory with a file descriptor: nothing on a file system to be left behind if the
 rank dies), mapped by the rank, and by a decode process through ``/proc/<rank>/fd/<fd>``.
 
-A decode process keeps its mapping of a slab for the slab's next uses (``lasting``), or of
-the last few windows' orders (not ``lasting``). The rank closes the descriptor once it drops
+A decode process keeps its mapping of a slab for the slab's next uses (``lasting``); a
+window's order, used once (a message a process a window), is mapped for that message
+only. The rank closes the descriptor once it drops
 the slab; the memory goes back to the system once no process maps it.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 import mmap
@@ -53,23 +53,21 @@ def shared(nbytes: int, lasting: bool = True) -> tuple[np.ndarray, Handle]:
 
 
 _lasting: dict[int, np.ndarray] = {}  # in a decode process: the slabs mapped, by serial
-_recent: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-_RECENT = 4  # windows' orders kept mapped: a process works on at most two windows at once
 
 
 def attached(handle: Handle) -> np.ndarray:
-    """In a decode process: the slab of ``handle``, as uint8 numpy, mapped once."""
-    kept = _lasting if handle.lasting else _recent
-    array = kept.get(handle.serial)
+    """In a decode process: the slab of ``handle``, as uint8 numpy (a lasting one mapped
+    once; another unmapped once the array is dropped)."""
+    array = _lasting.get(handle.serial)
     if array is None:
         fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDWR | os.O_CLOEXEC)
         try:
             mapped = mmap.mmap(fd, max(handle.nbytes, 1))
         finally:
             os.close(fd)
-        array = kept[handle.serial] = np.frombuffer(mapped, np.uint8)[: handle.nbytes]
-        while len(_recent) > _RECENT:
-            _recent.popitem(last=False)
+        array = np.frombuffer(mapped, np.uint8)[: handle.nbytes]
+        if handle.lasting:
+            _lasting[handle.serial] = array
     return array
 
 

@@ -221,26 +221,20 @@ class _RemoteWindow:
         """The pieces, found once a message (its tasks share this window)."""
         return [Piece.found(where) for where in self.pieces]
 
+    @functools.cached_property
     def placement(self) -> Placement:
-        """The window's placement, made once a process (its ``_by_row``: a sort)."""
+        """The window's placement, made once a message (its ``_by_row``: a sort)."""
         handle, dtype, count = self.rows
-        found = _placements.get(handle.serial)
-        if found is None:
-            rows = shared_slabs.view(handle, 0, (count,), dtype)
-            found = _placements[handle.serial] = Placement(rows, list(self.cuts))
-            while len(_placements) > 2:
-                _placements.pop(next(iter(_placements)))
-        return found
+        return Placement(shared_slabs.view(handle, 0, (count,), dtype), list(self.cuts))
 
 
-_placements: dict[int, Placement] = {}  # in a decode process: the last windows'
 _footers: dict[str, Any] = {}  # in a decode process: each file's footer, read once
 
 
 def _decode_remote(task: DecodeTask, window: _RemoteWindow) -> None:
     """In a decode process: the task, decoded in this thread and put into the window's
     shared pieces."""
-    fill = functools.partial(_fill, window.layout, window.found, window.placement())
+    fill = functools.partial(_fill, window.layout, window.found, window.placement)
     _footers[task.url] = task.run(fill, _footers.get(task.url), threads=False)
 
 
